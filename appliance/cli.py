@@ -1,0 +1,42 @@
+"""The ``appliance`` command: one entry point, one subcommand per job.
+
+Subcommands are registered in ``_COMMANDS`` as ``name -> "module:function"`` and imported only when used, so
+``appliance --help`` stays fast and a subcommand's heavy imports (numba, sockets) cost nothing elsewhere.
+Each target function takes ``argv: list[str]`` and returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+__all__ = ["main"]
+
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "dump-log": ("appliance.dump_log:main", "print the record batches of segment files, like kafka-dump-log"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: appliance COMMAND [ARGS...]", "", "commands:"]
+    for name, (_, help_text) in sorted(_COMMANDS.items()):
+        lines.append(f"  {name:<12} {help_text}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in _COMMANDS:
+        print(f"appliance: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = _COMMANDS[name][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

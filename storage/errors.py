@@ -1,0 +1,83 @@
+"""The project's one exception tree.
+
+Every error the appliance raises on a cold path derives from :class:`ApplianceError`.  Hot paths (numba
+kernels, ring frame scans) return negative codes instead and are translated into these at the edge.
+
+Messages name the file or partition, the offset or position, and the expected and actual values, so an
+operator can act on one line of a log.  Each class says what the caller should do about it.
+
+This module lives in ``storage`` because ``storage`` is the lowest package: every other package may import it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApplianceError",
+    "BackPressureError",
+    "ConfigError",
+    "CorruptRecordError",
+    "InvalidRecordError",
+    "LogLockedError",
+    "NotEnoughReplicasError",
+    "NotLeaderError",
+    "OffsetOutOfRangeError",
+    "ProtocolError",
+    "RequestTimeoutError",
+    "UnknownTopicOrPartitionError",
+]
+
+
+class ApplianceError(Exception):
+    """Root of every error the appliance raises.  Catch this to catch them all."""
+
+
+class ConfigError(ApplianceError):
+    """A setting is missing, unknown or out of range.  Fix the configuration; nothing was started."""
+
+
+class CorruptRecordError(ApplianceError):
+    """Stored or received bytes fail validation (magic, length, CRC, varints).
+
+    On a socket or ring: the sender's batch was rejected and nothing was appended; resend a valid batch.
+    In a closed segment: the file is damaged; the message names the file, position and offsets.
+    """
+
+
+class InvalidRecordError(CorruptRecordError):
+    """A well-formed batch the log refuses (for example offsets that go backwards).  Nothing was appended."""
+
+
+class OffsetOutOfRangeError(ApplianceError):
+    """The requested offset is below the log start offset or above the log end offset.
+
+    Reset the position (to the earliest or latest offset) and read again.
+    """
+
+
+class UnknownTopicOrPartitionError(ApplianceError):
+    """No such topic or partition here.  Create it, or ask the broker's metadata where it lives."""
+
+
+class NotLeaderError(ApplianceError):
+    """This appliance does not lead the partition.  Refresh metadata and send to the leader."""
+
+
+class NotEnoughReplicasError(ApplianceError):
+    """Fewer in-sync replicas than ``min.insync.replicas``: acks=all writes are refused.  Retry later."""
+
+
+class BackPressureError(ApplianceError):
+    """A ring or queue stayed full for ``max.block.ms``.  Nothing was dropped: slow down or retry."""
+
+
+class RequestTimeoutError(ApplianceError):
+    """No answer in time (``delivery.timeout.ms``, ``request.timeout.ms``).  The outcome is unknown:
+    an idempotent producer may retry safely."""
+
+
+class ProtocolError(ApplianceError):
+    """Bytes on a socket do not form a valid Kafka request or response.  The connection is closed."""
+
+
+class LogLockedError(ApplianceError):
+    """Another process already writes this partition log.  A log has exactly one writer."""
