@@ -297,7 +297,8 @@ class ProducerStateManager:
 
     ``partition`` only names the partition in messages.  ``producer_id_expiration_ms`` is Kafka's
     ``producer.id.expiration.ms``.  ``strict_unknown_producer`` chooses the pre-2.5 answer, error 59, for an
-    unknown producer whose first sequence is not 0 (see the module's rule 7).
+    unknown producer whose first sequence is not 0 (see the module's rule 7).  Not thread-safe: it belongs
+    to the one partition writer (one log, one writer).
     """
 
     def __init__(
@@ -483,6 +484,8 @@ class ProducerStateManager:
         Deletes the snapshots above ``offset`` and reloads the rest, like :meth:`recover`.  The batches
         a producer sent before its last five cannot be recovered from memory alone.
         """
+        if snapshot_dir is not None:
+            delete_snapshots_above(snapshot_dir, offset)
         self.recover(
             snapshot_dir, log_end_offset=offset, headers_from=headers_from, append_time_ms=append_time_ms
         )
@@ -498,11 +501,20 @@ class ProducerStateManager:
     # -- snapshots -----------------------------------------------------------------------------------------
 
     def snapshot_bytes(self, offset: int) -> bytes:
-        """The state as a snapshot file's contents for ``offset`` (see the layout above)."""
+        """The state as a snapshot file's contents for ``offset`` (see the layout above).
+
+        Raises :class:`ApplianceError` if the state holds a batch at or above ``offset``: such a snapshot
+        would not describe the log below ``offset`` (a caller's mistake; loading would reject the file).
+        """
         parts = [bytes(SNAPSHOT_HEADER.size)]
         pack_producer = SNAPSHOT_PRODUCER.pack
         pack_batch = SNAPSHOT_BATCH.pack
         for pid, entry in self._entries.items():
+            if entry.batches and entry.batches[-1].last_offset >= offset:
+                raise ApplianceError(
+                    f"{self.partition}: snapshot at offset {offset} requested, but producer {pid} has a "
+                    f"batch at offsets {entry.batches[-1].base_offset}..{entry.batches[-1].last_offset}"
+                )
             parts.append(pack_producer(pid, entry.last_timestamp_ms, entry.epoch, len(entry.batches), 0))
             for b in entry.batches:
                 parts.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +29,7 @@ from storage.batch_header import (
     BatchHeader,
     parse_header,
 )
-from storage.errors import ConfigError, CorruptRecordError, LogLockedError
+from storage.errors import ApplianceError, ConfigError, CorruptRecordError, LogLockedError
 from storage.producer_state import (
     DUPLICATE_SEQUENCE_NUMBER,
     ID_FILE,
@@ -36,6 +38,7 @@ from storage.producer_state import (
     INVALID_TXN_STATE,
     NONE,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
+    SNAPSHOT_HEADER,
     UNKNOWN_PRODUCER_ID,
     BatchMetadata,
     ProducerIdBlockAllocator,
@@ -211,6 +214,7 @@ class Run:
     now_ms: int = 1_700_000_000_000
     duplicates: int = 0
     verdicts: dict[int, int] = field(default_factory=dict)
+    expired: set[int] = field(default_factory=set)
 
     def send(self, h: BatchHeader) -> None:
         self.now_ms += 1
@@ -241,6 +245,7 @@ class Run:
         if kind == "expire":
             gone = set(self.manager.expire(self.now_ms))
             assert gone == self.oracle.expire(self.now_ms)
+            self.expired |= gone
             return
         pid = int(op[1])
         epoch = self.epochs.setdefault(pid, 0)
@@ -275,11 +280,17 @@ def test_verdicts_match_the_oracle(ops: list[tuple[Any, ...]], starts: dict[int,
     run = Run()
     for op in ops:
         run.step(op, starts)
-    # Whatever expired, the live state of every remaining producer is what the log says it is.
+    # The live state of every producer that never expired is what a rebuild from the log gives.  One that
+    # expired and came back holds fewer batches than the log (it restarted as unknown), but the same epoch and
+    # last batch: the next in-sequence batch gets the same verdict either way.
     rebuilt = ProducerStateManager("t-0")
     rebuilt.rebuild_from(run.log, append_time_ms=run.now_ms)
-    live = dedup_view(run.manager)
-    assert {pid: rebuilt_entry for pid, rebuilt_entry in dedup_view(rebuilt).items() if pid in live} == live
+    from_log = dedup_view(rebuilt)
+    for pid, (epoch, batches) in dedup_view(run.manager).items():
+        if pid in run.expired:
+            assert (from_log[pid][0], from_log[pid][1][-1]) == (epoch, batches[-1])
+        else:
+            assert from_log[pid] == (epoch, batches)
 
 
 @settings(max_examples=100, deadline=None)
@@ -499,15 +510,23 @@ def populated(n_producers: int = 3) -> ProducerStateManager:
 
 
 def test_snapshot_round_trip_and_only_the_newest_two_are_kept(tmp_path: Path) -> None:
+    ProducerStateManager("t-0").write_snapshot(tmp_path, 10)
+    populated(1).write_snapshot(tmp_path, 21)
     manager = populated()
-    for offset in (10, 20, 63):
-        manager.write_snapshot(tmp_path, offset)
-    assert list_snapshots(tmp_path) == [20, 63]
-    assert sorted(os.listdir(tmp_path)) == ["00000000000000000020.snapshot", "00000000000000000063.snapshot"]
+    manager.write_snapshot(tmp_path, 63)
+    assert list_snapshots(tmp_path) == [21, 63]
+    assert sorted(os.listdir(tmp_path)) == ["00000000000000000021.snapshot", "00000000000000000063.snapshot"]
     loaded = ProducerStateManager("t-0")
     assert loaded.load_latest_snapshot(tmp_path) == 63
     assert loaded.producers() == manager.producers()
     assert len(loaded.producers()[0].batches) == 5
+
+
+def test_a_snapshot_below_the_state_it_describes_is_refused(tmp_path: Path) -> None:
+    manager = populated(1)  # its batches end at offset 20
+    with pytest.raises(ApplianceError, match=r"t-0: snapshot at offset 20 .* producer 0 .* 18\.\.20"):
+        manager.write_snapshot(tmp_path, 20)
+    assert list_snapshots(tmp_path) == []
 
 
 def test_empty_state_and_absent_directory(tmp_path: Path) -> None:
@@ -561,9 +580,13 @@ def test_a_snapshot_under_another_name_or_above_the_log_end_is_not_used(tmp_path
 
 
 def test_a_snapshot_with_batches_at_or_above_its_offset_is_not_used(tmp_path: Path) -> None:
-    manager = populated(1)  # its batches end at offset 20
-    snapshot_path(tmp_path, 20).write_bytes(manager.snapshot_bytes(20))
+    data = bytearray(populated(1).snapshot_bytes(21))  # its batches end at offset 20
+    magic, version, reserved, _crc, count, _offset = SNAPSHOT_HEADER.unpack_from(data)
+    SNAPSHOT_HEADER.pack_into(data, 0, magic, version, reserved, 0, count, 20)  # relabelled as offset 20
+    struct.pack_into(">I", data, 8, crc32c.crc32c(data[12:]))  # with a valid CRC
+    snapshot_path(tmp_path, 20).write_bytes(bytes(data))
     assert ProducerStateManager("t-0").load_latest_snapshot(tmp_path) is None
+    assert list_snapshots(tmp_path) == []
 
 
 def test_a_leftover_temporary_file_is_removed(tmp_path: Path) -> None:
