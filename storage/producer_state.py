@@ -90,6 +90,7 @@ from storage.batch_header import CONTROL_FLAG_MASK, NO_SEQUENCE, TRANSACTIONAL_F
 from storage.errors import ApplianceError, ConfigError, CorruptRecordError, LogLockedError
 
 __all__ = [
+    "APPEND",
     "BATCHES_RETAINED",
     "DEFAULT_PRODUCER_ID_EXPIRATION_MS",
     "DUPLICATE_SEQUENCE_NUMBER",
