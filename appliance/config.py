@@ -49,10 +49,9 @@ import re
 import socket
 import sys
 import tomllib
-import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from storage.errors import ConfigError
 
@@ -64,6 +63,7 @@ __all__ = [
     "TOPIC_SETTINGS",
     "Config",
     "ConfigError",
+    "FrozenMap",
     "Listener",
     "Setting",
     "TopicConfig",
@@ -89,6 +89,30 @@ _DERIVED: Final = object()  # default of a setting computed from others after lo
 
 class _Invalid(ValueError):
     """A value failed its converter; the message says what was expected."""
+
+
+_V = TypeVar("_V")
+
+
+class FrozenMap(Mapping[str, _V]):
+    """A read-only dict that, unlike ``types.MappingProxyType``, pickles (a Config may cross to a child)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, _V] | None = None) -> None:
+        self._data = dict(data or {})
+
+    def __getitem__(self, key: str) -> _V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
 
 
 # -------------------------------------------------------------------------------------- value converters
@@ -129,6 +153,13 @@ def _text(value: object) -> str:
 
 def _optional_text(value: object) -> object:
     return _text(value) or None  # "" unsets
+
+
+def _group(value: object) -> object:
+    """A group name, or a group id as a number or a string of digits; "" unsets."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    return _optional_text(value)
 
 
 def _choice(options: Sequence[str]) -> Callable[[object], object]:
@@ -407,7 +438,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     # --- the appliance's own settings
     _s("appliance.ring.bytes", "ring_bytes", 16 * 1024 * 1024, _ring_bytes,
        "capacity of each producer ring (shared memory per producer and partition)"),
-    _s("appliance.shm.group", "shm_group", "", _optional_text,
+    _s("appliance.shm.group", "shm_group", "", _group,
        "group given access to shared memory and local sockets (mode 0660); unset: owner only (0600)"),
     _s("appliance.instance.id", "instance_id", _DERIVED, _derivable(_instance_id),
        "prefix of this appliance's shared-memory names; default: derived from the first log dir"),
@@ -601,6 +632,11 @@ class Config:
         return "\n".join(lines) + "\n"
 
 
+# Every setting has its field, and nothing else is a field.
+assert {s.attr for s in SETTINGS} | {"topics", "shm_gid", "source"} == set(Config.__dataclass_fields__)
+assert {s.attr for s in TOPIC_SETTINGS} | {"name", "overrides"} == set(TopicConfig.__dataclass_fields__)
+
+
 def _toml_str(text: str) -> str:
     out = ['"']
     for char in text:
@@ -712,7 +748,7 @@ def _build_topic(config: Config, name: str, overrides: Mapping[str, object]) -> 
             fields[setting.attr] = overrides[setting.name]
         elif setting.attr not in fields:
             fields[setting.attr] = getattr(config, setting.attr)
-    return TopicConfig(name=name, overrides=types.MappingProxyType(dict(overrides)), **fields)  # type: ignore[arg-type]
+    return TopicConfig(name=name, overrides=FrozenMap(overrides), **fields)  # type: ignore[arg-type]
 
 
 def _derive(values: dict[str, object]) -> None:
@@ -795,10 +831,10 @@ def _resolve(layers: Sequence[tuple[str, Mapping[str, object]]], source: str | N
             values[setting.attr] = _convert(setting, factor, key, value, label)
     _derive(values)
     shm_gid = _check(values, source or "configuration")
-    config = Config(topics=types.MappingProxyType({}), shm_gid=shm_gid, source=source,
+    config = Config(topics=FrozenMap(), shm_gid=shm_gid, source=source,
                     **values)  # type: ignore[arg-type]
     topics = {name: _build_topic(config, name, overrides) for name, overrides in topic_values.items()}
-    return dataclasses.replace(config, topics=types.MappingProxyType(topics))
+    return dataclasses.replace(config, topics=FrozenMap(topics))
 
 
 # -------------------------------------------------------------------------------------- overrides
