@@ -1,0 +1,954 @@
+"""The single-producer single-consumer ring between one producer and one partition writer.
+
+Theory of operation
+-------------------
+The layout is in ``ipc/ring_layout.py``; memory ordering in ``ipc/memory_order.py``; sleeping in
+``ipc/wakeup.py``.  Positions are logical byte counts (``position % capacity`` indexes the data region).
+
+Who writes what (one writer per field):
+
+* the creator (supervisor) writes the descriptor line once, before it hands out the name;
+* the producer writes frames at its private *tail*, and the header fields ``producer_*``;
+* the consumer (partition writer) writes ``head_position``, ``ack_seq``, the ack slots, ``consumer_*`` and
+  ``failed_*``; it may also rewrite bodies of published, unreleased frames in place (stamping offsets).
+
+Invariant Z: the length word at the producer's tail is 0.  (The region starts zeroed, and every commit zeroes
+the length word of the *next* frame before it publishes its own; one alignment unit is always kept free for
+that word.)  Hence a reader walking from the head meets only published frames and then a 0.
+
+Producer, one frame (``reserve`` / write body / ``commit``)::
+
+    R1  free := head + capacity - tail; need room for [padding] + frame + one alignment unit
+    R2  if the frame would run past the end of the region: write a padding frame covering the rest of the
+        region (type, seq), zero the length word at index 0, publish the padding frame's length
+    R3  hand out the body region (the caller or a numba builder writes the RecordBatch there)
+    C1  write frame type and frame seq
+    C2  zero the length word right after this frame                        (keeps invariant Z)
+    C3  publish frame_length                                                (the commit point)
+    C4  fence; ring the writer's doorbell if it sleeps
+
+Consumer, one chunk (``peek`` / append + ack / ``release``)::
+
+    P1  from its scan cursor, load each frame_length (acquire); stop at <= 0, at the end of the region, at a
+        frame budget, or at a bad frame; check length, type and seq of each frame (never trusts a length
+        it cannot check: a bad one fails the ring)
+    P2  the caller validates, appends (writev) and computes one result per frame
+    A1  write the ack slots, publish ack_seq                                ("acknowledged")
+    L1  publish head_position = end of the chunk                            ("space is free")
+    L2  fence; post the producer's semaphore if it sleeps
+
+What a crash leaves:
+
+* producer killed before C3: the frame's length word is still 0 (Z), so nobody ever reads it; the consumer
+  drains everything before it and blocks no one (other producers have their own rings).  After R2 a
+  published padding frame may remain: it holds no data and is skipped.
+* producer killed after C3: the frame is complete and is appended like any other.
+* consumer killed before A1: nothing was acknowledged; a new consumer re-reads the frames from
+  ``head_position`` (the writer's idempotence drops those already appended).
+* consumer killed between A1 and L1: acknowledged frames are re-read and re-acknowledged with the same
+  result (dedup); the producer already had its answer, the slot is rewritten with the same value.
+* a frame that fails P1 cannot be skipped (its length cannot be trusted to find the next one): the consumer
+  publishes ``failed_*`` (code last); the producer's next call raises :class:`RingFailedError`; the writer
+  stops serving that ring and keeps serving the others.
+
+Acks: the writer answers every data frame with one int64 result in slot ``seq % ack_slots``: >= 0 the base
+offset assigned, < 0 minus a Kafka error code.  A producer that reads acks (``track_acks``) never has more
+than ``ack_slots`` frames unread, so a slot is never overwritten before it was read; the writer never waits
+for the producer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ipc.memory_order import load_acquire, load_int32, load_int64, publish_int32, publish_int64
+from ipc.ring_layout import (
+    ACK_CURSOR_WORD,
+    ACK_ENTRY_BYTES,
+    ACK_OFFSET_WORD,
+    ACK_RESULT_WORD,
+    ACK_SEQ_WORD,
+    ACK_SLOTS_WORD,
+    CAPACITY_BYTES_WORD,
+    CONSUMER_PID_WORD,
+    CONSUMER_WAITING_WORD,
+    DATA_OFFSET_WORD,
+    DEFAULT_ACK_SLOTS,
+    DEFAULT_CAPACITY_BYTES,
+    FAILED_CODE_WORD,
+    FAILED_POSITION_WORD,
+    FAILED_VALUE_WORD,
+    FRAME_ALIGNMENT,
+    FRAME_HEADER_BYTES,
+    FRAME_SEQ_OFFSET,
+    FRAME_TYPE_DATA,
+    FRAME_TYPE_OFFSET,
+    FRAME_TYPE_PADDING,
+    HEAD_POSITION_WORD,
+    HEADER_BYTES,
+    MAX_CAPACITY_BYTES,
+    MIN_CAPACITY_BYTES,
+    PRODUCER_PID_WORD,
+    PRODUCER_START_TICKS_WORD,
+    PRODUCER_STATE_ATTACHED,
+    PRODUCER_STATE_CLOSED,
+    PRODUCER_STATE_NONE,
+    PRODUCER_STATE_WORD,
+    PRODUCER_WAITING_WORD,
+    RING_FAILED_BAD_LENGTH,
+    RING_FAILED_BAD_PADDING,
+    RING_FAILED_BAD_SEQ,
+    RING_FAILED_BAD_TYPE,
+    RING_FAILED_REASONS,
+    RING_MAGIC,
+    RING_VERSION,
+    align_frame,
+    max_body_bytes,
+    segment_bytes,
+)
+from ipc.shm import (
+    Permissions,
+    SharedSegment,
+    ShmNames,
+    create_semaphore,
+    process_alive,
+    process_start_ticks,
+    unlink_semaphore,
+    unlink_shared_memory,
+)
+from ipc.wakeup import DEFAULT_SPIN_ITERATIONS, Doorbell, FlagSlot, Notifier, Waiter
+from storage.errors import BackPressureError, CorruptRecordError
+
+__all__ = [
+    "DEFAULT_PEEK_BYTES",
+    "DEFAULT_PEEK_FRAMES",
+    "RESERVE_ACKS_FULL",
+    "RESERVE_FAILED",
+    "RESERVE_FULL",
+    "SCAN_BAD_LENGTH",
+    "SCAN_BAD_PADDING",
+    "SCAN_BAD_SEQ",
+    "SCAN_BAD_TYPE",
+    "SCAN_OK",
+    "Chunk",
+    "RingConsumer",
+    "RingFailedError",
+    "RingNames",
+    "RingProducer",
+    "create_ring",
+    "scan_frames",
+    "unlink_ring",
+    "wait_for_frames",
+    "write_acks",
+]
+
+DEFAULT_PEEK_BYTES = 8 << 20  # a chunk stops after the frame that crosses this many bytes
+DEFAULT_PEEK_FRAMES = 4096  # ... or after this many frames
+
+# try_reserve() codes (hot path: no exceptions)
+RESERVE_FULL = -1  # not enough free bytes: the writer has not released enough yet
+RESERVE_ACKS_FULL = -2  # ack_slots frames await poll_acks(): read acks first
+RESERVE_FAILED = -3  # the writer marked the ring failed
+
+# scan_frames() status codes: minus the ring_layout RING_FAILED_* code they lead to
+SCAN_OK = 0
+SCAN_BAD_LENGTH = -RING_FAILED_BAD_LENGTH
+SCAN_BAD_TYPE = -RING_FAILED_BAD_TYPE
+SCAN_BAD_SEQ = -RING_FAILED_BAD_SEQ
+SCAN_BAD_PADDING = -RING_FAILED_BAD_PADDING
+
+# scan_frames() writes these into its int64 ``info`` array
+_INFO_START = 0  # logical position of the first frame returned (after a skipped padding frame)
+_INFO_END = 1  # logical position where the scan stopped (the bad frame, if any)
+_INFO_FIRST_SEQ = 2
+_INFO_NEXT_SEQ = 3  # seq expected after the last frame returned (-1: still unknown)
+_INFO_STATUS = 4
+_INFO_BAD_VALUE = 5
+_INFO_SIZE = 6
+
+_ACK_WORDS_PER_SLOT = ACK_ENTRY_BYTES // 8
+
+
+class RingFailedError(CorruptRecordError):
+    """The partition writer found a frame in this ring it could not trust and stopped reading the ring.
+
+    Frames before the bad one were appended and acknowledged; nothing at or after it was.  Attach a new ring
+    (a new producer session) and resend what was not acknowledged.
+    """
+
+
+@dataclass(frozen=True)
+class RingNames:
+    """The three names a ring endpoint needs; plain strings, so the supervisor can send them to a producer."""
+
+    ring: str  # shared memory: header, data, ack slots
+    space: str  # semaphore the producer sleeps on (space freed, ack published, ring failed)
+    doorbell: str  # the partition writer's semaphore, shared by all rings of the partition
+
+    @classmethod
+    def for_producer(cls, names: ShmNames, topic: str, partition: int, producer: int) -> RingNames:
+        return cls(
+            ring=names.ring(topic, partition, producer),
+            space=names.space_semaphore(topic, partition, producer),
+            doorbell=names.doorbell(topic, partition),
+        )
+
+
+def create_ring(
+    names: RingNames,
+    *,
+    capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+    ack_slots: int = DEFAULT_ACK_SLOTS,
+    permissions: Permissions | None = None,
+) -> None:
+    """Create the ring's shared memory and its producer semaphore (the partition doorbell must exist or be
+    created separately with :meth:`Doorbell.create`).  FileExistsError if either exists."""
+    if not (
+        MIN_CAPACITY_BYTES <= capacity_bytes <= MAX_CAPACITY_BYTES and capacity_bytes % HEADER_BYTES == 0
+    ):
+        raise ValueError(
+            f"ring {names.ring}: capacity {capacity_bytes} bytes, expected a multiple of {HEADER_BYTES} "
+            f"between {MIN_CAPACITY_BYTES} and {MAX_CAPACITY_BYTES}"
+        )
+    if ack_slots < 1:
+        raise ValueError(f"ring {names.ring}: {ack_slots} ack slots, expected at least 1")
+    segment = SharedSegment.create(names.ring, segment_bytes(capacity_bytes, ack_slots), permissions)
+    try:
+        header_u32 = segment.buf[:8].cast("I")
+        header = segment.buf[:HEADER_BYTES].cast("q")
+        header[CAPACITY_BYTES_WORD] = capacity_bytes
+        header[ACK_SLOTS_WORD] = ack_slots
+        header[DATA_OFFSET_WORD] = HEADER_BYTES
+        header[ACK_OFFSET_WORD] = HEADER_BYTES + capacity_bytes
+        header_u32[1] = RING_VERSION
+        header_u32[0] = RING_MAGIC  # last: a half-initialised ring never looks valid
+        header_u32.release()
+        header.release()
+        create_semaphore(names.space, permissions).close()
+    except BaseException:
+        segment.close()
+        segment.unlink()
+        raise
+    segment.close()
+
+
+def unlink_ring(names: RingNames) -> None:
+    """Remove the ring's shared memory and producer semaphore (not the shared doorbell).  Quiet if gone;
+    processes that still map the ring keep working on their mapping."""
+    unlink_shared_memory(names.ring)
+    unlink_semaphore(names.space)
+
+
+class _RingMemory:
+    """The mapped ring and typed views of its parts; checks the descriptor line."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.segment = SharedSegment.open(name)
+        try:
+            self._map_views()
+        except BaseException:
+            self.segment.close()
+            raise
+
+    def _map_views(self) -> None:
+        buf = self.segment.buf
+        if len(buf) < HEADER_BYTES:
+            raise CorruptRecordError(
+                f"ring {self.name}: {len(buf)} bytes, smaller than its {HEADER_BYTES}-byte header"
+            )
+        magic_version = buf[:8].cast("I")
+        magic, version = magic_version[0], magic_version[1]
+        magic_version.release()
+        if magic != RING_MAGIC or version != RING_VERSION:
+            raise CorruptRecordError(
+                f"ring {self.name}: magic {magic:#010x} version {version}, "
+                f"expected {RING_MAGIC:#010x} version {RING_VERSION}"
+            )
+        self.header = buf[:HEADER_BYTES].cast("q")
+        capacity = self.header[CAPACITY_BYTES_WORD]
+        slots = self.header[ACK_SLOTS_WORD]
+        data_offset = self.header[DATA_OFFSET_WORD]
+        ack_offset = self.header[ACK_OFFSET_WORD]
+        if not (
+            MIN_CAPACITY_BYTES <= capacity <= MAX_CAPACITY_BYTES
+            and capacity % FRAME_ALIGNMENT == 0
+            and slots >= 1
+            and data_offset == HEADER_BYTES
+            and ack_offset == data_offset + capacity
+            and len(buf) >= segment_bytes(capacity, slots)
+        ):
+            raise CorruptRecordError(
+                f"ring {self.name}: descriptor capacity {capacity} ack_slots {slots} data_offset "
+                f"{data_offset} ack_offset {ack_offset} does not fit a {len(buf)}-byte segment"
+            )
+        self.capacity_bytes: int = capacity
+        self.ack_slots: int = slots
+        data = buf[data_offset : data_offset + capacity]
+        self.words32 = data.cast("i")  # frame lengths and types, for Python-side stores
+        self.words64 = data.cast("q")  # frame seqs
+        self.data_bytes = data  # bodies, for Python-side copies
+        self.data = np.frombuffer(buf, np.uint8, capacity, data_offset)
+        self.data32 = self.data.view(np.int32)  # the same words, for numba kernels
+        self.data64 = self.data.view(np.int64)
+        self.acks = np.frombuffer(buf, np.int64, _ACK_WORDS_PER_SLOT * slots, ack_offset)
+
+    def failure(self) -> tuple[int, int, int]:
+        """(code, position, value) of the ring's failure; code 0 if healthy."""
+        code = load_int64(self.header, FAILED_CODE_WORD)
+        return code, self.header[FAILED_POSITION_WORD], self.header[FAILED_VALUE_WORD]
+
+    def failed_error(self) -> RingFailedError:
+        code, position, value = self.failure()
+        reason = RING_FAILED_REASONS.get(code, f"failure code {code}")
+        return RingFailedError(
+            f"ring {self.name}: {reason} in the frame at position {position} (value {value}); the partition "
+            "writer stopped reading this ring, frames before it were appended, none after: attach a new "
+            "ring and resend unacknowledged batches"
+        )
+
+    def close(self) -> None:
+        for view in (self.header, self.words32, self.words64, self.data_bytes):
+            view.release()
+        self.data = np.empty(0, np.uint8)
+        self.data32 = self.data.view(np.int32)
+        self.data64 = self.data.view(np.int64)
+        self.acks = np.empty(0, np.int64)
+        self.segment.close()
+
+
+class RingProducer:
+    """The producer end: ``reserve`` -> write the body into ``data`` -> ``commit``; then read acks.
+
+    ``data`` is the whole data region as a writable numpy uint8 array; ``reserve`` returns the index in it
+    where the body goes, so a numba batch builder can write the RecordBatch in place.  One thread only.
+    """
+
+    def __init__(
+        self,
+        memory: _RingMemory,
+        space: Doorbell,
+        doorbell: Doorbell,
+        *,
+        max_block_ms: int,
+        track_acks: bool,
+        spin_iterations: int,
+    ) -> None:
+        self._memory = memory
+        self._space = space
+        self._doorbell = doorbell
+        self.name = memory.name
+        self.data = memory.data
+        self.capacity_bytes = memory.capacity_bytes
+        self.ack_slots = memory.ack_slots
+        self.max_body_bytes = max_body_bytes(memory.capacity_bytes)
+        self.max_block_ms = max_block_ms
+        self.track_acks = track_acks
+        self._header = memory.header
+        self._words32 = memory.words32
+        self._words64 = memory.words64
+        self._data_bytes = memory.data_bytes
+        self._tail = load_int64(memory.header, HEAD_POSITION_WORD)
+        self._next_seq = 0
+        self._reserved_body = -1
+        self._acks_read = 0
+        self._backlog: list[np.ndarray] = []
+        self._waiter = Waiter(space, spin_iterations)
+        self._waiting_flag: FlagSlot = (memory.header, PRODUCER_WAITING_WORD)
+        self._notifier = Notifier(doorbell, (memory.header, CONSUMER_WAITING_WORD))
+
+    @classmethod
+    def attach(
+        cls,
+        names: RingNames,
+        *,
+        max_block_ms: int = 60_000,
+        track_acks: bool = True,
+        spin_iterations: int = DEFAULT_SPIN_ITERATIONS,
+    ) -> RingProducer:
+        """Open a freshly created ring as its one producer.  ``max_block_ms`` bounds every wait for space.
+
+        ``track_acks=False`` (acks=0) never waits for acks and cannot :meth:`poll_acks`.  A ring serves one
+        producer session: attaching to a ring that already had a producer raises ValueError.
+        """
+        memory = _RingMemory(names.ring)
+        try:
+            state = load_int64(memory.header, PRODUCER_STATE_WORD)
+            if state != PRODUCER_STATE_NONE:
+                raise ValueError(
+                    f"ring {names.ring} already had a producer (pid {memory.header[PRODUCER_PID_WORD]}, "
+                    f"state {state}); a new producer session needs a new ring"
+                )
+            space = Doorbell.open(names.space)
+            try:
+                doorbell = Doorbell.open(names.doorbell)
+            except BaseException:
+                space.close()
+                raise
+        except BaseException:
+            memory.close()
+            raise
+        pid = os.getpid()
+        publish_int64(memory.header, PRODUCER_PID_WORD, pid)
+        publish_int64(memory.header, PRODUCER_START_TICKS_WORD, process_start_ticks(pid) or 0)
+        publish_int64(memory.header, PRODUCER_STATE_WORD, PRODUCER_STATE_ATTACHED)
+        return cls(
+            memory,
+            space,
+            doorbell,
+            max_block_ms=max_block_ms,
+            track_acks=track_acks,
+            spin_iterations=spin_iterations,
+        )
+
+    # -- frames -------------------------------------------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next committed frame gets."""
+        return self._next_seq
+
+    def try_reserve(self, body_bytes: int) -> int:
+        """Reserve a frame for up to ``body_bytes``; return the body's index into :attr:`data`, or a negative
+        ``RESERVE_*`` code.  Never blocks.  A new reservation replaces an uncommitted one."""
+        header = self._header
+        if load_int64(header, FAILED_CODE_WORD):
+            return RESERVE_FAILED
+        if self.track_acks and self._next_seq - self._acks_read >= self.ack_slots:
+            return RESERVE_ACKS_FULL
+        if not 0 <= body_bytes <= self.max_body_bytes:
+            raise ValueError(
+                f"ring {self.name}: frame body of {body_bytes} bytes, at most {self.max_body_bytes} fit "
+                f"a ring of {self.capacity_bytes} bytes"
+            )
+        capacity = self.capacity_bytes
+        frame_bytes = (body_bytes + FRAME_HEADER_BYTES + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        tail = self._tail
+        index = tail % capacity
+        padding = capacity - index if index + frame_bytes > capacity else 0
+        if tail + padding + frame_bytes + FRAME_ALIGNMENT > load_int64(header, HEAD_POSITION_WORD) + capacity:
+            return RESERVE_FULL
+        if padding:
+            self._write_padding(index, padding)
+            self._tail = tail + padding
+            index = 0
+        self._reserved_body = body_bytes
+        return index + FRAME_HEADER_BYTES
+
+    def _write_padding(self, index: int, padding_bytes: int) -> None:
+        """R2: a padding frame from ``index`` to the end of the region; its successor's length word zeroed."""
+        words32 = self._words32
+        words32[(index + FRAME_TYPE_OFFSET) >> 2] = FRAME_TYPE_PADDING
+        self._words64[(index + FRAME_SEQ_OFFSET) >> 3] = self._next_seq
+        words32[0] = 0
+        publish_int32(words32, index >> 2, padding_bytes)
+
+    def reserve(self, body_bytes: int, timeout_ms: int | None = None) -> int:
+        """Like :meth:`try_reserve` but waits for room up to ``timeout_ms`` (default ``max_block_ms``).
+
+        Raises BackPressureError if the ring stays full (nothing was written), RingFailedError if the writer
+        failed the ring.
+        """
+        index = self.try_reserve(body_bytes)
+        if index >= 0:
+            return index
+        timeout_s = (self.max_block_ms if timeout_ms is None else timeout_ms) / 1000.0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if index == RESERVE_FAILED:
+                raise self._memory.failed_error()
+            if index == RESERVE_ACKS_FULL and self._read_acks():
+                index = self.try_reserve(body_bytes)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._back_pressure(body_bytes, index, timeout_s)
+            self._waiter.park((self._waiting_flag,), lambda: self._room_changed(body_bytes), remaining)
+            index = self.try_reserve(body_bytes)
+            if index >= 0:
+                return index
+
+    def _room_changed(self, body_bytes: int) -> bool:
+        """Would try_reserve() now do something other than report "full"?  Loads only."""
+        header = self._header
+        if load_int64(header, FAILED_CODE_WORD):
+            return True
+        if self.track_acks and self._next_seq - self._acks_read >= self.ack_slots:
+            return load_int64(header, ACK_CURSOR_WORD) > self._acks_read
+        frame_bytes = align_frame(body_bytes + FRAME_HEADER_BYTES)
+        index = self._tail % self.capacity_bytes
+        padding = self.capacity_bytes - index if index + frame_bytes > self.capacity_bytes else 0
+        need = self._tail + padding + frame_bytes + FRAME_ALIGNMENT
+        return need <= load_int64(header, HEAD_POSITION_WORD) + self.capacity_bytes
+
+    def _back_pressure(self, body_bytes: int, code: int, timeout_s: float) -> BackPressureError:
+        if code == RESERVE_ACKS_FULL:
+            unread = self._next_seq - self._acks_read
+            detail = f"{unread} frames await acknowledgement ({self.ack_slots} slots)"
+        else:
+            free = load_int64(self._header, HEAD_POSITION_WORD) + self.capacity_bytes - self._tail
+            need = align_frame(body_bytes + FRAME_HEADER_BYTES)
+            detail = f"need {need} bytes, {free} of {self.capacity_bytes} free"
+        return BackPressureError(
+            f"ring {self.name}: full for {timeout_s * 1000:.0f} ms ({detail}; writer pid "
+            f"{self._header[CONSUMER_PID_WORD]}); nothing was written, slow down or retry"
+        )
+
+    def reserved_view(self) -> memoryview:
+        """The reserved body region as a writable memoryview (after a successful reserve)."""
+        if self._reserved_body < 0:
+            raise ValueError(f"ring {self.name}: nothing reserved")
+        start = self._tail % self.capacity_bytes + FRAME_HEADER_BYTES
+        return memoryview(self.data[start : start + self._reserved_body])  # type: ignore[arg-type]
+
+    def commit(self, body_bytes: int) -> int:
+        """Publish the reserved frame with its first ``body_bytes`` body bytes; return its seq (C1-C4)."""
+        if not 0 <= body_bytes <= self._reserved_body:
+            raise ValueError(
+                f"ring {self.name}: commit of {body_bytes} body bytes, {max(self._reserved_body, 0)} reserved"
+            )
+        capacity = self.capacity_bytes
+        words32 = self._words32
+        index = self._tail % capacity
+        length = FRAME_HEADER_BYTES + body_bytes
+        frame_bytes = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        seq = self._next_seq
+        words32[(index + FRAME_TYPE_OFFSET) >> 2] = FRAME_TYPE_DATA
+        self._words64[(index + FRAME_SEQ_OFFSET) >> 3] = seq
+        words32[((index + frame_bytes) % capacity) >> 2] = 0
+        publish_int32(words32, index >> 2, length)
+        self._tail += frame_bytes
+        self._next_seq = seq + 1
+        self._reserved_body = -1
+        self._notifier.notify()
+        return seq
+
+    def abort(self) -> None:
+        """Drop the current reservation (nothing was published; a padding frame may have been)."""
+        self._reserved_body = -1
+
+    def send(self, body: bytes | bytearray | memoryview, timeout_ms: int | None = None) -> int:
+        """Reserve, copy ``body`` in, commit; return the frame's seq."""
+        size = len(body)
+        index = self.reserve(size, timeout_ms)
+        self._data_bytes[index : index + size] = body
+        return self.commit(size)
+
+    # -- acks ---------------------------------------------------------------------------------------------
+
+    @property
+    def acked_seq(self) -> int:
+        """Every frame with a seq below this has been acknowledged by the writer."""
+        return load_int64(self._header, ACK_CURSOR_WORD)
+
+    def _read_acks(self) -> bool:
+        """Copy published, unread ack results into the local backlog; True if there were any."""
+        first = self._acks_read
+        upto = load_int64(self._header, ACK_CURSOR_WORD)
+        if upto <= first:
+            return False
+        count = upto - first
+        if upto > self._next_seq:
+            raise CorruptRecordError(
+                f"ring {self.name}: writer acknowledged up to frame {upto}, only {self._next_seq} were sent"
+            )
+        slots = self._memory.acks.reshape(self.ack_slots, _ACK_WORDS_PER_SLOT)
+        start = first % self.ack_slots
+        if start + count <= self.ack_slots:
+            entries = slots[start : start + count].copy()
+        else:
+            entries = np.concatenate((slots[start:], slots[: start + count - self.ack_slots]))
+        expected = np.arange(first, upto, dtype=np.int64)
+        if not np.array_equal(entries[:, ACK_SEQ_WORD], expected):
+            wrong = int(np.flatnonzero(entries[:, ACK_SEQ_WORD] != expected)[0])
+            raise CorruptRecordError(
+                f"ring {self.name}: ack slot for frame {first + wrong} holds frame "
+                f"{entries[wrong, ACK_SEQ_WORD]}, expected {first + wrong}"
+            )
+        self._backlog.append(entries[:, ACK_RESULT_WORD].copy())
+        self._acks_read = upto
+        return True
+
+    def poll_acks(self) -> tuple[int, np.ndarray]:
+        """(first seq, results) of the acks that arrived since the last call; results may be empty.
+
+        ``results[i]`` answers frame ``first + i``: >= 0 its base offset, < 0 minus a Kafka error code.
+        """
+        if not self.track_acks:
+            raise ValueError(f"ring {self.name}: attached with track_acks=False, acks are not kept")
+        first = self._acks_read - sum(len(part) for part in self._backlog)
+        self._read_acks()
+        if not self._backlog:
+            return self._acks_read, np.empty(0, np.int64)
+        results = self._backlog[0] if len(self._backlog) == 1 else np.concatenate(self._backlog)
+        self._backlog.clear()
+        return first, results
+
+    def wait_acks(self, seq: int, timeout_ms: int) -> bool:
+        """Wait until frame ``seq`` is acknowledged; False after ``timeout_ms``.  RingFailedError if the
+        writer failed the ring before acknowledging it.  Results still come from :meth:`poll_acks`."""
+        header = self._header
+
+        def done() -> bool:
+            return load_int64(header, ACK_CURSOR_WORD) > seq or load_int64(header, FAILED_CODE_WORD) != 0
+
+        if not done():
+            self._waiter.park((self._waiting_flag,), done, timeout_ms / 1000.0)
+        if load_int64(header, ACK_CURSOR_WORD) > seq:
+            return True
+        if load_int64(header, FAILED_CODE_WORD):
+            raise self._memory.failed_error()
+        return False
+
+    def check_failed(self) -> None:
+        """Raise RingFailedError if the writer failed this ring."""
+        if load_int64(self._header, FAILED_CODE_WORD):
+            raise self._memory.failed_error()
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Mark the ring closed (the writer drains what was committed, then the supervisor unlinks it)."""
+        if self._memory.segment.closed:
+            return
+        publish_int64(self._header, PRODUCER_STATE_WORD, PRODUCER_STATE_CLOSED)
+        self._notifier.notify()
+        self._notifier.release()
+        self._waiting_flag = (memoryview(bytearray(8)).cast("q"), 0)
+        self.data = np.empty(0, np.uint8)
+        self._header = self._words32 = self._words64 = memoryview(bytearray(8)).cast("q")
+        self._data_bytes = memoryview(b"")
+        self._memory.close()
+        self._space.close()
+        self._doorbell.close()
+
+    def __enter__(self) -> RingProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Published frames, contiguous in ring memory, returned by :meth:`RingConsumer.peek`.
+
+    ``view`` covers the frames (headers included) and is writable: the writer may stamp offsets in place and
+    pass body slices to ``writev``.  Frame ``i`` has seq ``first_seq + i`` and its body is
+    ``view[body_starts[i] : body_starts[i] + body_lengths[i]]``.  Valid until released and reused.
+    """
+
+    view: np.ndarray
+    start_position: int
+    end_position: int
+    first_seq: int
+    body_starts: np.ndarray
+    body_lengths: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.body_starts)
+
+    def body(self, i: int) -> np.ndarray:
+        start = int(self.body_starts[i])
+        return self.view[start : start + int(self.body_lengths[i])]
+
+
+class RingConsumer:
+    """The partition writer's end: ``peek`` -> append -> ``ack`` -> ``release`` (or ``complete``)."""
+
+    def __init__(self, memory: _RingMemory, space: Doorbell, max_frames_per_peek: int) -> None:
+        self._memory = memory
+        self._space = space
+        self.name = memory.name
+        self.capacity_bytes = memory.capacity_bytes
+        self.ack_slots = memory.ack_slots
+        self._header = memory.header
+        self._words32 = memory.words32
+        self._head = load_int64(memory.header, HEAD_POSITION_WORD)
+        self._scan = self._head
+        self._expected_seq = -1  # unknown until the first frame: a restarted writer trusts the first seq
+        self._pending_padding: tuple[int, int] | None = None
+        self._failed = load_int64(memory.header, FAILED_CODE_WORD) != 0
+        self._body_starts = np.empty(max_frames_per_peek, np.int64)
+        self._body_lengths = np.empty(max_frames_per_peek, np.int64)
+        self._info = np.empty(_INFO_SIZE, np.int64)
+        self._notifier = Notifier(space, (memory.header, PRODUCER_WAITING_WORD))
+        self.waiting_flag: FlagSlot = (memory.header, CONSUMER_WAITING_WORD)
+
+    @classmethod
+    def attach(cls, names: RingNames, *, max_frames_per_peek: int = DEFAULT_PEEK_FRAMES) -> RingConsumer:
+        """Open a ring as its consumer (also after a previous consumer died: reading resumes at the head)."""
+        memory = _RingMemory(names.ring)
+        try:
+            space = Doorbell.open(names.space)
+        except BaseException:
+            memory.close()
+            raise
+        publish_int64(memory.header, CONSUMER_PID_WORD, os.getpid())
+        publish_int64(memory.header, CONSUMER_WAITING_WORD, 0)  # a dead predecessor may have left it set
+        return cls(memory, space, max_frames_per_peek)
+
+    @property
+    def head_position(self) -> int:
+        """The published read cursor: everything before it was appended, acknowledged and freed."""
+        return self._head
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    def has_data(self) -> bool:
+        """A published frame waits at the scan cursor (one load; False once the ring failed)."""
+        if self._failed:
+            return False
+        return load_int32(self._words32, (self._scan % self.capacity_bytes) >> 2) > 0
+
+    def peek(self, max_bytes: int = DEFAULT_PEEK_BYTES) -> Chunk | None:
+        """The published frames after the previous peek, as one contiguous :class:`Chunk`; None if none.
+
+        Stops at the end of the data region, after ``max_bytes`` (the first frame always comes whole) or
+        before a bad frame.  When a bad frame is the first one, the ring is marked failed and
+        :class:`RingFailedError` is raised (now and on every later call).
+        """
+        if self._failed:
+            raise self._memory.failed_error()
+        memory = self._memory
+        info = self._info
+        count = scan_frames(
+            memory.data32,
+            memory.data64,
+            self.capacity_bytes,
+            self._scan,
+            self._expected_seq,
+            max_bytes,
+            self._body_starts,
+            self._body_lengths,
+            info,
+        )
+        start, end = int(info[_INFO_START]), int(info[_INFO_END])
+        if start != self._scan:  # a padding frame was skipped: it holds no data, free it at once if we can
+            if self._scan == self._head:
+                self._publish_head(start)
+            else:
+                self._pending_padding = (self._scan, start)
+            self._scan = start
+        if count == 0:
+            status = int(info[_INFO_STATUS])
+            if status != SCAN_OK:
+                self.fail(-status, end, int(info[_INFO_BAD_VALUE]))
+                raise memory.failed_error()
+            return None
+        self._scan = end
+        self._expected_seq = int(info[_INFO_NEXT_SEQ])
+        index = start % self.capacity_bytes
+        return Chunk(
+            view=memory.data[index : index + (end - start)],
+            start_position=start,
+            end_position=end,
+            first_seq=int(info[_INFO_FIRST_SEQ]),
+            body_starts=self._body_starts[:count].copy(),
+            body_lengths=self._body_lengths[:count].copy(),
+        )
+
+    def ack(self, first_seq: int, results: np.ndarray | Sequence[int]) -> None:
+        """A1: answer frames ``first_seq ..`` with ``results`` (base offset, or minus a Kafka error code).
+
+        Acks are published in seq order: ``first_seq`` may repeat acks (a restarted writer) but not skip any.
+        """
+        results_array = np.ascontiguousarray(results, dtype=np.int64)
+        acked = load_int64(self._header, ACK_CURSOR_WORD)
+        if first_seq > acked:
+            raise ValueError(f"ring {self.name}: ack from frame {first_seq} would skip frames {acked}..")
+        upto = first_seq + write_acks(self._memory.acks, self.ack_slots, first_seq, results_array)
+        if upto > acked:
+            publish_int64(self._header, ACK_CURSOR_WORD, upto)
+        self._notifier.notify()
+
+    def release(self, end_position: int) -> None:
+        """L1: free everything before ``end_position`` (a chunk's ``end_position``), after append and ack."""
+        padding = self._pending_padding
+        if padding is not None and end_position >= padding[0]:
+            self._pending_padding = None
+            if end_position == padding[0]:
+                end_position = padding[1]
+        if not self._head <= end_position <= self._scan:
+            raise ValueError(
+                f"ring {self.name}: release to position {end_position}, outside [{self._head}, {self._scan}]"
+            )
+        self._publish_head(end_position)
+
+    def complete(self, chunk: Chunk, results: np.ndarray | Sequence[int]) -> None:
+        """Acknowledge every frame of ``chunk`` with ``results``, then release it."""
+        self.ack(chunk.first_seq, results)
+        self.release(chunk.end_position)
+
+    def rewind(self) -> None:
+        """Forget unreleased peeks: the next peek starts again at the head (e.g. after a failed append)."""
+        self._scan = self._head
+        self._expected_seq = -1
+        self._pending_padding = None
+
+    def _publish_head(self, position: int) -> None:
+        publish_int64(self._header, HEAD_POSITION_WORD, position)
+        self._head = position
+        self._notifier.notify()
+
+    def fail(self, code: int, position: int, value: int) -> None:
+        """Mark the ring failed (code published last) and wake its producer; peek raises from now on."""
+        publish_int64(self._header, FAILED_POSITION_WORD, position)
+        publish_int64(self._header, FAILED_VALUE_WORD, value)
+        publish_int64(self._header, FAILED_CODE_WORD, code)
+        self._failed = True
+        self._notifier.notify()
+
+    def failure(self) -> tuple[int, int, int]:
+        """(code, position, value) of the ring's failure; code 0 if healthy."""
+        return self._memory.failure()
+
+    @property
+    def producer_state(self) -> int:
+        """PRODUCER_STATE_NONE (not attached yet), _ATTACHED or _CLOSED (closed cleanly)."""
+        return load_int64(self._header, PRODUCER_STATE_WORD)
+
+    @property
+    def producer_pid(self) -> int:
+        return load_int64(self._header, PRODUCER_PID_WORD)
+
+    def producer_alive(self) -> bool:
+        """False once the producer closed the ring or its process is gone (pid and start time checked).
+
+        True before a producer attached.  Drain the ring (peek until None), then close and unlink it.
+        """
+        state = self.producer_state
+        if state == PRODUCER_STATE_NONE:
+            return True
+        if state == PRODUCER_STATE_CLOSED:
+            return False
+        start_ticks = load_int64(self._header, PRODUCER_START_TICKS_WORD)
+        return process_alive(self.producer_pid, start_ticks or None)
+
+    def close(self) -> None:
+        """Unmap (the ring stays; a new consumer may attach and resume at the head)."""
+        if self._memory.segment.closed:
+            return
+        self._notifier.release()
+        self.waiting_flag = (memoryview(bytearray(8)).cast("q"), 0)
+        self._header = self._words32 = memoryview(bytearray(8)).cast("q")
+        self._memory.close()
+        self._space.close()
+
+    def __enter__(self) -> RingConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_for_frames(consumers: Sequence[RingConsumer], waiter: Waiter, timeout_s: float) -> bool:
+    """The writer's sleep: True as soon as any of ``consumers`` has a frame, False after ``timeout_s``.
+
+    ``waiter`` wraps the partition's doorbell (the semaphore every producer of the partition rings); the
+    waiting flag is set in each ring, so each producer sees it in its own ring header.
+    """
+    flags = [consumer.waiting_flag for consumer in consumers]
+    return waiter.park(flags, lambda: any(consumer.has_data() for consumer in consumers), timeout_s)
+
+
+@numba.njit(cache=True)
+def scan_frames(
+    words32: np.ndarray,
+    words64: np.ndarray,
+    capacity_bytes: int,
+    position: int,
+    expected_seq: int,
+    max_bytes: int,
+    body_starts: np.ndarray,
+    body_lengths: np.ndarray,
+    info: np.ndarray,
+) -> int:
+    """P1: walk published frames from logical ``position``; return how many data frames form the chunk.
+
+    ``words32``/``words64`` view the data region.  Fills ``body_starts``/``body_lengths`` (relative to the
+    chunk start) and ``info`` (_INFO_* slots).  A leading padding frame is skipped; a later one ends the
+    chunk.  ``expected_seq`` < 0 accepts whatever seq comes first.  A bad frame ends the scan with a
+    negative SCAN_* status and ``info[_INFO_END]`` at its position.
+    """
+    start = position
+    count = 0
+    status = SCAN_OK
+    bad_value = 0
+    first_seq = -1
+    max_frames = body_starts.shape[0]
+    while count < max_frames:
+        index = position % capacity_bytes
+        if index == 0 and count > 0:
+            break  # the previous frame ended exactly at the end of the region: a chunk never wraps
+        length = load_acquire(words32, index >> 2)
+        if length <= 0:
+            break
+        frame_type = words32[(index + FRAME_TYPE_OFFSET) >> 2] & 0xFFFF
+        seq = words64[(index + FRAME_SEQ_OFFSET) >> 3]
+        if length < FRAME_HEADER_BYTES or length > capacity_bytes - index:
+            status = SCAN_BAD_LENGTH
+            bad_value = length
+            break
+        if frame_type == FRAME_TYPE_PADDING:
+            if length != capacity_bytes - index or index == 0:
+                status = SCAN_BAD_PADDING
+                bad_value = length
+                break
+            if expected_seq >= 0 and seq != expected_seq:
+                status = SCAN_BAD_SEQ
+                bad_value = seq
+                break
+            if count > 0:
+                break  # a chunk is contiguous: the frames after the padding come in the next one
+            expected_seq = seq
+            position += length
+            start = position
+            continue
+        if frame_type != FRAME_TYPE_DATA:
+            status = SCAN_BAD_TYPE
+            bad_value = frame_type
+            break
+        if expected_seq >= 0 and seq != expected_seq:
+            status = SCAN_BAD_SEQ
+            bad_value = seq
+            break
+        frame_bytes = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        if count > 0 and position + frame_bytes - start > max_bytes:
+            break
+        body_starts[count] = position - start + FRAME_HEADER_BYTES
+        body_lengths[count] = length - FRAME_HEADER_BYTES
+        if count == 0:
+            first_seq = seq
+        expected_seq = seq + 1
+        count += 1
+        position += frame_bytes
+    info[_INFO_START] = start
+    info[_INFO_END] = position
+    info[_INFO_FIRST_SEQ] = first_seq
+    info[_INFO_NEXT_SEQ] = expected_seq
+    info[_INFO_STATUS] = status
+    info[_INFO_BAD_VALUE] = bad_value
+    return count
+
+
+@numba.njit(cache=True)
+def write_acks(ack_words: np.ndarray, ack_slots: int, first_seq: int, results: np.ndarray) -> int:
+    """A1 (slots only): write (seq, result) for frames ``first_seq ..``; return how many.  The caller
+    publishes ``ack_seq`` after this returns."""
+    count = results.shape[0]
+    for i in range(count):
+        seq = first_seq + i
+        slot = seq % ack_slots
+        ack_words[slot * _ACK_WORDS_PER_SLOT + ACK_SEQ_WORD] = seq
+        ack_words[slot * _ACK_WORDS_PER_SLOT + ACK_RESULT_WORD] = results[i]
+    return count

@@ -1,0 +1,302 @@
+"""The per-partition state page: offsets and liveness every local process may read without locks.
+
+Layout (one 4096-byte shared-memory object per partition, little-endian), ruled in 32-bit rows; each
+64-byte cache line has exactly ONE writer::
+
+     0                   1                   2                   3
+     0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+    +---------------------------------------------------------------+  line 0: the creator (supervisor),
+    |                      magic "LAST" (u32)           @0          |  once, before handing out the name
+    +---------------------------------------------------------------+
+    |                      version (u32)                @4          |
+    +---------------------------------------------------------------+
+    |                      padding                      @8..63      |
+    +===============================================================+  line 1: the PARTITION WRITER
+    |                      log_end_offset (i64)         @64         |  next offset to assign; published
+    |                                                               |  after the batch is in the log
+    +---------------------------------------------------------------+
+    |                      writer_pid (i64)             @72         |
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      writer_start_ticks (i64)     @80         |  /proc/<pid>/stat starttime
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      writer_heartbeat_ms (i64)    @88         |  CLOCK_MONOTONIC ms (system-wide)
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      padding                      @96..127    |
+    +===============================================================+  line 2: the REPLICA-STATE OWNER
+    |                      high_watermark (i64)         @128        |  offsets below it are committed
+    |                                                               |  (acks=all, consumers)
+    +---------------------------------------------------------------+
+    |                      padding (room for ISR etc.)  @136..191   |
+    +===============================================================+  line 3: the LEADERSHIP OWNER,
+    |                      epoch_seqlock (i64)          @192        |  a seqlock over the next two:
+    |                                                               |  odd while they are being written
+    +---------------------------------------------------------------+
+    |                      leader_epoch (i64)           @200        |  -1 before the first election
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      epoch_start_offset (i64)     @208        |  first offset of that epoch
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      padding                      @216..255   |
+    +===============================================================+  line 4: the RETENTION OWNER
+    |                      log_start_offset (i64)       @256        |  first offset still in the log;
+    |                                                               |  published before segments go
+    +---------------------------------------------------------------+
+    |                      padding                      @264..4095  |
+    +---------------------------------------------------------------+
+
+Rules: a single int64 field is published with one aligned 8-byte store, so a reader never sees half of it,
+and (TSO, see ``ipc/memory_order.py``) whoever sees a new log end offset also sees the bytes it describes.
+Nothing here needs a lock.  The one pair that must be read together, (leader_epoch, epoch_start_offset), is
+a seqlock: the writer makes ``epoch_seqlock`` odd, writes both, makes it even; a reader retries while it is
+odd or changed under it.  A writer that dies mid-update leaves it odd: its successor's first write repairs it,
+and readers give up after :data:`SEQLOCK_READ_TIMEOUT_MS` with RequestTimeoutError.
+
+Setters are for the field's owner only; a second writer would break the "one writer per field" rule that
+makes lock-free reads correct, and nothing here can detect it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ipc.memory_order import load_int64, publish_int64
+from ipc.shm import Permissions, SharedSegment, process_alive, process_start_ticks
+from storage.errors import CorruptRecordError, RequestTimeoutError
+
+__all__ = [
+    "NO_LEADER_EPOCH",
+    "SEQLOCK_READ_TIMEOUT_MS",
+    "STATE_PAGE",
+    "STATE_PAGE_BYTES",
+    "StatePage",
+    "monotonic_ms",
+]
+
+STATE_PAGE_BYTES = 4096
+STATE_PAGE = np.dtype(
+    {
+        "names": [
+            "magic", "version",
+            "log_end_offset", "writer_pid", "writer_start_ticks", "writer_heartbeat_ms",
+            "high_watermark",
+            "epoch_seqlock", "leader_epoch", "epoch_start_offset",
+            "log_start_offset",
+        ],
+        "formats": ["<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8"],
+        "offsets": [0, 4, 64, 72, 80, 88, 128, 192, 200, 208, 256],
+        "itemsize": STATE_PAGE_BYTES,
+    }
+)  # fmt: skip
+STATE_MAGIC = 0x5453414C  # b"LAST" as a little-endian u32
+STATE_VERSION = 1
+NO_LEADER_EPOCH = -1
+SEQLOCK_READ_TIMEOUT_MS = 100
+
+
+def _word(field: str) -> int:
+    assert STATE_PAGE.fields is not None
+    field_type, offset = STATE_PAGE.fields[field][:2]
+    assert field_type.itemsize == 8 and offset % 8 == 0, field
+    return int(offset) // 8
+
+
+_LOG_END_OFFSET = _word("log_end_offset")
+_WRITER_PID = _word("writer_pid")
+_WRITER_START_TICKS = _word("writer_start_ticks")
+_WRITER_HEARTBEAT_MS = _word("writer_heartbeat_ms")
+_HIGH_WATERMARK = _word("high_watermark")
+_EPOCH_SEQLOCK = _word("epoch_seqlock")
+_LEADER_EPOCH = _word("leader_epoch")
+_EPOCH_START_OFFSET = _word("epoch_start_offset")
+_LOG_START_OFFSET = _word("log_start_offset")
+
+_OWNER_LINES = {  # cache line -> the fields its one writer owns
+    1: (_LOG_END_OFFSET, _WRITER_PID, _WRITER_START_TICKS, _WRITER_HEARTBEAT_MS),
+    2: (_HIGH_WATERMARK,),
+    3: (_EPOCH_SEQLOCK, _LEADER_EPOCH, _EPOCH_START_OFFSET),
+    4: (_LOG_START_OFFSET,),
+}
+for _line, _words in _OWNER_LINES.items():
+    assert {word * 8 // 64 for word in _words} == {_line}
+
+
+def monotonic_ms() -> int:
+    """CLOCK_MONOTONIC in milliseconds: the same clock in every process of the host (heartbeats)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1_000_000
+
+
+class StatePage:
+    """One partition's state page, mapped.  Every process of the instance may read every field."""
+
+    def __init__(self, segment: SharedSegment) -> None:
+        self._segment = segment
+        self.name = segment.name
+        self._words = segment.buf[:STATE_PAGE_BYTES].cast("q")
+
+    @classmethod
+    def create(cls, name: str, permissions: Permissions | None = None) -> StatePage:
+        """Create the page: offsets 0, no leader epoch, no writer.  FileExistsError if it exists."""
+        segment = SharedSegment.create(name, STATE_PAGE_BYTES, permissions)
+        words = segment.buf[:STATE_PAGE_BYTES].cast("q")
+        words[_LEADER_EPOCH] = NO_LEADER_EPOCH
+        words.release()
+        header = segment.buf[:8].cast("I")
+        header[1] = STATE_VERSION
+        header[0] = STATE_MAGIC  # last: a half-initialised page never looks valid
+        header.release()
+        return cls(segment)
+
+    @classmethod
+    def attach(cls, name: str) -> StatePage:
+        """Map an existing page; CorruptRecordError if it is not one."""
+        segment = SharedSegment.open(name)
+        if segment.size_bytes < STATE_PAGE_BYTES:
+            segment.close()
+            raise CorruptRecordError(
+                f"state page {name}: {segment.size_bytes} bytes, expected {STATE_PAGE_BYTES}"
+            )
+        header = segment.buf[:8].cast("I")
+        magic, version = header[0], header[1]
+        header.release()
+        if magic != STATE_MAGIC or version != STATE_VERSION:
+            segment.close()
+            raise CorruptRecordError(
+                f"state page {name}: magic {magic:#010x} version {version}, "
+                f"expected {STATE_MAGIC:#010x} version {STATE_VERSION}"
+            )
+        return cls(segment)
+
+    # -- single fields ------------------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        """Next offset the writer assigns; every offset below is in the log (owner: partition writer)."""
+        return load_int64(self._words, _LOG_END_OFFSET)
+
+    @log_end_offset.setter
+    def log_end_offset(self, offset: int) -> None:
+        publish_int64(self._words, _LOG_END_OFFSET, offset)
+
+    @property
+    def high_watermark(self) -> int:
+        """Offsets below it are replicated to the ISR (owner: whoever owns replica state)."""
+        return load_int64(self._words, _HIGH_WATERMARK)
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        publish_int64(self._words, _HIGH_WATERMARK, offset)
+
+    @property
+    def log_start_offset(self) -> int:
+        """First offset still in the log (owner: whoever deletes old segments; publish before deleting)."""
+        return load_int64(self._words, _LOG_START_OFFSET)
+
+    @log_start_offset.setter
+    def log_start_offset(self, offset: int) -> None:
+        publish_int64(self._words, _LOG_START_OFFSET, offset)
+
+    # -- the writer's liveness ----------------------------------------------------------------------------
+
+    def claim_writer(self) -> None:
+        """The partition writer announces itself (pid, start time, first heartbeat) when it starts."""
+        pid = os.getpid()
+        publish_int64(self._words, _WRITER_HEARTBEAT_MS, monotonic_ms())
+        publish_int64(self._words, _WRITER_START_TICKS, process_start_ticks(pid) or 0)
+        publish_int64(self._words, _WRITER_PID, pid)
+
+    def beat(self, now_ms: int | None = None) -> None:
+        """The partition writer's heartbeat (call it at least every few hundred ms, also when idle)."""
+        publish_int64(self._words, _WRITER_HEARTBEAT_MS, monotonic_ms() if now_ms is None else now_ms)
+
+    @property
+    def writer_pid(self) -> int:
+        return load_int64(self._words, _WRITER_PID)
+
+    @property
+    def writer_heartbeat_ms(self) -> int:
+        return load_int64(self._words, _WRITER_HEARTBEAT_MS)
+
+    def writer_alive(self, stale_after_ms: int) -> bool:
+        """The claimed writer process exists (pid and start time) and beat within ``stale_after_ms``."""
+        pid = self.writer_pid
+        start_ticks = load_int64(self._words, _WRITER_START_TICKS)
+        if not process_alive(pid, start_ticks or None):
+            return False
+        return monotonic_ms() - self.writer_heartbeat_ms <= stale_after_ms
+
+    # -- the seqlocked pair -------------------------------------------------------------------------------
+
+    def set_leader_epoch(self, leader_epoch: int, start_offset: int) -> None:
+        """Publish (leader epoch, its start offset) as one consistent pair (owner: leadership owner)."""
+        words = self._words
+        sequence = load_int64(words, _EPOCH_SEQLOCK)
+        if sequence & 1:
+            sequence += 1  # the previous owner died mid-update: continue from an even value
+        publish_int64(words, _EPOCH_SEQLOCK, sequence + 1)  # odd: readers retry
+        publish_int64(words, _LEADER_EPOCH, leader_epoch)
+        publish_int64(words, _EPOCH_START_OFFSET, start_offset)
+        publish_int64(words, _EPOCH_SEQLOCK, sequence + 2)  # even: consistent again
+
+    def leader_epoch(self) -> tuple[int, int]:
+        """(leader epoch, its start offset), read consistently.  RequestTimeoutError if the seqlock stays odd
+        for :data:`SEQLOCK_READ_TIMEOUT_MS` (its writer died mid-update and no successor repaired it yet)."""
+        words = self._words
+        deadline_ms = 0
+        while True:
+            for _ in range(1000):
+                before = load_int64(words, _EPOCH_SEQLOCK)
+                if before & 1:
+                    continue
+                epoch = load_int64(words, _LEADER_EPOCH)
+                start_offset = load_int64(words, _EPOCH_START_OFFSET)
+                if load_int64(words, _EPOCH_SEQLOCK) == before:
+                    return epoch, start_offset
+            now_ms = monotonic_ms()
+            if deadline_ms == 0:
+                deadline_ms = now_ms + SEQLOCK_READ_TIMEOUT_MS
+            elif now_ms > deadline_ms:
+                raise RequestTimeoutError(
+                    f"state page {self.name}: leader epoch seqlock at {load_int64(words, _EPOCH_SEQLOCK)} "
+                    f"(being written) for over {SEQLOCK_READ_TIMEOUT_MS} ms; its writer died mid-update?"
+                )
+            time.sleep(0)
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """All fields, for logs and the CLI (each read on its own; not one consistent instant)."""
+        epoch, epoch_start = self.leader_epoch()
+        return {
+            "log_end_offset": self.log_end_offset,
+            "high_watermark": self.high_watermark,
+            "log_start_offset": self.log_start_offset,
+            "leader_epoch": epoch,
+            "epoch_start_offset": epoch_start,
+            "writer_pid": self.writer_pid,
+            "writer_heartbeat_ms": self.writer_heartbeat_ms,
+        }
+
+    def close(self) -> None:
+        """Unmap (the page stays for the other processes)."""
+        if self._segment.closed:
+            return
+        self._words.release()
+        self._segment.close()
+
+    def unlink(self) -> None:
+        """Remove the name (the creator, on clean shutdown)."""
+        self._segment.unlink()
+
+    def __enter__(self) -> StatePage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

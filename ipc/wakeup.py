@@ -1,0 +1,172 @@
+"""Sleeping and waking across processes: named semaphores plus a "waiting" flag in shared memory.
+
+Theory of operation (the one place this protocol is written down)
+------------------------------------------------------------------
+A process that has nothing to do sleeps on a POSIX semaphore (a :class:`Doorbell`).  Posting a semaphore is a
+system call, so the other side should post only when someone sleeps.  Each sleeper therefore owns a *waiting
+flag*: an int64 word in shared memory with exactly one writer, the sleeper.  The value 0 means "awake"; any
+other value is the *generation* of the current sleep (a counter the sleeper bumps before every sleep).
+
+Sleeper (:meth:`Waiter.park`)::
+
+    1. spin: check for work a bounded number of times (cheap when the other side is about to publish)
+    2. store flag := generation          (in every flag it owns: a writer owns one per ring)
+    3. FULL FENCE
+    4. check for work again; if there is some: store flag := 0, return
+    5. sem_timedwait(doorbell, remaining time)
+    6. store flag := 0; check for work; if none and time is left: go to 2 with generation + 1
+
+Notifier (:meth:`Notifier.notify`), right after publishing work (a frame length, a read cursor, an ack)::
+
+    a. (the publishing store)
+    b. FULL FENCE
+    c. load flag; if flag != 0 and flag != the generation I last posted for: post the doorbell, remember it
+
+Why no wakeup is lost: the sleeper stores its flag (2) before it checks (4), the notifier publishes (a) before
+it loads the flag (c), and the fences (3, b) forbid each load from passing its own side's store.  So either
+the sleeper's check (4) sees the work, or the notifier's load (c) sees the flag and posts; a post made before
+the sleeper reaches 5 is not lost, the semaphore counts it.  Without the fences x86-64 could satisfy both
+loads from before both stores (a store may wait in the store buffer), which is why this is the one place in
+``ipc`` that needs a fence (see ``ipc/memory_order.py``).
+
+Why the generation: while a sleeper wakes up, the flag still says "sleeping"; remembering the generation
+already posted for limits a notifier to one post per sleep instead of one per frame, so the hot path makes
+no system call when the other side is awake, and at most one per sleep when it is not.  A sleeper starts its
+generations at a random 64-bit value, so a restarted sleeper never repeats the one a notifier remembers.
+
+Extra posts (a post arriving after a timeout already woke the sleeper) make a later sleep return at once; the
+sleeper then re-checks and sleeps again: harmless.  The timeout bounds every sleep, so a notifier that died
+between (a) and (c) delays, but never strands, a sleeper.  An idle process wakes only on its timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import posix_ipc
+
+from ipc.memory_order import full_fence, load_int64, publish_int64
+from ipc.shm import Permissions, create_semaphore, open_semaphore, unlink_semaphore
+
+__all__ = ["DEFAULT_SPIN_ITERATIONS", "Doorbell", "FlagSlot", "Notifier", "Waiter"]
+
+DEFAULT_SPIN_ITERATIONS = 64  # checks before sleeping: ~10-50 us of spinning, then the semaphore
+_GENERATIONS = 1 << 62
+
+FlagSlot = tuple[memoryview, int]
+"""A waiting flag: an int64 ``memoryview.cast('q')`` over shared memory and the word index in it."""
+
+
+class Doorbell:
+    """A named POSIX semaphore one process sleeps on and others post (ring)."""
+
+    def __init__(self, name: str, semaphore: posix_ipc.Semaphore) -> None:
+        self.name = name
+        self._semaphore: posix_ipc.Semaphore | None = semaphore
+
+    @classmethod
+    def create(cls, name: str, permissions: Permissions | None = None) -> Doorbell:
+        """Create the semaphore (value 0) exclusively; see :func:`ipc.shm.create_semaphore`."""
+        return cls(name, create_semaphore(name, permissions))
+
+    @classmethod
+    def open(cls, name: str) -> Doorbell:
+        """Open an existing doorbell by name; FileNotFoundError if there is none."""
+        return cls(name, open_semaphore(name))
+
+    def ring(self) -> None:
+        """Post: wake the sleeper, or make its next sleep return at once."""
+        assert self._semaphore is not None, f"doorbell {self.name} is closed"
+        self._semaphore.release()
+
+    def sleep(self, timeout_s: float) -> bool:
+        """Sleep until rung or ``timeout_s`` passes; True if rung.  A signal ends the sleep early (False)."""
+        assert self._semaphore is not None, f"doorbell {self.name} is closed"
+        try:
+            self._semaphore.acquire(max(timeout_s, 0.0))
+        except (posix_ipc.BusyError, posix_ipc.SignalError):
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close this process's handle (the semaphore lives on until unlinked)."""
+        semaphore, self._semaphore = self._semaphore, None
+        if semaphore is not None:
+            semaphore.close()
+
+    def unlink(self) -> None:
+        """Remove the name (quiet if already gone)."""
+        unlink_semaphore(self.name)
+
+
+class Waiter:
+    """The sleeping side of the protocol for one doorbell (see the module docstring, steps 1-6)."""
+
+    def __init__(self, doorbell: Doorbell, spin_iterations: int = DEFAULT_SPIN_ITERATIONS) -> None:
+        self.doorbell = doorbell
+        self.spin_iterations = spin_iterations
+        self._generation = int.from_bytes(os.urandom(8), "little") % _GENERATIONS + 1
+        self.sleeps = 0  # how many times park() really slept (for tests and stats)
+
+    def park(self, flags: Sequence[FlagSlot], ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Return True as soon as ``ready()`` is true, False if it is still false after ``timeout_s``.
+
+        ``flags`` are the waiting flags this sleeper owns (one per ring it serves); ``ready`` must only load
+        what the notifiers publish.
+        """
+        for _ in range(self.spin_iterations):
+            if ready():
+                return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._generation = self._generation % _GENERATIONS + 1  # never 0, fits an int64
+            for words, index in flags:
+                publish_int64(words, index, self._generation)
+            full_fence()
+            if ready():
+                self._clear(flags)
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._clear(flags)
+                return False
+            self.sleeps += 1
+            self.doorbell.sleep(remaining)
+            self._clear(flags)
+            if ready():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    @staticmethod
+    def _clear(flags: Sequence[FlagSlot]) -> None:
+        for words, index in flags:
+            publish_int64(words, index, 0)
+
+
+class Notifier:
+    """The waking side for one waiting flag: call :meth:`notify` right after each publishing store."""
+
+    __slots__ = ("_doorbell", "_index", "_last_generation", "_words")
+
+    def __init__(self, doorbell: Doorbell, flag: FlagSlot) -> None:
+        self._doorbell = doorbell
+        self._words, self._index = flag
+        self._last_generation = 0
+
+    def notify(self) -> bool:
+        """Post the doorbell if its owner sleeps and was not posted for this sleep yet; True if posted."""
+        full_fence()
+        generation = load_int64(self._words, self._index)
+        if generation == 0 or generation == self._last_generation:
+            return False
+        self._last_generation = generation
+        self._doorbell.ring()
+        return True
+
+    def release(self) -> None:
+        """Drop the reference to the shared flag (before its mapping is closed)."""
+        self._words = memoryview(bytearray(8)).cast("q")
+        self._index = 0
