@@ -23,6 +23,7 @@ section.  With timestamp type LogAppendTime every record's timestamp is the batc
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -62,7 +63,7 @@ __all__ = [
     "records_data",
 ]
 
-Bytes = bytes | bytearray | memoryview
+Bytes = bytes | bytearray | memoryview | mmap.mmap  # any byte buffer (pass a numpy array as array.data)
 
 
 class Record(NamedTuple):
