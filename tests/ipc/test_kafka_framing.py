@@ -155,3 +155,17 @@ def test_every_truncation_of_every_response_body_is_a_protocol_error() -> None:
                     decode_response(body[:cut], sample.spec.api_key, sample.version)
             with pytest.raises(ProtocolError, match="trailing bytes"):
                 decode_response(body + b"\x00", sample.spec.api_key, sample.version)
+
+
+def test_unknown_tagged_fields_in_a_flexible_header_and_body_are_skipped() -> None:
+    """ApiVersions v3: request header v2 and the body end with tagged fields; tags we do not know (a newer
+    client's) are skipped, as Kafka's readers do, and do not change what we decode."""
+    frame = encode_request(RequestHeader(ApiKey.API_VERSIONS, 3, 5, "cli"), ApiVersionsRequest("kcat", "1.7"))
+    body = frame[4:]
+    header_end = 8 + 2 + len("cli")
+    assert body[header_end] == 0 and body[-1] == 0  # both tagged sections empty
+    unknown = b"\x02" + b"\x07\x02hi" + b"\x81\x01\x00"  # tags 7 and 129
+    with_tags = body[:header_end] + unknown + body[header_end + 1 : -1] + unknown
+    request = decode_request(with_tags)
+    assert request.header == RequestHeader(ApiKey.API_VERSIONS, 3, 5, "cli")
+    assert request.body == ApiVersionsRequest("kcat", "1.7")
