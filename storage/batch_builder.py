@@ -81,7 +81,7 @@ _TIMESTAMP_LIMIT = 1 << 62  # |timestamp| bound so deltas cannot overflow int64
 _OK = 0
 _BAD_OFFSETS = -2  # offsets decrease, start below 0 or end past the data
 _TOO_LONG = -3  # one byte string longer than an int32 length can say
-_BAD_HEADER_INDEX = -4  # header index decreases or points past the header columns
+_BAD_HEADER_INDEX = -4  # header offsets decrease or point past the header columns
 _BAD_TIMESTAMP = -5  # a timestamp outside +-2**62 ms
 _COLUMN_NAMES = ("keys", "values", "header keys", "header values", "header offsets", "timestamps")
 
@@ -157,7 +157,7 @@ class RecordColumns(NamedTuple):
 
 # ---------------------------------------------------------------------------------------------------------
 # Kernels.  Empty arrays stand for absent columns: no key offsets = all keys null, no nulls = none null,
-# no header index = no headers, no timestamps = every delta 0.
+# no header offsets = no headers, no timestamps = every delta 0.
 
 
 @numba.njit(cache=True, inline="always")
@@ -170,7 +170,7 @@ def _check_column(data_len: int, offsets: np.ndarray) -> int:
     for i in range(offsets.size - 1):
         length = offsets[i + 1] - offsets[i]
         if length < 0 or length > _MAX_INT32:
-            return i
+            return i + 1
     if offsets[offsets.size - 1] > data_len:
         return offsets.size - 1
     return -1
@@ -217,7 +217,7 @@ def _records_size(
             return 0, 0, _BAD_HEADER_INDEX, 4
         for i in range(count):
             if header_index[i + 1] < header_index[i] or header_index[i + 1] > header_count:
-                return i, 0, _BAD_HEADER_INDEX, 4
+                return i + 1, 0, _BAD_HEADER_INDEX, 4
     has_timestamps = timestamps.size > 0
     max_delta = 0
     if has_timestamps:
@@ -413,8 +413,8 @@ def _sized(args: tuple[np.ndarray, ...]) -> tuple[int, int]:
     size, max_delta, code, column = _records_size(*args)
     if code == _BAD_OFFSETS:
         raise ValueError(
-            f"{_COLUMN_NAMES[column]}: offsets entry {size} is negative, decreasing, past the data, "
-            f"or spans more than {_MAX_INT32} bytes"
+            f"{_COLUMN_NAMES[column]}: offsets entry {size} is negative, below the entry before it, past the "
+            f"end of the data, or more than {_MAX_INT32} bytes after the entry before it"
         )
     if code == _BAD_HEADER_INDEX:
         raise ValueError(f"header offsets: entry {size} decreases or points past the header columns")
@@ -509,36 +509,53 @@ def build_into(
     array = _writable_u8(out)
     if position < 0 or position > array.size:
         raise ValueError(f"position {position} outside the {array.size}-byte buffer")
-    attributes = _attributes(compression, timestamp_type, is_transactional, is_control)
+    args, records_bytes, header = _plan(
+        columns,
+        base_offset,
+        partition_leader_epoch,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        timestamp_ms,
+        _attributes(compression, timestamp_type, is_transactional, is_control),
+    )
+    return _write(array, position, args, records_bytes, compression, compression_level, header)
+
+
+def _plan(
+    columns: RecordColumns,
+    base_offset: int,
+    partition_leader_epoch: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    timestamp_ms: int | None,
+    attributes: int,
+) -> tuple[tuple[np.ndarray, ...], int, tuple[int, ...]]:
+    """Check and size the columns: (kernel arguments, records section bytes, header fields)."""
     args = _kernel_args(columns)
     records_bytes, max_delta = _sized(args)
     if columns.timestamps is not None:
         base_timestamp = int(args[-1][0])
     else:
         base_timestamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    return _write(
-        array,
-        position,
-        args,
-        records_bytes,
-        compression,
-        compression_level,
-        (
-            base_offset,
-            0,  # batchLength, filled in by _write
-            partition_leader_epoch,
-            MAGIC,
-            0,  # CRC, written by _write over the finished bytes
-            attributes,
-            columns.values.item_count - 1,  # lastOffsetDelta
-            base_timestamp,
-            base_timestamp + max_delta,  # maxTimestamp
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            columns.values.item_count,  # recordsCount
-        ),
+    count = columns.values.item_count
+    header = (
+        base_offset,
+        0,  # batchLength, filled in by _write
+        partition_leader_epoch,
+        MAGIC,
+        0,  # CRC, written by _write over the finished bytes
+        attributes,
+        count - 1,  # lastOffsetDelta
+        base_timestamp,
+        base_timestamp + max_delta,  # maxTimestamp
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,  # recordsCount
     )
+    return args, records_bytes, header
 
 
 def _write(
@@ -588,23 +605,18 @@ def build(
     compression_level: int | None = None,
 ) -> bytes:
     """One complete batch as bytes; arguments as :func:`build_into`."""
-    out = _scratch(max_encoded_size(columns, compression))
-    size = build_into(
-        out,
-        0,
+    args, records_bytes, header = _plan(
         columns,
-        base_offset=base_offset,
-        partition_leader_epoch=partition_leader_epoch,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        timestamp_ms=timestamp_ms,
-        timestamp_type=timestamp_type,
-        is_transactional=is_transactional,
-        is_control=is_control,
-        compression=compression,
-        compression_level=compression_level,
+        base_offset,
+        partition_leader_epoch,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        timestamp_ms,
+        _attributes(compression, timestamp_type, is_transactional, is_control),
     )
+    out = _scratch(HEADER_SIZE + compress_bound(compression, records_bytes))
+    size = _write(out, 0, args, records_bytes, compression, compression_level, header)
     assert size > 0
     return out[:size].tobytes()
 

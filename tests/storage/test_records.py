@@ -388,7 +388,7 @@ def test_array_columns_with_nulls_and_headers() -> None:
     ("columns", "message"),
     [
         (RecordColumns(ByteColumn(np.zeros(0, np.uint8), np.array([0]))), "at least one record"),
-        (RecordColumns(ByteColumn(np.zeros(4, np.uint8), np.array([0, 3, 2]))), "values: offsets entry 1"),
+        (RecordColumns(ByteColumn(np.zeros(4, np.uint8), np.array([0, 3, 2]))), "values: offsets entry 2"),
         (RecordColumns(ByteColumn(np.zeros(4, np.uint8), np.array([0, 2, 5]))), "values: offsets entry 2"),
         (
             RecordColumns(ByteColumn(np.zeros(4, np.uint8), np.array([0, 2])), timestamps=np.array([1, 2])),
@@ -416,7 +416,7 @@ def test_array_columns_with_nulls_and_headers() -> None:
                     ByteColumn(np.zeros(1, np.uint8), np.array([0, 1])),
                 ),
             ),
-            "header offsets: entry 0",
+            "header offsets: entry 1",
         ),
     ],
 )
