@@ -13,6 +13,7 @@ import sys
 __all__ = ["main"]
 
 _COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("appliance.config:main", "check or print the configuration"),
     "dump-log": ("appliance.dump_log:main", "print the record batches of segment files, like kafka-dump-log"),
 }
 
