@@ -298,6 +298,9 @@ def test_build_into_memoryview_and_bytearray_equal_build() -> None:
     for out in (bytearray(len(expected) + 10), memoryview(bytearray(len(expected) + 10))):
         assert build_into(out, 10, columns, timestamp_ms=5) == len(expected)
         assert bytes(out[10:]) == expected
+    with mmap.mmap(-1, len(expected) + 10) as region:
+        assert build_into(region, 10, columns, timestamp_ms=5) == len(expected)
+        assert region[10:] == expected
 
 
 @pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_ZSTD])
