@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from ipc.memory_order import load_acquire, load_int32, load_int64, publish_int32, publish_int64
+from ipc.memory_order import full_fence, load_acquire, load_int32, load_int64, publish_int32, publish_int64
 from ipc.ring_layout import (
     ACK_CURSOR_WORD,
     ACK_ENTRY_BYTES,
@@ -145,6 +145,7 @@ __all__ = [
     "scan_frames",
     "unlink_ring",
     "wait_for_frames",
+    "warm_up",
     "write_acks",
 ]
 
@@ -859,6 +860,21 @@ def wait_for_frames(consumers: Sequence[RingConsumer], waiter: Waiter, timeout_s
     """
     flags = [consumer.waiting_flag for consumer in consumers]
     return waiter.park(flags, lambda: any(consumer.has_data() for consumer in consumers), timeout_s)
+
+
+def warm_up() -> None:
+    """Load (or compile) the numba kernels the rings use, ~0.1-0.5 s once per process.
+
+    The supervisor calls it before forking writers, so they start with the kernels already loaded; a
+    producer calls it at start-up so its first frame does not pay for it.
+    """
+    words = np.zeros(HEADER_BYTES // 4, np.int32)
+    scan_frames(
+        words, words.view(np.int64), HEADER_BYTES, 0, -1, 0, np.empty(1, np.int64), np.empty(1, np.int64),
+        np.empty(_INFO_SIZE, np.int64),
+    )  # fmt: skip
+    write_acks(np.zeros(2, np.int64), 1, 0, np.zeros(1, np.int64))
+    full_fence()
 
 
 @numba.njit(cache=True)
