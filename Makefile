@@ -4,7 +4,10 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install system-deps run test lint bench clean
+
+# Debian packages the tests use: kcat (a real Kafka client) and systemd-analyze (unit verification).
+SYSTEM_TOOLS := kcat:kcat systemd-analyze:systemd
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,7 +15,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+system-deps:
+	@missing=""; for pair in $(SYSTEM_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
+	    command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+install: system-deps $(STAMP)
 
 run: install
 	$(BIN)/appliance serve
