@@ -1,0 +1,297 @@
+"""A sparse, memory-mapped, fixed-entry index file, and the numba kernels that search it.
+
+Theory of operation
+-------------------
+An index file is an array of fixed-size big-endian entries whose first field (the *key*) strictly increases:
+relative offsets in ``.index`` files, timestamps in ``.timeindex`` files (see ``storage.offset_index`` and
+``storage.time_index`` for the layouts).  Lookups answer "the last entry whose key is <= target" by a
+binary search over the mapped bytes, in numba (:func:`index_search`); entries are read big-endian by hand
+(numba has no non-native byte order), each with the field offsets derived from the layout's dtype.
+
+Index files are *disposable*: they are not checksummed and are rebuilt from the segment's log file when a
+sanity check fails or after an unclean stop.  Their lifecycle, as Kafka's:
+
+* the active segment's index is preallocated to ``segment.index.bytes`` (a sparse file) and mapped
+  read-write; entries are appended in place; the unused tail stays zero;
+* on roll or close it is *trimmed* to its used size.  Trimming writes the used bytes to a new file and
+  renames it over the old one, so the file a concurrent reader has mapped is never shrunk in place (touching
+  a mapped page past the end of a shrunk file would kill the reader with SIGBUS);
+* truncation (``truncate_to``) zeroes the dropped entries in place; the file is never shrunk.
+
+Readers in other processes (``storage.log_reader``) map the files read-only and do not know how many
+entries are used; :func:`count_used_entries` finds the boundary between the used entries and the zero
+tail by binary search, and every answer is treated as a hint the reader checks against the log file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from typing import Final
+
+import numba
+import numpy as np
+
+__all__ = [
+    "NOT_FOUND",
+    "IndexFile",
+    "count_used_entries",
+    "index_search",
+    "index_search_many",
+    "read_key",
+]
+
+NOT_FOUND: Final = -1  # kernel code: no entry has a key <= target (or the index is empty)
+
+
+@numba.njit(cache=True)
+def read_key(buf: np.ndarray, at: int, size: int) -> int:
+    """Signed big-endian integer of ``size`` bytes (4 or 8) at ``buf[at]``."""
+    value = int(buf[at])
+    if value >= 128:
+        value -= 256
+    for k in range(1, size):
+        value = value * 256 + int(buf[at + k])
+    return value
+
+
+@numba.njit(cache=True)
+def index_search(
+    buf: np.ndarray, n_entries: int, entry_size: int, key_at: int, key_size: int, target: int
+) -> int:
+    """Slot of the last of the first ``n_entries`` entries whose key is <= ``target``, or NOT_FOUND."""
+    lo = 0
+    hi = n_entries - 1
+    found = NOT_FOUND
+    while lo <= hi:
+        mid = (lo + hi) >> 1
+        if read_key(buf, mid * entry_size + key_at, key_size) <= target:
+            found = mid
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return found
+
+
+@numba.njit(cache=True)
+def index_search_many(
+    buf: np.ndarray,
+    n_entries: int,
+    entry_size: int,
+    key_at: int,
+    key_size: int,
+    targets: np.ndarray,
+    out_slots: np.ndarray,
+) -> int:
+    """:func:`index_search` for every target; slots go to ``out_slots``.  Returns the number done."""
+    n = min(targets.shape[0], out_slots.shape[0])
+    for i in range(n):
+        out_slots[i] = index_search(buf, n_entries, entry_size, key_at, key_size, targets[i])
+    return n
+
+
+@numba.njit(cache=True)
+def count_used_entries(buf: np.ndarray, max_entries: int, entry_size: int) -> int:
+    """Number of leading entries that are not all-zero (used entries come first, the zero tail last)."""
+    lo = 0
+    hi = max_entries
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        at = mid * entry_size
+        zero = True
+        for k in range(entry_size):
+            if buf[at + k] != 0:
+                zero = False
+                break
+        if zero:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class IndexFile:
+    """One ``.index`` or ``.timeindex`` file: its mapping, used-entry count and lifecycle.
+
+    The log's single writer knows ``entries`` exactly (the active segment's file is mapped read-write,
+    closed ones read-only).  A reader's view (:meth:`open_view`) has ``entries == -1`` and
+    :meth:`used_entries` re-counts on demand.
+    """
+
+    __slots__ = ("_array", "_mm", "entries", "entry", "max_entries", "path", "writable")
+
+    def __init__(self, path: str, entry: struct.Struct, *, writable: bool) -> None:
+        self.path = path
+        self.entry = entry
+        self.writable = writable
+        self.entries = 0
+        self.max_entries = 0
+        self._mm: mmap.mmap | None = None
+        self._array: np.ndarray = np.zeros(0, dtype=np.uint8)
+
+    # --- opening -----------------------------------------------------------------------------------------
+    @classmethod
+    def open_active(cls, path: str, entry: struct.Struct, *, max_bytes: int, entries: int) -> IndexFile:
+        """Map ``path`` read-write, grown (sparse) to ``max_bytes``; ``entries`` are already used."""
+        index = cls(path, entry, writable=True)
+        size = max_bytes - max_bytes % entry.size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            current = os.fstat(fd).st_size
+            size = max(size, entries * entry.size)
+            if current != size:
+                if current > size:
+                    # Shrinking a file that a reader may map is what IndexFile never does in place.
+                    data = os.pread(fd, size, 0)
+                    os.close(fd)
+                    fd = -1
+                    _replace_file(path, data)
+                    fd = os.open(path, os.O_RDWR)
+                else:
+                    os.ftruncate(fd, size)
+            index._map(fd, size, writable=True)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        index.max_entries = size // entry.size
+        index.entries = entries
+        if entries < index.max_entries:
+            index._zero_from(entries)
+        return index
+
+    @classmethod
+    def open_closed(cls, path: str, entry: struct.Struct) -> IndexFile:
+        """Map a trimmed file read-only; every entry in it is used (sanity-check it before trusting)."""
+        index = cls(path, entry, writable=False)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            index._map(fd, size, writable=False)
+        finally:
+            os.close(fd)
+        index.max_entries = size // entry.size
+        index.entries = index.max_entries
+        return index
+
+    @classmethod
+    def open_view(cls, path: str, entry: struct.Struct) -> IndexFile:
+        """A reader's read-only map of a file the writer may still append to; count with used_entries()."""
+        index = cls.open_closed(path, entry)
+        index.entries = -1
+        return index
+
+    @classmethod
+    def write_closed(cls, path: str, entry: struct.Struct, data: bytes) -> IndexFile:
+        """Replace ``path`` by exactly ``data`` (a rebuilt, trimmed index) and map it."""
+        _replace_file(path, data)
+        return cls.open_closed(path, entry)
+
+    def _map(self, fd: int, size: int, *, writable: bool) -> None:
+        if size == 0:
+            self._mm = None
+            self._array = np.zeros(0, dtype=np.uint8)
+            return
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        self._mm = mmap.mmap(fd, size, access=access)
+        self._array = np.frombuffer(self._mm, dtype=np.uint8)
+
+    # --- reading -----------------------------------------------------------------------------------------
+    @property
+    def array(self) -> np.ndarray:
+        """The mapped bytes as uint8 (what the kernels search)."""
+        return self._array
+
+    @property
+    def mapped_bytes(self) -> int:
+        return int(self._array.shape[0])
+
+    def used_entries(self) -> int:
+        """Exact for the writer; for a reader's view, the count of leading non-zero entries right now."""
+        if self.entries >= 0:
+            return self.entries
+        return int(count_used_entries(self._array, self.max_entries, self.entry.size))
+
+    def entry_at(self, slot: int) -> tuple[int, ...]:
+        return self.entry.unpack_from(self._array.data, slot * self.entry.size)
+
+    def used_bytes(self) -> bytes:
+        return self._array[: self.used_entries() * self.entry.size].tobytes()
+
+    def is_full(self, reserve: int = 0) -> bool:
+        return self.entries + reserve >= self.max_entries
+
+    # --- writing (the single writer only) ----------------------------------------------------------------
+    def append(self, *fields: int) -> None:
+        assert self._mm is not None and self.entries < self.max_entries
+        self.entry.pack_into(self._mm, self.entries * self.entry.size, *fields)
+        self.entries += 1
+
+    def append_encoded(self, data: bytes, *, reserve: int) -> None:
+        """Append already-encoded entries in bulk (a rebuild), as many as fit leaving ``reserve`` slots."""
+        count = min(len(data) // self.entry.size, self.max_entries - reserve - self.entries)
+        if count <= 0:
+            return
+        at = self.entries * self.entry.size
+        self._array[at : at + count * self.entry.size] = np.frombuffer(data, dtype=np.uint8,
+                                                                       count=count * self.entry.size)
+        self.entries += count
+
+    def truncate_entries(self, entries: int) -> None:
+        """Keep the first ``entries``; the dropped ones are zeroed in place (the file keeps its size).
+
+        Only the active, read-write mapped file is truncated (a closed segment is reopened active first).
+        """
+        if entries >= self.entries:
+            return
+        assert self.writable, self.path
+        self._zero_from(entries, self.entries)
+        self.entries = entries
+
+    def _zero_from(self, start: int, stop: int | None = None) -> None:
+        end = self.max_entries if stop is None else stop
+        if self._mm is not None and end > start:
+            self._array[start * self.entry.size : end * self.entry.size] = 0
+
+    def trim(self) -> None:
+        """Shrink the file to its used entries (new file renamed over the old) and map it read-only."""
+        data = self.used_bytes()
+        self.close()
+        _replace_file(self.path, data)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self._map(fd, len(data), writable=False)
+        finally:
+            os.close(fd)
+        self.max_entries = self.entries = len(data) // self.entry.size
+        self.writable = False
+
+    def flush(self) -> None:
+        if self._mm is not None and self.writable:
+            self._mm.flush()
+
+    def close(self) -> None:
+        self._array = np.zeros(0, dtype=np.uint8)  # drop the exported buffer before closing the map
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def delete(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _replace_file(path: str, data: bytes) -> None:
+    """Write ``data`` to a new file and rename it over ``path`` (readers keep the old inode they map)."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -1,0 +1,99 @@
+"""Per-log settings, with Kafka's topic-level names and defaults.
+
+A :class:`LogConfig` is a frozen dataclass; ``appliance.config`` builds one per topic from the
+configuration file (``Config.log_config``), tests build them directly::
+
+    LogConfig(segment_bytes=4096, index_interval_bytes=256)
+    LogConfig.from_properties({"segment.bytes": "4096", "retention.ms": -1})
+
+Every field carries its unit; values are checked on construction and a bad one raises
+:class:`~storage.errors.ConfigError` naming the Kafka setting, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from storage.errors import ConfigError
+
+__all__ = ["INT32_MAX", "LONG_MAX", "LogConfig"]
+
+LONG_MAX: Final = 2**63 - 1
+INT32_MAX: Final = 2**31 - 1
+_DAY_MS: Final = 24 * 60 * 60 * 1000
+
+# Kafka's topic-level name -> (field, minimum, maximum)
+_SETTINGS: Final[dict[str, tuple[str, int, int]]] = {
+    "segment.bytes": ("segment_bytes", 14, INT32_MAX),
+    "segment.ms": ("segment_ms", 1, LONG_MAX),
+    "segment.index.bytes": ("segment_index_bytes", 4, INT32_MAX),
+    "index.interval.bytes": ("index_interval_bytes", 0, INT32_MAX),
+    "retention.ms": ("retention_ms", -1, LONG_MAX),
+    "retention.bytes": ("retention_bytes", -1, LONG_MAX),
+    "flush.messages": ("flush_messages", 1, LONG_MAX),
+    "flush.ms": ("flush_ms", 0, LONG_MAX),
+    "max.message.bytes": ("max_message_bytes", 0, INT32_MAX),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Settings of one partition log.  Names are Kafka's with ``.`` spelled ``_``.
+
+    * ``segment_bytes``: roll when the active segment would grow past this (a single larger batch still
+      goes into an empty segment).
+    * ``segment_ms``: roll when the incoming batch's max timestamp is this much newer than the active
+      segment's first batch (or, without timestamps, when the segment is this old).
+    * ``segment_index_bytes``: size each ``.index``/``.timeindex`` file is preallocated to; a full index
+      rolls the segment.
+    * ``index_interval_bytes``: bytes of log between two sparse index entries.
+    * ``retention_ms`` / ``retention_bytes``: delete closed segments older / beyond this; -1 = never.
+    * ``flush_messages`` / ``flush_ms``: fsync after this many records / this long; the default
+      (``LONG_MAX``) never fsyncs on a count or timer and leaves durability to replication and the page
+      cache (segments are still fsynced in the background when they are rolled, and on close).
+    * ``max_message_bytes``: the largest batch a leader append accepts.
+    """
+
+    segment_bytes: int = 1024 * 1024 * 1024
+    segment_ms: int = 7 * _DAY_MS
+    segment_index_bytes: int = 10 * 1024 * 1024
+    index_interval_bytes: int = 4096
+    retention_ms: int = 7 * _DAY_MS
+    retention_bytes: int = -1
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    max_message_bytes: int = 1_048_588
+
+    def __post_init__(self) -> None:
+        for name, (attr, low, high) in _SETTINGS.items():
+            value = getattr(self, attr)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"log setting {name}: {value!r} is not an integer")
+            if not low <= value <= high:
+                raise ConfigError(f"log setting {name}: {value} is out of range [{low}, {high}]")
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, object]) -> LogConfig:
+        """Build from Kafka topic-config names (``{"segment.bytes": "1048576"}``); unknown names raise."""
+        values: dict[str, int] = {}
+        for name, raw in properties.items():
+            if name not in _SETTINGS:
+                known = ", ".join(sorted(_SETTINGS))
+                raise ConfigError(f"unknown log setting {name!r}; known: {known}")
+            try:
+                value = int(str(raw), 10) if not isinstance(raw, int) else raw
+            except ValueError:
+                raise ConfigError(f"log setting {name}: {raw!r} is not an integer") from None
+            values[_SETTINGS[name][0]] = value
+        return cls(**values)
+
+    def to_properties(self) -> dict[str, int]:
+        """The settings under Kafka's names."""
+        return {name: getattr(self, attr) for name, (attr, _, _) in _SETTINGS.items()}
+
+    def replace(self, **changes: int) -> LogConfig:
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)

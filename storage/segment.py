@@ -1,0 +1,605 @@
+"""One log segment: ``<20-digit base offset>.log`` with its ``.index`` and ``.timeindex``.
+
+Theory of operation
+-------------------
+A segment holds consecutive record batches, byte for byte as producers built them (with ``baseOffset`` and
+``partitionLeaderEpoch`` stamped).  The ``.log`` file is opened ``O_APPEND`` by the log's single writer and
+appended with one ``os.write`` per append call; nothing is fsynced per append (the page cache holds it;
+:meth:`LogSegment.flush` is ``fdatasync``).  After the bytes are written, the sparse indexes get their
+entries, so an index entry never points at bytes that are not in the file yet.
+
+Index rule (Kafka's, applied per batch in order, identically by the live append and by the rebuild in
+``storage.batch_scan.plan_index_entries``): remember the batch with the largest max timestamp so far; if more
+than ``index.interval.bytes`` were appended since the last offset-index entry, add ``(batch last offset,
+batch position)`` to ``.index`` and, if the max timestamp grew, ``(max timestamp, its offset)`` to
+``.timeindex``.  On roll/close a last time entry records the segment's largest timestamp, then both indexes
+are trimmed (``storage.index_file``).
+
+Reading never maps the ``.log`` file: batch headers are read with ``pread`` (a file the writer truncates
+under a reader would kill a mapping reader with SIGBUS; ``pread`` just returns fewer bytes).  To find the
+batch holding offset ``o``: the offset index gives the last indexed batch ending at or before ``o``, then a
+forward walk over at most ``index.interval.bytes`` of headers.  Readers in other processes
+(``storage.log_reader``) use the same code in *verify* mode: every index answer is checked against the
+header it points at, and a wrong one (stale, torn) falls back to walking from position 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+import numpy as np
+
+from storage.batch_header import BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader
+from storage.batch_scan import SegmentScan, describe, scan_segment
+from storage.errors import CorruptRecordError
+from storage.index_file import IndexFile
+from storage.log_config import LogConfig
+from storage.offset_index import OFFSET_INDEX_ENTRY, OffsetIndex
+from storage.offset_index import encode as offset_index_encode
+from storage.time_index import NO_TIMESTAMP, TIME_INDEX_ENTRY, TimeIndex
+from storage.time_index import encode as time_index_encode
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "LOG_SUFFIX",
+    "TIME_INDEX_SUFFIX",
+    "FetchSlice",
+    "LogSegment",
+    "OffsetAndTimestamp",
+    "parse_segment_name",
+    "segment_path",
+]
+
+LOG_SUFFIX: Final = ".log"
+INDEX_SUFFIX: Final = ".index"
+TIME_INDEX_SUFFIX: Final = ".timeindex"
+_NAME_DIGITS: Final = 20
+_CHUNK_BYTES: Final = 16 * 1024  # pread size when walking small batches
+_log = logging.getLogger(__name__)
+
+
+def segment_path(directory: str, base_offset: int, suffix: str) -> str:
+    return os.path.join(directory, f"{base_offset:0{_NAME_DIGITS}d}{suffix}")
+
+
+def parse_segment_name(name: str, suffix: str = LOG_SUFFIX) -> int | None:
+    """Base offset of a ``<20 digits><suffix>`` file name, else None."""
+    stem = name[: -len(suffix)] if name.endswith(suffix) else ""
+    if len(stem) != _NAME_DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSlice:
+    """Bytes to send for a fetch: ``size_bytes`` bytes of ``path`` from ``position``, whole batches only.
+
+    ``fd`` is an open read-only descriptor of that file owned by the log (or reader) that returned the
+    slice: use it with ``os.sendfile(sock, fd, position, size_bytes)`` or :meth:`read_bytes`, never close it.
+    It stays valid until the next call on that log/reader that may delete or close segments (retention,
+    truncation, refresh, close).  ``first_offset`` is the base offset of the first batch sent (it may be
+    below the offset asked for: Kafka sends the whole batch holding it); ``next_offset`` is where to fetch
+    next.  An empty slice (``size_bytes == 0``) means nothing is readable there yet.
+    """
+
+    path: str
+    fd: int
+    position: int
+    size_bytes: int
+    first_offset: int
+    next_offset: int
+
+    def read_bytes(self) -> bytes:
+        """The slice's bytes, read with pread (for tests and local consumers)."""
+        parts = []
+        done = 0
+        while done < self.size_bytes:
+            chunk = os.pread(self.fd, self.size_bytes - done, self.position + done)
+            if not chunk:
+                raise CorruptRecordError(
+                    f"{self.path}: file ends at position {self.position + done}, slice needs "
+                    f"{self.position + self.size_bytes}"
+                )
+            parts.append(chunk)
+            done += len(chunk)
+        return b"".join(parts)
+
+
+class OffsetAndTimestamp(NamedTuple):
+    offset: int
+    timestamp: int  # ms
+
+
+class _Headers:
+    """Batch headers of a ``.log`` file read with pread, a chunk at a time, up to ``end``."""
+
+    __slots__ = ("_at", "_buf", "_last_size", "end", "fd")
+
+    def __init__(self, fd: int, end: int) -> None:
+        self.fd = fd
+        self.end = end
+        self._buf = b""
+        self._at = 0
+        self._last_size = 0
+
+    def at(self, position: int) -> BatchHeader | None:
+        """The header of a whole, plausible batch at ``position`` (ending by ``end``), else None."""
+        if position + HEADER_SIZE > self.end:
+            return None
+        rel = position - self._at
+        if rel < 0 or rel + HEADER_SIZE > len(self._buf):
+            want = HEADER_SIZE if self._last_size >= _CHUNK_BYTES else min(_CHUNK_BYTES, self.end - position)
+            self._buf = os.pread(self.fd, want, position)
+            self._at = position
+            rel = 0
+            if len(self._buf) < HEADER_SIZE:
+                return None
+        header = BatchHeader._make(BATCH_HEADER.unpack_from(self._buf, rel))
+        size = header.batch_length + LOG_OVERHEAD
+        if (header.magic != MAGIC or size < HEADER_SIZE or position + size > self.end
+                or header.last_offset_delta < 0):
+            return None
+        self._last_size = size
+        return header
+
+
+class LogSegment:
+    """A segment as the writer holds it (``writable``) or as a reader views it.
+
+    The writer's fields are exact: ``size_bytes``, ``next_offset`` (offset after the last batch),
+    ``max_timestamp`` and ``offset_of_max_timestamp``.  A reader's view only has the files; it asks for the
+    size (``os.fstat``) at each read and verifies index answers.
+    """
+
+    def __init__(self, directory: str, base_offset: int, config: LogConfig, *, writable: bool) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.config = config
+        self.writable = writable
+        self.log_path = segment_path(directory, base_offset, LOG_SUFFIX)
+        self.index_path = segment_path(directory, base_offset, INDEX_SUFFIX)
+        self.time_index_path = segment_path(directory, base_offset, TIME_INDEX_SUFFIX)
+        self.read_fd = -1
+        self.append_fd = -1
+        self.size_bytes = 0
+        self.next_offset = base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        self.offset_of_max_timestamp = base_offset - 1
+        self.bytes_since_last_index_entry = 0
+        self.rolling_timestamp = NO_TIMESTAMP  # max timestamp of the first batch (segment.ms)
+        self.created_ms = int(time.time() * 1000)
+        self.offset_index: OffsetIndex = OffsetIndex(IndexFile(self.index_path, OFFSET_INDEX_ENTRY,
+                                                               writable=False), base_offset)
+        self.time_index: TimeIndex = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY,
+                                                         writable=False), base_offset)
+        self.index_identity: tuple[int, int] = (0, 0)  # (inode, size) of .index when a view mapped it
+
+    def __repr__(self) -> str:
+        state = "active" if self.is_active else ("closed" if self.writable else "view")
+        return (f"LogSegment({self.log_path!r}, {state}, size={self.size_bytes}, "
+                f"next_offset={self.next_offset})")
+
+    # --- opening --------------------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, directory: str, base_offset: int, config: LogConfig) -> LogSegment:
+        """A new, empty active segment (an existing empty ``.log`` of that name is reused)."""
+        segment = cls(directory, base_offset, config, writable=True)
+        try:
+            fd = os.open(segment.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        except FileExistsError:
+            if os.stat(segment.log_path).st_size != 0:
+                raise CorruptRecordError(
+                    f"{segment.log_path}: cannot create a new segment, a non-empty file is already there"
+                ) from None
+            fd = os.open(segment.log_path, os.O_WRONLY | os.O_APPEND)
+        segment.append_fd = fd
+        segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
+        for path in (segment.index_path, segment.time_index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        segment._open_indexes_active(0, 0)
+        return segment
+
+    @classmethod
+    def load(cls, directory: str, base_offset: int, config: LogConfig, *, active: bool,
+             next_offset_limit: int | None) -> LogSegment:
+        """Open an existing segment whose data is trusted (below the recovery point or cleanly closed).
+
+        Its indexes are sanity-checked; one that fails is rebuilt from the ``.log`` file (which checks every
+        batch: a corrupt one raises :class:`CorruptRecordError`).
+        """
+        segment = cls(directory, base_offset, config, writable=True)
+        segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
+        segment.size_bytes = os.fstat(segment.read_fd).st_size
+        problem = segment._load_indexes(next_offset_limit)
+        if problem is not None:
+            _log.warning("%s: rebuilding indexes: %s", segment.log_path, problem)
+            scan = scan_segment(segment.log_path, base_offset,
+                                index_interval_bytes=config.index_interval_bytes)
+            if scan.error is not None or scan.valid_bytes != segment.size_bytes:
+                segment.close()
+                assert scan.error is not None
+                raise CorruptRecordError(describe(segment.log_path, scan.error))
+            segment._adopt_scan(scan, closed=not active)
+        else:
+            segment._restore_state_from_indexes()
+        if active:
+            segment.reopen_for_append()
+        return segment
+
+    @classmethod
+    def from_scan(cls, directory: str, base_offset: int, config: LogConfig, scan: SegmentScan, *,
+                  active: bool) -> LogSegment:
+        """Open a segment just checked by recovery (its file already cut to ``scan.valid_bytes``)."""
+        segment = cls(directory, base_offset, config, writable=True)
+        segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
+        segment.size_bytes = scan.valid_bytes
+        segment._adopt_scan(scan, closed=not active)
+        if active:
+            segment.reopen_for_append()
+        return segment
+
+    @classmethod
+    def open_view(cls, directory: str, base_offset: int, config: LogConfig) -> LogSegment:
+        """A reader's view: no lock, no writes; index files mapped read-only as they are now."""
+        segment = cls(directory, base_offset, config, writable=False)
+        segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
+        segment.refresh_view()
+        return segment
+
+    def refresh_view(self) -> None:
+        """Re-map the index files if the writer replaced or grew them (reader views only)."""
+        try:
+            st = os.stat(self.index_path)
+            identity = (st.st_ino, st.st_size)
+        except FileNotFoundError:
+            identity = (0, 0)
+        if identity == self.index_identity:
+            return
+        self.offset_index.close()
+        self.time_index.close()
+        self.index_identity = identity
+        try:
+            self.offset_index = OffsetIndex.open_view(self.index_path, self.base_offset)
+            self.time_index = TimeIndex.open_view(self.time_index_path, self.base_offset)
+        except (FileNotFoundError, ValueError):
+            self.offset_index = OffsetIndex(IndexFile(self.index_path, OFFSET_INDEX_ENTRY, writable=False),
+                                            self.base_offset)
+            self.time_index = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY, writable=False),
+                                        self.base_offset)
+
+    def _load_indexes(self, next_offset_limit: int | None) -> str | None:
+        for path, entry in ((self.index_path, OFFSET_INDEX_ENTRY), (self.time_index_path, TIME_INDEX_ENTRY)):
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                return f"{os.path.basename(path)} is missing"
+            if size % entry.size:
+                return f"{os.path.basename(path)}: size {size} bytes is not a multiple of {entry.size}"
+        self.offset_index = OffsetIndex.open_closed(self.index_path, self.base_offset)
+        self.time_index = TimeIndex.open_closed(self.time_index_path, self.base_offset)
+        problem = self.offset_index.sanity_problem(log_size_bytes=self.size_bytes,
+                                                   next_offset_limit=next_offset_limit)
+        if problem is None:
+            problem = self.time_index.sanity_problem(next_offset_limit=next_offset_limit)
+            problem = None if problem is None else f"{os.path.basename(self.time_index_path)}: {problem}"
+        else:
+            problem = f"{os.path.basename(self.index_path)}: {problem}"
+        if problem is None:
+            last = self.offset_index.last_entry()
+            if last is not None:
+                header = _Headers(self.read_fd, self.size_bytes).at(last.position)
+                if header is None or header.last_offset != last.offset:
+                    problem = (f"{os.path.basename(self.index_path)}: last entry {tuple(last)} does not "
+                               "match the batch at its position")
+        if problem is not None:
+            self.offset_index.close()
+            self.time_index.close()
+        return problem
+
+    def _restore_state_from_indexes(self) -> None:
+        last = self.offset_index.last_entry()
+        start = 0 if last is None else last.position
+        self.bytes_since_last_index_entry = self.size_bytes - start
+        headers = _Headers(self.read_fd, self.size_bytes)
+        position, next_offset = start, self.base_offset
+        header = headers.at(position)
+        while header is not None:
+            next_offset = header.last_offset + 1
+            position += header.size
+            header = headers.at(position)
+        if position != self.size_bytes:
+            raise CorruptRecordError(
+                f"{self.log_path}: batch headers end at position {position} but the file has "
+                f"{self.size_bytes} bytes (run recovery)"
+            )
+        self.next_offset = next_offset
+        last_time = self.time_index.last_entry()
+        if last_time is not None:
+            self.max_timestamp, self.offset_of_max_timestamp = last_time
+        first = headers.at(0)
+        self.rolling_timestamp = NO_TIMESTAMP if first is None else first.max_timestamp
+
+    def _adopt_scan(self, scan: SegmentScan, *, closed: bool) -> None:
+        self.next_offset = scan.next_offset
+        self.max_timestamp = scan.max_timestamp
+        self.offset_of_max_timestamp = scan.offset_of_max_timestamp
+        self.rolling_timestamp = scan.first_batch_max_timestamp
+        last_position = int(scan.index_positions[-1]) if len(scan.index_positions) else 0
+        self.bytes_since_last_index_entry = scan.valid_bytes - last_position
+        self.offset_index.close()
+        self.time_index.close()
+        if closed:
+            timestamps, relative = scan.time_timestamps, scan.time_relative_offsets
+            if scan.max_timestamp > (int(timestamps[-1]) if len(timestamps) else NO_TIMESTAMP):
+                timestamps = np.append(timestamps, scan.max_timestamp)
+                relative = np.append(relative, scan.offset_of_max_timestamp - self.base_offset)
+            self.offset_index = OffsetIndex.write_closed(self.index_path, self.base_offset,
+                                                         scan.index_relative_offsets, scan.index_positions)
+            self.time_index = TimeIndex.write_closed(self.time_index_path, self.base_offset, timestamps,
+                                                     relative)
+        else:
+            for path in (self.index_path, self.time_index_path):
+                try:
+                    os.unlink(path)  # a fresh inode: a reader keeps mapping the old one safely
+                except FileNotFoundError:
+                    pass
+            self._open_indexes_active(0, 0)
+            self.offset_index.file.append_encoded(
+                offset_index_encode(scan.index_relative_offsets, scan.index_positions), reserve=0)
+            self.time_index.file.append_encoded(
+                time_index_encode(scan.time_timestamps, scan.time_relative_offsets), reserve=1)
+
+    def _open_indexes_active(self, index_entries: int, time_entries: int) -> None:
+        max_bytes = self.config.segment_index_bytes
+        self.offset_index = OffsetIndex.open_active(self.index_path, self.base_offset, max_bytes=max_bytes,
+                                                    entries=index_entries)
+        self.time_index = TimeIndex.open_active(self.time_index_path, self.base_offset, max_bytes=max_bytes,
+                                                entries=time_entries)
+
+    def reopen_for_append(self) -> None:
+        """Make this (closed) segment the active one again: append descriptor, indexes preallocated."""
+        assert self.writable
+        if self.append_fd >= 0 and self.offset_index.file.writable:
+            return
+        if self.append_fd < 0:
+            self.append_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
+        index_entries = self.offset_index.entries
+        time_entries = self.time_index.entries
+        self.offset_index.close()
+        self.time_index.close()
+        self._open_indexes_active(index_entries, time_entries)
+
+    @property
+    def is_active(self) -> bool:
+        return self.append_fd >= 0
+
+    # --- writing (the log's single writer) -----------------------------------------------------------------
+    def append(self, data: memoryview, batches: list[tuple[int, int, int, int]]) -> int:
+        """Write ``data`` (whole batches) with one ``os.write``; ``batches`` lists each batch's
+        ``(base offset, last offset, size, max timestamp)`` for the indexes.  Returns the position written
+        at."""
+        start = self.size_bytes
+        written = os.write(self.append_fd, data)
+        while written < len(data):  # a regular file only writes short on ENOSPC-like trouble or a signal
+            written += os.write(self.append_fd, data[written:])
+        position = start
+        interval = self.config.index_interval_bytes
+        for _, last_offset, size, max_timestamp in batches:
+            if max_timestamp > self.max_timestamp:
+                self.max_timestamp = max_timestamp
+                self.offset_of_max_timestamp = last_offset
+            if self.bytes_since_last_index_entry > interval:
+                self.offset_index.append(last_offset, position)
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                self.bytes_since_last_index_entry = 0
+            position += size
+            self.bytes_since_last_index_entry += size
+        if start == 0:
+            self.rolling_timestamp = batches[0][3]
+        self.size_bytes = position
+        self.next_offset = batches[-1][1] + 1
+        return start
+
+    def index_room(self) -> int:
+        """How many more index entries fit before the segment must roll."""
+        return min(self.offset_index.file.max_entries - self.offset_index.file.entries,
+                   self.time_index.file.max_entries - 1 - self.time_index.file.entries)
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch whose last offset is >= ``offset`` (the segment must be active).  Returns bytes
+        dropped."""
+        found = self.find_batch(max(offset, self.base_offset), verify=False)
+        if found is None:
+            return 0
+        position = found[0]
+        dropped = self.size_bytes - position
+        os.ftruncate(self.append_fd, position)
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self.size_bytes = position
+        last = self.offset_index.last_entry()
+        self.bytes_since_last_index_entry = position - (0 if last is None else last.position)
+        self._recompute_tail_state()
+        return dropped
+
+    def _recompute_tail_state(self) -> None:
+        """next_offset, max timestamp and rolling timestamp after a truncation."""
+        last_time = self.time_index.last_entry()
+        self.max_timestamp, self.offset_of_max_timestamp = (
+            (NO_TIMESTAMP, self.base_offset - 1) if last_time is None else last_time
+        )
+        start = 0
+        if last_time is not None:
+            found = self.find_batch(last_time.offset, verify=False)
+            start = 0 if found is None else found[0]
+        headers = _Headers(self.read_fd, self.size_bytes)
+        position = start
+        header = headers.at(position)
+        while header is not None:
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
+            position += header.size
+            header = headers.at(position)
+        self.next_offset = self.end_of_data(verify=False)[1]
+        first = headers.at(0)
+        self.rolling_timestamp = NO_TIMESTAMP if first is None else first.max_timestamp
+        if self.size_bytes == 0:
+            self.created_ms = int(time.time() * 1000)
+
+    def seal(self) -> None:
+        """Roll/close: record the largest timestamp, trim the indexes, close the append descriptor."""
+        if self.append_fd < 0:
+            return
+        self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, final=True)
+        self.offset_index.trim()
+        self.time_index.trim()
+        os.close(self.append_fd)
+        self.append_fd = -1
+
+    def flush(self) -> None:
+        """fdatasync the ``.log``; msync (active) or fsync (trimmed) the indexes."""
+        os.fdatasync(self.read_fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def index_files_fsync(self) -> None:
+        for path in (self.index_path, self.time_index_path):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        self.offset_index.close()
+        self.time_index.close()
+        for fd in (self.append_fd, self.read_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.append_fd = self.read_fd = -1
+
+    def delete(self) -> None:
+        """Close and unlink the three files (a reader's open descriptors keep working on the old inodes)."""
+        self.close()
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    # --- reading (writer and readers) -----------------------------------------------------------------------
+    def _end(self) -> int:
+        return self.size_bytes if self.writable else os.fstat(self.read_fd).st_size
+
+    def find_batch(self, offset: int, *, verify: bool,
+                   end: int | None = None) -> tuple[int, BatchHeader] | None:
+        """Position and header of the first batch whose last offset is >= ``offset``, or None."""
+        end = self._end() if end is None else end
+        headers = _Headers(self.read_fd, end)
+        position = 0
+        entry = self.offset_index.lookup(offset)
+        if entry is not None and entry.position < end:
+            position = entry.position
+            if verify:
+                header = headers.at(position)
+                if header is None or header.last_offset != entry.offset:
+                    position = 0
+        header = headers.at(position)
+        while header is not None:
+            if header.last_offset >= offset:
+                return position, header
+            position += header.size
+            header = headers.at(position)
+        return None
+
+    def end_of_data(self, *, verify: bool, end: int | None = None) -> tuple[int, int]:
+        """``(position, next offset)`` after the last whole batch (walked from the last index entry)."""
+        end = self._end() if end is None else end
+        headers = _Headers(self.read_fd, end)
+        position, next_offset = 0, self.base_offset
+        entry = self.offset_index.last_entry()
+        if entry is not None and entry.position < end:
+            header = headers.at(entry.position)
+            if header is not None and header.last_offset == entry.offset:
+                position = entry.position
+        header = headers.at(position)
+        while header is not None:
+            next_offset = header.last_offset + 1
+            position += header.size
+            header = headers.at(position)
+        return position, next_offset
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None, verify: bool,
+             end: int | None = None) -> FetchSlice | None:
+        """Whole batches from the one holding ``offset``: at least that batch, at most ``max_bytes`` after it,
+        none whose last offset is >= ``max_offset``.  None if no batch here has an offset >= ``offset``."""
+        end = self._end() if end is None else end
+        found = self.find_batch(offset, verify=verify, end=end)
+        if found is None:
+            return None
+        position, first = found
+        if max_offset is not None and first.last_offset >= max_offset:
+            return FetchSlice(self.log_path, self.read_fd, position, 0, offset, offset)
+        limit = min(end, position + max(max_bytes, first.size))
+        stop, next_offset = self._boundary(position, first, limit, end, verify)
+        if max_offset is not None and next_offset > max_offset:
+            high = self.find_batch(max_offset, verify=verify, end=end)
+            if high is not None and high[0] < stop:
+                stop, next_offset = high[0], high[1].base_offset
+        return FetchSlice(self.log_path, self.read_fd, position, stop - position, first.base_offset,
+                          next_offset)
+
+    def _boundary(self, position: int, first: BatchHeader, limit: int, end: int,
+                  verify: bool) -> tuple[int, int]:
+        """The last batch boundary <= ``limit`` after the first batch, and the offset after it."""
+        headers = _Headers(self.read_fd, end)
+        stop = position + first.size
+        next_offset = first.last_offset + 1
+        if stop >= limit:
+            return stop, next_offset
+        entry = self.offset_index.lookup_position(limit)
+        if entry is not None and entry.position > stop:
+            header = headers.at(entry.position)
+            if header is not None and (not verify or header.last_offset == entry.offset):
+                stop = entry.position
+                next_offset = header.base_offset
+        header = headers.at(stop)
+        while header is not None and stop + header.size <= limit:
+            stop += header.size
+            next_offset = header.last_offset + 1
+            header = headers.at(stop)
+        return stop, next_offset
+
+    def find_timestamp(self, timestamp: int, *, verify: bool) -> OffsetAndTimestamp | None:
+        """Base offset and max timestamp of the first batch whose max timestamp is >= ``timestamp``."""
+        end = self._end()
+        entry = self.time_index.lookup(timestamp)
+        found = self.find_batch(self.base_offset if entry is None else entry.offset, verify=verify, end=end)
+        if found is None:
+            return None
+        position, header = found
+        headers = _Headers(self.read_fd, end)
+        current: BatchHeader | None = header
+        while current is not None:
+            if current.max_timestamp >= timestamp:
+                return OffsetAndTimestamp(current.base_offset, current.max_timestamp)
+            position += current.size
+            current = headers.at(position)
+        return None
+
+    def largest_timestamp(self) -> int:
+        """The segment's largest batch timestamp, or the file's mtime when it holds none (retention)."""
+        if self.max_timestamp >= 0:
+            return self.max_timestamp
+        return int(os.stat(self.log_path).st_mtime * 1000)
+
