@@ -671,28 +671,31 @@ def test_allocator_never_repeats_an_id_across_sigkill(tmp_path: Path) -> None:
     rng = random.Random(3)
     everything: list[int] = []
     for block_size in (1, 1, 7, 1000, 1, 50):
-        child = subprocess.Popen(
+        with subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(path), str(block_size)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
-        )
-        try:
-            assert child.stdout is not None
-            assert child.stdout.readline() == "ready\n"
-            with pytest.raises(LogLockedError):
-                ProducerIdBlockAllocator(path)
-            first = child.stdout.readline()
-            time.sleep(rng.uniform(0.0, 0.05))
-            child.send_signal(signal.SIGKILL)
-            output, _ = child.communicate(timeout=10)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        ) as child:  # on exit: the pipe is closed and the child reaped
+            try:
+                assert child.stdout is not None
+                assert child.stdout.readline() == "ready\n"
+                with pytest.raises(LogLockedError):
+                    ProducerIdBlockAllocator(path)
+                first = child.stdout.readline()
+                time.sleep(rng.uniform(0.0, 0.05))
+                child.send_signal(signal.SIGKILL)
+                # Read through the same buffered reader (communicate() with a timeout would read the raw
+                # pipe and lose what readline() already buffered); the pipe ends when the child is gone.
+                output = child.stdout.read()
+                child.wait(timeout=10)
+            finally:
+                if child.poll() is None:
+                    child.kill()
         assert child.returncode == -signal.SIGKILL
         # Every complete line is an id the child had allocated; a torn last line is left out.
         ids = [int(line) for line in (first + output).split("\n")[:-1]]
+        assert ids == list(range(ids[0], ids[0] + len(ids)))  # one process hands out consecutive ids
         assert not everything or ids[0] > everything[-1]
         everything.extend(ids)
     assert everything == sorted(set(everything))
