@@ -462,6 +462,8 @@ class RingProducer:
         timeout_s = (self.max_block_ms if timeout_ms is None else timeout_ms) / 1000.0
         deadline = time.monotonic() + timeout_s
         while True:
+            if index >= 0:
+                return index
             if index == RESERVE_FAILED:
                 raise self._memory.failed_error()
             if index == RESERVE_ACKS_FULL and self._read_acks():
@@ -472,8 +474,6 @@ class RingProducer:
                 raise self._back_pressure(body_bytes, index, timeout_s)
             self._waiter.park((self._waiting_flag,), lambda: self._room_changed(body_bytes), remaining)
             index = self.try_reserve(body_bytes)
-            if index >= 0:
-                return index
 
     def _room_changed(self, body_bytes: int) -> bool:
         """Would try_reserve() now do something other than report "full"?  Loads only."""

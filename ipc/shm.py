@@ -228,11 +228,11 @@ class SharedSegment:
         mapping, self._mapping = self._mapping, None
         if mapping is None:
             return
-        self.buf.release()
         try:
+            self.buf.release()
             mapping.close()
         except BufferError:
-            pass  # exported views still alive: the mapping is released with the last of them
+            pass  # views still alive elsewhere: the mapping is released with the last of them
 
     def unlink(self) -> None:
         """Remove the name; mappings stay valid until unmapped.  Quiet if it is already gone."""

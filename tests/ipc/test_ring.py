@@ -566,3 +566,16 @@ def test_idle_writer_wait_times_out_and_wakes_on_a_frame() -> None:
         producer.send(b"x")
         assert wait_for_frames([consumer], waiter, 5.0)
         doorbell.close()
+
+
+def test_closing_while_views_are_still_held_leaves_them_valid() -> None:
+    with ring_pair() as (producer, consumer, _):
+        producer.send(b"kept")
+        chunk = consumer.peek()
+        assert chunk is not None
+        data = producer.data
+        producer.close()
+        consumer.close()
+        assert chunk.body(0).tobytes() == b"kept"  # the mapping lives as long as a view of it
+        data[:4] = 0
+        producer.close()  # closing twice is harmless
