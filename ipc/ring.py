@@ -64,21 +64,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
-from ipc.memory_order import full_fence, load_acquire, load_int32, load_int64, publish_int32, publish_int64
+from ipc.memory_order import load_int32, load_int64, publish_int32, publish_int64
 from ipc.ring_layout import (
     ACK_CURSOR_WORD,
-    ACK_ENTRY_BYTES,
-    ACK_OFFSET_WORD,
     ACK_RESULT_WORD,
     ACK_SEQ_WORD,
-    ACK_SLOTS_WORD,
-    CAPACITY_BYTES_WORD,
     CONSUMER_PID_WORD,
     CONSUMER_WAITING_WORD,
-    DATA_OFFSET_WORD,
     DEFAULT_ACK_SLOTS,
     DEFAULT_CAPACITY_BYTES,
     FAILED_CODE_WORD,
@@ -101,16 +95,27 @@ from ipc.ring_layout import (
     PRODUCER_STATE_NONE,
     PRODUCER_STATE_WORD,
     PRODUCER_WAITING_WORD,
-    RING_FAILED_BAD_LENGTH,
-    RING_FAILED_BAD_PADDING,
-    RING_FAILED_BAD_SEQ,
-    RING_FAILED_BAD_TYPE,
     RING_FAILED_REASONS,
-    RING_MAGIC,
-    RING_VERSION,
+    RingMemory,
     align_frame,
     max_body_bytes,
     segment_bytes,
+    write_descriptor,
+)
+from ipc.ring_scan import (
+    ACK_WORDS_PER_SLOT,
+    INFO_BAD_VALUE,
+    INFO_END,
+    INFO_FIRST_SEQ,
+    INFO_NEXT_SEQ,
+    INFO_SIZE,
+    INFO_START,
+    INFO_STATUS,
+    SCAN_OK,
+    Chunk,
+    scan_frames,
+    warm_up,
+    write_acks,
 )
 from ipc.shm import (
     Permissions,
@@ -131,22 +136,15 @@ __all__ = [
     "RESERVE_ACKS_FULL",
     "RESERVE_FAILED",
     "RESERVE_FULL",
-    "SCAN_BAD_LENGTH",
-    "SCAN_BAD_PADDING",
-    "SCAN_BAD_SEQ",
-    "SCAN_BAD_TYPE",
-    "SCAN_OK",
     "Chunk",
     "RingConsumer",
     "RingFailedError",
     "RingNames",
     "RingProducer",
     "create_ring",
-    "scan_frames",
     "unlink_ring",
     "wait_for_frames",
     "warm_up",
-    "write_acks",
 ]
 
 DEFAULT_PEEK_BYTES = 8 << 20  # a chunk stops after the frame that crosses this many bytes
@@ -157,24 +155,6 @@ RESERVE_FULL = -1  # not enough free bytes: the writer has not released enough y
 RESERVE_ACKS_FULL = -2  # ack_slots frames await poll_acks(): read acks first
 RESERVE_FAILED = -3  # the writer marked the ring failed
 
-# scan_frames() status codes: minus the ring_layout RING_FAILED_* code they lead to
-SCAN_OK = 0
-SCAN_BAD_LENGTH = -RING_FAILED_BAD_LENGTH
-SCAN_BAD_TYPE = -RING_FAILED_BAD_TYPE
-SCAN_BAD_SEQ = -RING_FAILED_BAD_SEQ
-SCAN_BAD_PADDING = -RING_FAILED_BAD_PADDING
-
-# scan_frames() writes these into its int64 ``info`` array
-_INFO_START = 0  # logical position of the first frame returned (after a skipped padding frame)
-_INFO_END = 1  # logical position where the scan stopped (the bad frame, if any)
-_INFO_FIRST_SEQ = 2
-_INFO_NEXT_SEQ = 3  # seq expected after the last frame returned (-1: still unknown)
-_INFO_STATUS = 4
-_INFO_BAD_VALUE = 5
-_INFO_SIZE = 6
-
-_ACK_WORDS_PER_SLOT = ACK_ENTRY_BYTES // 8
-
 
 class RingFailedError(CorruptRecordError):
     """The partition writer found a frame in this ring it could not trust and stopped reading the ring.
@@ -182,6 +162,16 @@ class RingFailedError(CorruptRecordError):
     Frames before the bad one were appended and acknowledged; nothing at or after it was.  Attach a new ring
     (a new producer session) and resend what was not acknowledged.
     """
+
+
+def _failed_error(memory: RingMemory) -> RingFailedError:
+    code, position, value = memory.failure()
+    reason = RING_FAILED_REASONS.get(code, f"failure code {code}")
+    return RingFailedError(
+        f"ring {memory.name}: {reason} in the frame at position {position} (value {value}); the partition "
+        "writer stopped reading this ring, frames before it were appended, none after: attach a new "
+        "ring and resend unacknowledged batches"
+    )
 
 
 @dataclass(frozen=True)
@@ -221,16 +211,7 @@ def create_ring(
         raise ValueError(f"ring {names.ring}: {ack_slots} ack slots, expected at least 1")
     segment = SharedSegment.create(names.ring, segment_bytes(capacity_bytes, ack_slots), permissions)
     try:
-        header_u32 = segment.buf[:8].cast("I")
-        header = segment.buf[:HEADER_BYTES].cast("q")
-        header[CAPACITY_BYTES_WORD] = capacity_bytes
-        header[ACK_SLOTS_WORD] = ack_slots
-        header[DATA_OFFSET_WORD] = HEADER_BYTES
-        header[ACK_OFFSET_WORD] = HEADER_BYTES + capacity_bytes
-        header_u32[1] = RING_VERSION
-        header_u32[0] = RING_MAGIC  # last: a half-initialised ring never looks valid
-        header_u32.release()
-        header.release()
+        write_descriptor(segment.buf, capacity_bytes, ack_slots)
         create_semaphore(names.space, permissions).close()
     except BaseException:
         segment.close()
@@ -246,84 +227,6 @@ def unlink_ring(names: RingNames) -> None:
     unlink_semaphore(names.space)
 
 
-class _RingMemory:
-    """The mapped ring and typed views of its parts; checks the descriptor line."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.segment = SharedSegment.open(name)
-        try:
-            self._map_views()
-        except BaseException:
-            self.segment.close()
-            raise
-
-    def _map_views(self) -> None:
-        buf = self.segment.buf
-        if len(buf) < HEADER_BYTES:
-            raise CorruptRecordError(
-                f"ring {self.name}: {len(buf)} bytes, smaller than its {HEADER_BYTES}-byte header"
-            )
-        magic_version = buf[:8].cast("I")
-        magic, version = magic_version[0], magic_version[1]
-        magic_version.release()
-        if magic != RING_MAGIC or version != RING_VERSION:
-            raise CorruptRecordError(
-                f"ring {self.name}: magic {magic:#010x} version {version}, "
-                f"expected {RING_MAGIC:#010x} version {RING_VERSION}"
-            )
-        self.header = buf[:HEADER_BYTES].cast("q")
-        capacity = self.header[CAPACITY_BYTES_WORD]
-        slots = self.header[ACK_SLOTS_WORD]
-        data_offset = self.header[DATA_OFFSET_WORD]
-        ack_offset = self.header[ACK_OFFSET_WORD]
-        if not (
-            MIN_CAPACITY_BYTES <= capacity <= MAX_CAPACITY_BYTES
-            and capacity % FRAME_ALIGNMENT == 0
-            and slots >= 1
-            and data_offset == HEADER_BYTES
-            and ack_offset == data_offset + capacity
-            and len(buf) >= segment_bytes(capacity, slots)
-        ):
-            raise CorruptRecordError(
-                f"ring {self.name}: descriptor capacity {capacity} ack_slots {slots} data_offset "
-                f"{data_offset} ack_offset {ack_offset} does not fit a {len(buf)}-byte segment"
-            )
-        self.capacity_bytes: int = capacity
-        self.ack_slots: int = slots
-        data = buf[data_offset : data_offset + capacity]
-        self.words32 = data.cast("i")  # frame lengths and types, for Python-side stores
-        self.words64 = data.cast("q")  # frame seqs
-        self.data_bytes = data  # bodies, for Python-side copies
-        self.data = np.frombuffer(buf, np.uint8, capacity, data_offset)
-        self.data32 = self.data.view(np.int32)  # the same words, for numba kernels
-        self.data64 = self.data.view(np.int64)
-        self.acks = np.frombuffer(buf, np.int64, _ACK_WORDS_PER_SLOT * slots, ack_offset)
-
-    def failure(self) -> tuple[int, int, int]:
-        """(code, position, value) of the ring's failure; code 0 if healthy."""
-        code = load_int64(self.header, FAILED_CODE_WORD)
-        return code, self.header[FAILED_POSITION_WORD], self.header[FAILED_VALUE_WORD]
-
-    def failed_error(self) -> RingFailedError:
-        code, position, value = self.failure()
-        reason = RING_FAILED_REASONS.get(code, f"failure code {code}")
-        return RingFailedError(
-            f"ring {self.name}: {reason} in the frame at position {position} (value {value}); the partition "
-            "writer stopped reading this ring, frames before it were appended, none after: attach a new "
-            "ring and resend unacknowledged batches"
-        )
-
-    def close(self) -> None:
-        for view in (self.header, self.words32, self.words64, self.data_bytes):
-            view.release()
-        self.data = np.empty(0, np.uint8)
-        self.data32 = self.data.view(np.int32)
-        self.data64 = self.data.view(np.int64)
-        self.acks = np.empty(0, np.int64)
-        self.segment.close()
-
-
 class RingProducer:
     """The producer end: ``reserve`` -> write the body into ``data`` -> ``commit``; then read acks.
 
@@ -333,7 +236,7 @@ class RingProducer:
 
     def __init__(
         self,
-        memory: _RingMemory,
+        memory: RingMemory,
         space: Doorbell,
         doorbell: Doorbell,
         *,
@@ -378,7 +281,7 @@ class RingProducer:
         ``track_acks=False`` (acks=0) never waits for acks and cannot :meth:`poll_acks`.  A ring serves one
         producer session: attaching to a ring that already had a producer raises ValueError.
         """
-        memory = _RingMemory(names.ring)
+        memory = RingMemory(names.ring)
         try:
             state = load_int64(memory.header, PRODUCER_STATE_WORD)
             if state != PRODUCER_STATE_NONE:
@@ -465,7 +368,7 @@ class RingProducer:
             if index >= 0:
                 return index
             if index == RESERVE_FAILED:
-                raise self._memory.failed_error()
+                raise _failed_error(self._memory)
             if index == RESERVE_ACKS_FULL and self._read_acks():
                 index = self.try_reserve(body_bytes)
                 continue
@@ -506,7 +409,7 @@ class RingProducer:
         if self._reserved_body < 0:
             raise ValueError(f"ring {self.name}: nothing reserved")
         start = self._tail % self.capacity_bytes + FRAME_HEADER_BYTES
-        return memoryview(self.data[start : start + self._reserved_body])  # type: ignore[arg-type]
+        return self._data_bytes[start : start + self._reserved_body]
 
     def commit(self, body_bytes: int) -> int:
         """Publish the reserved frame with its first ``body_bytes`` body bytes; return its seq (C1-C4)."""
@@ -559,7 +462,7 @@ class RingProducer:
             raise CorruptRecordError(
                 f"ring {self.name}: writer acknowledged up to frame {upto}, only {self._next_seq} were sent"
             )
-        slots = self._memory.acks.reshape(self.ack_slots, _ACK_WORDS_PER_SLOT)
+        slots = self._memory.acks.reshape(self.ack_slots, ACK_WORDS_PER_SLOT)
         start = first % self.ack_slots
         if start + count <= self.ack_slots:
             entries = slots[start : start + count].copy()
@@ -604,13 +507,13 @@ class RingProducer:
         if load_int64(header, ACK_CURSOR_WORD) > seq:
             return True
         if load_int64(header, FAILED_CODE_WORD):
-            raise self._memory.failed_error()
+            raise _failed_error(self._memory)
         return False
 
     def check_failed(self) -> None:
         """Raise RingFailedError if the writer failed this ring."""
         if load_int64(self._header, FAILED_CODE_WORD):
-            raise self._memory.failed_error()
+            raise _failed_error(self._memory)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
@@ -636,35 +539,10 @@ class RingProducer:
         self.close()
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """Published frames, contiguous in ring memory, returned by :meth:`RingConsumer.peek`.
-
-    ``view`` covers the frames (headers included) and is writable: the writer may stamp offsets in place and
-    pass body slices to ``writev``.  Frame ``i`` has seq ``first_seq + i`` and its body is
-    ``view[body_starts[i] : body_starts[i] + body_lengths[i]]``.  Valid until released and reused.
-    """
-
-    view: np.ndarray
-    start_position: int
-    end_position: int
-    first_seq: int
-    body_starts: np.ndarray
-    body_lengths: np.ndarray
-
-    @property
-    def count(self) -> int:
-        return len(self.body_starts)
-
-    def body(self, i: int) -> np.ndarray:
-        start = int(self.body_starts[i])
-        return self.view[start : start + int(self.body_lengths[i])]
-
-
 class RingConsumer:
     """The partition writer's end: ``peek`` -> append -> ``ack`` -> ``release`` (or ``complete``)."""
 
-    def __init__(self, memory: _RingMemory, space: Doorbell, max_frames_per_peek: int) -> None:
+    def __init__(self, memory: RingMemory, space: Doorbell, max_frames_per_peek: int) -> None:
         self._memory = memory
         self._space = space
         self.name = memory.name
@@ -679,14 +557,14 @@ class RingConsumer:
         self._failed = load_int64(memory.header, FAILED_CODE_WORD) != 0
         self._body_starts = np.empty(max_frames_per_peek, np.int64)
         self._body_lengths = np.empty(max_frames_per_peek, np.int64)
-        self._info = np.empty(_INFO_SIZE, np.int64)
+        self._info = np.empty(INFO_SIZE, np.int64)
         self._notifier = Notifier(space, (memory.header, PRODUCER_WAITING_WORD))
         self.waiting_flag: FlagSlot = (memory.header, CONSUMER_WAITING_WORD)
 
     @classmethod
     def attach(cls, names: RingNames, *, max_frames_per_peek: int = DEFAULT_PEEK_FRAMES) -> RingConsumer:
         """Open a ring as its consumer (also after a previous consumer died: reading resumes at the head)."""
-        memory = _RingMemory(names.ring)
+        memory = RingMemory(names.ring)
         try:
             space = Doorbell.open(names.space)
         except BaseException:
@@ -719,7 +597,7 @@ class RingConsumer:
         :class:`RingFailedError` is raised (now and on every later call).
         """
         if self._failed:
-            raise self._memory.failed_error()
+            raise _failed_error(self._memory)
         memory = self._memory
         info = self._info
         count = scan_frames(
@@ -733,7 +611,7 @@ class RingConsumer:
             self._body_lengths,
             info,
         )
-        start, end = int(info[_INFO_START]), int(info[_INFO_END])
+        start, end = int(info[INFO_START]), int(info[INFO_END])
         if start != self._scan:  # a padding frame was skipped: it holds no data, free it at once if we can
             if self._scan == self._head:
                 self._publish_head(start)
@@ -741,19 +619,19 @@ class RingConsumer:
                 self._pending_padding = (self._scan, start)
             self._scan = start
         if count == 0:
-            status = int(info[_INFO_STATUS])
+            status = int(info[INFO_STATUS])
             if status != SCAN_OK:
-                self.fail(-status, end, int(info[_INFO_BAD_VALUE]))
-                raise memory.failed_error()
+                self.fail(-status, end, int(info[INFO_BAD_VALUE]))
+                raise _failed_error(memory)
             return None
         self._scan = end
-        self._expected_seq = int(info[_INFO_NEXT_SEQ])
+        self._expected_seq = int(info[INFO_NEXT_SEQ])
         index = start % self.capacity_bytes
         return Chunk(
             view=memory.data[index : index + (end - start)],
             start_position=start,
             end_position=end,
-            first_seq=int(info[_INFO_FIRST_SEQ]),
+            first_seq=int(info[INFO_FIRST_SEQ]),
             body_starts=self._body_starts[:count].copy(),
             body_lengths=self._body_lengths[:count].copy(),
         )
@@ -860,111 +738,3 @@ def wait_for_frames(consumers: Sequence[RingConsumer], waiter: Waiter, timeout_s
     """
     flags = [consumer.waiting_flag for consumer in consumers]
     return waiter.park(flags, lambda: any(consumer.has_data() for consumer in consumers), timeout_s)
-
-
-def warm_up() -> None:
-    """Load (or compile) the numba kernels the rings use, ~0.1-0.5 s once per process.
-
-    The supervisor calls it before forking writers, so they start with the kernels already loaded; a
-    producer calls it at start-up so its first frame does not pay for it.
-    """
-    words = np.zeros(HEADER_BYTES // 4, np.int32)
-    scan_frames(
-        words, words.view(np.int64), HEADER_BYTES, 0, -1, 0, np.empty(1, np.int64), np.empty(1, np.int64),
-        np.empty(_INFO_SIZE, np.int64),
-    )  # fmt: skip
-    write_acks(np.zeros(2, np.int64), 1, 0, np.zeros(1, np.int64))
-    full_fence()
-
-
-@numba.njit(cache=True)
-def scan_frames(
-    words32: np.ndarray,
-    words64: np.ndarray,
-    capacity_bytes: int,
-    position: int,
-    expected_seq: int,
-    max_bytes: int,
-    body_starts: np.ndarray,
-    body_lengths: np.ndarray,
-    info: np.ndarray,
-) -> int:
-    """P1: walk published frames from logical ``position``; return how many data frames form the chunk.
-
-    ``words32``/``words64`` view the data region.  Fills ``body_starts``/``body_lengths`` (relative to the
-    chunk start) and ``info`` (_INFO_* slots).  A leading padding frame is skipped; a later one ends the
-    chunk.  ``expected_seq`` < 0 accepts whatever seq comes first.  A bad frame ends the scan with a
-    negative SCAN_* status and ``info[_INFO_END]`` at its position.
-    """
-    start = position
-    count = 0
-    status = SCAN_OK
-    bad_value = 0
-    first_seq = -1
-    max_frames = body_starts.shape[0]
-    while count < max_frames:
-        index = position % capacity_bytes
-        if index == 0 and count > 0:
-            break  # the previous frame ended exactly at the end of the region: a chunk never wraps
-        length = load_acquire(words32, index >> 2)
-        if length <= 0:
-            break
-        frame_type = words32[(index + FRAME_TYPE_OFFSET) >> 2] & 0xFFFF
-        seq = words64[(index + FRAME_SEQ_OFFSET) >> 3]
-        if length < FRAME_HEADER_BYTES or length > capacity_bytes - index:
-            status = SCAN_BAD_LENGTH
-            bad_value = length
-            break
-        if frame_type == FRAME_TYPE_PADDING:
-            if length != capacity_bytes - index or index == 0:
-                status = SCAN_BAD_PADDING
-                bad_value = length
-                break
-            if expected_seq >= 0 and seq != expected_seq:
-                status = SCAN_BAD_SEQ
-                bad_value = seq
-                break
-            if count > 0:
-                break  # a chunk is contiguous: the frames after the padding come in the next one
-            expected_seq = seq
-            position += length
-            start = position
-            continue
-        if frame_type != FRAME_TYPE_DATA:
-            status = SCAN_BAD_TYPE
-            bad_value = frame_type
-            break
-        if expected_seq >= 0 and seq != expected_seq:
-            status = SCAN_BAD_SEQ
-            bad_value = seq
-            break
-        frame_bytes = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-        if count > 0 and position + frame_bytes - start > max_bytes:
-            break
-        body_starts[count] = position - start + FRAME_HEADER_BYTES
-        body_lengths[count] = length - FRAME_HEADER_BYTES
-        if count == 0:
-            first_seq = seq
-        expected_seq = seq + 1
-        count += 1
-        position += frame_bytes
-    info[_INFO_START] = start
-    info[_INFO_END] = position
-    info[_INFO_FIRST_SEQ] = first_seq
-    info[_INFO_NEXT_SEQ] = expected_seq
-    info[_INFO_STATUS] = status
-    info[_INFO_BAD_VALUE] = bad_value
-    return count
-
-
-@numba.njit(cache=True)
-def write_acks(ack_words: np.ndarray, ack_slots: int, first_seq: int, results: np.ndarray) -> int:
-    """A1 (slots only): write (seq, result) for frames ``first_seq ..``; return how many.  The caller
-    publishes ``ack_seq`` after this returns."""
-    count = results.shape[0]
-    for i in range(count):
-        seq = first_seq + i
-        slot = seq % ack_slots
-        ack_words[slot * _ACK_WORDS_PER_SLOT + ACK_SEQ_WORD] = seq
-        ack_words[slot * _ACK_WORDS_PER_SLOT + ACK_RESULT_WORD] = results[i]
-    return count

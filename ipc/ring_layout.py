@@ -1,5 +1,8 @@
 """Descriptor of a producer ring's shared memory: the layout, once, and a few derived sizes.
 
+Also here: :func:`write_descriptor` (the creator's line 0) and :class:`RingMemory` (a mapped ring, its
+descriptor checked, with typed views of its parts): accessors of this layout, nothing of the algorithm.
+
 A ring is one POSIX shared-memory object holding a header page, the frame data region and the ack slots::
 
     byte 0          4096                         4096 + capacity            4096 + capacity + 16 * ack_slots
@@ -111,6 +114,10 @@ from typing import Any
 
 import numpy as np
 
+from ipc.memory_order import load_int64
+from ipc.shm import SharedSegment
+from storage.errors import CorruptRecordError
+
 __all__ = [
     "ACK_CURSOR_WORD",
     "ACK_ENTRY",
@@ -155,9 +162,11 @@ __all__ = [
     "RING_HEADER",
     "RING_MAGIC",
     "RING_VERSION",
+    "RingMemory",
     "align_frame",
     "max_body_bytes",
     "segment_bytes",
+    "write_descriptor",
 ]
 
 HEADER_BYTES = 4096  # the header page; the data region starts page-aligned after it
@@ -305,3 +314,90 @@ def segment_bytes(capacity_bytes: int, ack_slots: int) -> int:
     """Size of the whole shared-memory object, rounded up to a page."""
     raw = HEADER_BYTES + capacity_bytes + ACK_ENTRY_BYTES * ack_slots
     return (raw + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
+
+
+def write_descriptor(buf: memoryview, capacity_bytes: int, ack_slots: int) -> None:
+    """Write line 0 of a fresh, zeroed ring; the magic goes last so a half-written ring never looks valid."""
+    header_u32 = buf[:8].cast("I")
+    header = buf[:HEADER_BYTES].cast("q")
+    header[CAPACITY_BYTES_WORD] = capacity_bytes
+    header[ACK_SLOTS_WORD] = ack_slots
+    header[DATA_OFFSET_WORD] = HEADER_BYTES
+    header[ACK_OFFSET_WORD] = HEADER_BYTES + capacity_bytes
+    header_u32[1] = RING_VERSION
+    header_u32[0] = RING_MAGIC
+    header_u32.release()
+    header.release()
+
+
+class RingMemory:
+    """A mapped ring: checks the descriptor line and offers typed views of the header, data and ack slots.
+
+    ``header``, ``words32``, ``words64`` and ``data_bytes`` are memoryviews (Python-side loads and stores);
+    ``data``, ``data32``, ``data64`` and ``acks`` are numpy arrays over the same memory (numba kernels).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.segment = SharedSegment.open(name)
+        try:
+            self._map_views()
+        except BaseException:
+            self.segment.close()
+            raise
+
+    def _map_views(self) -> None:
+        buf = self.segment.buf
+        if len(buf) < HEADER_BYTES:
+            raise CorruptRecordError(
+                f"ring {self.name}: {len(buf)} bytes, smaller than its {HEADER_BYTES}-byte header"
+            )
+        magic_version = buf[:8].cast("I")
+        magic, version = magic_version[0], magic_version[1]
+        magic_version.release()
+        if magic != RING_MAGIC or version != RING_VERSION:
+            raise CorruptRecordError(
+                f"ring {self.name}: magic {magic:#010x} version {version}, "
+                f"expected {RING_MAGIC:#010x} version {RING_VERSION}"
+            )
+        self.header = buf[:HEADER_BYTES].cast("q")
+        capacity = self.header[CAPACITY_BYTES_WORD]
+        slots = self.header[ACK_SLOTS_WORD]
+        data_offset = self.header[DATA_OFFSET_WORD]
+        ack_offset = self.header[ACK_OFFSET_WORD]
+        if not (
+            MIN_CAPACITY_BYTES <= capacity <= MAX_CAPACITY_BYTES
+            and capacity % FRAME_ALIGNMENT == 0
+            and slots >= 1
+            and data_offset == HEADER_BYTES
+            and ack_offset == data_offset + capacity
+            and len(buf) >= segment_bytes(capacity, slots)
+        ):
+            raise CorruptRecordError(
+                f"ring {self.name}: descriptor capacity {capacity} ack_slots {slots} data_offset "
+                f"{data_offset} ack_offset {ack_offset} does not fit a {len(buf)}-byte segment"
+            )
+        self.capacity_bytes: int = capacity
+        self.ack_slots: int = slots
+        data = buf[data_offset : data_offset + capacity]
+        self.words32 = data.cast("i")  # frame lengths and types, for Python-side stores
+        self.words64 = data.cast("q")  # frame seqs
+        self.data_bytes = data  # bodies, for Python-side copies
+        self.data = np.frombuffer(buf, np.uint8, capacity, data_offset)
+        self.data32 = self.data.view(np.int32)  # the same words, for numba kernels
+        self.data64 = self.data.view(np.int64)
+        self.acks = np.frombuffer(buf, np.int64, (ACK_ENTRY_BYTES // 8) * slots, ack_offset)
+
+    def failure(self) -> tuple[int, int, int]:
+        """(code, position, value) of the ring's failure; code 0 if healthy."""
+        code = load_int64(self.header, FAILED_CODE_WORD)
+        return code, self.header[FAILED_POSITION_WORD], self.header[FAILED_VALUE_WORD]
+
+    def close(self) -> None:
+        for view in (self.header, self.words32, self.words64, self.data_bytes):
+            view.release()
+        self.data = np.empty(0, np.uint8)
+        self.data32 = self.data.view(np.int32)
+        self.data64 = self.data.view(np.int64)
+        self.acks = np.empty(0, np.int64)
+        self.segment.close()

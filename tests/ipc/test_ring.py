@@ -21,22 +21,15 @@ from ipc.ring import (
     RESERVE_ACKS_FULL,
     RESERVE_FAILED,
     RESERVE_FULL,
-    SCAN_BAD_LENGTH,
-    SCAN_BAD_PADDING,
-    SCAN_BAD_SEQ,
-    SCAN_BAD_TYPE,
-    SCAN_OK,
     Chunk,
     RingConsumer,
     RingFailedError,
     RingNames,
     RingProducer,
     create_ring,
-    scan_frames,
     unlink_ring,
     wait_for_frames,
     warm_up,
-    write_acks,
 )
 from ipc.ring_layout import (
     FRAME_ALIGNMENT,
@@ -52,6 +45,15 @@ from ipc.ring_layout import (
     RING_FAILED_BAD_TYPE,
     align_frame,
     max_body_bytes,
+)
+from ipc.ring_scan import (
+    SCAN_BAD_LENGTH,
+    SCAN_BAD_PADDING,
+    SCAN_BAD_SEQ,
+    SCAN_BAD_TYPE,
+    SCAN_OK,
+    scan_frames,
+    write_acks,
 )
 from ipc.shm import SharedSegment, ShmNames, list_objects, reclaim, shm_path
 from ipc.wakeup import Doorbell, Waiter
