@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 The layout is in ``ipc/ring_layout.py``; memory ordering in ``ipc/memory_order.py``; sleeping in
-``ipc/wakeup.py``.  Positions are logical byte counts (``position % capacity`` indexes the data region).
+``ipc/wakeup.py``; the P1 scan and the A1 slot writer are numba kernels in ``ipc/ring_scan.py``.  Positions
+are logical byte counts (``position % capacity`` indexes the data region).
 
 Who writes what (one writer per field):
 

@@ -564,7 +564,7 @@ def test_idle_writer_wait_times_out_and_wakes_on_a_frame() -> None:
         waiter = Waiter(doorbell)
         started = time.monotonic()
         assert not wait_for_frames([consumer], waiter, 0.05)
-        assert 0.05 <= time.monotonic() - started < 1.0
+        assert 0.05 <= time.monotonic() - started < 2.0
         producer.send(b"x")
         assert wait_for_frames([consumer], waiter, 5.0)
         doorbell.close()
