@@ -15,6 +15,8 @@ __all__ = ["main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("appliance.config:main", "check or print the configuration"),
     "dump-log": ("appliance.dump_log:main", "print the record batches of segment files, like kafka-dump-log"),
+    "serve": ("appliance.supervisor:main", "run the appliance (the supervisor and its processes)"),
+    "topics": ("appliance.topics_cli:main", "create, list, describe or delete topics of a running appliance"),
 }
 
 

@@ -1,0 +1,345 @@
+"""The topic metadata store: which topics exist, their partitions, ids, per-topic settings and log dirs.
+
+Theory of operation
+-------------------
+In the single-host default the supervisor owns cluster metadata.  It keeps it in one JSON file in the first
+log dir, ``<log.dirs[0]>/meta/topics.json``::
+
+    {
+      "version": 1,
+      "topics": {
+        "orders": {
+          "topic_id": "4f6c1f1e-0c4d-4a53-9d7a-6a0f6f3e2b11",   a UUID, as Kafka gives every topic
+          "partitions": 3,
+          "replication_factor": 1,
+          "configs": {"retention.ms": 86400000},                  topic-level overrides given at creation
+          "log_dirs": ["/srv/a", "/srv/b", "/srv/a"]              where each partition's directory lives
+        }
+      }
+    }
+
+**One writer.**  Only the supervisor changes the file (it holds the data dir's lock); every change rewrites it
+whole and atomically: a temporary file, ``fsync``, ``rename`` over the old one, ``fsync`` of the directory.  A
+crash leaves either the old or the new file, never a mix.  Other processes (the broker, tools) may read it at
+any time with :func:`read_topics`, but they learn of changes through the control socket.
+
+**Topics come from two places**: the configuration's ``[topics.NAME]`` tables (created at start when
+missing) and create requests (``appliance topics create``, the broker's CreateTopics, auto-creation).
+``configs`` holds only the overrides a create request gave; a declared topic's settings come from the
+configuration file on every start, so editing the file changes them.
+
+**Placement.**  A new partition goes to the log dir holding the fewest partitions (Kafka's rule), ties to the
+earlier dir.  A partition whose recorded dir is no longer in ``log.dirs`` is looked for in the others, by its
+directory name ``<topic>-<partition>``.
+
+A damaged file stops the start with :class:`~storage.errors.CorruptRecordError` naming the file and what is
+wrong: metadata is never guessed or reset silently (the logs would be orphaned).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from appliance.config import check_topic_name
+from storage.errors import ApplianceError, ConfigError, CorruptRecordError, UnknownTopicOrPartitionError
+
+__all__ = [
+    "META_DIR",
+    "TOPICS_FILE",
+    "MetadataStore",
+    "TopicExistsError",
+    "TopicMetadata",
+    "partition_directory",
+    "read_topics",
+]
+
+META_DIR: Final = "meta"
+TOPICS_FILE: Final = "topics.json"
+_VERSION: Final = 1
+_MAX_PARTITIONS: Final = 100_000
+
+
+class TopicExistsError(ApplianceError):
+    """A topic of that name exists already.  Use it as it is, or delete it first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    """One topic as the store records it."""
+
+    name: str
+    topic_id: str  # a UUID string
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, Any] = field(default_factory=dict)  # overrides given at creation (Kafka names)
+    log_dirs: tuple[str, ...] = ()  # the log dir of each partition
+
+    def directory(self, partition: int) -> str:
+        """The partition's log directory, ``<log dir>/<topic>-<partition>``."""
+        if not 0 <= partition < self.partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {self.name!r} has partitions 0..{self.partitions - 1}, not {partition}"
+            )
+        return partition_directory(self.log_dirs[partition], self.name, partition)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic_id": self.topic_id,
+            "partitions": self.partitions,
+            "replication_factor": self.replication_factor,
+            "configs": dict(self.configs),
+            "log_dirs": list(self.log_dirs),
+        }
+
+
+def partition_directory(log_dir: str, topic: str, partition: int) -> str:
+    """``<log_dir>/<topic>-<partition>``: Kafka's name for a partition directory."""
+    return os.path.join(log_dir, f"{topic}-{partition}")
+
+
+def _topics_path(log_dirs: Iterable[str]) -> Path:
+    return Path(next(iter(log_dirs))) / META_DIR / TOPICS_FILE
+
+
+def _fail(path: Path, what: str) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"{path}: {what}; the topic metadata is damaged (restore it from a backup, or remove the file to "
+        "start with only the configured topics: their logs are kept)"
+    )
+
+
+def _parse_topic(path: Path, name: object, raw: object) -> TopicMetadata:
+    if not isinstance(name, str) or check_topic_name(name) is not None:
+        raise _fail(path, f"topic name {name!r} is not a legal topic name")
+    if not isinstance(raw, dict):
+        raise _fail(path, f"topic {name!r}: expected an object, got {type(raw).__name__}")
+    topic_id = raw.get("topic_id")
+    partitions = raw.get("partitions")
+    replication = raw.get("replication_factor")
+    configs = raw.get("configs", {})
+    log_dirs = raw.get("log_dirs")
+    try:
+        uuid.UUID(str(topic_id))
+    except ValueError:
+        raise _fail(path, f"topic {name!r}: topic_id {topic_id!r} is not a UUID") from None
+    if (
+        not isinstance(partitions, int)
+        or isinstance(partitions, bool)
+        or not 1 <= partitions <= _MAX_PARTITIONS
+    ):
+        raise _fail(path, f"topic {name!r}: partitions {partitions!r}, expected 1..{_MAX_PARTITIONS}")
+    if not isinstance(replication, int) or isinstance(replication, bool) or replication < 1:
+        raise _fail(path, f"topic {name!r}: replication_factor {replication!r}, expected >= 1")
+    if not isinstance(configs, dict) or not all(isinstance(k, str) for k in configs):
+        raise _fail(path, f"topic {name!r}: configs must be an object of settings")
+    if (
+        not isinstance(log_dirs, list)
+        or len(log_dirs) != partitions
+        or not all(isinstance(d, str) and os.path.isabs(d) for d in log_dirs)
+    ):
+        raise _fail(path, f"topic {name!r}: log_dirs must list {partitions} absolute paths, got {log_dirs!r}")
+    return TopicMetadata(name, str(topic_id), partitions, replication, dict(configs), tuple(log_dirs))
+
+
+def read_topics(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:
+    """The topics recorded in the file at ``path`` (none if there is no file); CorruptRecordError if damaged.
+
+    For readers in other processes; the file may be replaced under them at any time (each read sees one
+    whole version).
+    """
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(file, f"not valid JSON ({exc})") from None
+    if not isinstance(document, dict) or document.get("version") != _VERSION:
+        version = document.get("version") if isinstance(document, dict) else None
+        raise _fail(file, f"version {version!r}, expected {_VERSION}")
+    topics = document.get("topics")
+    if not isinstance(topics, dict):
+        raise _fail(file, 'no "topics" object')
+    return {name: _parse_topic(file, name, raw) for name, raw in topics.items()}
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class MetadataStore:
+    """The supervisor's topic table, persisted on every change.  Not thread-safe; one process writes it."""
+
+    def __init__(self, path: Path, log_dirs: tuple[str, ...], topics: dict[str, TopicMetadata]) -> None:
+        self.path = path
+        self.log_dirs = log_dirs
+        self._topics = topics
+
+    @classmethod
+    def open(cls, log_dirs: Iterable[str]) -> MetadataStore:
+        """Load (or start) the store of an appliance with these ``log.dirs``; creates ``<first>/meta``.
+
+        Partitions whose recorded log dir left ``log.dirs`` are relocated to where their directory is found
+        (or to the emptiest dir) and the file is rewritten.
+        """
+        dirs = tuple(os.path.abspath(d) for d in log_dirs)
+        if not dirs:
+            raise ConfigError("metadata store: log.dirs is empty")
+        path = _topics_path(dirs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stale = path.with_name(path.name + ".tmp")
+        if stale.exists():
+            stale.unlink()  # a crash during a write: the previous version is intact
+        store = cls(path, dirs, read_topics(path))
+        if store._relocate():
+            store._save()
+        return store
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    @property
+    def topics(self) -> dict[str, TopicMetadata]:
+        """A copy of the table, by name, in creation order."""
+        return dict(self._topics)
+
+    def get(self, name: str) -> TopicMetadata:
+        topic = self._topics.get(name)
+        if topic is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return topic
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._topics
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    # -- changing ------------------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, Any] | None = None,
+    ) -> TopicMetadata:
+        """Record a new topic and place its partitions; the caller has validated ``configs``.
+
+        Raises TopicExistsError, or ConfigError for a bad name or count.  Directories are not created here
+        (the log creates its own when first opened).
+        """
+        reason = check_topic_name(name)
+        if reason:
+            raise ConfigError(f"topic {name!r}: {reason}")
+        if name in self._topics:
+            raise TopicExistsError(
+                f"topic {name!r} already exists ({self._topics[name].partitions} partitions)"
+            )
+        collision = self._colliding(name)
+        if collision is not None:
+            raise TopicExistsError(
+                f"topic {name!r} collides with existing topic {collision!r}: names that differ only in '.' "
+                "versus '_' would share metric names in Kafka, so Kafka refuses them too"
+            )
+        if not 1 <= partitions <= _MAX_PARTITIONS:
+            raise ConfigError(f"topic {name!r}: {partitions} partitions, expected 1..{_MAX_PARTITIONS}")
+        if replication_factor < 1:
+            raise ConfigError(f"topic {name!r}: replication factor {replication_factor}, expected >= 1")
+        load = self._partitions_per_dir()
+        placement = []
+        for _ in range(partitions):
+            chosen = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
+            load[chosen] += 1
+            placement.append(chosen)
+        topic = TopicMetadata(
+            name, str(uuid.uuid4()), partitions, replication_factor, dict(configs or {}), tuple(placement)
+        )
+        self._topics[name] = topic
+        try:
+            self._save()
+        except BaseException:
+            del self._topics[name]
+            raise
+        return topic
+
+    def delete_topic(self, name: str) -> TopicMetadata:
+        """Forget a topic (the caller removes its directories); UnknownTopicOrPartitionError if none."""
+        topic = self.get(name)
+        del self._topics[name]
+        try:
+            self._save()
+        except BaseException:
+            self._topics[name] = topic
+            raise
+        return topic
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _colliding(self, name: str) -> str | None:
+        folded = name.replace(".", "_")
+        for other in self._topics:
+            if other.replace(".", "_") == folded:
+                return other
+        return None
+
+    def _partitions_per_dir(self) -> dict[str, int]:
+        load = dict.fromkeys(self.log_dirs, 0)
+        for topic in self._topics.values():
+            for directory in topic.log_dirs:
+                if directory in load:
+                    load[directory] += 1
+        return load
+
+    def _relocate(self) -> bool:
+        changed = False
+        for name, topic in list(self._topics.items()):
+            dirs = list(topic.log_dirs)
+            for partition, directory in enumerate(dirs):
+                if directory in self.log_dirs:
+                    continue
+                found = [d for d in self.log_dirs if os.path.isdir(partition_directory(d, name, partition))]
+                if found:
+                    dirs[partition] = found[0]
+                else:
+                    load = self._partitions_per_dir()
+                    dirs[partition] = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
+                changed = True
+            if changed:
+                self._topics[name] = TopicMetadata(
+                    name,
+                    topic.topic_id,
+                    topic.partitions,
+                    topic.replication_factor,
+                    topic.configs,
+                    tuple(dirs),
+                )
+        return changed
+
+    def _save(self) -> None:
+        document = {
+            "version": _VERSION,
+            "topics": {name: topic.to_json() for name, topic in self._topics.items()},
+        }
+        _write_atomically(self.path, (json.dumps(document, indent=2, sort_keys=False) + "\n").encode())
