@@ -1,0 +1,504 @@
+"""The broker process: the Kafka protocol on TCP and on a Unix socket, one thread, one ``selectors`` loop.
+
+Theory of operation
+-------------------
+``appliance serve`` (the supervisor) starts the broker as a child process and calls :func:`run_broker`.
+The broker owns no data: it reads partition logs read-only (``storage.log_reader``), reads offsets from the
+partition state pages (``ipc.state_page``), hands produced batches to the partition writers through their
+rings (``appliance.broker_produce``), and asks the supervisor about topics and producer ids
+(``appliance.broker_cluster``).  So it can be killed and restarted at any moment without losing anything.
+
+**Why one thread and selectors.**  On a 2-core machine the work that matters -- moving record bytes --
+happens in the kernel (``sendfile``), so the broker's Python only decides *what* to send.  One epoll loop
+over non-blocking sockets keeps that decision cheap: no thread switches, no locks, no asyncio task objects
+per request.  Nothing in the loop blocks except control-socket calls to the supervisor (creating and deleting
+topics, producer ids, metadata refreshes), which are rare and short.
+
+**A turn of the loop.**  ``select`` returns ready sockets: a listener accepts new connections; a connection
+is read (one ``recv``), its complete frames are handled in order while it may handle more (see
+``appliance.broker_connection``: one parked request at a time per connection, back-pressure on unsent
+bytes), and its queued response bytes are sent when it is writable.  Then held requests are polled: Fetch
+requests waiting for records (``appliance.fetch_session``) and Produce requests waiting for the partition
+writer's acknowledgement.  While any request is held, ``select`` wakes every millisecond to poll them; when
+none is, it sleeps until a socket is ready.
+
+**A bad peer harms only itself.**  A malformed frame, an unknown API key, an unsupported version of an API
+other than ApiVersions, a frame over ``socket.request.max.bytes``: each closes that connection with one log
+line naming the peer and the reason.  An exception escaping a handler (a bug) is logged with its traceback
+and also closes only that connection.  Kafka does the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import selectors
+import signal
+import socket
+import stat
+import time
+from collections.abc import Callable
+from typing import Any
+
+from appliance.broker_cluster import Cluster
+from appliance.broker_connection import Connection, ConnectionClosed
+from appliance.broker_handlers import HANDLERS, BrokerContext, metadata
+from appliance.broker_partitions import PartitionTable
+from appliance.broker_produce import Produce, ProduceService
+from appliance.config import Config, Listener
+from appliance.fetch_session import POLL_INTERVAL_MS, FetchWaiters, FollowerHook, ParkedFetch, read_fetch
+from ipc.kafka import (
+    ApiKey,
+    FetchRequest,
+    ProduceRequest,
+    RequestHeader,
+    UnknownApiKeyError,
+    UnsupportedVersionError,
+    decode_request,
+    encode_response_parts,
+    maybe_unsupported_version_reply,
+)
+from ipc.shm import ShmNames
+from storage.errors import ConfigError, ProtocolError
+
+__all__ = ["Broker", "run_broker"]
+
+log = logging.getLogger("appliance.broker")
+
+ACCEPT_BACKLOG = 1024
+ACCEPTS_PER_TURN = 64
+SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
+_PR_SET_PDEATHSIG = 1
+
+
+class _Listening:
+    """A listening socket and the name of the listener it serves (PLAINTEXT, or UNIX)."""
+
+    __slots__ = ("name", "path", "sock")
+
+    def __init__(self, sock: socket.socket, name: str, path: str | None = None) -> None:
+        self.sock = sock
+        self.name = name
+        self.path = path
+
+
+class Broker:
+    """The broker's sockets, connections and held requests.  Build, :meth:`bind`, :meth:`serve`."""
+
+    def __init__(
+        self,
+        config: Config,
+        cluster: Cluster,
+        *,
+        produce: ProduceService | None = None,
+        follower_hook: FollowerHook | None = None,
+    ) -> None:
+        for listener in config.listeners:
+            if listener.name != "PLAINTEXT":
+                raise ConfigError(
+                    f"listeners: {listener} -- only PLAINTEXT listeners are implemented; "
+                    "put TLS/SASL in front (stunnel, a proxy) or use PLAINTEXT on a private network"
+                )
+        self.config = config
+        try:
+            names = ShmNames(config.instance_id)
+        except ValueError:  # a configured id in another form; the supervisor's metadata names pages anyway
+            names = ShmNames.for_data_dir(config.log_dirs[0])
+        self.table = PartitionTable(config.log_dirs, names, config.node_id, _log_configs(config))
+        self.ctx = BrokerContext(config, self.table, cluster, cluster_id=f"appliance-{config.instance_id}")
+        self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
+        self.follower_hook = follower_hook
+        self.fetches = FetchWaiters()
+        self._selector = selectors.DefaultSelector()
+        self._listening: list[_Listening] = []
+        self._connections: dict[int, Connection] = {}
+        self._scratch = memoryview(bytearray(1 << 20))
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stopping = False
+        self.addresses: dict[str, tuple[str, int] | str] = {}  # listener name -> bound address
+
+    # -- sockets ------------------------------------------------------------------------------------------
+
+    def bind(self) -> dict[str, tuple[str, int] | str]:
+        """Open every listener; return their bound addresses (a TCP port 0 becomes the port chosen)."""
+        for listener in self.config.listeners:
+            sock = _listen_tcp(listener)
+            self._add_listening(_Listening(sock, listener.name))
+            host, port = sock.getsockname()[:2]
+            self.addresses[listener.name] = (host, port)
+            log.info("broker listening on %s://%s:%d", listener.name, host, port)
+        for advertised in self.config.advertised_listeners:
+            bound = self.addresses.get(advertised.name)
+            port = advertised.port or (bound[1] if isinstance(bound, tuple) else 0)
+            self.ctx.advertised[advertised.name] = (advertised.host, port)
+        path = self.config.unix_listener
+        if path:
+            sock = _listen_unix(path, self.config.shm_mode, self.config.shm_gid)
+            self._add_listening(_Listening(sock, "UNIX", path))
+            self.addresses["UNIX"] = path
+            log.info("broker listening on unix:%s (mode %o)", path, self.config.shm_mode)
+        return dict(self.addresses)
+
+    def _add_listening(self, listening: _Listening) -> None:
+        listening.sock.setblocking(False)
+        self._listening.append(listening)
+        self._selector.register(listening.sock, selectors.EVENT_READ, listening)
+
+    def _accept(self, listening: _Listening) -> None:
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                sock, address = listening.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: keep serving the connections we have
+                log.error("accept on %s: %s", listening.name, e)
+                return
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                peer = f"{address[0]}:{address[1]}"
+            else:
+                peer = f"unix:{listening.path}#{sock.fileno()}"
+            conn = Connection(sock, peer, listening.name, self.config.socket_request_max_bytes)
+            self._connections[sock.fileno()] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            log.debug("%s: connected via %s", peer, listening.name)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run until :meth:`stop`; then let held requests finish briefly and close everything."""
+        self.ctx.refresh_topics(force=True)
+        while not self._stopping:
+            self._turn(self._timeout_s())
+        self._drain()
+        self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to return.  Safe from a signal handler or another thread."""
+        self._stopping = True
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _timeout_s(self) -> float | None:
+        if self.fetches.waiting or self.produce.pending:
+            return POLL_INTERVAL_MS / 1000.0
+        return None
+
+    def _turn(self, timeout_s: float | None) -> None:
+        for key, mask in self._selector.select(timeout_s):
+            data = key.data
+            if isinstance(data, Connection):
+                self._on_ready(data, mask)
+            elif isinstance(data, _Listening):
+                self._accept(data)
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+        if self.fetches.waiting:
+            self._poll_fetches()
+        if self.produce.pending:
+            for conn, header, body in self.produce.poll(time.monotonic() * 1000):
+                self._finish_held(conn, header, body)
+
+    def _on_ready(self, conn: Connection, mask: int) -> None:
+        try:
+            if mask & selectors.EVENT_WRITE:
+                conn.send_queued()
+            if mask & selectors.EVENT_READ and conn.may_read:
+                conn.receive(self._scratch)
+            self._handle_buffered(conn)
+        except ConnectionClosed as e:
+            self._close(conn, str(e), level=logging.DEBUG)
+        except ProtocolError as e:
+            self._close(conn, f"bad frame: {e}", level=logging.WARNING)
+
+    def _handle_buffered(self, conn: Connection) -> None:
+        """Handle the complete frames buffered for ``conn`` while it may, then fix its selector interest."""
+        while conn.may_handle:
+            frame = conn.reader.next_frame()
+            if frame is None:
+                break
+            self._handle_frame(conn, frame)
+        if not conn.closed:
+            self._update_interest(conn)
+
+    def _update_interest(self, conn: Connection) -> None:
+        want_read = conn.may_read
+        want_write = conn.has_queued
+        if want_read == conn.want_read and want_write == conn.want_write:
+            return
+        registered = conn.want_read or conn.want_write
+        conn.want_read, conn.want_write = want_read, want_write
+        events = (selectors.EVENT_READ if want_read else 0) | (selectors.EVENT_WRITE if want_write else 0)
+        if events and registered:
+            self._selector.modify(conn.sock, events, conn)
+        elif events:
+            self._selector.register(conn.sock, events, conn)
+        else:
+            self._selector.unregister(conn.sock)
+
+    # -- requests -----------------------------------------------------------------------------------------
+
+    def _handle_frame(self, conn: Connection, frame: bytes) -> None:
+        try:
+            request = decode_request(frame)
+        except UnknownApiKeyError as e:
+            raise ConnectionClosed(
+                f"unknown api key {e.api_key} (correlation id {e.correlation_id})"
+            ) from None
+        except UnsupportedVersionError as e:
+            reply = maybe_unsupported_version_reply(e)
+            if reply is None:
+                raise ProtocolError(str(e)) from None
+            conn.respond([reply])
+            return
+        header: RequestHeader = request.header
+        body = request.body
+        api_key = header.api_key
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s v%d correlation id %d client %r", conn.peer, ApiKey(api_key).name,
+                      header.api_version, header.correlation_id, header.client_id)
+        try:
+            if api_key == ApiKey.FETCH:
+                self._start_fetch(conn, header, body)
+                return
+            if api_key == ApiKey.PRODUCE:
+                self._start_produce(conn, header, body)
+                return
+            if api_key == ApiKey.METADATA:
+                response: Any = metadata(self.ctx, header, body, conn.listener)
+            else:
+                response = HANDLERS[api_key](self.ctx, header, body)
+        except (ConnectionClosed, ProtocolError):
+            raise
+        except Exception:
+            log.exception(
+                "%s: %s v%d request (correlation id %d) failed; closing the connection",
+                conn.peer,
+                ApiKey(api_key).name,
+                header.api_version,
+                header.correlation_id,
+            )
+            raise ConnectionClosed("handler failed") from None
+        conn.respond(encode_response_parts(header, response))
+
+    def _start_fetch(self, conn: Connection, header: RequestHeader, body: FetchRequest) -> None:
+        result = read_fetch(self.ctx.lookup, body, follower_hook=self.follower_hook)
+        if (
+            result.has_error
+            or body.max_wait_ms <= 0
+            or result.ready_bytes >= max(body.min_bytes, 1)
+            or (not result.watched)
+        ):
+            conn.respond(encode_response_parts(header, result.response))
+            return
+        deadline_ms = time.monotonic() * 1000 + body.max_wait_ms
+        conn.parked = True
+        self.fetches.add(ParkedFetch(conn, header, body, deadline_ms, result.watched))
+
+    def _poll_fetches(self) -> None:
+        now_ms = time.monotonic() * 1000
+        for parked in self.fetches.poll(now_ms):
+            self.fetches.finish(parked)
+            conn = parked.owner
+            assert isinstance(conn, Connection)
+            if conn.closed:
+                continue
+            result = read_fetch(self.ctx.lookup, parked.request)
+            enough = result.ready_bytes >= max(parked.request.min_bytes, 1)
+            if enough or result.has_error or parked.deadline_ms <= now_ms or not result.watched:
+                self._finish_held(conn, parked.header, result.response)
+            else:
+                parked.done = False
+                parked.watched = result.watched
+                self.fetches.add(parked)
+
+    def _start_produce(self, conn: Connection, header: RequestHeader, body: ProduceRequest) -> None:
+        outcome = self.produce.start(conn, header, body)
+        if outcome.close_reason is not None:
+            raise ConnectionClosed(outcome.close_reason)
+        if outcome.response is not None:
+            conn.respond(encode_response_parts(header, outcome.response))
+        elif outcome.held:
+            conn.parked = True
+
+    def _finish_held(self, conn: Any, header: Any, response: Any) -> None:
+        """Answer a held request, then go on with the frames its connection buffered meanwhile."""
+        assert isinstance(conn, Connection)
+        if conn.closed:
+            return
+        conn.parked = False
+        try:
+            if response is not None:
+                conn.respond(encode_response_parts(header, response))
+            self._handle_buffered(conn)
+        except ConnectionClosed as e:
+            self._close(conn, str(e), level=logging.DEBUG)
+        except ProtocolError as e:
+            self._close(conn, f"bad frame: {e}", level=logging.WARNING)
+
+    # -- closing ------------------------------------------------------------------------------------------
+
+    def _close(self, conn: Connection, reason: str, *, level: int) -> None:
+        if conn.closed:
+            return
+        log.log(level, "%s: closing the connection: %s", conn.peer, reason)
+        self._connections.pop(conn.sock.fileno(), None)
+        if conn.want_read or conn.want_write:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(conn.sock)
+        self.fetches.drop_owner(conn)
+        self.produce.drop_owner(conn)
+        conn.close()
+
+    def _drain(self) -> None:
+        """Stop listening; give held produce requests and unsent responses a moment to finish."""
+        for listening in self._listening:
+            self._close_listening(listening)
+        self._listening.clear()
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_MS / 1000.0
+        while time.monotonic() < deadline and (
+            self.produce.pending or any(c.has_queued for c in self._connections.values())
+        ):
+            self._turn(POLL_INTERVAL_MS / 1000.0)
+
+    def _close_listening(self, listening: _Listening) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(listening.sock)
+        listening.sock.close()
+        if listening.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(listening.path)
+
+    def close(self) -> None:
+        for conn in list(self._connections.values()):
+            self._close(conn, "broker stopping", level=logging.DEBUG)
+        for listening in self._listening:
+            self._close_listening(listening)
+        self._listening.clear()
+        self.produce.close()
+        self.table.close()
+        self.ctx.cluster.close()
+        self._selector.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _log_configs(config: Config) -> Callable[[str], Any]:
+    def log_config(topic: str) -> Any:
+        try:
+            return config.log_config(topic)
+        except ConfigError:
+            from storage.log_config import LogConfig
+
+            return LogConfig()
+
+    return log_config
+
+
+def _listen_tcp(listener: Listener) -> socket.socket:
+    host = listener.host or None
+    try:
+        infos = socket.getaddrinfo(host, listener.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"listeners: {listener}: cannot resolve {listener.host!r}: {e}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(ACCEPT_BACKLOG)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"listeners: {listener}: cannot listen: {e.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _listen_unix(path: str, mode: int, gid: int | None) -> socket.socket:
+    """Listen on ``path`` with ``mode`` (0600: owner only).  A stale socket file is replaced; a live one
+    (another broker answers there) is an error.  The socket is created under a umask that already denies
+    everyone else, so there is no moment when it is more open than ``mode``."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ConfigError(f"appliance.unix.listener: {path} exists and is not a socket; not replacing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens there: a leftover of a killed broker
+        else:
+            raise ConfigError(f"appliance.unix.listener: another broker already listens on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"appliance.unix.listener: cannot bind {path}: {e.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
+    sock.listen(ACCEPT_BACKLOG)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the supervisor dies, so a SIGKILLed supervisor leaves no orphan broker."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def run_broker(
+    config: Config,
+    cluster: Cluster | None = None,
+    *,
+    parent_pid: int | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """The broker process's main: bind, serve until SIGTERM/SIGINT, return the exit code.
+
+    ``cluster`` defaults to the supervisor's control socket (``config.control_socket``).  ``parent_pid``:
+    the supervisor's pid, to exit with it.  ``on_ready`` is called with the bound addresses once every
+    listener is open (the supervisor may report them, a test may wait for them)."""
+    from appliance.proctitle import set_proctitle
+
+    set_proctitle("appliance: broker")
+    if parent_pid is not None:
+        _die_with_parent()
+        if os.getppid() != parent_pid:
+            return 0  # the parent died before we could ask to be told
+    if cluster is None:
+        from appliance.broker_control import ControlCluster
+
+        cluster = ControlCluster(config)
+    broker = Broker(config, cluster)
+    signal.signal(signal.SIGTERM, lambda *_: broker.stop())
+    signal.signal(signal.SIGINT, lambda *_: broker.stop())
+    try:
+        addresses = broker.bind()
+    except BaseException:
+        broker.close()
+        raise
+    if on_ready is not None:
+        on_ready(dict(addresses))
+    try:
+        broker.serve()
+    except OSError as e:
+        if e.errno != errno.EINTR:
+            raise
+    log.info("broker stopped")
+    return 0

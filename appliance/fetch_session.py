@@ -1,0 +1,289 @@
+"""Fetch: read record bytes up to the high watermark, and hold a request until enough of them exist.
+
+Theory of operation
+-------------------
+:func:`read_fetch` answers a Fetch request from the partition logs *as they are now*, without I/O on the
+socket: for each partition it asks the partition's ``LogReader`` for whole batches from ``fetch_offset``,
+never past the high watermark published in the state page (a follower reads up to the log end offset), and
+puts the result in the response as a :class:`~ipc.kafka.FileRegion` -- file, position, size -- that the
+connection later moves with ``os.sendfile``.  No record byte passes through Python.
+
+Errors are per partition, as Kafka reports them:
+
+* UNKNOWN_TOPIC_OR_PARTITION -- the topic or partition does not exist;
+* NOT_LEADER_OR_FOLLOWER -- it exists but this appliance does not serve it (or not yet);
+* OFFSET_OUT_OF_RANGE -- ``fetch_offset`` is below the log start offset or above the log end offset
+  (an offset between the high watermark and the log end offset is not an error: it is answered empty);
+* FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH -- the client's ``current_leader_epoch`` (v9+) is older /
+  newer than ours;
+* KAFKA_STORAGE_ERROR -- the log could not be read (logged with the reason).
+
+Sizes (KIP-74): partitions are filled in request order until ``max_bytes`` is used up; each gets at most
+``partition_max_bytes``; the first partition that has data always gets at least one whole batch, however
+large, so a consumer can make progress; a later partition whose first batch does not fit gets nothing.
+
+**Long poll.**  Kafka answers at once if ``max_wait_ms <= 0``, if any partition has an error, or if at least
+``min_bytes`` are ready; otherwise it holds the request until ``min_bytes`` are ready or ``max_wait_ms`` has
+passed.  :class:`FetchWaiters` holds such requests.  Nothing tells the broker that a high watermark moved --
+the partition writer publishes it in shared memory and wakes only its own producers -- so the broker polls
+the state pages of the partitions someone waits on, every :data:`POLL_INTERVAL_MS`, and only while someone
+waits (an idle broker sleeps in ``select`` with no timeout).  Reading a state page is one load per
+partition; a held request is only re-read when one of its partitions' watermark moved.
+
+**Sessions (KIP-227).**  The broker keeps no fetch sessions: it answers ``session_id`` 0, which tells the
+client that no session was created, so it keeps sending full requests (``session_epoch`` 0 or -1).  A
+request naming a session (``session_id`` != 0) gets FETCH_SESSION_ID_NOT_FOUND, which makes the client start
+over without one.
+
+**Followers.**  A request with ``replica_id >= 0`` comes from a follower replica.  It reads up to the log end
+offset instead of the high watermark, and :attr:`FollowerHook` is told each partition's fetch offset (the
+follower's log end offset) -- the place where leader-side replica state (ISR, high watermark) will hook in.
+Until then it is served like a consumer otherwise.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from appliance.broker_partitions import PartitionHandle
+from ipc.kafka import (
+    ErrorCode,
+    FetchableTopicResponse,
+    FetchRequest,
+    FetchResponse,
+    FileRegion,
+    PartitionData,
+)
+from storage.errors import ApplianceError, OffsetOutOfRangeError
+
+__all__ = [
+    "POLL_INTERVAL_MS",
+    "FetchResult",
+    "FetchWaiters",
+    "FollowerHook",
+    "ParkedFetch",
+    "read_fetch",
+]
+
+log = logging.getLogger("appliance.broker")
+
+POLL_INTERVAL_MS = 1  # state-page polling period while a fetch is held
+NO_SESSION_ID = 0
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+
+# A follower's fetch: (replica id, topic, partition, fetch offset) -> None.  Called for every partition of a
+# follower fetch before it is read.  The replication layer installs one; the default does nothing.
+FollowerHook = Callable[[int, str, int, int], None]
+Lookup = Callable[[str, int], "tuple[PartitionHandle | None, ErrorCode]"]
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """A Fetch response ready to encode, and what a waiter needs to decide whether to send it."""
+
+    response: FetchResponse
+    ready_bytes: int  # record bytes in the response
+    has_error: bool  # some partition (or the request) has an error: answer at once
+    watched: list[tuple[PartitionHandle, int]]  # (partition, the offset bound read against) -- for waiting
+
+
+def _error_partition(index: int, code: ErrorCode) -> PartitionData:
+    return PartitionData(
+        partition_index=index,
+        error_code=code,
+        high_watermark=-1,
+        last_stable_offset=-1,
+        log_start_offset=-1,
+        records=b"",
+    )
+
+
+def read_fetch(
+    lookup: Lookup, request: FetchRequest, *, follower_hook: FollowerHook | None = None
+) -> FetchResult:
+    """Answer ``request`` from the logs as they are now.  ``lookup(topic, partition)`` gives a partition's
+    handle or the error code to answer (``PartitionTable.lookup``).  See the module docstring."""
+    if request.session_id != NO_SESSION_ID:
+        code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+        return FetchResult(FetchResponse(error_code=code, session_id=NO_SESSION_ID), 0, True, [])
+    if request.session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
+        code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
+        return FetchResult(FetchResponse(error_code=code, session_id=NO_SESSION_ID), 0, True, [])
+    follower = request.replica_id >= 0
+    remaining_bytes = request.max_bytes if request.max_bytes > 0 else 0
+    at_least_one = True  # KIP-74: the first partition with data gets a whole batch whatever its size
+    ready_bytes = 0
+    has_error = False
+    watched: list[tuple[PartitionHandle, int]] = []
+    topics_out = []
+    for topic in request.topics:
+        partitions_out = []
+        for fp in topic.partitions:
+            handle, code = lookup(topic.topic, fp.partition)
+            if handle is None:
+                partitions_out.append(_error_partition(fp.partition, code))
+                has_error = True
+                continue
+            if follower and follower_hook is not None:
+                follower_hook(request.replica_id, topic.topic, fp.partition, fp.fetch_offset)
+            data, size = _read_partition(
+                handle,
+                fp.partition,
+                fp.fetch_offset,
+                fp.current_leader_epoch,
+                min(fp.partition_max_bytes, remaining_bytes),
+                at_least_one,
+                follower,
+            )
+            partitions_out.append(data)
+            if data.error_code != ErrorCode.NONE:
+                has_error = True
+                continue
+            watched.append((handle, data.high_watermark if not follower else handle.log_end_offset))
+            if size:
+                at_least_one = False
+                ready_bytes += size
+                remaining_bytes = max(0, remaining_bytes - size)
+        topics_out.append(FetchableTopicResponse(topic=topic.topic, partitions=partitions_out))
+    response = FetchResponse(error_code=ErrorCode.NONE, session_id=NO_SESSION_ID, responses=topics_out)
+    return FetchResult(response, ready_bytes, has_error, watched)
+
+
+def _read_partition(
+    handle: PartitionHandle,
+    index: int,
+    fetch_offset: int,
+    client_epoch: int,
+    max_bytes: int,
+    at_least_one: bool,
+    follower: bool,
+) -> tuple[PartitionData, int]:
+    page = handle.page
+    high_watermark = page.high_watermark
+    log_end_offset = page.log_end_offset
+    try:
+        code = handle.check_epoch(client_epoch)
+        if code != ErrorCode.NONE:
+            return _error_partition(index, code), 0
+        log_start_offset = handle.log_start_offset
+        data = PartitionData(
+            partition_index=index,
+            error_code=ErrorCode.NONE,
+            high_watermark=high_watermark,
+            last_stable_offset=high_watermark,  # no transactions: the last stable offset is the HW
+            log_start_offset=log_start_offset,
+            records=b"",
+        )
+        if fetch_offset < log_start_offset or fetch_offset > log_end_offset:
+            data.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+            return data, 0
+        bound = log_end_offset if follower else high_watermark
+        if fetch_offset >= bound or (max_bytes <= 0 and not at_least_one):
+            return data, 0
+        piece = handle.reader.read(fetch_offset, max(max_bytes, 1), max_offset=bound)
+    except OffsetOutOfRangeError:
+        return _error_partition(index, ErrorCode.OFFSET_OUT_OF_RANGE), 0
+    except (ApplianceError, OSError) as e:
+        log.error("fetch %s at offset %d: cannot read the log: %s", handle.name, fetch_offset, e)
+        return _error_partition(index, ErrorCode.KAFKA_STORAGE_ERROR), 0
+    size = piece.size_bytes
+    if size == 0 or (size > max_bytes and not at_least_one):
+        return data, 0
+    data.records = FileRegion(piece.fd, piece.position, size)
+    return data, size
+
+
+# -- held requests ---------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class ParkedFetch:
+    """A Fetch request held until ``min_bytes`` are ready or ``deadline_ms`` passes."""
+
+    owner: object  # the connection to answer (opaque here)
+    header: object  # the request header (opaque here)
+    request: FetchRequest
+    deadline_ms: float  # time.monotonic() * 1000
+    watched: list[tuple[PartitionHandle, int]]
+    done: bool = False
+
+
+class FetchWaiters:
+    """Held Fetch requests: a deadline heap, and per watched partition the requests waiting on it.
+
+    :meth:`poll` costs one state-page load per watched partition, however many requests wait on it."""
+
+    def __init__(self) -> None:
+        self._by_deadline: list[tuple[float, int, ParkedFetch]] = []
+        self._count = itertools.count()
+        # (partition, follower?) -> [the bound last seen (None: check its waiters), the requests waiting]
+        self._watch: dict[tuple[PartitionHandle, bool], list] = {}
+        self.waiting = 0
+
+    def add(self, parked: ParkedFetch) -> None:
+        heapq.heappush(self._by_deadline, (parked.deadline_ms, next(self._count), parked))
+        follower = parked.request.replica_id >= 0
+        for handle, bound in parked.watched:
+            entry = self._watch.setdefault((handle, follower), [bound, set()])
+            if entry[0] != bound:
+                entry[0] = None
+            entry[1].add(parked)
+        self.waiting += 1
+
+    def next_deadline_ms(self) -> float | None:
+        heap = self._by_deadline
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def poll(self, now_ms: float) -> list[ParkedFetch]:
+        """Held requests whose deadline passed or one of whose partitions moved since they read it.
+
+        The caller re-reads each and either answers it (then :meth:`finish`) or, if still short of
+        ``min_bytes``, finishes it and adds it again with its new bounds."""
+        due: dict[int, ParkedFetch] = {}
+        for (handle, follower), entry in self._watch.items():
+            if handle.closed:  # the topic was deleted or re-created: the re-read reports it
+                now = None
+            else:
+                page = handle.page
+                now = page.log_end_offset if follower else page.high_watermark
+            if now is None or now != entry[0]:
+                entry[0] = now
+                for parked in entry[1]:
+                    if not parked.done:
+                        due[id(parked)] = parked
+        heap = self._by_deadline
+        while heap and (heap[0][2].done or heap[0][0] <= now_ms):
+            parked = heapq.heappop(heap)[2]
+            if not parked.done:
+                due[id(parked)] = parked
+        return list(due.values())
+
+    def finish(self, parked: ParkedFetch) -> None:
+        if parked.done:
+            return
+        parked.done = True
+        self.waiting -= 1
+        follower = parked.request.replica_id >= 0
+        for handle, _ in parked.watched:
+            key = (handle, follower)
+            entry = self._watch.get(key)
+            if entry is not None:
+                entry[1].discard(parked)
+                if not entry[1]:
+                    del self._watch[key]
+
+    def drop_owner(self, owner: object) -> None:
+        """Forget the requests of a closed connection."""
+        for _, _, parked in list(self._by_deadline):
+            if parked.owner is owner:
+                self.finish(parked)
+
+    def __len__(self) -> int:
+        return self.waiting
