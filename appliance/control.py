@@ -504,6 +504,7 @@ class ControlClient:
                 while not self._pending:
                     data = sock.recv(1 << 16)
                     if not data:
+                        self._close_locked()
                         raise ControlError(
                             f"the appliance closed the control connection {self.path} (stopping?)",
                             ErrorCode.BROKER_NOT_AVAILABLE.name,
@@ -518,6 +519,9 @@ class ControlClient:
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._close_locked()
                 raise ControlError(f"control connection to {self.path} broke: {exc}") from None
+            except ProtocolError:
+                self._close_locked()
+                raise
             reply = self._pending.pop(0)
         raise_for_error(reply)
         return reply

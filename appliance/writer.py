@@ -45,6 +45,10 @@ A frame the ring protocol itself cannot trust (a bad frame length, type or seque
 then the new log start offset is published) and producer-id expiry.  Retention runs here because a log has
 exactly one writer process: a second process opening the log to delete segments would be refused the lock.
 
+**Fault points** (for crash tests, never set in production): ``faults(name)`` is called at ``"appended"``
+(the round is in the log, nothing acknowledged) and ``"acknowledged"`` (acks published, space not
+released); a test makes it raise to stop the writer exactly there, as a SIGKILL would.
+
 **Snapshots** of the producer state are written (fsynced) when the active segment rolls and at a clean
 stop, at the log end offset, so a restart replays at most one segment's headers.
 """
@@ -56,7 +60,7 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -85,7 +89,7 @@ from storage.producer_state import (
     ProducerStateManager,
 )
 
-__all__ = ["DEFAULT_PEEK_BYTES", "PartitionWriter", "WriterSpec", "writer_main"]
+__all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec", "writer_main"]
 
 DEFAULT_PEEK_BYTES: Final = 4 << 20  # per ring and round; a round appends at most rings x this
 _DEFAULT_STOP_TIMEOUT_MS: Final = 10_000
@@ -96,6 +100,7 @@ _ERRORS_LOGGED_PER_RING: Final = (
 _log = logging.getLogger(__name__)
 
 ResumeKey = tuple[int, int, int, int]  # producer id, epoch, first sequence, last sequence
+FaultPoint = Callable[[str], None]  # called with a fault point's name; raising there stops the writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +170,10 @@ class PartitionWriter:
         state_page: StatePage,
         doorbell: Doorbell,
         channel: socket.socket | None,
+        faults: FaultPoint | None = None,
     ) -> None:
         self.spec = spec
+        self._faults = faults
         self.name = spec.name
         self.log = log
         self.producer_state = state
@@ -195,7 +202,9 @@ class PartitionWriter:
     # -- lifetime -----------------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, spec: WriterSpec, channel: socket.socket | None = None) -> PartitionWriter:
+    def open(
+        cls, spec: WriterSpec, channel: socket.socket | None = None, *, faults: FaultPoint | None = None
+    ) -> PartitionWriter:
         """Open (recovering if the last stop was unclean) the log, load the producer state, claim the state
         page and publish the offsets.  LogLockedError if another writer holds the log."""
         started = time.monotonic()
@@ -219,7 +228,7 @@ class PartitionWriter:
         except BaseException:
             log.close(clean=False)
             raise
-        writer = cls(spec, log, state, page, doorbell, channel)
+        writer = cls(spec, log, state, page, doorbell, channel, faults)
         page.claim_writer()
         writer._publish_offsets()
         page.log_start_offset = log.log_start_offset
@@ -338,8 +347,14 @@ class PartitionWriter:
             frames += chunk.count
         if pieces:
             self._append(pieces, total_bytes, next_offset)
+        if self._faults is not None:
+            self._faults("appended")
         for (ring, chunk), results in zip(chunks, all_results, strict=True):
-            ring.consumer.complete(chunk, results)
+            ring.consumer.ack(chunk.first_seq, results)
+        if self._faults is not None:
+            self._faults("acknowledged")
+        for ring, chunk in chunks:
+            ring.consumer.release(chunk.end_position)
         self.stats.rounds += 1
         self.stats.frames += frames
         return frames
