@@ -136,28 +136,30 @@ class IndexFile:
         """Map ``path`` read-write, grown (sparse) to ``max_bytes``; ``entries`` are already used."""
         index = cls(path, entry, writable=True)
         size = max_bytes - max_bytes % entry.size
+        used = entries * entry.size
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             current = os.fstat(fd).st_size
-            size = max(size, entries * entry.size)
-            if current != size:
-                if current > size:
-                    # Shrinking a file that a reader may map is what IndexFile never does in place.
-                    data = os.pread(fd, size, 0)
-                    os.close(fd)
-                    fd = -1
-                    _replace_file(path, data)
-                    fd = os.open(path, os.O_RDWR)
-                else:
-                    os.ftruncate(fd, size)
+            size = max(size, used)
+            if current > size:
+                # Shrinking a file that a reader may map is what IndexFile never does in place.
+                data = os.pread(fd, size, 0)
+                os.close(fd)
+                fd = -1
+                _replace_file(path, data)
+                fd = os.open(path, os.O_RDWR)
+                current = size
+            elif current < size:
+                os.ftruncate(fd, size)  # sparse: the new tail reads as zeros without touching a page
             index._map(fd, size, writable=True)
         finally:
             if fd >= 0:
                 os.close(fd)
         index.max_entries = size // entry.size
         index.entries = entries
-        if entries < index.max_entries:
-            index._zero_from(entries)
+        stale_end = min(current, size) // entry.size
+        if stale_end > entries:
+            index._zero_from(entries, stale_end)  # old entries past the used ones (never on a fresh file)
         return index
 
     @classmethod

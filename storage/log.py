@@ -47,9 +47,10 @@ import contextlib
 import fcntl
 import logging
 import os
+import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple
 
 from storage.batch_header import BATCH_LENGTH_OFFSET, LOG_OVERHEAD, BatchHeader, stamp, validate_batch
@@ -172,9 +173,8 @@ class Log:
         self._epochs = LeaderEpochCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT_FILE))
         self._unflushed_records = 0
         self._last_flush = time.monotonic()
-        self._flusher: threading.Thread | None = None
-        self._flusher_error: BaseException | None = None
         self._checkpoint_lock = threading.Lock()
+        self._flusher = _RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
         self._closed = False
 
     # --- opening and closing --------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ class Log:
             return
         try:
             if clean:
-                self._join_flusher()
+                self._flusher.drain()
                 self.active_segment.seal()
                 for segment in self._segments:
                     if segment.next_offset > self._recovery_point or segment is self.active_segment:
@@ -267,11 +267,8 @@ class Log:
                         segment.index_files_fsync()
                 self._set_recovery_point(self.log_end_offset)
                 write_atomically(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
-            else:
-                flusher = self._flusher
-                if flusher is not None:
-                    flusher.join()
         finally:
+            self._flusher.stop()
             for segment in self._segments:
                 segment.close()
             self._release()
@@ -481,9 +478,7 @@ class Log:
                 f"partition {self.name}: the log was opened by process {self._pid}, not this forked "
                 f"process {os.getpid()}; a log has exactly one writer"
             )
-        if self._flusher_error is not None:
-            error, self._flusher_error = self._flusher_error, None
-            raise error
+        self._flusher.raise_error()
 
     # --- rolling and flushing -------------------------------------------------------------------------------
     def roll(self) -> int:
@@ -497,41 +492,11 @@ class Log:
     def _roll(self, base_offset: int) -> LogSegment:
         old = self.active_segment
         old.seal()
-        self._join_flusher()
         segment = LogSegment.create(self.directory, base_offset, self.config)
         self._segments.append(segment)
         self._bases.append(base_offset)
-        fd = os.dup(old.read_fd)
-        paths = (old.index_path, old.time_index_path)
-        self._flusher = threading.Thread(target=self._flush_rolled, args=(fd, paths, old.next_offset),
-                                         name=f"flush-{self.name}", daemon=True)
-        self._flusher.start()
+        self._flusher.submit(os.dup(old.read_fd), (old.index_path, old.time_index_path), old.next_offset)
         return segment
-
-    def _flush_rolled(self, fd: int, index_paths: tuple[str, str], upto_offset: int) -> None:
-        """Background thread: fsync a rolled segment, then advance the recovery point past it."""
-        try:
-            os.fdatasync(fd)
-            for path in index_paths:
-                with contextlib.suppress(FileNotFoundError):
-                    index_fd = os.open(path, os.O_RDONLY)
-                    try:
-                        os.fsync(index_fd)
-                    finally:
-                        os.close(index_fd)
-            self._set_recovery_point(upto_offset)
-        except BaseException as error:  # re-raised by the writer's next call
-            self._flusher_error = error
-        finally:
-            os.close(fd)
-
-    def _join_flusher(self) -> None:
-        if self._flusher is not None:
-            self._flusher.join()
-            self._flusher = None
-        if self._flusher_error is not None:
-            error, self._flusher_error = self._flusher_error, None
-            raise error
 
     def _set_recovery_point(self, offset: int) -> None:
         with self._checkpoint_lock:
@@ -543,7 +508,7 @@ class Log:
         """fsync every segment holding data past the recovery point; the recovery point becomes the log
         end offset."""
         self._check_writable()
-        self._join_flusher()
+        self._flusher.drain()
         for segment in self._segments:
             if segment.next_offset > self._recovery_point:
                 segment.flush()
@@ -624,7 +589,7 @@ class Log:
         segment the log is emptied and restarts at ``offset``.
         """
         self._check_writable()
-        self._join_flusher()
+        self._flusher.drain()
         if offset >= self.log_end_offset:
             return self.log_end_offset
         if offset < self._segments[0].base_offset:
@@ -650,7 +615,7 @@ class Log:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and restart the empty log at ``offset`` (a replica far behind its leader)."""
         self._check_writable()
-        self._join_flusher()
+        self._flusher.drain()
         self._log_start_offset = offset
         self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, offset)
         for segment in self._segments:
@@ -665,7 +630,6 @@ class Log:
         """Apply retention (``retention.ms``, ``retention.bytes``, the log start offset; never the active
         segment; only below ``high_watermark`` if given).  Returns the number of segments deleted."""
         self._check_writable()
-        self._join_flusher()
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         candidates = [RetentionCandidate(s.base_offset, s.next_offset, s.size_bytes, s.largest_timestamp())
                       for s in self._segments]
@@ -686,7 +650,6 @@ class Log:
             )
         if offset <= self._log_start_offset:
             return
-        self._join_flusher()
         self._log_start_offset = offset
         self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, offset)
         self._epochs.truncate_from_start(offset)
@@ -730,6 +693,70 @@ class Log:
     def _checkpoint_key(self) -> tuple[str, int]:
         topic, partition = self.topic_partition
         return "_".join(topic.split()) or "_", partition
+
+
+class _RolledSegmentFlusher:
+    """One background thread that fsyncs rolled segments in roll order, then advances the recovery point.
+
+    The writer never waits for it on the append path; ``drain`` waits (before truncation, which may lower
+    the recovery point, and before a clean close).  An fsync error is re-raised by the writer's next call.
+    """
+
+    def __init__(self, on_flushed: Callable[[int], None], name: str) -> None:
+        self._on_flushed = on_flushed
+        self._name = name
+        self._queue: queue.Queue[tuple[int, tuple[str, ...], int] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, fd: int, index_paths: tuple[str, ...], upto_offset: int) -> None:
+        """fsync ``fd`` (a dup the flusher closes) and the index files; then recovery point = upto_offset."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._queue.put((fd, index_paths, upto_offset))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                fd, index_paths, upto_offset = item
+                try:
+                    if self._error is None:
+                        os.fdatasync(fd)
+                        for path in index_paths:
+                            with contextlib.suppress(FileNotFoundError):
+                                index_fd = os.open(path, os.O_RDONLY)
+                                try:
+                                    os.fsync(index_fd)
+                                finally:
+                                    os.close(index_fd)
+                        self._on_flushed(upto_offset)
+                except BaseException as error:  # re-raised by the writer's next call
+                    self._error = error
+                finally:
+                    os.close(fd)
+            finally:
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait for every submitted segment; raise a flush error if one happened."""
+        if self._thread is not None:
+            self._queue.join()
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def _lock(directory: str, name: str) -> int:

@@ -139,25 +139,31 @@ class LogReader:
     def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> FetchSlice:
         """Same contract as ``Log.read``: whole batches from the one holding ``offset``."""
         self._maybe_refresh()
-        for attempt in range(2):
+        for attempt in range(3):
             start = self._start()
             if offset < start:
-                if attempt == 0:
+                if attempt < 2:
                     self.refresh()
                     continue
                 raise self._out_of_range(offset, start, self._end()[1])
+            stale = False
             i = max(0, bisect.bisect_right(self._bases, offset) - 1)
             for segment in self._segments[i:]:
+                st = os.fstat(segment.read_fd)
+                if st.st_nlink == 0:  # deleted (retention, truncation) since we listed the directory
+                    stale = True
+                    break
                 found = segment.read(max(offset, segment.base_offset), max_bytes, max_offset=max_offset,
-                                     verify=True)
+                                     verify=True, end=st.st_size)
                 if found is not None:
                     return found
-            end_position, end_offset = self._end()
-            if offset <= end_offset or attempt == 1:
+            if not stale and offset <= self._end()[1]:
                 break
-            self.refresh()  # the writer may have rolled or appended since we looked
+            self.refresh()  # the writer may have rolled, appended or deleted since we looked
         end_position, end_offset = self._end()
         if offset > end_offset:
+            raise self._out_of_range(offset, self._start(), end_offset)
+        if offset < self._start():
             raise self._out_of_range(offset, self._start(), end_offset)
         if not self._segments:
             return FetchSlice(self.directory, -1, 0, 0, offset, offset)

@@ -131,7 +131,8 @@ def test_sanity_problems_are_named(tmp_path: os.PathLike[str]) -> None:
     index.close()
 
 
-def test_time_index_appends_only_growing_timestamps_and_reserves_last_slot(tmp_path: os.PathLike[str]) -> None:
+def test_time_index_appends_only_growing_timestamps_and_reserves_last_slot(
+        tmp_path: os.PathLike[str]) -> None:
     path = os.path.join(tmp_path, "00000000000000001000.timeindex")
     index = TimeIndex.open_active(path, BASE, max_bytes=12 * 3)
     assert index.maybe_append(500, BASE + 1)

@@ -142,7 +142,7 @@ def test_byte_by_byte_truncation_never_appends(tmp_path: Path) -> None:
 
 def test_batch_larger_than_max_message_bytes_is_refused(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", LogConfig(max_message_bytes=1000))
-    with pytest.raises(InvalidRecordError, match="max.message.bytes 1000"):
+    with pytest.raises(InvalidRecordError, match=r"max\.message\.bytes 1000"):
         log.append(batch_of_size(1001), leader_epoch=0)
     log.append(batch_of_size(1000), leader_epoch=0)
     assert log.log_end_offset == 1
@@ -281,7 +281,7 @@ def test_leader_epochs_fencing_and_checkpoint(tmp_path: Path) -> None:
     log.append(build_batch([b"a"]), leader_epoch=0)
     log.append(build_batch([b"b"]), leader_epoch=2)
     log.append(build_batch([b"c"]), leader_epoch=2)
-    with pytest.raises(NotLeaderError, match="epoch 1.*epoch 2"):
+    with pytest.raises(NotLeaderError, match=r"epoch 1.*epoch 2"):
         log.append(build_batch([b"stale"]), leader_epoch=1)
     assert log.log_end_offset == 3
     assert (directory / "leader-epoch-checkpoint").read_text() == "0\n2\n0 0\n2 1\n"
@@ -393,11 +393,11 @@ def test_log_config_checks_and_kafka_names() -> None:
     config = LogConfig.from_properties({"segment.bytes": "4096", "retention.ms": -1, "flush.messages": 10})
     assert (config.segment_bytes, config.retention_ms, config.flush_messages) == (4096, -1, 10)
     assert config.to_properties()["segment.bytes"] == 4096
-    with pytest.raises(ConfigError, match="segment.bytes: 5 is out of range"):
+    with pytest.raises(ConfigError, match=r"segment\.bytes: 5 is out of range"):
         LogConfig(segment_bytes=5)
-    with pytest.raises(ConfigError, match="unknown log setting 'segment.size'"):
+    with pytest.raises(ConfigError, match=r"unknown log setting 'segment\.size'"):
         LogConfig.from_properties({"segment.size": 1})
-    with pytest.raises(ConfigError, match="retention.bytes: 'lots' is not an integer"):
+    with pytest.raises(ConfigError, match=r"retention\.bytes: 'lots' is not an integer"):
         LogConfig.from_properties({"retention.bytes": "lots"})
 
 
