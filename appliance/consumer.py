@@ -14,7 +14,8 @@ Two paths fetch the records, chosen by the configuration:
 
 * **remote** (``bootstrap.servers``): Fetch, ListOffsets and Metadata over TCP to the broker, pipelined (one
   Fetch in flight per leader while the last one is decoded), see ``appliance.remote_fetch``;
-* **local** (``log.dirs`` or ``appliance.config``): the segment files are memory-mapped read-only and read up
+* **local** (``appliance.data.dir``, ``log.dirs`` or ``appliance.config``): the segment files are
+  memory-mapped read-only and read up
   to the high watermark the partition writer publishes in the partition's state page, see
   ``appliance.local_fetch``.  Zero copy: the returned arrays are views of the page cache.
 
@@ -27,13 +28,14 @@ Settings carry Kafka's consumer names and defaults; ``appliance.*`` ones are thi
 path's address and its wait strategy).  Keyword arguments may spell them with ``_`` for ``.``::
 
     Consumer({"bootstrap.servers": "127.0.0.1:9092"})
-    Consumer(log_dirs="/var/lib/log-appliance", auto_offset_reset="earliest")
+    Consumer(appliance_data_dir="/var/lib/log-appliance", auto_offset_reset="earliest")
 """
 
 from __future__ import annotations
 
 import difflib
 import gc
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -135,12 +137,12 @@ class _Setting:
 SETTINGS: dict[str, _Setting] = {
     # where to read: one of the two
     "bootstrap.servers": _Setting(None, _servers, "remote path: HOST:PORT[,...] of the appliance's broker"),
-    "log.dirs": _Setting(None, _dirs, "local path: the appliance's log dirs (its first one names its shared "
-                                      "memory)"),
+    "appliance.data.dir": _Setting(None, _optional_text,
+                                   "local path: the appliance's data dir (its first log dir), as the "
+                                   "Producer names it"),
+    "log.dirs": _Setting(None, _dirs, "local path: all the appliance's log dirs (the first is its data dir)"),
     "appliance.config": _Setting(None, _optional_text, "local path: the appliance's TOML configuration file "
                                                        "(log dirs and instance id come from it)"),
-    "appliance.instance.id": _Setting(None, _optional_text, "local path: the appliance's shared-memory "
-                                                            "instance id, if configured there"),
     "appliance.local.offline": _Setting(False, _bool, "local path without a running appliance: read up to "
                                                       "the end of the log on disk"),
     # Kafka's consumer settings
@@ -189,18 +191,24 @@ def _normalise(config: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> d
     return values
 
 
+_LOCAL_KEYS = ("appliance.data.dir", "log.dirs", "appliance.config")
+
+
 def _local_source(values: Mapping[str, Any]) -> LocalSource:
-    log_dirs = values["log.dirs"]
-    instance = values["appliance.instance.id"]
+    given = [key for key in _LOCAL_KEYS if values[key] is not None]
+    if len(given) > 1:
+        raise ConfigError(f"consumer: {' and '.join(given)} both name the local appliance: give one")
     if values["appliance.config"] is not None:
         from appliance.config import load_config
 
-        appliance_config = load_config(values["appliance.config"])
-        log_dirs = log_dirs or appliance_config.log_dirs
-        instance = instance or appliance_config.instance_id
-    assert log_dirs
-    offline = bool(values["appliance.local.offline"])
-    return LocalSource(tuple(log_dirs), instance or instance_id(log_dirs[0]), offline)
+        log_dirs = load_config(values["appliance.config"]).log_dirs
+    elif values["log.dirs"] is not None:
+        log_dirs = values["log.dirs"]
+    else:
+        log_dirs = (values["appliance.data.dir"],)
+    log_dirs = tuple(os.path.abspath(d) for d in log_dirs)
+    # The appliance names its shared memory after its first log dir (appliance.supervisor.shm_names_for).
+    return LocalSource(log_dirs, instance_id(log_dirs[0]), bool(values["appliance.local.offline"]))
 
 
 # ----------------------------------------------------------------------------------------- the consumer
@@ -213,11 +221,12 @@ class Consumer:
         self.config = _normalise(config, kwargs)
         c = self.config
         remote = c["bootstrap.servers"] is not None
-        local = c["log.dirs"] is not None or c["appliance.config"] is not None
+        local = any(c[key] is not None for key in _LOCAL_KEYS)
         if remote == local:
             raise ConfigError(
-                "consumer: set bootstrap.servers (read over the network) or log.dirs / appliance.config "
-                "(read the appliance's files on this host)" + (", not both" if remote else "")
+                "consumer: set bootstrap.servers (read over the network) or appliance.data.dir / log.dirs / "
+                "appliance.config (read the appliance's files on this host)"
+                + (", not both" if remote else "")
             )
         self._settings = FetchSettings(
             fetch_min_bytes=c["fetch.min.bytes"], fetch_max_wait_ms=c["fetch.max.wait.ms"],

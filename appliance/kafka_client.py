@@ -346,10 +346,11 @@ class KafkaConnection:
                 f"broker {self.address}: receiving a response failed: {exc.strerror or exc}"
             ) from None
         if got == 0:
+            midway = self._size_got + (self._body_got if self._body is not None else 0)
             self._fail()
             raise BrokerConnectionError(
                 f"broker {self.address}: the broker closed the connection"
-                + (f" in the middle of a response ({self._body_got} bytes in)" if self._body else "")
+                + (f" in the middle of a response ({midway} bytes in)" if midway else "")
             )
         return got
 

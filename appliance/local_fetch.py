@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from appliance.metadata import META_DIR, TOPICS_FILE, TopicMetadata, read_topics
 from appliance.record_arrays import STOP_MAX_OFFSET, DecodedRun, decode_run
 from ipc.shm import ShmNames, shm_path
 from ipc.state_page import StatePage
@@ -92,7 +93,7 @@ class LocalSource:
     """Where an appliance keeps its partitions: its log dirs and its shared-memory instance id."""
 
     log_dirs: tuple[str, ...]
-    instance: str  # 16 hex digits; ipc.shm.instance_id(log_dirs[0]) unless configured
+    instance: str  # ipc.shm.instance_id(log_dirs[0]): 16 hex digits naming the appliance's shared memory
     offline: bool = False  # no state page: read up to the end of the log on disk (a stopped appliance)
 
     @property
@@ -100,7 +101,18 @@ class LocalSource:
         return ShmNames(self.instance)
 
 
+def _recorded_topics(source: LocalSource) -> dict[str, TopicMetadata]:
+    """The supervisor's topic store (``<data dir>/meta/topics.json``), if there is one."""
+    return read_topics(os.path.join(source.log_dirs[0], META_DIR, TOPICS_FILE))
+
+
 def find_partition_dir(source: LocalSource, topic: str, partition: int) -> str | None:
+    """The partition's directory: where the topic store says, else the first log dir holding one."""
+    recorded = _recorded_topics(source).get(topic)
+    if recorded is not None and 0 <= partition < recorded.partitions:
+        path = recorded.directory(partition)
+        if os.path.isdir(path):
+            return path
     for log_dir in source.log_dirs:
         path = os.path.join(log_dir, f"{topic}-{partition}")
         if os.path.isdir(path):
@@ -109,7 +121,10 @@ def find_partition_dir(source: LocalSource, topic: str, partition: int) -> str |
 
 
 def list_local_partitions(source: LocalSource, topic: str) -> list[int]:
-    """Partitions of ``topic`` with a directory in one of the log dirs, ascending."""
+    """The topic's partitions: from the topic store, else those with a directory in a log dir."""
+    recorded = _recorded_topics(source).get(topic)
+    if recorded is not None:
+        return list(range(recorded.partitions))
     found = set()
     prefix = topic + "-"
     for log_dir in source.log_dirs:

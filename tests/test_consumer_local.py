@@ -305,7 +305,8 @@ def test_missing_partition_or_state_page_is_a_clear_error(written: WrittenPartit
         ({"log.dirs": "/x", "fetch.min.byte": 1}, r"'fetch.min.byte' \(did you mean 'fetch.min.bytes'"),
         ({"log.dirs": "/x", "group.id": "g"}, "consumer groups are not supported"),
         ({"log.dirs": "/x", "auto.offset.reset": "smallest"}, "expected one of earliest, latest, none"),
-        ({}, r"set bootstrap.servers .* or log.dirs"),
+        ({}, r"set bootstrap.servers .* or appliance.data.dir"),
+        ({"appliance.data.dir": "/x", "log.dirs": "/y"}, "appliance.data.dir and log.dirs both name"),
         ({"log.dirs": "/x", "bootstrap.servers": "h:1"}, "not both"),
         ({"bootstrap.servers": "nohost"}, "expected HOST:PORT"),
     ],
@@ -317,7 +318,7 @@ def test_bad_settings_are_refused(config: dict[str, object], match: str) -> None
 
 def test_keyword_settings_and_string_values(written: WrittenPartition) -> None:
     written.append([b"kw"])
-    consumer = Consumer(log_dirs=written.data_dir, auto_offset_reset="earliest", check_crcs="false",
+    consumer = Consumer(appliance_data_dir=written.data_dir, auto_offset_reset="earliest", check_crcs="false",
                         max_poll_records="7")
     assert consumer.config["check.crcs"] is False and consumer.config["max.poll.records"] == 7
     consumer.assign([TP])
