@@ -289,12 +289,20 @@ class RemoteCluster:
         results: list[PartitionFetch] = []
         while True:
             waiting = [b for b in self._brokers.values() if b.in_flight is not None and b.connection]
-            if not waiting:
-                return results
             remaining = deadline - time.monotonic()
+            if not waiting:
+                backing_off = [b.retry_after for b in self._brokers.values() if b.partitions]
+                if results or remaining <= 0 or not backing_off:
+                    return results
+                time.sleep(min(remaining, max(0.0, min(backing_off) - time.monotonic())))
+                self._send_fetches(positions)
+                continue
             ready = self._ready(waiting, 0.0 if results else max(0.0, remaining))
             for broker in ready:
-                results.extend(self._receive(broker, positions))
+                try:
+                    results.extend(self._receive(broker, positions))
+                except BrokerConnectionError:
+                    self._drop(broker)  # reconnect on the next send (raises if down)
             if results:
                 self._send_fetches(self._advanced(positions, results))
                 return results
@@ -312,6 +320,12 @@ class RemoteCluster:
             if run is not None and run.next_offset >= 0:
                 advanced[(fetched.topic, fetched.partition)] = run.next_offset
         return advanced
+
+    def _drop(self, broker: _Broker) -> None:
+        if broker.connection is not None:
+            broker.connection.close()
+        broker.connection, broker.in_flight = None, None
+        broker.retry_after = time.monotonic() + self.settings.retry_backoff_ms / 1000
 
     def _ready(self, waiting: list[_Broker], wait_s: float) -> list[_Broker]:
         by_fd = {}

@@ -1,11 +1,19 @@
 """Helpers shared by the consumer tests (no tests here): a real partition log and state page, written directly
-with storage (Log + batch_builder) the way a partition writer does, so the consumer is tested on its own."""
+with storage (Log + batch_builder) the way a partition writer does, so the consumer is tested on its own; and
+a running ``appliance serve`` (supervisor, writers, broker) for the end-to-end tests."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from ipc.shm import ShmNames, unlink_shared_memory
@@ -82,3 +90,85 @@ class WrittenPartition:
 def as_recs(records: Sequence[object]) -> list[Rec]:
     """ConsumerRecords -> oracle records."""
     return [Rec(r.offset, r.timestamp, r.key, r.value, r.headers) for r in records]  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------- a running appliance
+
+REPO = Path(__file__).resolve().parent.parent
+
+# `appliance serve` with the broker as its child, whether or not the supervisor lists it yet.
+_SERVE = textwrap.dedent("""
+    import sys
+    from appliance import supervisor
+    from appliance.broker import child_spec
+    from appliance.config import load_config
+
+    config = load_config(sys.argv[1])
+    supervisor._setup_logging(config.log_level)
+    sys.exit(supervisor.Supervisor(config, extra_children=[child_spec(config)]).run())
+""")
+
+
+@dataclass
+class RunningAppliance:
+    process: subprocess.Popen[bytes]
+    bootstrap: str
+    data_dir: str
+    config_path: str
+    log_path: str
+
+    def log_text(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        assert self.process.returncode == 0, self.log_text()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
+    """``appliance serve`` (supervisor, partition writers, broker) on a free loopback port; returns when the
+    broker answers Metadata for every topic."""
+    from appliance import supervisor
+    from appliance.kafka_client import BrokerConnectionError, KafkaConnection
+    from ipc.kafka import MetadataRequest
+
+    data_dir, port = tmp / "data", free_port()
+    config = tmp / "appliance.toml"
+    lines = [f'"log.dirs" = ["{data_dir}"]', f'"listeners" = "PLAINTEXT://127.0.0.1:{port}"']
+    for name, partitions in topics.items():
+        lines += [f"[topics.{name}]", f"partitions = {partitions}"]
+    config.write_text("\n".join(lines) + "\n")
+    if "appliance.broker:child_spec" in supervisor.EXTRA_CHILDREN:
+        command = [str(REPO / ".venv" / "bin" / "appliance"), "serve", "--config", str(config)]
+    else:
+        command = [sys.executable, "-c", _SERVE, str(config)]
+    log_path = tmp / "appliance.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    running = RunningAppliance(process, f"127.0.0.1:{port}", str(data_dir), str(config), str(log_path))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"appliance exited with {process.returncode}:\n{running.log_text()}")
+        try:
+            with KafkaConnection("127.0.0.1", port, connect_timeout_ms=500) as conn:
+                answer = conn.request(MetadataRequest(topics=None))
+            if {t.name for t in answer.topics} >= set(topics):
+                return running
+        except BrokerConnectionError:
+            pass
+        time.sleep(0.05)
+    running.stop()
+    raise AssertionError(f"appliance not ready in 30 s:\n{running.log_text()}")
