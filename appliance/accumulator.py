@@ -1,0 +1,487 @@
+"""The producer's batches: records gathered for one partition, then built into ring memory, then acknowledged.
+
+Theory of operation
+-------------------
+A :class:`ProducerBatch` holds the records ``Producer.send`` appended for one partition, as plain Python
+lists (a list append is the cheapest thing Python can do per record).  Keys, headers and explicit
+timestamps are lists too, created only when the first record that has one arrives (earlier records are
+padded with ``None``), so the common value-only batch carries one list.  A :class:`ColumnBatch` holds a
+slice of ``Producer.send_many``'s columns instead: numpy buffers and offsets, never split into Python
+objects.
+
+Both hand :meth:`ProducerBatch.columns` to ``storage.batch_builder.build_into``, which writes the whole
+RecordBatch v2 straight into the reserved ring frame.  :meth:`ProducerBatch.max_encoded_bytes` bounds its
+size without a sizing pass (the builder does the exact one): per record at most 13 bytes of varints and
+attributes besides its value (4 more with a key, 9 more with an explicit timestamp, 10 per header besides its
+name and value).  The same bound is the ``batch.size`` accounting, so a batch never outgrows it.
+
+Life of a batch (``state``)::
+
+    OPEN ── sealed: full, linger.ms passed, flush, get() ──> SEALED ── published into the ring ──> PUBLISHED
+                                                                                                   │
+                         DONE  <── ack: base offset, or an error (then ``error``) ─────────────────┘
+
+A batch's ``base_sequence`` (idempotent producers) is given when it is first published and kept for ever:
+a retry publishes the very same records with the very same sequence, which the writer recognises.
+Handles (:class:`RecordHandle`, :class:`BulkHandle`) point at batches; a record's offset is its batch's base
+offset plus its index, computed only when asked for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numba
+import numpy as np
+
+from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns
+from storage.batch_header import HEADER_SIZE
+from storage.compression import compress_bound
+from storage.errors import ApplianceError
+
+if TYPE_CHECKING:
+    from appliance.producer import Producer
+
+__all__ = [
+    "DONE",
+    "HEADER_OVERHEAD_BYTES",
+    "KEY_ESTIMATE_BYTES",
+    "OPEN",
+    "PUBLISHED",
+    "RECORD_ESTIMATE_BYTES",
+    "SEALED",
+    "TIMESTAMP_ESTIMATE_BYTES",
+    "BulkHandle",
+    "BulkMetadata",
+    "ColumnBatch",
+    "ProducerBatch",
+    "RecordHandle",
+    "RecordMetadata",
+    "as_bytes",
+    "check_headers",
+    "pack_column",
+    "record_size",
+    "take_column",
+]
+
+OPEN, SEALED, PUBLISHED, DONE = 0, 1, 2, 3
+
+HEADER_OVERHEAD_BYTES = 10  # per record header: name length and value length varints, at most
+# batch.size accounting (the room left in a batch): what a record takes besides its key, value and headers,
+# at most, for batches below 128 MiB: attributes 1, timestampDelta 1 (no explicit timestamps), offsetDelta
+# <= 4, keyLength 1 (null key), valueLength <= 4, headerCount 1, length <= 4 -- 13 would do for any mix
+# that occurs (a length needs 4 bytes only beyond 1 MiB, when a batch has a single record).  A key adds
+# up to 4 more bytes of length, an explicit timestamp up to 9 more of delta.
+RECORD_ESTIMATE_BYTES = 13
+KEY_ESTIMATE_BYTES = 4
+TIMESTAMP_ESTIMATE_BYTES = 9
+
+Callback = Callable[[ApplianceError | None, Any], object]
+Header = tuple[str, bytes | None]
+
+
+class RecordMetadata(NamedTuple):
+    """Where a record went: Kafka's RecordMetadata.  ``offset`` is -1 with acks=0 (nobody waited)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # ms: the record's CreateTime
+
+
+class BulkMetadata(NamedTuple):
+    """Where each record of a ``send_many`` went, in the order given (numpy arrays of equal length)."""
+
+    topic: str
+    partitions: np.ndarray  # int32
+    offsets: np.ndarray  # int64; -1 with acks=0
+    timestamps: np.ndarray  # int64 ms
+
+
+def pack_column(items: Sequence[Any], has_nulls: bool) -> ByteColumn:
+    """A list of byte strings (``None`` = null when ``has_nulls``) as one buffer with offsets."""
+    count = len(items)
+    offsets = np.empty(count + 1, np.int64)
+    offsets[0] = 0
+    if not has_nulls:
+        np.cumsum(np.fromiter(map(len, items), np.int64, count), out=offsets[1:])
+        return ByteColumn(np.frombuffer(b"".join(items), np.uint8), offsets)
+    nulls = np.fromiter((item is None for item in items), np.bool_, count)
+    present = [b"" if item is None else item for item in items]
+    np.cumsum(np.fromiter(map(len, present), np.int64, count), out=offsets[1:])
+    return ByteColumn(np.frombuffer(b"".join(present), np.uint8), offsets, nulls)
+
+
+@numba.njit(cache=True)
+def _gather(data: np.ndarray, offsets: np.ndarray, indexes: np.ndarray, out: np.ndarray,
+            out_offsets: np.ndarray) -> None:
+    """Copy the strings ``indexes`` of (data, offsets) back to back into ``out``; fill ``out_offsets``."""
+    position = 0
+    out_offsets[0] = 0
+    for n in range(indexes.shape[0]):
+        i = indexes[n]
+        start = offsets[i]
+        for k in range(offsets[i + 1] - start):
+            out[position + k] = data[start + k]
+        position += offsets[i + 1] - start
+        out_offsets[n + 1] = position
+
+
+def take_column(column: ByteColumn, indexes: np.ndarray) -> ByteColumn:
+    """The strings at ``indexes`` of ``column``, copied into a new column (send_many grouping by key)."""
+    offsets = np.ascontiguousarray(column.offsets, np.int64)
+    picks = np.ascontiguousarray(indexes, np.int64)
+    lengths = offsets[picks + 1] - offsets[picks]
+    out = np.empty(int(lengths.sum()), np.uint8)
+    out_offsets = np.empty(len(picks) + 1, np.int64)
+    _gather(np.ascontiguousarray(column.data, np.uint8), offsets, picks, out, out_offsets)
+    nulls = None if column.nulls is None else np.asarray(column.nulls, np.bool_)[picks]
+    return ByteColumn(out, out_offsets, nulls)
+
+
+class ProducerBatch:
+    """Records for one partition from the first append to the ack.  See the module docstring."""
+
+    __slots__ = (
+        "attempts",
+        "base_offset",
+        "base_sequence",
+        "callbacks",
+        "created_ns",
+        "error",
+        "extra_bytes",
+        "first_append_ns",
+        "headers",
+        "keys",
+        "null_keys",
+        "null_values",
+        "partition",
+        "plan_cache",
+        "producer",
+        "room_bytes",
+        "state",
+        "timestamp_ms",
+        "timestamps",
+        "topic",
+        "values",
+    )
+
+    def __init__(self, producer: Producer, topic: str, partition: int, size_bytes: int) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.partition = partition
+        self.values: list[bytes | None] = []
+        self.keys: list[bytes | None] | None = None
+        self.headers: list[Sequence[Header]] | None = None
+        self.timestamps: list[int] | None = None
+        self.null_values = False
+        self.null_keys = False
+        self.callbacks: list[tuple[int, Callback]] | None = None
+        self.room_bytes = size_bytes  # batch.size minus what was appended (estimated encoded bytes)
+        self.extra_bytes = 0  # key and header bytes (values are counted when the batch is planned)
+        self.plan_cache: tuple[RecordColumns, int] | None = None
+        self.created_ns = time.monotonic_ns()
+        self.first_append_ns = 0  # monotonic ns of the first record (linger.ms counts from it)
+        self.timestamp_ms = 0  # CreateTime of records sent without a timestamp (the first append's clock)
+        self.state = OPEN
+        self.base_sequence = -1
+        self.base_offset = -1
+        self.error: ApplianceError | None = None
+        self.attempts = 0
+
+    @property
+    def record_count(self) -> int:
+        return len(self.values)
+
+    # -- the general per-record path (the producer inlines the value-only case) -----------------------
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Sequence[Header] | None,
+        timestamp: int | None,
+        callback: Callback | None,
+    ) -> int:
+        """Append one record (already validated); return its index in the batch."""
+        values = self.values
+        index = len(values)
+        if index == 0:
+            self.started()
+        size = RECORD_ESTIMATE_BYTES
+        if value is None:
+            self.null_values = True
+        else:
+            size += len(value)
+        if key is not None or self.keys is not None:
+            if self.keys is None:
+                self.keys = [None] * index
+                self.null_keys = index > 0
+            self.keys.append(key)
+            if key is None:
+                self.null_keys = True
+            else:
+                size += len(key) + KEY_ESTIMATE_BYTES
+        if headers or self.headers is not None:
+            if self.headers is None:
+                self.headers = [()] * index
+            self.headers.append(headers or ())
+            for name, header_value in headers or ():
+                size += HEADER_OVERHEAD_BYTES + len(name.encode("utf-8"))
+                if header_value is not None:
+                    size += len(header_value)
+        if timestamp is not None or self.timestamps is not None:
+            size += TIMESTAMP_ESTIMATE_BYTES
+            if self.timestamps is None:
+                self.timestamps = [self.timestamp_ms] * index
+            self.timestamps.append(self.timestamp_ms if timestamp is None else timestamp)
+        if callback is not None:
+            if self.callbacks is None:
+                self.callbacks = []
+            self.callbacks.append((index, callback))
+        values.append(value)
+        self.extra_bytes += size - RECORD_ESTIMATE_BYTES - (0 if value is None else len(value))
+        self.room_bytes -= size
+        return index
+
+    def started(self) -> None:
+        """The first record arrives: start the linger clock and take the batch's CreateTime."""
+        self.first_append_ns = time.monotonic_ns()
+        self.timestamp_ms = time.time_ns() // 1_000_000
+
+    # -- building -------------------------------------------------------------------------------------
+
+    def plan(self, compression: int) -> tuple[RecordColumns, int]:
+        """The records as the numba builder's columns, and the most bytes the built batch can take (ring
+        space to reserve).  Computed once: a retry builds the same bytes from the same columns."""
+        if self.plan_cache is None:
+            values = pack_column(self.values, self.null_values)
+            headers = None if self.headers is None else HeaderColumns.from_lists(self.headers)
+            columns = RecordColumns(
+                values,
+                None if self.keys is None else pack_column(self.keys, self.null_keys),
+                headers,
+                None if self.timestamps is None else np.array(self.timestamps, np.int64),
+            )
+            count = len(self.values)
+            records_bytes = int(values.offsets[-1]) + self.extra_bytes + RECORD_ESTIMATE_BYTES * count
+            self.plan_cache = (columns, records_bytes)
+        columns, records_bytes = self.plan_cache
+        return columns, HEADER_SIZE + compress_bound(compression, records_bytes)
+
+    def timestamp_of(self, index: int) -> int:
+        return self.timestamp_ms if self.timestamps is None else self.timestamps[index]
+
+    # -- completion -----------------------------------------------------------------------------------
+
+    def complete(self, base_offset: int, error: ApplianceError | None) -> None:
+        """The writer answered (or the producer gave up): resolve every handle, run the callbacks."""
+        self.base_offset = base_offset
+        self.error = error
+        self.state = DONE
+        self.plan_cache = None  # the records are in the log now (or never will be): free them
+        self.keys = self.headers = None
+        self.values = _CountOnly(len(self.values))  # type: ignore[assignment]
+        if self.callbacks:
+            callbacks, self.callbacks = self.callbacks, None
+            for index, callback in callbacks:
+                _call(callback, error, None if error else self.metadata(index))
+
+    def metadata(self, index: int) -> RecordMetadata:
+        offset = self.base_offset + index if self.base_offset >= 0 else -1
+        return RecordMetadata(self.topic, self.partition, offset, self.timestamp_of(index))
+
+    def describe(self) -> str:
+        sequence = f", sequence {self.base_sequence}" if self.base_sequence >= 0 else ""
+        return f"{self.record_count} records{sequence}"
+
+
+class ColumnBatch(ProducerBatch):
+    """A batch cut from ``send_many``'s columns: ``indexes`` says which input records it holds."""
+
+    __slots__ = ("_columns", "bulk", "encoded_bound", "indexes")
+
+    def __init__(self, producer: Producer, topic: str, partition: int, columns: RecordColumns,
+                 indexes: np.ndarray | slice, encoded_bound: int, timestamp_ms: int,
+                 bulk: BulkHandle) -> None:
+        super().__init__(producer, topic, partition, 0)
+        self._columns = columns
+        self.indexes = indexes
+        self.encoded_bound = encoded_bound  # records section bytes, at most (before compression)
+        self.timestamp_ms = timestamp_ms
+        self.first_append_ns = self.created_ns
+        self.bulk = bulk
+        count = columns.values.item_count
+        self.values = _CountOnly(count)  # type: ignore[assignment]
+        self.state = SEALED
+
+    def plan(self, compression: int) -> tuple[RecordColumns, int]:
+        return self._columns, HEADER_SIZE + compress_bound(compression, self.encoded_bound)
+
+    def timestamp_of(self, index: int) -> int:
+        stamps = self._columns.timestamps
+        return self.timestamp_ms if stamps is None else int(stamps[index])
+
+    def column_timestamps(self) -> np.ndarray | None:
+        return self._columns.timestamps
+
+    def complete(self, base_offset: int, error: ApplianceError | None) -> None:
+        super().complete(base_offset, error)
+        self.bulk.batch_done(error)
+
+
+class _CountOnly:
+    """Stands in for the values list of a ColumnBatch: only its length is ever asked for."""
+
+    __slots__ = ("_count",)
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+
+def _call(callback: Callback, error: ApplianceError | None, metadata: object) -> None:
+    """Run a user callback; an exception in it is reported, never allowed to break the producer."""
+    try:
+        callback(error, metadata)
+    except Exception:  # a user's bug must not lose other records' acks
+        import logging
+
+        logging.getLogger("appliance.producer").exception("producer callback %r raised", callback)
+
+
+class RecordHandle:
+    """What ``send`` returns: resolves to the record's :class:`RecordMetadata` (Kafka's Future)."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: ProducerBatch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait until the writer acknowledged the record (sealing and publishing its batch now if it still
+        lingers); return where it went.  Raises the delivery error, or RequestTimeoutError after ``timeout``
+        seconds (the record may still be delivered later)."""
+        batch = self._batch
+        if batch.state != DONE:
+            batch.producer._await_batches([batch], timeout)
+        if batch.error is not None:
+            raise batch.error
+        return batch.metadata(self._index)
+
+    def done(self) -> bool:
+        """True once the record is acknowledged or failed (never waits, never publishes)."""
+        return self._batch.state == DONE
+
+    def exception(self) -> ApplianceError | None:
+        """The delivery error of a done record, else None."""
+        return self._batch.error
+
+    def __repr__(self) -> str:
+        batch = self._batch
+        state = ("open", "sealed", "published", "done")[batch.state]
+        return f"<RecordHandle {batch.topic}-{batch.partition}[{self._index}] {state}>"
+
+
+class BulkHandle:
+    """What ``send_many`` returns: resolves to one :class:`BulkMetadata` for the whole lot."""
+
+    __slots__ = ("_callback", "_pending", "batches", "count", "error", "producer", "topic")
+
+    def __init__(self, producer: Producer, topic: str, count: int, callback: Callback | None) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.count = count
+        self.batches: list[ColumnBatch] = []
+        self.error: ApplianceError | None = None
+        self._pending = 0
+        self._callback = callback
+
+    def add(self, batch: ColumnBatch) -> None:
+        self.batches.append(batch)
+        self._pending += 1
+
+    def batch_done(self, error: ApplianceError | None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self._pending -= 1
+        if self._pending == 0 and self._callback is not None:
+            callback, self._callback = self._callback, None
+            _call(callback, self.error, None if self.error else self.metadata())
+
+    def finish_empty(self) -> None:
+        """No records at all: done at once."""
+        if self._callback is not None:
+            callback, self._callback = self._callback, None
+            _call(callback, None, self.metadata())
+
+    def done(self) -> bool:
+        return self._pending == 0
+
+    def get(self, timeout: float | None = None) -> BulkMetadata:
+        """Wait for every batch; return where each record went.  Raises the first delivery error (the
+        other batches may have been appended: see ``batches``), or RequestTimeoutError after ``timeout``."""
+        if self._pending:
+            self.producer._await_batches(self.batches, timeout)
+        if self.error is not None:
+            raise self.error
+        return self.metadata()
+
+    def metadata(self) -> BulkMetadata:
+        partitions = np.empty(self.count, np.int32)
+        offsets = np.empty(self.count, np.int64)
+        timestamps = np.empty(self.count, np.int64)
+        for batch in self.batches:
+            n = batch.record_count
+            partitions[batch.indexes] = batch.partition
+            if batch.base_offset >= 0:
+                offsets[batch.indexes] = np.arange(batch.base_offset, batch.base_offset + n, dtype=np.int64)
+            else:
+                offsets[batch.indexes] = -1
+            stamps = batch.column_timestamps()
+            timestamps[batch.indexes] = batch.timestamp_ms if stamps is None else stamps
+        return BulkMetadata(self.topic, partitions, offsets, timestamps)
+
+
+# -- record checks (the general per-record path and send_many) --------------------------------------
+
+
+def as_bytes(value: object, what: str) -> bytes | None:
+    if value is None or value.__class__ is bytes:
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, np.ndarray):
+        return value.tobytes()
+    raise TypeError(
+        f"record {what} must be bytes (or bytearray, memoryview, None), got {type(value).__name__}; "
+        "encode it first, e.g. text.encode()"
+    )
+
+
+def check_headers(headers: Iterable[Header]) -> list[Header]:
+    checked = []
+    for header in headers:
+        if not (isinstance(header, tuple) and len(header) == 2 and isinstance(header[0], str)):
+            raise TypeError(f"record header {header!r}: expected a (str, bytes | None) pair")
+        checked.append((header[0], as_bytes(header[1], f"header {header[0]!r} value")))
+    return checked
+
+
+def record_size(value: bytes | None, key: bytes | None, headers: Sequence[Header] | None,
+                 timestamp: int | None) -> int:
+    """Bytes the record takes in a batch, at most (the accumulator's batch.size accounting)."""
+    size = RECORD_ESTIMATE_BYTES + (0 if value is None else len(value))
+    if key is not None:
+        size += len(key) + KEY_ESTIMATE_BYTES
+    if timestamp is not None:
+        size += TIMESTAMP_ESTIMATE_BYTES
+    for name, header_value in headers or ():
+        size += HEADER_OVERHEAD_BYTES + len(name.encode("utf-8"))
+        size += 0 if header_value is None else len(header_value)
+    return size

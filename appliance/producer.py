@@ -1,0 +1,824 @@
+"""``appliance.Producer``: Kafka's producer, for processes on the appliance's host, over shared-memory rings.
+
+Theory of operation
+-------------------
+**Where records go.**  The producer connects to the supervisor's control socket (``appliance.control.socket``,
+default ``<appliance.data.dir>/.appliance.sock``), asks it for a producer id and, per partition it sends to,
+for a ring that partition's writer serves (``appliance.control``).  Everything after that is shared memory:
+batches go into the ring (``appliance.ring_publisher``), the writer appends them and answers each with its
+base offset (or an error code) in the ring's ack slots.  Keep the producer open while producing: the control
+connection is what keeps its rings alive.
+
+**The per-record path** (``send`` with a value and nothing else) takes the lock, appends the value to the
+open batch of the topic's sticky partition (a Python list), and returns a :class:`RecordHandle` pointing at
+(batch, index): about 0.3 us.  Everything else waits for the batch to be *sealed*: when the next record
+would pass ``batch.size``, when ``linger.ms`` has passed since its first record, or on ``flush``/``get``.
+Then the whole batch is encoded at once by ``storage.batch_builder``'s numba kernels straight into the ring
+frame (reserve -> build -> commit), with the producer id, epoch and the partition's next sequence number.
+Records with keys, headers, timestamps, callbacks or an explicit partition take a longer path (a few
+hundred ns more); ``send_many`` hands whole columns (lists, 2-D arrays, buffer + offsets) to the builder
+without ever creating one Python object per record.
+
+**Acks** are collected lazily, on the caller's thread, whenever the producer touches the ring anyway
+(publishing, ``flush``, ``get``): reading them costs two loads when none arrived.  One background thread,
+started with the first record, seals batches whose ``linger.ms`` ran out and, when the caller has gone quiet
+with batches in flight, collects their acks so that callbacks run; it never touches a batch while the
+caller's thread does (both hold the producer's lock) and never sleeps on a ring semaphore (only the caller's
+thread does).  A callback runs on whichever thread collected its ack: keep it short.
+
+**Order and exactly once.**  Records sent to one partition are appended in the order sent.  With
+``enable.idempotence`` (the default with ``acks=all``) every batch carries the producer id, epoch and its
+first sequence number; at most ``max.in.flight.requests.per.connection`` (5) batches per partition await
+acks, the number the writer remembers per producer.  A batch is never rebuilt differently: a retry (an error
+ack with a retriable code, a ring that failed) publishes the same records with the same sequence, so a
+batch that was appended before is acknowledged with its first offsets instead of appended again.  After a
+non-retriable error the batches behind the failed one are re-numbered and sent again in order.
+
+**Back-pressure and time-outs.**  A full ring (the writer is slower, stopped, or gone) blocks ``send`` for
+up to ``max.block.ms``, then raises :class:`BackPressureError`; the record that raised was not accepted, the
+ones before it were.  A batch not acknowledged within ``delivery.timeout.ms`` of its creation fails with
+:class:`RequestTimeoutError`: its outcome is unknown (it may still be appended).  ``acks=0`` never waits for
+acks (handles resolve with offset -1 as soon as the batch is in the ring) but never drops either.
+
+``acks=1`` and ``acks=all`` behave the same while partitions have no followers: the writer acknowledges
+after appending, and the high watermark equals the log end offset.  (Replication later makes ``all`` wait
+for ``min.insync.replicas``.)  As in Kafka, idempotence needs ``acks=all``: left at its default it is
+switched off for ``acks`` 0 or 1, asked for explicitly with them it is a configuration error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from appliance.accumulator import (
+    DONE,
+    OPEN,
+    PUBLISHED,
+    RECORD_ESTIMATE_BYTES,
+    SEALED,
+    BulkHandle,
+    BulkMetadata,
+    Callback,
+    ColumnBatch,
+    Header,
+    ProducerBatch,
+    RecordHandle,
+    RecordMetadata,
+    as_bytes,
+    check_headers,
+    record_size,
+)
+from appliance.bulk_columns import record_bounds, slice_columns, take_records, to_column
+from appliance.partitioner import KeyPartitioner, StickyPartitioner, murmur2_column
+from appliance.produce_route import BatchChannel, LocalRoute, Route
+from appliance.producer_config import DEFAULTS, ProducerConfig
+from appliance.ring_publisher import OUT_OF_ORDER_SEQUENCE_NUMBER, RETRIABLE_CODES, error_for_code
+from ipc.ring import RingFailedError
+from storage.batch_builder import NO_SPACE, ByteColumn, HeaderColumns, RecordColumns, build_into
+from storage.batch_header import COMPRESSION_NONE, HEADER_SIZE
+from storage.compression import compress_bound
+from storage.errors import (
+    ApplianceError,
+    BackPressureError,
+    ConfigError,
+    InvalidRecordError,
+    RequestTimeoutError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = [
+    "DEFAULTS",
+    "BulkHandle",
+    "BulkMetadata",
+    "Producer",
+    "ProducerConfig",
+    "RecordHandle",
+    "RecordMetadata",
+]
+
+_log = logging.getLogger("appliance.producer")
+
+_SEQUENCE_MODULUS = 1 << 31
+_WAIT_SLICE_MS = 50  # a caller's wait parks on a ring semaphore at most this long before re-checking
+_IDLE_NS = 2_000_000  # the caller counts as quiet (the timer thread collects acks) after 2 ms
+_ACK_POLL_NS = 1_000_000  # the timer thread's ack polling period while batches are in flight
+
+class _Partition:
+    """One partition's producer-side state (guarded by the producer's lock)."""
+
+    __slots__ = ("channel", "failed_records", "index", "next_sequence", "not_before_ns", "open", "recovering",
+                 "retry", "sealed", "topic")
+
+    def __init__(self, topic: _Topic, index: int, open_batch: ProducerBatch) -> None:
+        self.topic = topic
+        self.index = index
+        self.open = open_batch  # records being appended
+        self.sealed: deque[ProducerBatch] = deque()  # sealed, waiting to be published, in order
+        self.retry: list[ProducerBatch] = []  # refused while recovering: published again once drained
+        self.channel: BatchChannel | None = None
+        self.next_sequence = 0
+        self.recovering = False  # an error ack: publish nothing new until every in-flight batch answered
+        self.failed_records = 0  # records of batches failed while recovering (their sequences are freed)
+        self.not_before_ns = 0  # retry.backoff.ms: publish nothing before this monotonic time
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic.name}-{self.index}"
+
+
+class _Topic:
+    __slots__ = ("batch_room", "keys", "max_message_bytes", "name", "partitions", "sticky", "sticky_batch")
+
+    def __init__(self, name: str, max_message_bytes: int, batch_room: int) -> None:
+        self.name = name
+        self.max_message_bytes = max_message_bytes
+        self.batch_room = batch_room  # records-section bytes per batch: batch.size within max.message.bytes
+        self.partitions: list[_Partition] = []
+        self.sticky: StickyPartitioner
+        self.keys: KeyPartitioner
+        self.sticky_batch: ProducerBatch  # the open batch of the sticky partition (the per-record path's)
+
+
+class Producer:
+    """Kafka's producer for the local appliance.  See the module docstring; settings in :data:`DEFAULTS`.
+
+    ``Producer({"acks": "all", "linger.ms": 5})`` or ``Producer(acks="all", linger_ms=5)``; a context
+    manager (``close`` on exit).  Thread-safe.
+    """
+
+    def __init__(self, config: Mapping[str, object] | None = None, *, route: Route | None = None,
+                 **kwargs: object) -> None:
+        self.config = ProducerConfig.from_settings(config, **kwargs)
+        cfg = self.config
+        if route is None:
+            if cfg.bootstrap_servers:
+                raise ConfigError(
+                    "producer setting bootstrap.servers: producing over TCP is not implemented yet; "
+                    "use the local appliance (appliance.data.dir or appliance.control.socket)"
+                )
+            route = LocalRoute(cfg.control_socket, timeout_ms=cfg.max_block_ms)
+        self._route: Route = route
+        self._lock = threading.RLock()
+        self._topics: dict[str, _Topic] = {}
+        self._all_topics: dict[str, _Topic] = {}  # kept after close (for error messages)
+        self._lingering: dict[_Partition, None] = {}  # partitions whose open batch has records, oldest first
+        self._publishing: dict[_Partition, None] = {}  # partitions with batches sealed or in flight
+        self._closed = False
+        self._last_activity_ns = time.monotonic_ns()
+        self._timer: threading.Thread | None = None
+        self._timer_wakeup = threading.Condition(threading.Lock())
+        self._timer_sleeping_until = 0  # monotonic ns; 0 = awake, -1 = asleep without a deadline
+        try:
+            self.producer_id, self.producer_epoch = route.init_producer_id()
+        except BaseException:
+            route.close()
+            raise
+        from ipc.ring import warm_up
+
+        warm_up()
+
+    # -- the per-record path --------------------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | bytearray | memoryview | None,
+        key: bytes | bytearray | memoryview | None = None,
+        headers: Sequence[Header] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        callback: Callback | None = None,
+    ) -> RecordHandle:
+        """Queue one record; return a handle resolving to its :class:`RecordMetadata`.
+
+        ``callback(error, metadata)`` runs once it is acknowledged (error None) or failed.  ``timestamp``
+        is CreateTime in ms (default: the clock when its batch got its first record).  Raises
+        BackPressureError after ``max.block.ms`` of a full ring, InvalidRecordError for a record larger
+        than ``max.request.size``, TypeError for a value that is not bytes; then the record was not queued.
+        """
+        state = self._topics.get(topic)
+        if (state is None or value.__class__ is not bytes
+                or not key is partition is headers is timestamp is callback is None):
+            return self._send_general(topic, value, key, headers, partition, timestamp, callback)
+        lock = self._lock
+        lock.acquire()
+        try:
+            batch = state.sticky_batch
+            size = len(value) + RECORD_ESTIMATE_BYTES
+            if batch.room_bytes < size:
+                batch = self._room_for(state, None, size)
+            values = batch.values
+            index = len(values)
+            if index == 0:
+                self._first_record(state.partitions[batch.partition], batch)
+            values.append(value)
+            batch.room_bytes -= size
+        finally:
+            lock.release()
+        return RecordHandle(batch, index)
+
+    def _send_general(
+        self,
+        topic: str,
+        value: bytes | bytearray | memoryview | None,
+        key: bytes | bytearray | memoryview | None,
+        headers: Sequence[Header] | None,
+        partition: int | None,
+        timestamp: int | None,
+        callback: Callback | None,
+    ) -> RecordHandle:
+        value = as_bytes(value, "value")
+        key = as_bytes(key, "key")
+        if headers is not None:
+            headers = check_headers(headers)
+        if timestamp is not None and (not isinstance(timestamp, int) or timestamp < 0):
+            raise ValueError(f"timestamp {timestamp!r}: expected milliseconds since the epoch (>= 0)")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback {callback!r} is not callable")
+        with self._lock:
+            state = self._topic(topic)
+            part = None
+            if partition is not None:
+                part = state.partitions[_check_partition(state, partition)]
+            elif key is not None:
+                part = state.partitions[state.keys.partition(key)]
+            size = record_size(value, key, headers, timestamp)
+            batch = part.open if part is not None else state.sticky_batch
+            if batch.room_bytes < size:
+                batch = self._room_for(state, part, size)
+            if not batch.values:
+                self._first_record(state.partitions[batch.partition], batch)
+            index = batch.append(value, key, headers, timestamp, callback)
+        return RecordHandle(batch, index)
+
+    def _topic(self, name: str) -> _Topic:
+        """The topic's state, asking the appliance for its partitions the first time."""
+        state = self._topics.get(name)
+        if state is not None:
+            return state
+        self._check_open()
+        if not isinstance(name, str):
+            raise TypeError(f"topic {name!r}: expected a str")
+        count, max_message_bytes = self._route.partitions_for(name)
+        cfg = self.config
+        limit = min(cfg.batch_size, cfg.max_request_size, max_message_bytes)
+        if cfg.compression != COMPRESSION_NONE:  # incompressible records grow a little
+            limit -= compress_bound(cfg.compression, limit) - limit
+        state = _Topic(name, max_message_bytes, max(limit - HEADER_SIZE, 0))
+        state.partitions = [_Partition(state, i, self._new_batch(state, i)) for i in range(count)]
+        state.sticky = StickyPartitioner(count)
+        state.keys = KeyPartitioner(count)
+        state.sticky_batch = state.partitions[state.sticky.current].open
+        self._topics[name] = self._all_topics[name] = state
+        return state
+
+    def _new_batch(self, topic: _Topic, partition: int) -> ProducerBatch:
+        return ProducerBatch(self, topic.name, partition, topic.batch_room)
+
+    def _first_record(self, part: _Partition, batch: ProducerBatch) -> None:
+        """A batch gets its first record: start its linger clock, make sure the timer thread will seal it."""
+        batch.started()
+        self._lingering[part] = None
+        self._wake_timer(batch.first_append_ns + self.config.linger_ms * 1_000_000)
+
+    def _room_for(self, state: _Topic, part: _Partition | None, record_bytes: int) -> ProducerBatch:
+        """The open batch a record of ``record_bytes`` goes into, in partition ``part`` (None: the sticky
+        partition): full batches are sealed and published first.  Raises InvalidRecordError for a record no
+        batch can hold, BackPressureError when publishing blocked for max.block.ms; then nothing changed
+        for this record."""
+        self._check_open()
+        limit = min(self.config.max_request_size, state.max_message_bytes)
+        if record_bytes + HEADER_SIZE > limit:
+            where = state.name if part is None else part.name
+            raise InvalidRecordError(
+                f"topic {where}: a record of up to {record_bytes} bytes does not fit a batch of "
+                f"max.request.size {self.config.max_request_size} / max.message.bytes "
+                f"{state.max_message_bytes}; it was not sent"
+            )
+        while True:
+            target = part if part is not None else state.partitions[state.sticky_batch.partition]
+            batch = target.open
+            if batch.room_bytes >= record_bytes or not batch.values:
+                return batch  # (a record larger than batch.size goes alone in an empty batch)
+            self._seal(target)
+            self._publish_pending(target, self.config.max_block_ms)
+
+    def _seal(self, part: _Partition) -> None:
+        """Close the open batch of ``part`` (it has records) and queue it for publishing."""
+        batch = part.open
+        batch.state = SEALED
+        part.sealed.append(batch)
+        self._publishing[part] = None
+        self._lingering.pop(part, None)
+        part.open = self._new_batch(part.topic, part.index)
+        topic = part.topic
+        if topic.sticky_batch is batch or topic.sticky.current == part.index:
+            topic.sticky_batch = topic.partitions[topic.sticky.switch(part.index)].open
+
+    # -- publishing -----------------------------------------------------------------------------------------
+
+    def _publish_pending(self, part: _Partition, timeout_ms: int) -> None:
+        """Publish the sealed batches of ``part`` in order (waiting up to ``timeout_ms`` for room), then
+        collect the acks that arrived.  BackPressureError: the first unpublished batch stays queued."""
+        now = self._last_activity_ns = time.monotonic_ns()
+        ring_failures = 0
+        while part.sealed and not part.recovering and now >= part.not_before_ns:
+            batch = part.sealed[0]
+            if batch.state == DONE:  # expired before it could be published
+                part.sealed.popleft()
+                continue
+            try:
+                self._publish(part, batch, timeout_ms)
+            except RingFailedError as exc:
+                ring_failures += 1
+                self._replace_channel(part)
+                if ring_failures > 2:
+                    raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
+                continue
+            part.sealed.popleft()
+        if part.channel is not None:
+            self._collect(part)
+
+    def _channel(self, part: _Partition) -> BatchChannel:
+        channel = part.channel
+        if channel is None:
+            cfg = self.config
+            channel = part.channel = self._route.open_channel(
+                part.topic.name, part.index, self.producer_id,
+                track_acks=cfg.acks != 0,
+                max_in_flight=cfg.max_in_flight,
+                max_block_ms=cfg.max_block_ms,
+            )
+        return channel
+
+    def _publish(self, part: _Partition, batch: ProducerBatch, timeout_ms: int) -> None:
+        """Build ``batch`` straight into a ring frame and publish it (BackPressureError: not published)."""
+        cfg = self.config
+        channel = self._channel(part)
+        if cfg.idempotent and batch.base_sequence < 0:
+            batch.base_sequence = part.next_sequence
+            part.next_sequence = (part.next_sequence + batch.record_count) % _SEQUENCE_MODULUS
+        columns, max_bytes = batch.plan(cfg.compression)
+        if max_bytes > channel.max_body_bytes:  # only a single huge record's bound can get here
+            max_bytes = self._exact_size(columns)
+            if max_bytes > channel.max_body_bytes:
+                batch.complete(-1, InvalidRecordError(
+                    f"partition {part.name}: a batch of {batch.describe()} encodes to {max_bytes} bytes, "
+                    f"more than a ring frame holds ({channel.max_body_bytes}); it was not sent"
+                ))
+                return
+        producer_id = self.producer_id if cfg.idempotent else -1
+        epoch = self.producer_epoch if cfg.idempotent else -1
+
+        def build(region: np.ndarray) -> int:
+            size = build_into(
+                region, 0, columns,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                base_sequence=batch.base_sequence,
+                timestamp_ms=batch.timestamp_ms,
+                compression=cfg.compression,
+                compression_level=cfg.compression_level,
+            )
+            return size if size != NO_SPACE else -1
+
+        channel.publish_into(max_bytes, build, batch, timeout_ms=timeout_ms)
+        batch.attempts += 1
+        if channel.track_acks:
+            batch.state = PUBLISHED
+        else:
+            batch.complete(-1, None)
+
+    def _exact_size(self, columns: RecordColumns) -> int:
+        """The exact size of a batch (built once into scratch memory)."""
+        from storage.batch_builder import build as build_bytes
+
+        cfg = self.config
+        return len(build_bytes(columns, compression=cfg.compression, compression_level=cfg.compression_level))
+
+    def _replace_channel(self, part: _Partition) -> None:
+        """The writer failed our ring (frames before the bad one were appended and acknowledged, none after):
+        take the acks that arrived, queue the rest again in order with the same sequences (a batch appended
+        after all is recognised as a duplicate), and drop the ring; the next publish attaches a new one."""
+        channel = part.channel
+        if channel is None:
+            return
+        try:
+            channel.poll()
+        except RingFailedError:
+            pass
+        for batch, result in channel.take_completed():
+            self._acknowledged(part, batch, result)
+        part.channel = None
+        for batch in reversed(channel.abandon_in_flight()):
+            if batch.state != DONE:
+                batch.state = SEALED
+                part.sealed.appendleft(batch)
+        try:
+            self._route.drop_channel(channel)
+        except ApplianceError:
+            pass
+
+    # -- acks -----------------------------------------------------------------------------------------------
+
+    def _collect(self, part: _Partition) -> None:
+        """Read the acks that arrived for ``part`` and complete their batches (callbacks run here)."""
+        channel = part.channel
+        if channel is None:
+            return
+        try:
+            channel.poll()
+        except RingFailedError:
+            self._replace_channel(part)
+            return
+        completed = channel.take_completed()
+        for batch, result in completed:
+            self._acknowledged(part, batch, result)
+        if part.recovering and not channel.in_flight:
+            self._end_recovery(part)
+        if not part.sealed and not channel.in_flight and not part.retry:
+            self._publishing.pop(part, None)
+
+    def _acknowledged(self, part: _Partition, batch: ProducerBatch, result: int) -> None:
+        """One ack: complete the batch, or queue it to be sent again, or fail it."""
+        if batch.state == DONE:  # failed by delivery.timeout.ms meanwhile
+            return
+        if result >= 0:
+            batch.complete(result, None)
+            return
+        cfg = self.config
+        code = -result
+        # Behind a refused batch an idempotent producer's batches are refused as out of order: sent again.
+        retriable = code in RETRIABLE_CODES or (part.recovering and code == OUT_OF_ORDER_SEQUENCE_NUMBER)
+        expired = time.monotonic_ns() - batch.created_ns > cfg.delivery_timeout_ms * 1_000_000
+        part.recovering = True
+        if retriable and batch.attempts <= cfg.retries and not expired:
+            batch.state = SEALED
+            part.retry.append(batch)
+            return
+        if cfg.idempotent:
+            part.failed_records += batch.record_count
+        batch.complete(-1, error_for_code(code, topic=part.topic.name, partition=part.index,
+                                          detail=batch.describe()))
+
+    def _end_recovery(self, part: _Partition) -> None:
+        """Every batch that was in flight answered: queue the refused ones again, in order, ahead of anything
+        newer, re-numbered past the failed ones; publish them after retry.backoff.ms."""
+        shift = part.failed_records
+        retry = part.retry
+        part.retry = []
+        part.failed_records = 0
+        part.recovering = False
+        if shift:
+            for batch in retry + list(part.sealed):
+                if batch.base_sequence >= 0:
+                    batch.base_sequence = (batch.base_sequence - shift) % _SEQUENCE_MODULUS
+            part.next_sequence = (part.next_sequence - shift) % _SEQUENCE_MODULUS
+        for batch in reversed(retry):
+            part.sealed.appendleft(batch)
+        if retry:
+            part.not_before_ns = time.monotonic_ns() + self.config.retry_backoff_ms * 1_000_000
+
+    def _expire(self, now_ns: int) -> None:
+        """Fail batches older than delivery.timeout.ms (their outcome is unknown)."""
+        limit_ns = self.config.delivery_timeout_ms * 1_000_000
+        for part in list(self._publishing):
+            waiting: list[ProducerBatch] = list(part.sealed) + part.retry
+            if part.channel is not None:
+                waiting += [batch for _, batch in part.channel.in_flight]
+            for batch in waiting:
+                if batch.state != DONE and now_ns - batch.created_ns > limit_ns:
+                    where = "in the ring, not acknowledged" if batch.state == PUBLISHED else "not published"
+                    batch.complete(-1, RequestTimeoutError(
+                        f"partition {part.name}: batch of {batch.describe()} {where} within "
+                        f"delivery.timeout.ms {self.config.delivery_timeout_ms}; it may still be appended"
+                    ))
+            while part.sealed and part.sealed[0].state == DONE:
+                part.sealed.popleft()
+
+    # -- waiting --------------------------------------------------------------------------------------------
+
+    def _await_batches(self, batches: Sequence[ProducerBatch], timeout: float | None) -> None:
+        """Seal, publish and wait for ``batches`` (handles' get, flush).  RequestTimeoutError after
+        ``timeout`` seconds."""
+        deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+        pending = [batch for batch in batches if batch.state != DONE]
+        while pending:
+            waiter: BatchChannel | None = None
+            with self._lock:
+                for batch in pending:
+                    if batch.state == OPEN:
+                        part = self._partition_of(batch)
+                        if part.open is batch and batch.values:
+                            self._seal(part)
+                parts = {self._partition_of(batch): None for batch in pending}
+                for part in parts:
+                    try:  # a full ring is not an error for a waiter: it waits on, up to its timeout
+                        self._publish_pending(part, min(self._remaining_ms(deadline_ns), _WAIT_SLICE_MS))
+                    except BackPressureError:
+                        pass
+                self._expire(time.monotonic_ns())
+                pending = [batch for batch in pending if batch.state != DONE]
+                if not pending:
+                    return
+                part = self._partition_of(pending[0])
+                waiter = part.channel
+            remaining = self._remaining_ms(deadline_ns)
+            if remaining <= 0:
+                raise RequestTimeoutError(
+                    f"{len(pending)} batches (first: partition {part.name}, {pending[0].describe()}) not "
+                    f"acknowledged within {timeout} s; they may still be delivered"
+                )
+            if waiter is not None and waiter.in_flight:
+                try:
+                    waiter.wait(min(remaining, _WAIT_SLICE_MS))
+                except RingFailedError:
+                    pass  # handled under the lock on the next round
+            else:
+                time.sleep(min(remaining, self.config.retry_backoff_ms, _WAIT_SLICE_MS) / 1000)
+
+    @staticmethod
+    def _remaining_ms(deadline_ns: int | None) -> int:
+        if deadline_ns is None:
+            return 2**62
+        return max(0, (deadline_ns - time.monotonic_ns()) // 1_000_000)
+
+    def _partition_of(self, batch: ProducerBatch) -> _Partition:
+        return self._all_topics[batch.topic].partitions[batch.partition]
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send every queued record now and wait until each is acknowledged or failed.
+
+        Raises RequestTimeoutError after ``timeout`` seconds (records keep going).  Delivery errors are
+        reported through handles and callbacks, not raised here.
+        """
+        with self._lock:
+            for state in self._topics.values():
+                for part in state.partitions:
+                    if part.open.values:
+                        self._seal(part)
+            waiting: list[ProducerBatch] = []
+            for part in self._publishing:
+                waiting += part.sealed
+                waiting += part.retry
+                if part.channel is not None:
+                    waiting += [batch for _, batch in part.channel.in_flight]
+        self._await_batches(waiting, timeout)
+
+    # -- bulk -----------------------------------------------------------------------------------------------
+
+    def send_many(
+        self,
+        topic: str,
+        values: Any,
+        keys: Any = None,
+        partition: int | None = None,
+        headers: Sequence[Sequence[Header]] | HeaderColumns | None = None,
+        timestamps: Any = None,
+        callback: Callback | None = None,
+    ) -> BulkHandle:
+        """Queue many records at once; return one handle resolving to :class:`BulkMetadata`.
+
+        ``values`` (and ``keys``): a list of bytes (None = null), a 2-D ``uint8`` array of fixed-size
+        records (one per row), a ``(data, offsets)`` pair (record ``i`` is ``data[offsets[i]:offsets[i+1]]``)
+        or a :class:`ByteColumn`.  ``timestamps``: int64 ms per record (default: now).  Records are cut into
+        batches of about ``batch.size`` bytes; with keys each goes to its key's partition, without keys and
+        partition whole batches go to the sticky partition.  The arrays are read when the batches are built:
+        do not change them until the handle is done.
+        """
+        value_column = to_column(values, "values")
+        count = value_column.item_count
+        key_column = None if keys is None else to_column(keys, "keys")
+        if key_column is not None and key_column.item_count != count:
+            raise ValueError(f"send_many: {key_column.item_count} keys for {count} values")
+        header_columns = None
+        if headers is not None:
+            if isinstance(headers, HeaderColumns):
+                header_columns = headers
+            else:
+                header_columns = HeaderColumns.from_lists(headers)
+            if len(header_columns.offsets) != count + 1:
+                raise ValueError(
+                    f"send_many: {len(header_columns.offsets) - 1} header lists for {count} values"
+                )
+        stamps = None
+        if timestamps is not None:
+            stamps = np.ascontiguousarray(timestamps, dtype=np.int64)
+            if stamps.shape != (count,):
+                raise ValueError(f"send_many: timestamps of shape {stamps.shape} for {count} values")
+            if count and int(stamps.min()) < 0:
+                raise ValueError("send_many: timestamps must be >= 0 (ms since the epoch)")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback {callback!r} is not callable")
+        columns = RecordColumns(value_column, key_column, header_columns, stamps)
+        now_ms = time.time_ns() // 1_000_000
+        with self._lock:
+            state = self._topic(topic)
+            bulk = BulkHandle(self, topic, count, callback)
+            if count == 0:
+                bulk.finish_empty()
+                return bulk
+            if partition is not None:
+                groups: list[tuple[int | None, np.ndarray | None]] = [
+                    (_check_partition(state, partition), None)
+                ]
+            elif key_column is not None:
+                groups = self._key_groups(state, key_column)
+            else:
+                groups = [(None, None)]
+            touched: dict[_Partition, None] = {}
+            for target, indexes in groups:
+                cut = columns if indexes is None else take_records(columns, indexes)
+                self._queue_bulk(state, target, cut, indexes, now_ms, bulk, touched)
+            for part in touched:
+                self._publish_pending(part, self.config.max_block_ms)
+        return bulk
+
+    def _key_groups(self, state: _Topic, keys: ByteColumn) -> list[tuple[int | None, np.ndarray | None]]:
+        """Input indexes per partition (stable order); null keys go to the sticky partition."""
+        parts = np.empty(keys.item_count, np.int32)
+        data = np.ascontiguousarray(keys.data, np.uint8)
+        offsets = np.ascontiguousarray(keys.offsets, np.int64)
+        if murmur2_column(data, offsets, len(state.partitions), parts) < 0:
+            raise ValueError("send_many: keys offsets decrease or point past the keys data")
+        if keys.nulls is not None:
+            parts[np.asarray(keys.nulls, bool)] = -1
+        groups: list[tuple[int | None, np.ndarray | None]] = []
+        order = np.argsort(parts, kind="stable")
+        sorted_parts = parts[order]
+        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+        for chunk in np.split(order, bounds):
+            target = int(parts[chunk[0]])
+            groups.append((None if target < 0 else target, chunk))
+        return groups
+
+    def _queue_bulk(self, state: _Topic, target: int | None, columns: RecordColumns,
+                    indexes: np.ndarray | None, now_ms: int, bulk: BulkHandle,
+                    touched: dict[_Partition, None]) -> None:
+        """Cut ``columns`` into batches of about batch.size; queue them behind the partition's open batch."""
+        count = columns.values.item_count
+        sizes = record_bounds(columns)
+        ends = np.cumsum(sizes)
+        limit = min(self.config.max_request_size, state.max_message_bytes)
+        if int(sizes.max()) + HEADER_SIZE > limit:
+            big = int(np.argmax(sizes))
+            raise InvalidRecordError(
+                f"topic {state.name}: record {big if indexes is None else int(indexes[big])} takes up to "
+                f"{int(sizes[big])} bytes, more than a batch of max.request.size "
+                f"{self.config.max_request_size} / max.message.bytes {state.max_message_bytes}; "
+                "nothing was sent"
+            )
+        room = max(state.batch_room, 1)
+        start = 0
+        while start < count:
+            base = int(ends[start - 1]) if start else 0
+            stop = int(np.searchsorted(ends, base + room, side="right"))
+            stop = max(stop, start + 1)
+            part_index = target if target is not None else state.sticky.current
+            part = state.partitions[part_index]
+            if part.open.values:
+                self._seal(part)
+            cut = slice_columns(columns, start, stop)
+            bound = int(ends[stop - 1]) - base  # records section bytes, at most
+            where = slice(start, stop) if indexes is None else indexes[start:stop]
+            batch = ColumnBatch(self, state.name, part_index, cut, where, bound, now_ms, bulk)
+            bulk.add(batch)
+            part.sealed.append(batch)
+            self._publishing[part] = None
+            touched[part] = None
+            if target is None:
+                state.sticky.switch(part_index)
+                state.sticky_batch = state.partitions[state.sticky.current].open
+            start = stop
+
+    # -- the timer thread -----------------------------------------------------------------------------------
+
+    def _wake_timer(self, deadline_ns: int) -> None:
+        """Make sure the timer thread wakes by ``deadline_ns``."""
+        sleeping_until = self._timer_sleeping_until
+        if sleeping_until != 0 and (sleeping_until < 0 or sleeping_until > deadline_ns):
+            with self._timer_wakeup:
+                self._timer_wakeup.notify()
+        elif self._timer is None and not self._closed:
+            self._timer = threading.Thread(target=self._timer_loop, name="appliance-producer-linger",
+                                           daemon=True)
+            self._timer.start()
+
+    def _timer_loop(self) -> None:
+        linger_ns = self.config.linger_ms * 1_000_000
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic_ns()
+                try:
+                    next_wake = self._timer_round(now, linger_ns)
+                except Exception:  # a bug here must not stop lingering batches from being sent
+                    _log.exception("producer timer thread: round failed; retrying in 10 ms")
+                    next_wake = now + 10_000_000
+            with self._timer_wakeup:
+                if self._closed:
+                    return
+                self._timer_sleeping_until = next_wake
+                timeout = None if next_wake < 0 else max(next_wake - time.monotonic_ns(), 0) / 1e9
+                self._timer_wakeup.wait(timeout)
+                self._timer_sleeping_until = 0
+
+    def _timer_round(self, now: int, linger_ns: int) -> int:
+        """Seal lingering batches, publish what can go without blocking, collect acks if the caller is
+        quiet; return when to wake next (-1: when woken)."""
+        while self._lingering:
+            part = next(iter(self._lingering))
+            batch = part.open
+            if now < batch.first_append_ns + linger_ns:
+                break
+            self._seal(part)
+        quiet = now - self._last_activity_ns > _IDLE_NS
+        for part in list(self._publishing):
+            try:
+                if part.sealed and not part.recovering:
+                    try:
+                        self._publish_pending(part, 0)
+                    except BackPressureError:
+                        pass
+                if quiet:
+                    self._collect(part)
+            except ApplianceError:
+                pass  # reported to the caller through the batches (or on its next call)
+        self._expire(now)
+        next_wake = -1
+        if self._lingering:
+            next_wake = next(iter(self._lingering)).open.first_append_ns + linger_ns
+        if self._publishing:
+            poll_at = max(now + _ACK_POLL_NS, self._last_activity_ns + _IDLE_NS)
+            next_wake = poll_at if next_wake < 0 else min(next_wake, poll_at)
+        return next_wake
+
+    # -- lifetime -------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ApplianceError("the producer is closed")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush (up to ``timeout`` seconds), then release the rings and the control connection.
+        Records not acknowledged by then fail with RequestTimeoutError."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+        except RequestTimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._closed = True
+                self._topics = {}
+                for state in self._all_topics.values():
+                    for part in state.partitions:
+                        self._abandon(part)
+            with self._timer_wakeup:
+                self._timer_wakeup.notify()
+            if self._timer is not None and self._timer is not threading.current_thread():
+                self._timer.join()
+            self._route.close()
+
+    def _abandon(self, part: _Partition) -> None:
+        error = RequestTimeoutError(
+            f"partition {part.name}: the producer closed before the batch was acknowledged"
+        )
+        pending: list[ProducerBatch] = [part.open] if part.open.values else []
+        pending += list(part.sealed) + part.retry
+        if part.channel is not None:
+            pending += part.channel.abandon_in_flight()
+            part.channel.close()
+            part.channel = None
+        for batch in pending:
+            if batch.state != DONE:
+                batch.complete(-1, error)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The partition numbers of ``topic`` (asking the appliance the first time)."""
+        with self._lock:
+            return list(range(len(self._topic(topic).partitions)))
+
+
+def _check_partition(state: _Topic, partition: object) -> int:
+    count = len(state.partitions)
+    if not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < count:
+        raise UnknownTopicOrPartitionError(
+            f"topic {state.name!r} has partitions 0..{len(state.partitions) - 1}, not {partition!r}"
+        )
+    return partition

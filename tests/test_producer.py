@@ -1,0 +1,474 @@
+"""``appliance.Producer`` against a real ``appliance serve``: round trips read back from the log, acks,
+compression, bulk sends, idempotence, errors, back-pressure and time-outs.
+
+Every test talks to real processes (``test_supervisor_harness.Appliance``: the supervisor and its partition
+writers) through the control socket and shared-memory rings, and reads the partition logs back with the
+storage reader.  Crashes (producers SIGKILLed, writers SIGKILLed) are in test_producer_crash.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from test_supervisor_harness import Appliance
+
+from appliance.accumulator import PUBLISHED, ProducerBatch
+from appliance.partitioner import KeyPartitioner
+from appliance.produce_route import BatchChannel, LocalRoute
+from appliance.producer import Producer, RecordMetadata
+from appliance.producer_config import ProducerConfig
+from appliance.ring_publisher import RingPublisher, publish_and_wait
+from storage.batch_builder import ByteColumn, build_batch
+from storage.batch_header import COMPRESSION_ZSTD, CRC_OFFSET, parse_header
+from storage.batch_reader import Record, iter_records
+from storage.compression import COMPRESSION_GZIP
+from storage.errors import (
+    ApplianceError,
+    BackPressureError,
+    ConfigError,
+    CorruptRecordError,
+    InvalidRecordError,
+    RequestTimeoutError,
+    UnknownTopicOrPartitionError,
+)
+
+TOPICS = ("topics.rt.partitions=3", "topics.one.partitions=1", "topics.bulk.partitions=4",
+          "topics.acks.partitions=1", "topics.dup.partitions=1", "topics.threads.partitions=2",
+          "topics.raw.partitions=1")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def appliance() -> Iterator[Appliance]:
+    serve = Appliance(None, *TOPICS, "listeners=PLAINTEXT://127.0.0.1:0")
+    try:
+        serve.start()
+        yield serve
+    finally:
+        serve.close()
+
+
+def make_producer(serve: Appliance, **settings: Any) -> Producer:
+    return Producer({"appliance.control.socket": str(serve.socket_path)}, **settings)
+
+
+def log_records(serve: Appliance, topic: str, partition: int) -> list[Record]:
+    records: list[Record] = []
+    for data in serve.batches(topic, partition):
+        records += iter_records(data)
+    return records
+
+
+def wait_for_records(serve: Appliance, topic: str, partition: int, count: int) -> list[Record]:
+    deadline = time.monotonic() + 10
+    while len(records := log_records(serve, topic, partition)) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return records
+
+
+def by_offset(serve: Appliance, topic: str, partition: int) -> dict[int, Record]:
+    return {record.offset: record for record in log_records(serve, topic, partition)}
+
+
+# -- round trips ---------------------------------------------------------------------------------------------
+
+
+def test_send_round_trip_keys_headers_timestamps_nulls_read_back_from_the_log(appliance: Appliance) -> None:
+    sent: list[tuple[Any, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int | None]] = []
+    called: list[tuple[ApplianceError | None, RecordMetadata]] = []
+    with make_producer(appliance) as producer:
+        for i in range(300):
+            key = None if i % 3 == 0 else b"user-%d" % (i % 17)
+            value = None if i % 50 == 7 else b"value %d " % i + b"x" * (i % 40)
+            headers = (("trace", b"t%d" % i), ("empty", None)) if i % 4 == 0 else ()
+            timestamp = 1_700_000_000_000 + i if i % 5 == 0 else None
+            partition = 2 if i % 11 == 0 else None
+            handle = producer.send("rt", value, key=key, headers=list(headers) or None, partition=partition,
+                                   timestamp=timestamp, callback=lambda e, m: called.append((e, m)))
+            sent.append((handle, key, value, headers, timestamp))
+        before_ms = time.time() * 1000
+        metadata = [handle.get(10) for handle, *_ in sent]
+    assert len(called) == 300 and all(error is None for error, _ in called)
+    assert sorted(called, key=lambda c: (c[1].partition, c[1].offset)) == sorted(
+        ((None, m) for m in metadata), key=lambda c: (c[1].partition, c[1].offset))
+    logs = {p: by_offset(appliance, "rt", p) for p in range(3)}
+    assert sum(len(records) for records in logs.values()) == 300, "each record once"
+    keys = KeyPartitioner(3)
+    for (_, key, value, headers, timestamp), meta in zip(sent, metadata, strict=True):
+        record = logs[meta.partition][meta.offset]
+        assert (record.key, record.value, record.headers) == (key, value, headers)
+        if timestamp is not None:
+            assert record.timestamp == meta.timestamp == timestamp
+        else:
+            assert record.timestamp == meta.timestamp and before_ms - 60_000 < record.timestamp <= before_ms
+        if key is not None and meta.partition != 2:
+            assert meta.partition == keys.partition(key), "Kafka's murmur2 partitioner"
+    for p in range(3):  # offsets dense and in send order per partition
+        assert sorted(logs[p]) == list(range(len(logs[p])))
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_ZSTD, COMPRESSION_GZIP], ids=["zstd", "gzip"])
+def test_compressed_batches_round_trip(appliance: Appliance, codec: int) -> None:
+    name = {COMPRESSION_ZSTD: "zstd", COMPRESSION_GZIP: "gzip"}[codec]
+    client = appliance.client()
+    topic = f"compressed-{name}"
+    client.create_topic(topic, 1)
+    client.close()
+    lines = [b'{"level":"INFO","n":%d,"msg":"request ok"}' % i for i in range(2000)]
+    with make_producer(appliance, compression_type=name) as producer:
+        handles = [producer.send(topic, line, key=b"k%d" % (i % 3)) for i, line in enumerate(lines[:1000])]
+        bulk = producer.send_many(topic, lines[1000:])
+        producer.flush()
+        assert [h.get(0).offset for h in handles] == list(range(1000))
+        assert bulk.get(0).offsets.tolist() == list(range(1000, 2000))
+    batches = appliance.batches(topic, 0)
+    assert batches and all(parse_header(b).compression == codec for b in batches)
+    assert sum(len(b) for b in batches) < sum(len(line) for line in lines) / 2, "really compressed"
+    assert [r.value for r in log_records(appliance, topic, 0)] == lines
+
+
+def test_send_many_accepts_lists_arrays_offsets_and_columns(appliance: Appliance) -> None:
+    rows = np.frombuffer(b"".join(b"row-%06d" % i + bytes(90) for i in range(5000)), np.uint8)
+    rows = rows.reshape(5000, -1)
+    flat = b"".join(b"flat-%d" % i for i in range(20_000))
+    ends = np.cumsum([len(b"flat-%d" % i) for i in range(20_000)])
+    offsets = np.concatenate(([0], ends)).astype(np.int64)
+    listed = [b"list-%d" % i if i % 9 else None for i in range(700)]
+    keys = [b"key-%d" % (i % 13) for i in range(700)]
+    stamps = np.arange(700, dtype=np.int64) + 1_600_000_000_000
+    with make_producer(appliance, batch_size=64 * 1024) as producer:
+        a = producer.send_many("bulk", rows, partition=1)
+        b = producer.send_many("bulk", (flat, offsets))
+        c = producer.send_many("bulk", listed, keys=keys, timestamps=stamps)
+        d = producer.send_many("bulk", ByteColumn.from_list([b"col-0", b"col-1"]), partition=3)
+        e = producer.send_many("bulk", [])
+        metas = [h.get(20) for h in (a, b, c, d, e)]
+    logs = {p: by_offset(appliance, "bulk", p) for p in range(4)}
+    assert set(metas[0].partitions.tolist()) == {1}
+    assert [logs[1][o].value for o in metas[0].offsets.tolist()] == [bytes(r) for r in rows]
+    assert len(set(metas[1].partitions.tolist())) > 1, "no keys: whole batches go to sticky partitions"
+    assert [logs[p][o].value for p, o in zip(metas[1].partitions.tolist(), metas[1].offsets.tolist(),
+                                              strict=True)] == [b"flat-%d" % i for i in range(20_000)]
+    partitioner = KeyPartitioner(4)
+    for i, (p, o, t) in enumerate(zip(metas[2].partitions.tolist(), metas[2].offsets.tolist(),
+                                      metas[2].timestamps.tolist(), strict=True)):
+        assert p == partitioner.partition(keys[i])
+        assert (logs[p][o].key, logs[p][o].value, logs[p][o].timestamp, t) == (keys[i], listed[i], stamps[i],
+                                                                               stamps[i])
+    assert [logs[3][o].value for o in metas[3].offsets.tolist()] == [b"col-0", b"col-1"]
+    assert len(metas[4].offsets) == 0 and e.done()
+    total = sum(len(records) for records in logs.values())
+    assert total == 5000 + 20_000 + 700 + 2, "each record once"
+    for p in range(4):
+        sent_here = [int(o) for m in metas for q, o in zip(m.partitions, m.offsets, strict=True) if q == p]
+        assert sorted(sent_here) == sorted(logs[p]), f"partition {p}: metadata offsets = log offsets"
+
+
+# -- acks and idempotence ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("acks", ["0", "1", "all"])
+def test_acks_semantics(appliance: Appliance, acks: str) -> None:
+    client = appliance.client()
+    topic = f"acks-{acks}"
+    client.create_topic(topic, 1)
+    client.close()
+    with make_producer(appliance, acks=acks, batch_size=4096) as producer:
+        handles = [producer.send(topic, b"record %d" % i) for i in range(500)]
+        producer.flush()
+        assert all(h.done() for h in handles), "flush waits for every record"
+        offsets = [h.get(0).offset for h in handles]
+        producer_id = producer.producer_id
+    records = wait_for_records(appliance, topic, 0, 500)  # acks=0: flush returns once they are in the ring
+    assert [r.value for r in records] == [b"record %d" % i for i in range(500)], "acks=0 never drops either"
+    headers = [parse_header(b) for b in appliance.batches(topic, 0)]
+    if acks == "0":
+        assert offsets == [-1] * 500, "acks=0: nobody waited for the offsets (Kafka returns -1)"
+    else:
+        assert offsets == list(range(500))
+    if acks == "all":  # idempotent: producer id and one sequence run
+        assert {h.producer_id for h in headers} == {producer_id}
+        assert [h.base_sequence for h in headers] == [h.base_offset for h in headers]
+    else:  # Kafka switches idempotence off when acks is not all
+        assert {h.producer_id for h in headers} == {-1}
+
+
+class _DuplicatingChannel:
+    """Publishes every batch twice, the second time exactly as a retry would (same records, same sequence,
+    same timestamp): what the writer must append once.  Acks of the copies are checked and swallowed."""
+
+    def __init__(self, inner: BatchChannel) -> None:
+        self.inner = inner
+        self.copies: dict[int, ProducerBatch] = {}
+        self.copy_results: list[tuple[int, int]] = []
+        self.originals: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def publish_into(self, max_bytes: int, build: Callable[[np.ndarray], int], token: ProducerBatch, *,
+                     timeout_ms: int | None = None) -> int:
+        seq = self.inner.publish_into(max_bytes, build, token, timeout_ms=timeout_ms)
+        copy = ProducerBatch(token.producer, token.topic, token.partition, 0)
+        copy.state = PUBLISHED
+        self.copies[id(copy)] = token
+        self.inner.publish_into(max_bytes, build, copy, timeout_ms=timeout_ms)
+        return seq
+
+    def take_completed(self) -> list[tuple[ProducerBatch, int]]:
+        kept = []
+        for token, result in self.inner.take_completed():
+            original = self.copies.pop(id(token), None)
+            if original is None:
+                self.originals[id(token)] = result
+                kept.append((token, result))
+            else:
+                token.complete(result, None)
+                self.copy_results.append((self.originals.get(id(original), -999), result))
+        return kept
+
+
+class _DuplicatingRoute(LocalRoute):
+    def __init__(self, path: str) -> None:
+        super().__init__(path, timeout_ms=10_000)
+        self.channels: list[_DuplicatingChannel] = []
+
+    def open_channel(self, *args: Any, **kwargs: Any) -> BatchChannel:
+        kwargs["max_in_flight"] = 10  # room for each batch and its copy (the writer keeps the last 5 batches)
+        channel = _DuplicatingChannel(super().open_channel(*args, **kwargs))
+        self.channels.append(channel)
+        return channel  # type: ignore[return-value]
+
+
+def test_a_batch_published_again_with_its_sequence_is_appended_once(appliance: Appliance) -> None:
+    route = _DuplicatingRoute(str(appliance.socket_path))
+    producer = Producer(route=route, batch_size=2048, linger_ms=1)
+    try:
+        handles = [producer.send("dup", b"once %d" % i) for i in range(400)]
+        producer.flush()
+        offsets = [h.get(0).offset for h in handles]
+    finally:
+        producer.close()
+    assert offsets == list(range(400))
+    assert [r.value for r in log_records(appliance, "dup", 0)] == [b"once %d" % i for i in range(400)]
+    copies = route.channels[0].copy_results
+    assert len(copies) == len(appliance.batches("dup", 0)) >= 4, "every batch went twice, in once"
+    assert all(original == copy for original, copy in copies), "a copy is acknowledged with the original's"
+
+
+# -- errors --------------------------------------------------------------------------------------------------
+
+
+class _GenerousRoute(LocalRoute):
+    """Tells the producer a topic takes batches up to 1 MiB, so the writer is the one to refuse them."""
+
+    def partitions_for(self, topic: str) -> tuple[int, int]:
+        count, _ = super().partitions_for(topic)
+        return count, 1 << 20
+
+
+def test_a_refused_batch_fails_alone_and_the_batches_behind_it_are_renumbered(appliance: Appliance) -> None:
+    client = appliance.client()
+    client.create_topic("small", 1, configs={"max.message.bytes": 3000})
+    client.close()
+    producer = Producer(route=_GenerousRoute(str(appliance.socket_path), timeout_ms=10_000),
+                        batch_size=1000, linger_ms=1000)
+    try:
+        before = [producer.send("small", b"a%03d" % i + bytes(150)) for i in range(30)]
+        big = producer.send("small", bytes(5000))
+        after = [producer.send("small", b"b%03d" % i + bytes(150)) for i in range(30)]
+        producer.flush()
+        with pytest.raises(InvalidRecordError, match=r"small-0.*MESSAGE_TOO_LARGE") as refused:
+            big.get(0)
+        assert "records" in str(refused.value)
+        offsets = [h.get(0).offset for h in before + after]
+    finally:
+        producer.close()
+    assert offsets == list(range(60))
+    values = [r.value[:4] for r in log_records(appliance, "small", 0)]
+    assert values == [b"a%03d" % i for i in range(30)] + [b"b%03d" % i for i in range(30)]
+    sequences = [(h.base_sequence, h.base_offset) for h in map(parse_header, appliance.batches("small", 0))]
+    assert all(seq == offset for seq, offset in sequences), "one sequence run: the failed batch's freed"
+
+
+def test_bad_records_are_refused_at_send_and_change_nothing(appliance: Appliance) -> None:
+    with make_producer(appliance, max_request_size=10_000) as producer:
+        with pytest.raises(TypeError, match=r"must be bytes.*encode"):
+            producer.send("one", "text")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be bytes"):
+            producer.send("one", b"v", key=42)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="header"):
+            producer.send("one", b"v", headers=[("h",)])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="timestamp"):
+            producer.send("one", b"v", timestamp=-5)
+        with pytest.raises(UnknownTopicOrPartitionError, match=r"partitions 0..0, not 1"):
+            producer.send("one", b"v", partition=1)
+        with pytest.raises(InvalidRecordError, match=r"max.request.size 10000"):
+            producer.send("one", bytes(20_000))
+        with pytest.raises(InvalidRecordError, match=r"record 1 .*max.request.size"):
+            producer.send_many("one", [b"ok", bytes(20_000)])
+        with pytest.raises(ValueError, match="2 keys for 3 values"):
+            producer.send_many("one", [b"a", b"b", b"c"], keys=[b"k", b"k"])
+        start = appliance.batches("one", 0)
+        good = producer.send("one", b"good")
+        assert good.get(10).offset == sum(parse_header(b).records_count for b in start)
+    assert log_records(appliance, "one", 0)[-1].value == b"good"
+
+
+def test_settings_are_checked_with_kafkas_rules() -> None:
+    with pytest.raises(ConfigError, match=r"'linger\.mss' is unknown \(did you mean 'linger\.ms'"):
+        ProducerConfig.from_settings({"linger.mss": 5})
+    with pytest.raises(ConfigError, match="acks='2'"):
+        ProducerConfig.from_settings({"acks": "2"})
+    with pytest.raises(ConfigError, match=r"enable.idempotence=true conflicts with acks='1'"):
+        ProducerConfig.from_settings({"acks": "1", "enable.idempotence": True})
+    with pytest.raises(ConfigError, match=r"max.in.flight.requests.per.connection=6"):
+        ProducerConfig.from_settings({"enable.idempotence": "true",
+                                      "max.in.flight.requests.per.connection": 6})
+    with pytest.raises(ConfigError, match="snappy and lz4 are not supported"):
+        ProducerConfig.from_settings(compression_type="snappy")
+    with pytest.raises(ConfigError, match=r"linger.ms=-1"):
+        ProducerConfig.from_settings(linger_ms=-1)
+    assert ProducerConfig.from_settings({"acks": 1}).idempotent is False, "Kafka: default follows acks"
+    assert ProducerConfig.from_settings().idempotent is True and ProducerConfig.from_settings().acks == -1
+    config = ProducerConfig.from_settings({"appliance.data.dir": "/srv/x"}, linger_ms=7)
+    assert (config.linger_ms, config.control_socket) == (7, "/srv/x/.appliance.sock")
+    with pytest.raises(ConfigError, match=r"bootstrap.servers"):
+        Producer({"bootstrap.servers": "127.0.0.1:9092"})
+
+
+def test_no_appliance_is_a_clear_error(tmp_path: Any) -> None:
+    with pytest.raises(ApplianceError, match=f"{tmp_path}/.appliance.sock.*appliance serve"):
+        Producer({"appliance.data.dir": str(tmp_path)})
+
+
+# -- linger, callbacks, threads, close -----------------------------------------------------------------------
+
+
+def test_linger_publishes_and_callbacks_run_without_further_calls(appliance: Appliance) -> None:
+    done = threading.Event()
+    seen: list[Any] = []
+    producer = make_producer(appliance, linger_ms=20)
+    try:
+        start = time.monotonic()
+        producer.send("one", b"lonely", callback=lambda error, meta: (seen.append((error, meta)), done.set()))
+        assert done.wait(10), "the timer thread sealed the batch and collected its ack"
+        assert time.monotonic() - start >= 0.02
+        error, meta = seen[0]
+        assert error is None and by_offset(appliance, "one", 0)[meta.offset].value == b"lonely"
+    finally:
+        producer.close()
+
+
+def test_threads_share_one_producer(appliance: Appliance) -> None:
+    producer = make_producer(appliance, batch_size=8192)
+    handles: dict[int, list[Any]] = {}
+
+    def run(thread: int) -> None:
+        handles[thread] = [producer.send("threads", b"t%d-%d" % (thread, i), key=b"%d" % thread)
+                           for i in range(3000)]
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    producer.close()
+    values = [r.value for p in range(2) for r in log_records(appliance, "threads", p)]
+    assert sorted(values) == sorted(b"t%d-%d" % (t, i) for t in range(4) for i in range(3000))
+    for thread, hs in handles.items():  # per key (one partition each): in send order
+        offsets = [h.get(0).offset for h in hs]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), thread
+
+
+def test_close_resolves_everything_and_refuses_more(appliance: Appliance) -> None:
+    producer = make_producer(appliance, linger_ms=60_000)
+    handles = [producer.send("one", b"before close %d" % i) for i in range(10)]
+    producer.close()
+    producer.close()  # twice is fine
+    assert all(h.done() and h.exception() is None for h in handles)
+    with pytest.raises(ApplianceError, match="closed"):
+        producer.send("one", b"after")
+    with pytest.raises(ApplianceError, match="closed"):
+        producer.send_many("one", [b"after"])
+
+
+def test_an_unknown_topic_is_created_by_the_appliance(appliance: Appliance) -> None:
+    with make_producer(appliance) as producer:
+        assert producer.send("auto-created", b"hello").get(10).offset == 0
+        assert producer.partitions_for("auto-created") == [0]
+
+
+# -- the piece the broker reuses -----------------------------------------------------------------------------
+
+
+def test_publish_and_wait_hands_a_built_batch_to_the_writer(appliance: Appliance) -> None:
+    client = appliance.client()
+    attachment = client.attach("raw", 0)
+    publisher: RingPublisher[object] = RingPublisher.attach(attachment.names, topic="raw", partition=0)
+    try:
+        assert publish_and_wait(publisher, build_batch([b"a", b"b"]), timeout_ms=10_000) == 0
+        corrupt = bytearray(build_batch([b"c"]))
+        corrupt[CRC_OFFSET] ^= 0xFF
+        with pytest.raises(CorruptRecordError, match=r"raw-0.*CORRUPT_MESSAGE"):
+            publish_and_wait(publisher, corrupt, timeout_ms=10_000)
+        assert publish_and_wait(publisher, build_batch([b"d"]), timeout_ms=10_000) == 2, "the ring goes on"
+    finally:
+        publisher.close()
+        client.close()
+    assert [r.value for r in log_records(appliance, "raw", 0)] == [b"a", b"b", b"d"]
+
+
+# -- back-pressure and time-outs -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_rings() -> Iterator[Appliance]:
+    serve = Appliance(None, "topics.slow.partitions=1", "appliance.ring.bytes=65536",
+                      "listeners=PLAINTEXT://127.0.0.1:0")
+    try:
+        serve.start()
+        yield serve
+    finally:
+        serve.close()
+
+
+def _writer_pid(serve: Appliance, topic: str) -> int:
+    client = serve.client()
+    try:
+        return client.metadata([topic]).topics[topic].partitions[0].writer_pid
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_a_stopped_writer_means_back_pressure_then_time_outs(small_rings: Appliance) -> None:
+    writer = _writer_pid(small_rings, "slow")
+    producer = make_producer(small_rings, max_block_ms=300, batch_size=8192, linger_ms=0,
+                             delivery_timeout_ms=1500)
+    os.kill(writer, signal.SIGSTOP)
+    accepted = []
+    try:
+        with pytest.raises(BackPressureError, match=r"max\.block\.ms|full for 300 ms"):
+            for i in range(100_000):
+                started = time.monotonic()
+                accepted.append(producer.send("slow", b"%06d" % i + bytes(500)))
+        assert time.monotonic() - started >= 0.29, "blocked for max.block.ms first"
+        assert 50 < len(accepted) < 100_000, "the ring filled"
+        with pytest.raises(RequestTimeoutError, match=r"within 0\.2 s"):
+            accepted[0].get(timeout=0.2)
+        time.sleep(1.6)
+        with pytest.raises(RequestTimeoutError, match=r"delivery.timeout.ms 1500.*may still be appended"):
+            accepted[-1].get(timeout=5)
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    producer.close(timeout=10)
+    values = [r.value[:6] for r in log_records(small_rings, "slow", 0)]
+    assert values == [b"%06d" % i for i in range(len(values))], "in order, each once, none refused"
+    assert len(values) <= len(accepted)
