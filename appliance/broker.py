@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-``appliance serve`` (the supervisor) starts the broker as a child process and calls :func:`run_broker`.
+``appliance serve`` (the supervisor) forks the broker as a child process (:func:`child_spec`, its hook) and
+the child runs :func:`run_broker`.
 The broker owns no data: it reads partition logs read-only (``storage.log_reader``), reads offsets from the
 partition state pages (``ipc.state_page``), hands produced batches to the partition writers through their
 rings (``appliance.broker_produce``), and asks the supervisor about topics and producer ids
@@ -31,8 +32,6 @@ and also closes only that connection.  Kafka does the same.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import logging
 import os
 import selectors
@@ -64,14 +63,13 @@ from ipc.kafka import (
 from ipc.shm import ShmNames
 from storage.errors import ConfigError, ProtocolError
 
-__all__ = ["Broker", "run_broker"]
+__all__ = ["Broker", "broker_child", "child_spec", "run_broker"]
 
 log = logging.getLogger("appliance.broker")
 
 ACCEPT_BACKLOG = 1024
 ACCEPTS_PER_TURN = 64
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
-_PR_SET_PDEATHSIG = 1
 
 
 class _Listening:
@@ -171,7 +169,7 @@ class Broker:
 
     def serve(self) -> None:
         """Run until :meth:`stop`; then let held requests finish briefly and close everything."""
-        self.ctx.refresh_topics(force=True)
+        self.ctx.reload_topics()
         while not self._stopping:
             self._turn(self._timeout_s())
         self._drain()
@@ -189,7 +187,10 @@ class Broker:
         return None
 
     def _turn(self, timeout_s: float | None) -> None:
-        for key, mask in self._selector.select(timeout_s):
+        events = self._selector.select(timeout_s)
+        if events:
+            self.ctx.refresh_if_stale()
+        for key, mask in events:
             data = key.data
             if isinstance(data, Connection):
                 self._on_ready(data, mask)
@@ -454,40 +455,28 @@ def _listen_unix(path: str, mode: int, gid: int | None) -> socket.socket:
     return sock
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGTERM when the supervisor dies, so a SIGKILLed supervisor leaves no orphan broker."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-
-
 def run_broker(
     config: Config,
     cluster: Cluster | None = None,
     *,
-    parent_pid: int | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
+    stop_on_sigint: bool = True,
 ) -> int:
-    """The broker process's main: bind, serve until SIGTERM/SIGINT, return the exit code.
+    """The broker process's main: bind, serve until SIGTERM (and SIGINT), return the exit code.
 
-    ``cluster`` defaults to the supervisor's control socket (``config.control_socket``).  ``parent_pid``:
-    the supervisor's pid, to exit with it.  ``on_ready`` is called with the bound addresses once every
-    listener is open (the supervisor may report them, a test may wait for them)."""
+    ``cluster`` defaults to a new connection to the supervisor's control socket.  ``on_ready`` is called
+    with the bound addresses once every listener is open.  The process title is "appliance: broker"."""
     from appliance.proctitle import set_proctitle
 
     set_proctitle("appliance: broker")
-    if parent_pid is not None:
-        _die_with_parent()
-        if os.getppid() != parent_pid:
-            return 0  # the parent died before we could ask to be told
     if cluster is None:
         from appliance.broker_control import ControlCluster
 
-        cluster = ControlCluster(config)
+        cluster = ControlCluster.connect(config)
     broker = Broker(config, cluster)
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
-    signal.signal(signal.SIGINT, lambda *_: broker.stop())
+    if stop_on_sigint:
+        signal.signal(signal.SIGINT, lambda *_: broker.stop())
     try:
         addresses = broker.bind()
     except BaseException:
@@ -495,10 +484,28 @@ def run_broker(
         raise
     if on_ready is not None:
         on_ready(dict(addresses))
-    try:
-        broker.serve()
-    except OSError as e:
-        if e.errno != errno.EINTR:
-            raise
+    broker.serve()
     log.info("broker stopped")
     return 0
+
+
+def child_spec(config: Config) -> Any:
+    """The supervisor's hook (``appliance.supervisor.EXTRA_CHILDREN``): the broker as a child process,
+    forked after the partition writers, restarted if it dies; READY=1 waits until its listeners are bound."""
+    from appliance.supervisor import ChildSpec
+
+    return ChildSpec(name="broker", target=broker_child, title="appliance: broker", wait_ready=True)
+
+
+def broker_child(context: Any) -> int:
+    """Body of the broker child (``context``: ``appliance.supervisor.ChildContext``).  The supervisor has
+    set the title, the parent-death signal and SIGINT ignored (it stops its children with SIGTERM)."""
+    from appliance.broker_control import ControlCluster
+
+    config: Config = context.config
+    try:
+        cluster = ControlCluster(context.connect())
+        return run_broker(config, cluster, on_ready=lambda _: context.ready(), stop_on_sigint=False)
+    except ConfigError as e:
+        log.error("broker not started: %s", e)
+        return 1

@@ -54,15 +54,18 @@ def _cluster_error(e: ApplianceError, what: str) -> ClusterError:
 
 
 class ControlCluster:
-    """The supervisor, reached through its control socket (``config.control_socket``)."""
+    """The supervisor, reached through a control connection (the broker's for its whole life)."""
 
-    def __init__(self, config: Config, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        self.config = config
-        deadline = time.monotonic() + connect_timeout_s
+    def __init__(self, client: ControlClient) -> None:
+        self.client = client
+
+    @classmethod
+    def connect(cls, config: Config, *, timeout_s: float = CONNECT_TIMEOUT_S) -> ControlCluster:
+        """Connect to ``config.control_socket``, retrying for ``timeout_s`` while nobody listens yet."""
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
-                self.client = ControlClient.connect(config.control_socket)
-                break
+                return cls(ControlClient.connect(config.control_socket))
             except ControlError:
                 if time.monotonic() > deadline:
                     raise

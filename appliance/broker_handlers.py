@@ -84,6 +84,8 @@ log = logging.getLogger("appliance.broker")
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
+PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere)
+FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
 
 
 @dataclass
@@ -102,12 +104,22 @@ class BrokerContext:
     def node_id(self) -> int:
         return self.config.node_id
 
-    def refresh_topics(self, *, force: bool = False) -> None:
-        """Ask the metadata owner for the topic list (rate limited unless forced)."""
+    def refresh_topics(self, *, soon: bool = False) -> None:
+        """Ask the metadata owner for the topic list unless it was asked in the last
+        :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do not know)."""
         now = time.monotonic() * 1000
-        if not force and now - self._refreshed_at < METADATA_REFRESH_MS:
+        if now - self._refreshed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS):
             return
-        self._refreshed_at = now
+        self.reload_topics()
+
+    def refresh_if_stale(self) -> None:
+        """Refresh if the topic list is older than :data:`PERIODIC_REFRESH_MS` (called as requests come)."""
+        if time.monotonic() * 1000 - self._refreshed_at >= PERIODIC_REFRESH_MS:
+            self.reload_topics()
+
+    def reload_topics(self) -> None:
+        """Ask the metadata owner for the topic list now (after we changed it)."""
+        self._refreshed_at = time.monotonic() * 1000
         try:
             topics = self.cluster.topics()
         except ApplianceError as e:
@@ -119,7 +131,7 @@ class BrokerContext:
         """Like ``PartitionTable.lookup``, refreshing the topic list once if the topic is unknown."""
         handle, code = self.table.lookup(topic, partition)
         if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and check_topic_name(topic) is None:
-            self.refresh_topics()
+            self.refresh_topics(soon=True)
             handle, code = self.table.lookup(topic, partition)
         return handle, code
 
@@ -157,7 +169,7 @@ def metadata(
             if reason is not None:
                 topics.append(MetadataResponseTopic(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name))
                 continue
-            ctx.refresh_topics(force=True)
+            ctx.refresh_topics(soon=True)
             meta = table.topics.get(name)
         if meta is None and auto_create:
             code, meta = _create(ctx, name, None, None, {}, "auto-created by Metadata")
@@ -219,14 +231,14 @@ def _create(
         meta = ctx.cluster.create_topic(name, partitions, replication_factor, configs)
     except ClusterError as e:
         if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:  # created meanwhile by someone else
-            ctx.refresh_topics(force=True)
+            ctx.reload_topics()
             existing = ctx.table.topics.get(name)
             if existing is not None:
                 return ErrorCode.NONE, existing
         log.info("topic %r not created (%s): %s", name, why, e)
         return e.code, None
     log.info("topic %r created (%s): %d partitions", name, why, meta.partitions)
-    ctx.refresh_topics(force=True)
+    ctx.reload_topics()
     return ErrorCode.NONE, ctx.table.topics.get(name, meta)
 
 
@@ -280,7 +292,7 @@ def _offset_for(handle: PartitionHandle, timestamp: int, follower: bool) -> tupl
 def create_topics(
     ctx: BrokerContext, header: RequestHeader, body: CreateTopicsRequest
 ) -> CreateTopicsResponse:
-    ctx.refresh_topics(force=True)
+    ctx.refresh_topics(soon=True)
     counts: dict[str, int] = {}
     for topic in body.topics:
         counts[topic.name] = counts.get(topic.name, 0) + 1
@@ -336,14 +348,14 @@ def _create_one(
     except ClusterError as e:
         return e.code, str(e)
     log.info("topic %r created by CreateTopics", name)
-    ctx.refresh_topics(force=True)
+    ctx.reload_topics()
     return ErrorCode.NONE, None
 
 
 def delete_topics(
     ctx: BrokerContext, header: RequestHeader, body: DeleteTopicsRequest
 ) -> DeleteTopicsResponse:
-    ctx.refresh_topics(force=True)
+    ctx.refresh_topics(soon=True)
     results = []
     for name in body.topic_names:
         code = ErrorCode.NONE
@@ -360,7 +372,7 @@ def delete_topics(
             except ClusterError as e:
                 code = e.code
         results.append(DeletableTopicResult(name=name, error_code=code))
-    ctx.refresh_topics(force=True)
+    ctx.reload_topics()
     return DeleteTopicsResponse(responses=results)
 
 
