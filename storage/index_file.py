@@ -224,9 +224,9 @@ class IndexFile:
         return self.entries + reserve >= self.max_entries
 
     # --- writing (the single writer only) ----------------------------------------------------------------
-    def append(self, *fields: int) -> None:
-        assert self._mm is not None and self.entries < self.max_entries
-        self.entry.pack_into(self._mm, self.entries * self.entry.size, *fields)
+    def append(self, first: int, second: int) -> None:
+        """Write one two-field entry after the used ones (the caller checked ``is_full``)."""
+        self.entry.pack_into(self._mm, self.entries * self.entry.size, first, second)  # type: ignore[arg-type]
         self.entries += 1
 
     def append_encoded(self, data: bytes, *, reserve: int) -> None:

@@ -106,6 +106,14 @@ EARLIEST_TIMESTAMP: Final = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP: Final = -1  # ListOffsets: the log end offset
 
 _log = logging.getLogger(__name__)
+_FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
+
+
+def _forked() -> None:
+    _FORK_GENERATION[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class AppendInfo(NamedTuple):
@@ -166,6 +174,7 @@ class Log:
         self._where = f"partition {self.name} append"
         self._lock_fd = lock_fd
         self._pid = os.getpid()
+        self._fork_generation = _FORK_GENERATION[0]
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
         self._log_start_offset = 0
@@ -341,34 +350,26 @@ class Log:
         """
         self._check_writable()
         view = _byte_view(buf)
-        headers = self._validate(view)
-        if leader_epoch < self._epochs.latest_epoch:
+        headers = self._validate(view, self.config.max_message_bytes)
+        latest_epoch = self._epochs.latest_epoch
+        if leader_epoch < latest_epoch:
             raise NotLeaderError(
-                f"partition {self.name}: append in leader epoch {leader_epoch}, but epoch "
-                f"{self._epochs.latest_epoch} is already recorded; this writer was fenced"
+                f"partition {self.name}: append in leader epoch {leader_epoch}, but epoch {latest_epoch} is "
+                "already recorded; this writer was fenced"
             )
         if leader_epoch < 0:
             raise ValueError(f"partition {self.name}: leader epoch {leader_epoch} must be >= 0")
-        limit = self.config.max_message_bytes
-        position = 0
-        for header in headers:
-            if header.size > limit:
-                raise InvalidRecordError(
-                    f"partition {self.name}: record batch at position {position} is {header.size} bytes, "
-                    f"larger than max.message.bytes {limit}"
-                )
-            position += header.size
-        first_offset = self.log_end_offset
-        next_offset = first_offset
+        first_offset = next_offset = self._segments[-1].next_offset
         batches: list[tuple[int, int, int, int]] = []
         position = 0
         for header in headers:
             stamp(view, position, next_offset, leader_epoch)
             last = next_offset + header.last_offset_delta
-            batches.append((next_offset, last, header.size, header.max_timestamp))
+            size = header.batch_length + LOG_OVERHEAD
+            batches.append((next_offset, last, size, header.max_timestamp))
             next_offset = last + 1
-            position += header.size
-        if leader_epoch > self._epochs.latest_epoch:
+            position += size
+        if leader_epoch > latest_epoch:
             self._epochs.assign(leader_epoch, first_offset)
         return self._write(view, batches, headers)
 
@@ -405,7 +406,8 @@ class Log:
                 self._epochs.assign(epoch, header.base_offset)
         return self._write(view, batches, headers)
 
-    def _validate(self, view: memoryview) -> list[BatchHeader]:
+    def _validate(self, view: memoryview, max_batch_bytes: int | None = None) -> list[BatchHeader]:
+        """Every batch in ``view`` (magic, length, CRC; size limit for leaders), before anything changes."""
         end = len(view)
         if end == 0:
             raise InvalidRecordError(f"{self._where}: no record batch in an empty buffer")
@@ -413,14 +415,55 @@ class Log:
         position = 0
         while position < end:
             header = validate_batch(view, position, where=self._where)
+            size = header.batch_length + LOG_OVERHEAD
+            if max_batch_bytes is not None and size > max_batch_bytes:
+                raise InvalidRecordError(
+                    f"{self._where}: record batch at position {position} is {size} bytes, larger than "
+                    f"max.message.bytes {max_batch_bytes}"
+                )
             headers.append(header)
-            position += header.batch_length + LOG_OVERHEAD
+            position += size
         return headers
 
     def _write(self, view: memoryview, batches: list[tuple[int, int, int, int]],
                headers: list[BatchHeader]) -> AppendInfo:
-        """Write stamped batches, rolling where needed, one os.write per segment."""
+        """Write stamped batches ``(base, last, size, max timestamp)``, rolling where needed, with one
+        os.write per segment touched."""
         now_ms = time.time_ns() // 1_000_000
+        config = self.config
+        segment = self._segments[-1]
+        total = len(view)
+        max_timestamp, offset_of_max = -1, batches[0][0] - 1
+        for batch in batches:
+            if batch[3] > max_timestamp:
+                max_timestamp, offset_of_max = batch[3], batch[1]
+        size = segment.size_bytes
+        rolling = segment.rolling_timestamp
+        age_ms = max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms
+        if (  # the common case: everything fits the active segment, which has aged less than segment.ms
+            0 < size <= config.segment_bytes - total
+            and batches[-1][1] - segment.base_offset <= INT32_MAX
+            and segment.index_room() >= len(batches)
+            and age_ms <= config.segment_ms
+        ):
+            first_segment = segment.base_offset
+            first_position = segment.append(view, batches)
+        else:
+            first_position, first_segment = self._write_rolling(view, batches, now_ms)
+        records = 0
+        for header in headers:
+            records += header.records_count
+        self._unflushed_records += records
+        if (self._unflushed_records >= config.flush_messages
+                or (time.monotonic() - self._last_flush) * 1000 >= config.flush_ms):
+            self.flush()
+        return AppendInfo(batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max, len(batches),
+                          records, first_position, first_segment, total)
+
+    def _write_rolling(self, view: memoryview, batches: list[tuple[int, int, int, int]],
+                       now_ms: int) -> tuple[int, int]:
+        """Batch by batch: roll before one that does not fit the active segment.  Returns the position and
+        segment base offset of the first batch."""
         config = self.config
         segment = self._segments[-1]
         size = segment.size_bytes
@@ -457,23 +500,12 @@ class Log:
         at = segment.append(view[start_byte:byte], batches[group_start:])
         if first_position < 0:
             first_position, first_segment = at, segment.base_offset
-        records = 0
-        max_timestamp, offset_of_max = -1, batches[0][0] - 1
-        for header, batch in zip(headers, batches, strict=True):
-            records += header.records_count
-            if batch[3] > max_timestamp:
-                max_timestamp, offset_of_max = batch[3], batch[1]
-        self._unflushed_records += records
-        if (self._unflushed_records >= config.flush_messages
-                or (time.monotonic() - self._last_flush) * 1000 >= config.flush_ms):
-            self.flush()
-        return AppendInfo(batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max, len(batches),
-                          records, first_position, first_segment, byte)
+        return first_position, first_segment
 
     def _check_writable(self) -> None:
         if self._closed:
             raise LogLockedError(f"partition {self.name}: the log is closed")
-        if os.getpid() != self._pid:
+        if _FORK_GENERATION[0] != self._fork_generation:
             raise LogLockedError(
                 f"partition {self.name}: the log was opened by process {self._pid}, not this forked "
                 f"process {os.getpid()}; a log has exactly one writer"

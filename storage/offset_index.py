@@ -93,6 +93,10 @@ class OffsetIndex:
         n = self.entries
         return self.entry(n - 1) if n > 0 else None
 
+    def append_many(self, relative_offsets: np.ndarray, positions: np.ndarray) -> None:
+        """Bulk-append rebuilt entries (as many as fit).  Writer only."""
+        self.file.append_encoded(encode(relative_offsets, positions), reserve=0)
+
     def lookup_slot(self, offset: int) -> int:
         """Slot of the last entry whose offset is <= ``offset``, or NOT_FOUND."""
         return int(index_search(self.file.array, self.entries, OFFSET_INDEX_ENTRY.size, _RELATIVE_OFFSET_AT,

@@ -39,9 +39,7 @@ from storage.errors import CorruptRecordError
 from storage.index_file import IndexFile
 from storage.log_config import LogConfig
 from storage.offset_index import OFFSET_INDEX_ENTRY, OffsetIndex
-from storage.offset_index import encode as offset_index_encode
 from storage.time_index import NO_TIMESTAMP, TIME_INDEX_ENTRY, TimeIndex
-from storage.time_index import encode as time_index_encode
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -351,10 +349,8 @@ class LogSegment:
                 except FileNotFoundError:
                     pass
             self._open_indexes_active(0, 0)
-            self.offset_index.file.append_encoded(
-                offset_index_encode(scan.index_relative_offsets, scan.index_positions), reserve=0)
-            self.time_index.file.append_encoded(
-                time_index_encode(scan.time_timestamps, scan.time_relative_offsets), reserve=1)
+            self.offset_index.append_many(scan.index_relative_offsets, scan.index_positions)
+            self.time_index.append_many(scan.time_timestamps, scan.time_relative_offsets)
 
     def _open_indexes_active(self, index_entries: int, time_entries: int) -> None:
         max_bytes = self.config.segment_index_bytes
@@ -391,13 +387,16 @@ class LogSegment:
             written += os.write(self.append_fd, data[written:])
         position = start
         interval = self.config.index_interval_bytes
+        base = self.base_offset
+        offsets = self.offset_index.file  # the log checked there is room (index_room)
         for _, last_offset, size, max_timestamp in batches:
             if max_timestamp > self.max_timestamp:
                 self.max_timestamp = max_timestamp
                 self.offset_of_max_timestamp = last_offset
             if self.bytes_since_last_index_entry > interval:
-                self.offset_index.append(last_offset, position)
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                offsets.append(last_offset - base, position)
+                if self.max_timestamp > self.time_index.last_timestamp:
+                    self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
                 self.bytes_since_last_index_entry = 0
             position += size
             self.bytes_since_last_index_entry += size

@@ -51,11 +51,14 @@ class TimestampOffset(NamedTuple):
 class TimeIndex:
     """One segment's ``.timeindex``: maybe_append (writer), lookup by timestamp, sanity check."""
 
-    __slots__ = ("base_offset", "file")
+    __slots__ = ("base_offset", "file", "last_timestamp")
 
     def __init__(self, file: IndexFile, base_offset: int) -> None:
         self.file = file
         self.base_offset = base_offset
+        self.last_timestamp = NO_TIMESTAMP  # of the last entry; maintained by the writer
+        if file.entries > 0:
+            self.last_timestamp = file.entry_at(file.entries - 1)[0]
 
     @classmethod
     def open_active(cls, path: str, base_offset: int, *, max_bytes: int, entries: int = 0) -> TimeIndex:
@@ -97,14 +100,18 @@ class TimeIndex:
 
         ``final`` (roll/close) may use the reserved last slot.  Returns whether an entry was added.
         """
-        n = self.file.entries
-        last_timestamp = self.file.entry_at(n - 1)[0] if n > 0 else NO_TIMESTAMP
-        if timestamp <= last_timestamp:
+        file = self.file
+        if timestamp <= self.last_timestamp or file.entries + (0 if final else 1) >= file.max_entries:
             return False
-        if self.file.is_full(reserve=0 if final else 1):
-            return False
-        self.file.append(timestamp, offset - self.base_offset)
+        file.append(timestamp, offset - self.base_offset)
+        self.last_timestamp = timestamp
         return True
+
+    def append_many(self, timestamps: np.ndarray, relative_offsets: np.ndarray) -> None:
+        """Bulk-append rebuilt entries (as many as fit, keeping the reserved slot).  Writer only."""
+        self.file.append_encoded(encode(timestamps, relative_offsets), reserve=1)
+        n = self.file.entries
+        self.last_timestamp = self.file.entry_at(n - 1)[0] if n > 0 else NO_TIMESTAMP
 
     def lookup(self, timestamp: int) -> TimestampOffset | None:
         """The last entry whose timestamp is <= ``timestamp``, or None (scan from the segment's start)."""
@@ -119,6 +126,7 @@ class TimeIndex:
         while keep > 0 and self.entry(keep - 1).offset >= offset:
             keep -= 1
         self.file.truncate_entries(keep)
+        self.last_timestamp = self.entry(keep - 1).timestamp if keep > 0 else NO_TIMESTAMP
 
     def sanity_problem(self, *, next_offset_limit: int | None) -> str | None:
         """Why this index cannot be trusted, or None: (1) whole entries only, (2) timestamps strictly

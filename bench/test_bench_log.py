@@ -1,0 +1,282 @@
+"""Benchmarks of the partition log: append vs plain os.write, index lookups, recovery scan.
+
+Run: ``.venv/bin/python -m pytest bench/test_bench_log.py --benchmark-enable --benchmark-only -s``.
+Each test prints one ``RESULT`` line with its figures and the physical limit measured in the same run, and
+stores them in the benchmark's ``extra_info`` (``--benchmark-json``).  Files live in a temporary directory
+under ``$LOG_BENCH_DIR`` (default: the system temp dir, on disk) and are deleted.
+
+Sizes can be changed with ``LOG_BENCH_APPEND_MIB`` (per round, default 32), ``LOG_BENCH_RECOVERY_MIB``
+(default 1024) and ``LOG_BENCH_INDEX_ENTRIES`` (default 1,000,000).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from storage.batch_header import ATTRIBUTES_OFFSET, BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, write_crc
+from storage.batch_scan import scan_segment
+from storage.log import RECOVERY_POINT_CHECKPOINT_FILE, Log
+from storage.log_config import LogConfig
+from storage.log_reader import LogReader
+from storage.offset_index import OffsetIndex
+
+BATCH_BYTES = 64 * 1024
+APPEND_MIB = int(os.environ.get("LOG_BENCH_APPEND_MIB", "32"))
+RECOVERY_MIB = int(os.environ.get("LOG_BENCH_RECOVERY_MIB", "1024"))
+INDEX_ENTRIES = int(os.environ.get("LOG_BENCH_INDEX_ENTRIES", "1000000"))
+
+
+def _batch(size: int, records: int = 64) -> bytearray:
+    """A valid uncompressed v2 batch of exactly ``size`` bytes: ``records`` records, null keys, padded
+    values."""
+    sizes = [(size - HEADER_SIZE) // records - 10] * records
+    for _ in range(8):  # grow the last value until the varint lengths settle
+        body = b"".join(_record(i, n) for i, n in enumerate(sizes))
+        if HEADER_SIZE + len(body) == size:
+            break
+        sizes[-1] += size - HEADER_SIZE - len(body)
+    else:
+        raise AssertionError(f"cannot build a {size}-byte batch")
+    buf = bytearray(size)
+    BATCH_HEADER.pack_into(buf, 0, 0, size - LOG_OVERHEAD, -1, MAGIC, 0, 0, records - 1,
+                           1_700_000_000_000, 1_700_000_000_000, -1, -1, -1, records)
+    buf[HEADER_SIZE:] = body
+    write_crc(buf, 0, size)
+    return buf
+
+
+def _record(offset_delta: int, value_size: int) -> bytes:
+    # attributes, timestampDelta, offsetDelta, null key, value, no headers
+    body = b"\x00" + _varint(0) + _varint(offset_delta) + _varint(-1) + _varint(value_size)
+    body += b"v" * value_size + _varint(0)
+    return _varint(len(body)) + body
+
+
+def _varint(value: int) -> bytes:
+    zigzag, out = (value << 1) ^ (value >> 63), bytearray()
+    while zigzag >= 0x80:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+@pytest.fixture
+def bench_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="log-bench-", dir=os.environ.get("LOG_BENCH_DIR")))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _report(name: str, info: dict[str, float], fmt: str) -> None:
+    print(f"\nRESULT {name}: " + ", ".join(f"{k}={fmt.format(v)}" for k, v in info.items()), file=sys.stderr)
+
+
+def _timed(run: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: Path) -> None:
+    """Log.append of 64 KiB batches (validate + stamp + one write + index) vs os.write of the same bytes."""
+    count = APPEND_MIB * 1024 * 1024 // BATCH_BYTES
+    batch = _batch(BATCH_BYTES)
+    state: dict[str, object] = {}
+
+    def fresh_log() -> None:
+        shutil.rmtree(bench_dir / "t-0", ignore_errors=True)
+        state["log"] = Log.open(bench_dir / "t-0", LogConfig())
+
+    def append_round() -> None:
+        log = state["log"]
+        assert isinstance(log, Log)
+        append = log.append
+        for _ in range(count):
+            append(batch, leader_epoch=0)
+        log.close(clean=False)
+
+    def fresh_file() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bench_dir / "plain.log")
+        state["fd"] = os.open(bench_dir / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write_round(with_crc: bool) -> Callable[[], None]:
+        def run() -> None:
+            fd = state["fd"]
+            assert isinstance(fd, int)
+            view = memoryview(batch)
+            body = view[ATTRIBUTES_OFFSET:]
+            for _ in range(count):
+                if with_crc:
+                    crc32c.crc32c(body)
+                os.write(fd, view)
+            os.close(fd)
+        return run
+
+    samples: dict[str, list[float]] = {"append": [], "write": [], "write+crc": []}
+    for _ in range(9):  # interleaved, so page-cache drift hits all three alike; set-up is never timed
+        fresh_log()
+        samples["append"].append(_timed(append_round))
+        fresh_file()
+        samples["write"].append(_timed(write_round(False)))
+        fresh_file()
+        samples["write+crc"].append(_timed(write_round(True)))
+    shutil.rmtree(bench_dir / "t-0", ignore_errors=True)
+    os.unlink(bench_dir / "plain.log")
+    benchmark.pedantic(append_round, setup=fresh_log, rounds=5, iterations=1)
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    size = count * BATCH_BYTES
+    info = {
+        "append_GBps": size / median["append"] / 1e9,
+        "os_write_GBps": size / median["write"] / 1e9,
+        "ratio_append_to_os_write": median["write"] / median["append"],
+        "ratio_append_to_os_write_plus_crc": median["write+crc"] / median["append"],
+        "append_us_per_batch": median["append"] / count * 1e6,
+        "os_write_us_per_batch": median["write"] / count * 1e6,
+        "crc_us_per_batch": (median["write+crc"] - median["write"]) / count * 1e6,
+    }
+    benchmark.extra_info.update(info)
+    _report(f"append 64KiB x{count}", info, "{:.3f}")
+
+
+def test_offset_index_lookups(benchmark: BenchmarkFixture, bench_dir: Path) -> None:
+    """Binary search over a memory-mapped .index of INDEX_ENTRIES entries: batch kernel and single calls."""
+    index = OffsetIndex.open_active(str(bench_dir / "00000000000000000000.index"), 0,
+                                    max_bytes=8 * INDEX_ENTRIES)
+    data = np.empty(INDEX_ENTRIES, dtype=[("r", ">i4"), ("p", ">i4")])
+    data["r"] = np.arange(INDEX_ENTRIES) * 3 + 2
+    data["p"] = np.arange(INDEX_ENTRIES) * 4096 + 4096
+    index.file.append_encoded(data.tobytes(), reserve=0)
+    rng = np.random.default_rng(7)
+    targets = rng.integers(0, 3 * INDEX_ENTRIES, size=1_000_000).astype(np.int64)
+    index.lookup_many(targets[:10])  # compile / load the cached kernel
+    singles = targets[:200_000].tolist()
+
+    def batch_lookups() -> None:
+        index.lookup_many(targets)
+
+    benchmark.pedantic(batch_lookups, rounds=10, iterations=1)
+    batch_s = statistics.median(_timed(batch_lookups) for _ in range(5))
+
+    def single_slots() -> None:
+        lookup = index.lookup_slot
+        for t in singles:
+            lookup(t)
+
+    def single_entries() -> None:
+        lookup = index.lookup
+        for t in singles:
+            lookup(t)
+
+    slot_s = statistics.median(_timed(single_slots) for _ in range(3))
+    entry_s = statistics.median(_timed(single_entries) for _ in range(3))
+    slots = index.lookup_many(targets[:1000])
+    assert all(slots[i] == (int(targets[i]) - 2) // 3 for i in range(1000))
+    info = {
+        "entries": INDEX_ENTRIES,
+        "batch_kernel_lookups_per_s": len(targets) / batch_s,
+        "single_call_lookup_slot_per_s": len(singles) / slot_s,
+        "single_call_lookup_entry_per_s": len(singles) / entry_s,
+    }
+    index.close()
+    benchmark.extra_info.update(info)
+    _report("index lookups", info, "{:,.0f}")
+
+
+def test_recovery_scan_of_the_tail(benchmark: BenchmarkFixture, bench_dir: Path) -> None:
+    """Log.open after an unclean stop with RECOVERY_MIB of unflushed 64 KiB batches (page cache warm, file
+    clean), vs one crc32c call over the whole mmap'd file (the memory-bandwidth floor of any check)."""
+    directory = bench_dir / "t-0"
+    log = Log.open(directory, LogConfig(segment_bytes=2**31 - 1))
+    batch = _batch(BATCH_BYTES)
+    for _ in range(RECOVERY_MIB * 1024 * 1024 // BATCH_BYTES):
+        log.append(batch, leader_epoch=0)
+    size = log.size_bytes
+    log.close(clean=False)
+    segment = next(directory.glob("*.log"))
+    fd = os.open(segment, os.O_RDONLY)
+    os.fsync(fd)  # recovery should scan, not wait for writeback of the pages just written
+    os.close(fd)
+
+    def crash_state() -> None:
+        (directory / RECOVERY_POINT_CHECKPOINT_FILE).unlink(missing_ok=True)  # recovery point 0: scan it all
+
+    def recover() -> None:
+        Log.open(directory, LogConfig(segment_bytes=2**31 - 1)).close(clean=False)
+
+    def floor() -> None:
+        with open(segment, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            crc32c.crc32c(view)
+            view.release()
+
+    def scan_only() -> None:
+        scan = scan_segment(str(segment), 0, index_interval_bytes=4096)
+        assert scan.valid_bytes == size
+
+    crash_state()
+    recover()  # warm up numba's cache and the page cache
+    benchmark.pedantic(recover, setup=crash_state, rounds=5, iterations=1)
+    recover_s, scan_s, floor_s = [], [], []
+    for _ in range(5):
+        crash_state()
+        recover_s.append(_timed(recover))
+        scan_s.append(_timed(scan_only))
+        floor_s.append(_timed(floor))
+    info = {
+        "tail_MiB": size / 2**20,
+        "recovery_GBps": size / statistics.median(recover_s) / 1e9,
+        "scan_only_GBps": size / statistics.median(scan_s) / 1e9,
+        "crc32c_mmap_floor_GBps": size / statistics.median(floor_s) / 1e9,
+        "ratio_recovery_to_floor": statistics.median(floor_s) / statistics.median(recover_s),
+    }
+    benchmark.extra_info.update(info)
+    _report("recovery", info, "{:.3f}")
+
+
+def test_fetch_slice_lookups(benchmark: BenchmarkFixture, bench_dir: Path) -> None:
+    """Log.read / LogReader.read: finding a 1 MiB slice of whole 16 KiB batches (the bytes are not sent)."""
+    directory = bench_dir / "t-0"
+    log = Log.open(directory, LogConfig(segment_bytes=2**31 - 1))
+    batch = _batch(16 * 1024, records=16)
+    for _ in range(8192):  # 128 MiB, 131072 offsets
+        log.append(batch, leader_epoch=0)
+    reader = LogReader(str(directory))
+    rng = np.random.default_rng(3)
+    offsets = rng.integers(0, log.log_end_offset, size=20_000).tolist()
+
+    def writer_reads() -> None:
+        for offset in offsets:
+            log.read(offset, 1 << 20, max_offset=log.log_end_offset)
+
+    def reader_reads() -> None:
+        for offset in offsets:
+            reader.read(offset, 1 << 20, max_offset=131072)
+
+    benchmark.pedantic(reader_reads, rounds=3, iterations=1)
+    assert reader.read(5, 1 << 20).size_bytes == 64 * 16 * 1024
+    info = {
+        "log_read_per_s": len(offsets) / statistics.median(_timed(writer_reads) for _ in range(3)),
+        "log_reader_read_per_s": len(offsets) / statistics.median(_timed(reader_reads) for _ in range(3)),
+    }
+    reader.close()
+    log.close(clean=False)
+    benchmark.extra_info.update(info)
+    _report("fetch slices (1 MiB of 16 KiB batches)", info, "{:,.0f}")
