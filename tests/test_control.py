@@ -41,7 +41,7 @@ _json = st.recursive(
 _messages = st.lists(st.dictionaries(st.text(max_size=10), _json, max_size=5), min_size=1, max_size=6)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(messages=_messages, cuts=st.lists(st.integers(0, 10_000), max_size=8))
 def test_messages_round_trip_wherever_the_stream_is_cut(
     messages: list[dict[str, Any]], cuts: list[int]
