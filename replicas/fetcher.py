@@ -1,0 +1,456 @@
+"""The follower's fetcher: copy one partition from its leader, byte for byte, at the same offsets.
+
+Theory of operation
+-------------------
+One :class:`PartitionFetcher` per partition this replica follows, one blocking connection to the leader
+(``replicas.leader_connection``), driven by :meth:`PartitionFetcher.step` (one exchange with the leader)
+or :meth:`PartitionFetcher.run` (steps until stopped, sleeping the back-offs steps ask for).
+
+Two phases::
+
+    TRUNCATING --(step complete)--> FETCHING --(new leader or epoch, divergence)--> TRUNCATING
+         ^  |  OffsetsForLeaderEpoch(my latest epoch), truncate (replicas.leader_epochs)
+         +--+  until the truncation is complete (KIP-279 may need several rounds)
+
+* **Truncating** (on start, and whenever the leader or its epoch changes): ask the leader where our latest
+  epoch ends in its log and cut ours there (``Log.truncate_to``), so the logs never diverge after a failover.
+* **Fetching**: Fetch with ``replica_id`` = our broker id, ``fetch_offset`` = our log end offset and
+  ``current_leader_epoch`` = the epoch we believe in (a leader in another epoch fences us).  The leader
+  long-polls (``max_wait_ms``) when we are caught up.  The response's records are walked batch by batch
+  (``storage.batch_reader.iter_batches``: magic, length, CRC; a partial batch at the end is normal and left
+  for the next fetch) and appended unchanged with ``Log.append_as_follower``: the leader's offsets, epochs
+  and bytes.  A bad batch appends nothing of the response and is fetched again after a back-off.
+  Our high watermark becomes ``max(ours, min(leader's, our log end))``: it never goes backwards except when
+  a truncation cuts below it.
+
+Errors from the leader, as Kafka's follower handles them:
+
+* OFFSET_OUT_OF_RANGE: ListOffsets.  Leader's log end below ours (an unclean leader): truncate to it.
+  Leader's log start above our end (retention moved it): empty our log and restart at the leader's start.
+* FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION: ask the leader source again,
+  back off (a new leader or epoch then means truncating again).
+* UNKNOWN_LEADER_EPOCH (the leader has not learned our epoch yet), anything else, timeouts, closed or
+  refused connections: back off and retry (reconnecting as needed).
+
+The leader comes from a *leader source*: a :class:`~replicas.leader_connection.LeaderInfo`, or a callable
+returning the current one (or None while there is none) -- the supervisor's view, or
+``leader_from_metadata`` asked of a bootstrap broker.
+
+The follower's high watermark is handed to ``on_high_watermark`` when it advances (publish it in a state
+page) and written to the partition's replica-state file every ``checkpoint_interval_ms`` and on close.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+from ipc.kafka import (
+    ErrorCode,
+    FetchPartition,
+    FetchRequest,
+    FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+    Struct,
+    error_name,
+)
+from replicas.leader_connection import DEFAULT_REQUEST_TIMEOUT_MS, LeaderConnection, LeaderInfo
+from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
+from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
+from storage.batch_reader import iter_batches
+from storage.errors import CorruptRecordError, InvalidRecordError, ProtocolError, RequestTimeoutError
+from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log
+
+__all__ = [
+    "EMPTY_FETCH_BACKOFF_MS",
+    "FetchPhase",
+    "FetcherConfig",
+    "LeaderSource",
+    "PartitionFetcher",
+    "StepOutcome",
+]
+
+EMPTY_FETCH_BACKOFF_MS: Final = 5  # an empty answer well before max_wait_ms: the leader does not long-poll
+_REFRESH_ERRORS: Final = frozenset({
+    ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+})
+
+LeaderSource = Callable[[], LeaderInfo | None]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherConfig:
+    """A follower's settings, Kafka's names with ``.`` as ``_``."""
+
+    broker_id: int  # sent as replica_id: the leader tracks us under it
+    replica_fetch_max_bytes: int = 1_048_576  # partition_max_bytes and max_bytes of each Fetch
+    replica_fetch_wait_max_ms: int = 500  # the leader's long poll
+    replica_fetch_min_bytes: int = 1
+    replica_fetch_backoff_ms: int = 1000  # after an error
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS  # on top of the long poll
+    checkpoint_interval_ms: int = 5000  # high watermark into the replica-state file
+    client_id: str = "appliance-replica"
+    sasl_plain: tuple[str, str] | None = None
+
+
+class FetchPhase(enum.Enum):
+    TRUNCATING = "truncating"
+    FETCHING = "fetching"
+
+
+class StepOutcome(NamedTuple):
+    """What one step did; ``backoff_ms`` is how long to wait before the next one."""
+
+    action: str  # "appended", "empty", "truncated", "backoff"
+    backoff_ms: int = 0
+    detail: str = ""
+    records_bytes: int = 0
+
+
+class PartitionFetcher:
+    """Keeps ``log`` (opened by this process as its only writer) a copy of the leader's.  One thread."""
+
+    def __init__(
+        self,
+        log: Log,
+        leader: LeaderSource | LeaderInfo,
+        config: FetcherConfig,
+        *,
+        on_high_watermark: Callable[[int], None] | None = None,
+        on_log_end_offset: Callable[[int], None] | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.log = log
+        self.topic, self.partition = log.topic_partition
+        self.name = log.name
+        self.config = config
+        self._source: LeaderSource = (lambda: leader) if isinstance(leader, LeaderInfo) else leader
+        self._on_high_watermark = on_high_watermark
+        self._on_log_end_offset = on_log_end_offset
+        self._clock_ms = clock_ms or (lambda: time.monotonic_ns() // 1_000_000)
+        self.leader: LeaderInfo | None = None
+        self.phase = FetchPhase.TRUNCATING
+        self.last_error = ""
+        self._conn: LeaderConnection | None = None
+        self._lock = threading.Lock()  # guards _conn between the fetching thread and close()
+        self._closed = False
+        persisted = read_replica_state(log.directory)
+        known = persisted.high_watermark if persisted is not None else 0
+        self._high_watermark = max(log.log_start_offset, min(known, log.log_end_offset))
+        self._checkpointed_high_watermark = self._high_watermark
+        self._last_checkpoint_ms = self._clock_ms()
+
+    # --- what callers read ----------------------------------------------------------------------------------
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    # --- driving --------------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Step until ``stop`` is set (or :meth:`close` is called), sleeping the back-offs."""
+        while not stop.is_set() and not self._closed:
+            outcome = self.step()
+            if outcome.backoff_ms:
+                stop.wait(outcome.backoff_ms / 1000)
+
+    def step(self) -> StepOutcome:
+        """One exchange with the leader (truncation round or fetch).  Network and leader errors become a
+        back-off outcome; errors of our own log (disk) propagate."""
+        if self._closed:
+            return StepOutcome("backoff", self.config.replica_fetch_backoff_ms, "closed")
+        try:
+            leader = self._current_leader()
+            if leader is None:
+                return self._backoff("no leader known for the partition", refresh=True)
+            conn = self._connection(leader)
+            if self.phase is FetchPhase.TRUNCATING:
+                outcome = self._truncate(conn, leader)
+            else:
+                outcome = self._fetch(conn, leader)
+        except _LeaderUnreachable as error:
+            self._drop_connection()
+            if self._closed:  # close() from another thread cut the exchange short
+                return StepOutcome("backoff", 0, "closed")
+            return self._backoff(str(error), refresh=True)
+        self._maybe_checkpoint()
+        return outcome
+
+    def close(self) -> None:
+        """Stop: wake a blocked request, close the connection, checkpoint the high watermark.  The log stays
+        open (its owner closes it)."""
+        self._closed = True
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            conn.shutdown()
+        self._drop_connection()
+        self._checkpoint()
+
+    # --- leader and connection ------------------------------------------------------------------------------
+    def _current_leader(self) -> LeaderInfo | None:
+        if self.leader is None:
+            self._set_leader(self._source())
+        return self.leader
+
+    def _set_leader(self, leader: LeaderInfo | None) -> None:
+        if leader == self.leader:
+            return
+        old = self.leader
+        if leader is not None and leader.leader_id == self.config.broker_id:
+            _log.warning("partition %s: the leader source names this replica (%d) as leader; not fetching",
+                         self.name, self.config.broker_id)
+            leader = None
+        if old is None or leader is None or (old.host, old.port) != (leader.host, leader.port):
+            self._drop_connection()
+        if leader is not None and (old is None or old.leader_epoch != leader.leader_epoch
+                                   or old.leader_id != leader.leader_id):
+            _log.info("partition %s: following %s (was %s): truncating first", self.name, leader, old)
+            self.phase = FetchPhase.TRUNCATING
+        self.leader = leader
+
+    def _connection(self, leader: LeaderInfo) -> LeaderConnection:
+        with self._lock:
+            conn = self._conn
+        if conn is None or conn.closed:
+            try:
+                conn = LeaderConnection.connect(
+                    leader.host, leader.port, client_id=self.config.client_id,
+                    timeout_ms=self.config.request_timeout_ms, sasl_plain=self.config.sasl_plain)
+            except (OSError, ProtocolError, RequestTimeoutError) as error:
+                why = f"connecting to {leader}: {type(error).__name__}: {error}"
+                raise _LeaderUnreachable(why) from error
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    raise _LeaderUnreachable(f"partition {self.name}: the fetcher is closed")
+                self._conn = conn
+        return conn
+
+    def _drop_connection(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _backoff(self, why: str, *, refresh: bool = False) -> StepOutcome:
+        if why != self.last_error:
+            _log.warning("partition %s: %s; retrying in %d ms", self.name, why,
+                         self.config.replica_fetch_backoff_ms)
+        self.last_error = why
+        if refresh:
+            try:
+                self._set_leader(self._source())
+            except Exception as error:  # a failing source is retried at the next step
+                _log.warning("partition %s: asking for the leader failed: %s", self.name, error)
+                self._set_leader(None)
+        return StepOutcome("backoff", self.config.replica_fetch_backoff_ms, why)
+
+    # --- truncation -----------------------------------------------------------------------------------------
+    def _truncate(self, conn: LeaderConnection, leader: LeaderInfo) -> StepOutcome:
+        log = self.log
+        latest = log.latest_epoch
+        end = log.log_end_offset
+        if end == log.log_start_offset:
+            step = TruncationStep(end, True, "the log is empty: nothing to truncate")
+        elif latest < 0:
+            step = truncation_without_epochs(follower_log_end_offset=end,
+                                             follower_high_watermark=self._high_watermark)
+        else:
+            answer = _exchange(conn, OffsetForLeaderEpochRequest(
+                replica_id=self.config.broker_id,
+                topics=[OffsetForLeaderTopic(topic=self.topic, partitions=[OffsetForLeaderPartition(
+                    partition=self.partition, current_leader_epoch=leader.leader_epoch,
+                    leader_epoch=latest)])],
+            ))
+            found = [p for t in answer.topics if t.topic == self.topic for p in t.partitions
+                     if p.partition == self.partition]
+            if not found:
+                raise _LeaderUnreachable(f"leader {conn.address}: OffsetsForLeaderEpoch answer lacks "
+                                         f"partition {self.name}")
+            result = found[0]
+            if result.error_code != ErrorCode.NONE:
+                return self._leader_error(result.error_code, "OffsetsForLeaderEpoch")
+            step = follower_truncation(leader_epoch=result.leader_epoch, leader_end_offset=result.end_offset,
+                                       follower_epochs=log.leader_epoch_cache, follower_log_end_offset=end,
+                                       follower_high_watermark=self._high_watermark)
+        self._apply_truncation(step, leader)
+        if step.complete:
+            self.phase = FetchPhase.FETCHING
+        return StepOutcome("truncated", 0, step.reason)
+
+    def _apply_truncation(self, step: TruncationStep, leader: LeaderInfo) -> None:
+        log = self.log
+        before = log.log_end_offset
+        if step.offset < before:
+            log.truncate_to(step.offset)
+            _log.info("partition %s: truncated from %d to %d following %s: %s", self.name, before,
+                      log.log_end_offset, leader, step.reason)
+        # Epochs starting at the cut hold no records; dropping them lets the next round ask an older epoch.
+        log.leader_epoch_cache.truncate_from_end(step.offset)
+        if self._high_watermark > log.log_end_offset:
+            self._high_watermark = log.log_end_offset
+        if self._on_log_end_offset is not None and log.log_end_offset != before:
+            self._on_log_end_offset(log.log_end_offset)
+
+    # --- fetching -------------------------------------------------------------------------------------------
+    def _fetch(self, conn: LeaderConnection, leader: LeaderInfo) -> StepOutcome:
+        config = self.config
+        log = self.log
+        fetch_offset = log.log_end_offset
+        request = FetchRequest(
+            replica_id=config.broker_id, max_wait_ms=config.replica_fetch_wait_max_ms,
+            min_bytes=config.replica_fetch_min_bytes, max_bytes=config.replica_fetch_max_bytes,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[FetchTopic(topic=self.topic, partitions=[FetchPartition(
+                partition=self.partition, current_leader_epoch=leader.leader_epoch, fetch_offset=fetch_offset,
+                log_start_offset=log.log_start_offset, partition_max_bytes=config.replica_fetch_max_bytes)])],
+        )
+        started_ms = self._clock_ms()
+        answer = _exchange(conn, request, config.request_timeout_ms + config.replica_fetch_wait_max_ms)
+        if answer.error_code != ErrorCode.NONE:
+            return self._leader_error(answer.error_code, "Fetch")
+        found = [p for t in answer.responses if t.topic == self.topic for p in t.partitions
+                 if p.partition_index == self.partition]
+        if not found:
+            raise _LeaderUnreachable(f"leader {conn.address}: Fetch answer lacks partition {self.name}")
+        data = found[0]
+        if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            return self._out_of_range(conn, leader, fetch_offset)
+        if data.error_code != ErrorCode.NONE:
+            return self._leader_error(data.error_code, "Fetch")
+        records = data.records
+        appended = 0
+        if records is not None and len(records) > 0:
+            where = f"partition {self.name}: Fetch answer from leader {conn.address} at offset {fetch_offset}"
+            batches = iter_batches(records, where=where, allow_truncated_tail=True)
+            start = end = -1
+            try:
+                for position, header in batches:
+                    if header.last_offset < fetch_offset:
+                        continue  # a batch we already hold
+                    if (header.base_offset < fetch_offset and start < 0
+                            and log.log_start_offset == fetch_offset):
+                        # Our log is empty and starts inside this batch (we restarted at the leader's log
+                        # start, which retention put mid-batch): start at the batch instead, as Kafka does.
+                        log.truncate_fully_and_start_at(header.base_offset)
+                        fetch_offset = header.base_offset
+                    if header.base_offset < fetch_offset:
+                        self.phase = FetchPhase.TRUNCATING
+                        return self._backoff(f"{where}: batch at position {position} holds offsets "
+                                             f"{header.base_offset}..{header.last_offset}, across our log "
+                                             f"end {fetch_offset}: the logs diverged; truncating again")
+                    if start < 0:
+                        start = position
+                    end = batches.position
+            except CorruptRecordError as error:
+                return self._backoff(f"{error}; nothing of this answer was appended")
+            if start >= 0:
+                try:
+                    info = log.append_as_follower(memoryview(records)[start:end])
+                except InvalidRecordError as error:
+                    self.phase = FetchPhase.TRUNCATING
+                    return self._backoff(f"{error}; truncating again")
+                appended = end - start
+                if self._on_log_end_offset is not None:
+                    self._on_log_end_offset(info.last_offset + 1)
+            elif batches.truncated_tail_bytes:
+                return self._backoff(f"{where}: only a partial batch of {batches.truncated_tail_bytes} "
+                                     "bytes arrived; raise replica.fetch.max.bytes above the leader's "
+                                     "largest batch")
+        if 0 < data.log_start_offset <= log.log_end_offset and data.log_start_offset > log.log_start_offset:
+            log.increment_log_start_offset(data.log_start_offset)  # the leader's retention moved its start
+        self._advance_high_watermark(data.high_watermark)
+        self.last_error = ""
+        if appended:
+            return StepOutcome("appended", 0, "", appended)
+        waited_ms = self._clock_ms() - started_ms
+        idle = EMPTY_FETCH_BACKOFF_MS if waited_ms * 2 < config.replica_fetch_wait_max_ms else 0
+        return StepOutcome("empty", idle)
+
+    def _advance_high_watermark(self, leader_high_watermark: int) -> None:
+        candidate = min(leader_high_watermark, self.log.log_end_offset)
+        if candidate > self._high_watermark:
+            self._high_watermark = candidate
+            if self._on_high_watermark is not None:
+                self._on_high_watermark(candidate)
+
+    def _out_of_range(self, conn: LeaderConnection, leader: LeaderInfo, fetch_offset: int) -> StepOutcome:
+        log = self.log
+        leader_end = self._list_offset(conn, leader, LATEST_TIMESTAMP)
+        if leader_end is None:
+            return self._backoff("ListOffsets failed after OFFSET_OUT_OF_RANGE", refresh=True)
+        if leader_end < fetch_offset:
+            _log.warning("partition %s: the leader's log ends at %d, below ours at %d (an unclean leader?): "
+                         "truncating to it", self.name, leader_end, fetch_offset)
+            self._apply_truncation(TruncationStep(leader_end, True, "leader's log end"), leader)
+            return StepOutcome("truncated", 0, f"truncated to the leader's log end {leader_end}")
+        leader_start = self._list_offset(conn, leader, EARLIEST_TIMESTAMP)
+        if leader_start is None:
+            return self._backoff("ListOffsets failed after OFFSET_OUT_OF_RANGE", refresh=True)
+        if leader_start > fetch_offset:
+            _log.warning("partition %s: the leader's log starts at %d, past our log end %d: emptying our log "
+                         "and starting there", self.name, leader_start, fetch_offset)
+            log.truncate_fully_and_start_at(leader_start)
+            self._high_watermark = leader_start  # nothing below the log start is readable here anyway
+            if self._on_log_end_offset is not None:
+                self._on_log_end_offset(leader_start)
+            return StepOutcome("truncated", 0, f"restarted at the leader's log start {leader_start}")
+        return StepOutcome("backoff", EMPTY_FETCH_BACKOFF_MS, "offset back in range")
+
+    def _list_offset(self, conn: LeaderConnection, leader: LeaderInfo, timestamp: int) -> int | None:
+        answer = _exchange(conn, ListOffsetsRequest(
+            replica_id=self.config.broker_id, isolation_level=0,
+            topics=[ListOffsetsTopic(name=self.topic, partitions=[ListOffsetsPartition(
+                partition_index=self.partition, current_leader_epoch=leader.leader_epoch,
+                timestamp=timestamp)])],
+        ))
+        for topic in answer.topics:
+            for p in topic.partitions:
+                if topic.name == self.topic and p.partition_index == self.partition:
+                    return int(p.offset) if p.error_code == ErrorCode.NONE and p.offset >= 0 else None
+        return None
+
+    def _leader_error(self, code: int, api: str) -> StepOutcome:
+        why = f"{api} from {self.leader} answered {error_name(code)}"
+        return self._backoff(why, refresh=code in _REFRESH_ERRORS)
+
+    # --- the high watermark checkpoint ----------------------------------------------------------------------
+    def _maybe_checkpoint(self) -> None:
+        if (self._high_watermark != self._checkpointed_high_watermark
+                and self._clock_ms() - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        leader = self.leader
+        write_replica_state(self.log.directory, PersistedReplicaState(
+            self.topic, self.partition, leader.leader_id if leader else -1,
+            leader.leader_epoch if leader else -1, (), self._high_watermark))
+        self._checkpointed_high_watermark = self._high_watermark
+        self._last_checkpoint_ms = self._clock_ms()
+
+
+class _LeaderUnreachable(Exception):
+    """Internal: an exchange with the leader failed (connection, timeout, malformed answer)."""
+
+
+def _exchange(conn: LeaderConnection, request: Struct, timeout_ms: int | None = None) -> Any:
+    try:
+        return conn.request(request, timeout_ms=timeout_ms)
+    except (OSError, ProtocolError, RequestTimeoutError) as error:
+        raise _LeaderUnreachable(f"{type(error).__name__}: {error}") from error
