@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator
 
 from storage.checkpoints import LeaderEpochCache, read_offset_checkpoint
-from storage.errors import OffsetOutOfRangeError
+from storage.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from storage.log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -62,7 +62,7 @@ class LogReader:
         self._epochs: LeaderEpochCache | None = None
         self._epochs_identity: tuple[int, int] = (0, 0)
         if not os.path.isdir(directory):
-            raise OffsetOutOfRangeError(f"partition {self.name}: no log directory {directory}")
+            raise UnknownTopicOrPartitionError(f"partition {self.name}: no log directory {directory}")
         self.refresh()
 
     # --- the directory's picture ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from batchgen import build_batch
 
 from storage.batch_header import parse_header, validate_batch
-from storage.errors import OffsetOutOfRangeError
+from storage.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader, open_read_only
@@ -148,3 +148,8 @@ def test_reader_in_this_process_follows_a_writer_process(tmp_path: Path) -> None
         assert offset == end == reader.log_end_offset
         assert seen > 100
         reader.close()
+
+
+def test_reader_of_a_missing_partition(tmp_path: Path) -> None:
+    with pytest.raises(UnknownTopicOrPartitionError, match="nope-1: no log directory"):
+        LogReader(str(tmp_path / "nope-1"))
