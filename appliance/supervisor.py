@@ -70,8 +70,9 @@ from ipc.ring_layout import DEFAULT_ACK_SLOTS
 from ipc.shm import SHM_DIR, Permissions, ShmNames, instance_id, reclaim
 from ipc.state_page import StatePage
 from ipc.wakeup import Doorbell
-from storage.errors import ApplianceError, ProtocolError, UnknownTopicOrPartitionError
+from storage.errors import ApplianceError, LogLockedError, ProtocolError, UnknownTopicOrPartitionError
 from storage.log import Log
+from storage.log_config import LogConfig
 from storage.producer_state import ProducerIdBlockAllocator
 
 __all__ = [
@@ -294,6 +295,12 @@ class Supervisor:
     def _start(self) -> None:
         config = self.config
         set_proctitle("appliance: supervisor")
+        self._selector = selectors.DefaultSelector()
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._wakeup_r.setblocking(False)
+        self._wakeup_w.setblocking(False)
+        self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("wakeup", None))
+        self._install_signals()  # a SIGTERM during a long recovery stops the start-up cleanly
         for directory in config.log_dirs:
             os.makedirs(directory, exist_ok=True)
             self._lock(os.path.join(directory, _LOCK_FILE), f"log dir {directory}")
@@ -305,30 +312,28 @@ class Supervisor:
             _log.warning("reclaimed %d shared-memory objects a previous run left (%s ...)", len(removed),
                          removed[0])  # fmt: skip
         self._store = MetadataStore.open(config.log_dirs)
-        for name, topic in config.topics.items():
+        for name, declared in config.topics.items():
             if name not in self._store:
-                self._check_replication(name, topic.replication_factor)
-                self._store.create_topic(name, topic.partitions, topic.replication_factor)
-                _log.info("created configured topic %s with %d partitions", name, topic.partitions)
-            elif self._store.get(name).partitions != topic.partitions:
+                self._check_replication(name, declared.replication_factor)
+                self._store.create_topic(name, declared.partitions, declared.replication_factor)
+                _log.info("created configured topic %s with %d partitions", name, declared.partitions)
+            elif self._store.get(name).partitions != declared.partitions:
                 _log.warning("topic %s has %d partitions; the configuration declares %d (not changed)",
-                             name, self._store.get(name).partitions, topic.partitions)  # fmt: skip
+                             name, self._store.get(name).partitions, declared.partitions)  # fmt: skip
         self._allocator = ProducerIdBlockAllocator(
             os.path.join(config.log_dirs[0], META_DIR, _PRODUCER_ID_FILE)
         )
         started = time.monotonic()
         partitions = [(topic, p) for topic in self._store.topics.values() for p in range(topic.partitions)]
-        prepared = [self._prepare_partition(topic, p) for topic, p in partitions]
+        prepared = []
+        for topic, p in partitions:
+            if self._stop_requested:
+                return
+            prepared.append(self._prepare_partition(topic, p))
         _log.info(
             "recovered %d partition logs in %.0f ms", len(prepared), (time.monotonic() - started) * 1000
         )
         warm_up()
-        self._selector = selectors.DefaultSelector()
-        self._wakeup_r, self._wakeup_w = socket.socketpair()
-        self._wakeup_r.setblocking(False)
-        self._wakeup_w.setblocking(False)
-        self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("wakeup", None))
-        self._install_signals()
         self._bind_control_socket()
         for partition in prepared:
             self._spawn_writer(partition)
@@ -368,7 +373,7 @@ class Supervisor:
         log_config = config.log_config(topic.name, self._log_config_overrides(topic))
         effective = config.topic(topic.name, self._log_config_overrides(topic))
         self._extend_start_timeout()
-        log = Log.open(directory, log_config, topic_partition=(topic.name, partition), recover=True)
+        log = self._open_log(directory, log_config, (topic.name, partition))
         try:
             epoch = max(log.latest_epoch, 0)
             end, start = log.log_end_offset, log.log_start_offset
@@ -404,6 +409,22 @@ class Supervisor:
         part = _Partition(topic.name, partition, directory, spec, page, doorbell, _Child("writer", spec.name))
         self._partitions[(topic.name, partition)] = part
         return part
+
+    def _open_log(self, directory: str, log_config: LogConfig, tp: tuple[str, int]) -> Log:
+        """Open (recovering) a log; wait up to 30 s for a previous run's writer still holding it (a writer
+        orphaned by a killed supervisor drains and exits on its own: PR_SET_PDEATHSIG)."""
+        deadline = time.monotonic() + 30
+        waited = False
+        while True:
+            try:
+                return Log.open(directory, log_config, topic_partition=tp, recover=True)
+            except LogLockedError as exc:
+                if time.monotonic() > deadline or self._stop_requested:
+                    raise
+                if not waited:
+                    _log.warning("%s; waiting for it to exit", exc)
+                    waited = True
+                time.sleep(0.05)
 
     def _extend_start_timeout(self) -> None:
         now = time.monotonic()

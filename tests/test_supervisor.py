@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import time
@@ -272,3 +273,27 @@ def test_sigkill_of_the_whole_tree_then_restart_reclaims_and_recovers(appliances
     assert serve.stop() == 0
     assert serve.leftovers() == []
     assert json.loads((serve.data / "meta" / "topics.json").read_text())["topics"]["t"]["partitions"] == 2
+
+
+def test_writers_of_a_killed_supervisor_exit_and_a_new_one_starts(appliances: list[Appliance]) -> None:
+    serve = Appliance(None, "topics.t.partitions=2")
+    appliances.append(serve)
+    serve.start()
+    writers = serve.children()
+    with serve.client() as client:
+        producer = RawProducer(client, "t", 1)
+        for i in range(10):
+            producer.send([b"before %d" % i])
+        assert producer.ring.wait_acks(9, 5000)
+        os.kill(serve.pid, signal.SIGKILL)  # only the supervisor
+        assert serve.process is not None and serve.process.wait(10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{pid}") for pid in writers):
+            assert time.monotonic() < deadline, "orphaned writers keep running"
+            time.sleep(0.02)
+        producer.close()
+    serve.start()
+    assert "reclaimed" in serve.log()
+    assert [parse_header(b).base_offset for b in serve.batches("t", 1)] == list(range(10))
+    assert serve.stop() == 0
+    assert serve.leftovers() == []
