@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.broker_cluster import Cluster
-from appliance.broker_connection import Connection, ConnectionClosed
+from appliance.broker_connection import Connection, ConnectionClosed, ResponseSlot
 from appliance.broker_handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker_partitions import PartitionTable
 from appliance.broker_produce import Produce, ProduceService
@@ -293,49 +293,52 @@ class Broker:
             result.has_error
             or body.max_wait_ms <= 0
             or result.ready_bytes >= max(body.min_bytes, 1)
-            or (not result.watched)
+            or not result.watched
         ):
             conn.respond(encode_response_parts(header, result.response))
             return
         deadline_ms = time.monotonic() * 1000 + body.max_wait_ms
-        conn.parked = True
-        self.fetches.add(ParkedFetch(conn, header, body, deadline_ms, result.watched))
+        conn.parked = True  # a long poll holds the requests behind it, as in Kafka
+        self.fetches.add(ParkedFetch(conn.reserve(), header, body, deadline_ms, result.watched))
 
     def _poll_fetches(self) -> None:
         now_ms = time.monotonic() * 1000
         for parked in self.fetches.poll(now_ms):
             self.fetches.finish(parked)
-            conn = parked.owner
-            assert isinstance(conn, Connection)
-            if conn.closed:
+            slot = parked.owner
+            assert isinstance(slot, ResponseSlot)
+            if slot.connection.closed:
                 continue
             result = read_fetch(self.ctx.lookup, parked.request)
             enough = result.ready_bytes >= max(parked.request.min_bytes, 1)
             if enough or result.has_error or parked.deadline_ms <= now_ms or not result.watched:
-                self._finish_held(conn, parked.header, result.response)
+                self._finish_held(slot, parked.header, result.response, unpark=True)
             else:
                 parked.done = False
                 parked.watched = result.watched
                 self.fetches.add(parked)
 
     def _start_produce(self, conn: Connection, header: RequestHeader, body: ProduceRequest) -> None:
-        outcome = self.produce.start(conn, header, body)
+        slot = conn.reserve()  # answered now, later (after the writers' acks) or never (acks=0)
+        outcome = self.produce.start(slot, header, body)
         if outcome.close_reason is not None:
+            log.info("%s: closing the connection: %s", conn.peer, outcome.close_reason)
             raise ConnectionClosed(outcome.close_reason)
         if outcome.response is not None:
-            conn.respond(encode_response_parts(header, outcome.response))
-        elif outcome.held:
-            conn.parked = True
+            conn.fill(slot, encode_response_parts(header, outcome.response))
+        elif not outcome.held:
+            conn.fill(slot, ())
 
-    def _finish_held(self, conn: Any, header: Any, response: Any) -> None:
-        """Answer a held request, then go on with the frames its connection buffered meanwhile."""
-        assert isinstance(conn, Connection)
+    def _finish_held(self, slot: Any, header: Any, response: Any, *, unpark: bool = False) -> None:
+        """Answer a held request into its slot, then go on with the frames its connection buffered."""
+        assert isinstance(slot, ResponseSlot)
+        conn = slot.connection
         if conn.closed:
             return
-        conn.parked = False
+        if unpark:
+            conn.parked = False
         try:
-            if response is not None:
-                conn.respond(encode_response_parts(header, response))
+            conn.fill(slot, () if response is None else encode_response_parts(header, response))
             self._handle_buffered(conn)
         except ConnectionClosed as e:
             self._close(conn, str(e), level=logging.DEBUG)
@@ -352,8 +355,7 @@ class Broker:
         if conn.want_read or conn.want_write:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(conn.sock)
-        self.fetches.drop_owner(conn)
-        self.produce.drop_owner(conn)
+        self.fetches.drop_owner(lambda slot: getattr(slot, "connection", None) is conn)
         conn.close()
 
     def _drain(self) -> None:

@@ -7,13 +7,19 @@ socket.  It never blocks: the socket is non-blocking, and whatever cannot be sen
 connection's *send queue* until the socket is writable again.
 
 **Order.**  Kafka answers the requests of one connection in the order they arrived (clients match responses
-to requests by position as well as by correlation id).  So a connection handles one request at a time: a
-request that cannot be answered at once -- a Fetch waiting for records (long poll), a Produce waiting for
-the partition writer's ack -- *parks* the connection; the frames behind it stay in the FrameReader until its
-response is queued (:meth:`unpark`).  Queued responses leave in order because they sit in one queue.
+to requests by position as well as by correlation id).  A request that cannot be answered at once takes a
+:class:`ResponseSlot` -- its place in the response order -- and is answered into it later; responses of
+later requests wait behind an unfilled slot.  Two kinds of requests wait:
+
+* a Produce waiting for the partition writers' acks takes a slot and the connection goes on handling the
+  requests behind it, up to :data:`MAX_PENDING_RESPONSES` unfilled slots -- so a client that pipelines
+  (librdkafka keeps up to 5 produce requests in flight) keeps the writers busy;
+* a Fetch waiting for records (long poll) takes a slot and *parks* the connection: nothing behind it is
+  handled until it is answered, as in Kafka, and the frames behind it stay in the FrameReader.
 
 **Back-pressure.**  A connection stops *reading* (the loop drops its read interest) while it is parked, or
-while its send queue holds more than :data:`SEND_QUEUE_LIMIT_BYTES` of unsent response bytes.  While it
+has :data:`MAX_PENDING_RESPONSES` unfilled slots, or while its send queue holds more than
+:data:`SEND_QUEUE_LIMIT_BYTES` of unsent response bytes.  While it
 reads, every complete frame is handled before the next ``recv``, so at most one ``recv`` of requests
 (:data:`RECV_BYTES`) waits in the frame reader.  A client that sends requests faster than it reads responses
 is therefore held back by TCP flow control, not by broker memory.  Kafka mutes a channel in the same
@@ -23,9 +29,10 @@ situations.
 :class:`~ipc.kafka.FileRegion` parts.  Bytes are written with ``send`` (``MSG_MORE`` while more parts follow,
 so a small header rides in the same TCP segment as the records after it), regions with ``os.sendfile``
 straight from the segment file.  A region's descriptor belongs to the partition's ``LogReader`` and is only
-valid until that reader's next call; a region that must wait in the queue therefore gets its own ``dup`` of
-the descriptor, closed once the region is sent.  The frame's size prefix already counts every region, so a
-file that turns out shorter than the region (truncated under us) cannot be padded: the connection is closed.
+valid until that reader's next call; a region that must wait (in the send queue, or in a slot behind an
+unfilled one) therefore gets its own ``dup`` of the descriptor, closed once the region is sent.  The
+frame's size prefix already counts every region, so a file that turns out shorter than the region
+(truncated under us) cannot be padded: the connection is closed.
 """
 
 from __future__ import annotations
@@ -39,16 +46,19 @@ from collections.abc import Iterable
 from ipc.kafka import FileRegion, FrameReader
 
 __all__ = [
+    "MAX_PENDING_RESPONSES",
     "RECV_BYTES",
     "SEND_QUEUE_LIMIT_BYTES",
     "Connection",
     "ConnectionClosed",
+    "ResponseSlot",
 ]
 
 log = logging.getLogger("appliance.broker")
 
 SEND_QUEUE_LIMIT_BYTES = 4 * 1024 * 1024  # stop reading requests while more than this waits to be sent
 RECV_BYTES = 256 * 1024  # one recv() at most
+MAX_PENDING_RESPONSES = 16  # unfilled response slots (requests waiting for acks) before reading stops
 
 _MSG_MORE = getattr(socket, "MSG_MORE", 0)
 _SENDFILE_CHUNK_BYTES = 1 << 30  # os.sendfile moves at most ~2 GiB per call on Linux
@@ -75,11 +85,22 @@ class _Region:
         self.fd = -1
 
 
+class ResponseSlot:
+    """The place of one waiting request's response in its connection's response order."""
+
+    __slots__ = ("connection", "items")
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.items: list[memoryview | _Region] | None = None  # None until the response is known
+
+
 class Connection:
     """The broker's state for one accepted socket (TCP or Unix).  See the module docstring."""
 
     __slots__ = (
         "_queue",
+        "_slots",
         "closed",
         "listener",
         "parked",
@@ -98,6 +119,7 @@ class Connection:
         self.listener = listener  # the listener it came through (its advertised address goes in Metadata)
         self.reader = FrameReader(max_frame_bytes)
         self._queue: collections.deque[memoryview | _Region] = collections.deque()
+        self._slots: collections.deque[ResponseSlot] = collections.deque()  # reserved, oldest first
         self.queued_bytes = 0  # response bytes queued and not yet sent
         self.parked = False  # a request is being answered later; hold the frames behind it
         self.closed = False
@@ -127,8 +149,14 @@ class Connection:
 
     @property
     def may_handle(self) -> bool:
-        """May the next buffered request be handled now (not parked, send queue not over its limit)?"""
-        return not self.parked and not self.closed and self.queued_bytes <= SEND_QUEUE_LIMIT_BYTES
+        """May the next buffered request be handled now (not parked, not too many responses pending, send
+        queue not over its limit)?"""
+        return (
+            not self.parked
+            and not self.closed
+            and self.queued_bytes <= SEND_QUEUE_LIMIT_BYTES
+            and len(self._slots) < MAX_PENDING_RESPONSES
+        )
 
     @property
     def may_read(self) -> bool:
@@ -137,22 +165,49 @@ class Connection:
 
     # -- writing ------------------------------------------------------------------------------------------
 
-    def respond(self, parts: Iterable[bytes | FileRegion]) -> bool:
-        """Queue one response (its parts in order) and send what the socket takes now; True when the whole
-        queue is sent.  Call it in the same turn the regions were read (their descriptors are only valid
-        until the partition reader's next call); regions still queued on return own a ``dup``."""
-        self._append(parts)
-        return self.send_queued()
+    def respond(self, parts: Iterable[bytes | FileRegion]) -> None:
+        """Answer the request being handled now: queue its response (behind any unfilled slot) and send
+        what the socket takes.  Call it in the same turn the regions were read (their descriptors are only
+        valid until the partition reader's next call); regions that must wait get a ``dup``."""
+        if self._slots:
+            self.fill(self.reserve(), parts)
+            return
+        self._enqueue(_items(parts))
+        self.send_queued()
 
-    def _append(self, parts: Iterable[bytes | FileRegion]) -> None:
-        for part in parts:
-            if isinstance(part, FileRegion):
-                if part.size > 0:
-                    self._queue.append(_Region(part.fd, part.position, part.size, owned=False))
-                    self.queued_bytes += part.size
-            elif part:
-                self._queue.append(memoryview(part))
-                self.queued_bytes += len(part)
+    def reserve(self) -> ResponseSlot:
+        """Take the next place in the response order for a request answered later (:meth:`fill`)."""
+        slot = ResponseSlot(self)
+        self._slots.append(slot)
+        return slot
+
+    def fill(self, slot: ResponseSlot, parts: Iterable[bytes | FileRegion]) -> None:
+        """Answer a waiting request (``parts`` empty: no response, acks=0); queue every response that is
+        now at the head of the order, and send what the socket takes."""
+        if self.closed:
+            return
+        slots = self._slots
+        items = _items(parts)
+        if slot is not slots[0]:
+            for item in items:
+                if isinstance(item, _Region):
+                    item.fd = os.dup(item.fd)  # it waits behind other responses: own the descriptor
+                    item.owned = True
+        slot.items = items
+        while slots and slots[0].items is not None:
+            head = slots.popleft()
+            self._enqueue(head.items or [])
+            head.items = None
+        self.send_queued()
+
+    @property
+    def pending_responses(self) -> int:
+        """Reserved slots not yet filled or not yet queued."""
+        return len(self._slots)
+
+    def _enqueue(self, items: list[memoryview | _Region]) -> None:
+        self._queue.extend(items)
+        self.queued_bytes += sum(_size(item) for item in items)
 
     def send_queued(self) -> bool:
         """Send as much of the queue as the socket takes now; True when the queue is empty.
@@ -217,8 +272,29 @@ class Connection:
             if isinstance(part, _Region):
                 part.release()
         self._queue.clear()
+        for slot in self._slots:
+            for item in slot.items or ():
+                if isinstance(item, _Region):
+                    item.release()
+        self._slots.clear()
         self.queued_bytes = 0
         try:
             self.sock.close()
         except OSError as e:  # pragma: no cover -- close() of a socket we own does not fail in practice
             log.debug("%s: close: %s", self.peer, e)
+
+
+def _items(parts: Iterable[bytes | FileRegion]) -> list[memoryview | _Region]:
+    """Send-queue items for a response's parts (empty parts dropped; regions not owned yet)."""
+    items: list[memoryview | _Region] = []
+    for part in parts:
+        if isinstance(part, FileRegion):
+            if part.size > 0:
+                items.append(_Region(part.fd, part.position, part.size, owned=False))
+        elif part:
+            items.append(memoryview(part))
+    return items
+
+
+def _size(item: memoryview | _Region) -> int:
+    return item.remaining if isinstance(item, _Region) else len(item)

@@ -79,8 +79,6 @@ class ProduceService(Protocol):
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]: ...
 
-    def drop_owner(self, owner: object) -> None: ...
-
     def close(self) -> None: ...
 
 
@@ -107,7 +105,6 @@ class _Held:
     deadline_ms: float
     answers: list[tuple[str, list[PartitionProduceResponse]]]
     batches: list[_Batch] = field(default_factory=list)
-    dropped: bool = False  # the connection went away: finish silently
 
 
 class Produce:
@@ -311,10 +308,7 @@ class Produce:
         still = []
         for held in self._held:
             if self._progress(held, now_ms):
-                if not held.dropped:
-                    finished.append(
-                        (held.owner, held.header, None if held.acks == 0 else self._response(held))
-                    )
+                finished.append((held.owner, held.header, None if held.acks == 0 else self._response(held)))
             else:
                 still.append(held)
         self._held = still
@@ -352,11 +346,6 @@ class Produce:
                 TopicProduceResponse(name=name, partition_responses=answers) for name, answers in held.answers
             ]
         )
-
-    def drop_owner(self, owner: object) -> None:
-        for held in self._held:
-            if held.owner is owner:
-                held.dropped = True
 
     def close(self) -> None:
         for publisher in self._publishers.values():

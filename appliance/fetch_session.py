@@ -205,7 +205,7 @@ def _read_partition(
 class ParkedFetch:
     """A Fetch request held until ``min_bytes`` are ready or ``deadline_ms`` passes."""
 
-    owner: object  # the connection to answer (opaque here)
+    owner: object  # where to answer (the broker's response slot; opaque here)
     header: object  # the request header (opaque here)
     request: FetchRequest
     deadline_ms: float  # time.monotonic() * 1000
@@ -279,10 +279,10 @@ class FetchWaiters:
                 if not entry[1]:
                     del self._watch[key]
 
-    def drop_owner(self, owner: object) -> None:
-        """Forget the requests of a closed connection."""
+    def drop_owner(self, is_theirs: Callable[[object], bool]) -> None:
+        """Forget the requests whose owner ``is_theirs`` (those of a closed connection)."""
         for _, _, parked in list(self._by_deadline):
-            if parked.owner is owner:
+            if not parked.done and is_theirs(parked.owner):
                 self.finish(parked)
 
     def __len__(self) -> int:
