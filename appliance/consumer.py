@@ -164,7 +164,7 @@ SETTINGS: dict[str, _Setting] = {
                                        "local: spin this long on the high watermark before sleeping"),
     "appliance.poll.max.sleep.us": _Setting(DEFAULT_MAX_SLEEP_US, _int(50, 10_000_000),
                                             "local: longest sleep between two looks at the high watermark "
-                                            "(after 100 ms without data)"),
+                                            "(after 20 ms without data)"),
 }
 _UNSUPPORTED = {
     "group.id": "consumer groups are not supported yet: use assign() and seek()",

@@ -42,7 +42,7 @@ opened ``O_RDONLY`` and mapped ``PROT_READ``.  Each reader has its own cursors a
 wakes one waiter, and the writer does not know its readers), so a reader polls the HW word: it *spins* for
 ``spin_us`` after it last saw data (a load is ~50 ns: at 100,000 records/s new data arrives every few
 tens of microseconds, so a consumer keeping up never sleeps and its latency is the scan's), then *sleeps*
-in steps doubling from 50 us to 1 ms, and after 100 ms without data up to ``max_sleep_us``.  The
+in steps doubling from 50 us to 1 ms, and after 20 ms without data up to ``max_sleep_us``.  The
 trade-off: while data flows the consumer spins on one core (it would be busy decoding anyway); a short
 pause costs a few wake-ups and delays the next record by at most 1 ms; a quiet partition costs one wake-up
 per ``max_sleep_us``.  A wake-up from ``nanosleep`` costs ~20-50 us of CPU on this kind of VM (measured:
@@ -83,7 +83,7 @@ DEFAULT_SPIN_US = 200
 DEFAULT_MAX_SLEEP_US = 10_000
 _FIRST_SLEEP_US = 50
 _SHORT_SLEEP_US = 1000  # the longest sleep during the first _SHORT_IDLE_S of a pause
-_SHORT_IDLE_S = 0.1
+_SHORT_IDLE_S = 0.02
 _STATE_PAGE_CHECK_S = 1.0  # how often an idle reader checks that its state page is still the live one
 _EMPTY = DecodedRun([], -1, 0, 0, 0, 0)
 
@@ -334,7 +334,7 @@ def wait_for_data(
     max_sleep_us: int = DEFAULT_MAX_SLEEP_US,
 ) -> bool:
     """Wait until one of ``(partition, position)`` has its high watermark above the position, at most
-    ``timeout_s``.  Spins ``spin_us``, then sleeps in doubling steps up to 1 ms, and after 100 ms up to
+    ``timeout_s``.  Spins ``spin_us``, then sleeps in doubling steps up to 1 ms, and after 20 ms up to
     ``max_sleep_us`` (see the module doc for the trade-off).  Returns whether data is there."""
     start = time.perf_counter()
     deadline = start + timeout_s
