@@ -297,3 +297,25 @@ def test_writers_of_a_killed_supervisor_exit_and_a_new_one_starts(appliances: li
     assert [parse_header(b).base_offset for b in serve.batches("t", 1)] == list(range(10))
     assert serve.stop() == 0
     assert serve.leftovers() == []
+
+
+def test_an_extra_child_produces_through_the_control_socket_gates_ready_and_is_restarted(
+    appliances: list[Appliance],
+) -> None:
+    serve = Appliance(None, extra_children=("test_supervisor_harness:helper_child",))
+    appliances.append(serve)
+    serve.start()  # READY=1 came after the helper called ready(): its batch is in the log already
+    values = [r.value for b in serve.batches("from-helper", 0) for r in iter_records(b)]
+    assert len(values) == 1 and values[0].startswith(b"hello from pid")
+    titles = {get_proctitle(pid): pid for pid in serve.children()}
+    assert sorted(titles) == ["appliance: helper", "appliance: writer from-helper-0"]
+    helper = titles["appliance: helper"]
+    os.kill(helper, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while len(serve.batches("from-helper", 0)) < 2:
+        assert time.monotonic() < deadline, "the extra child was not restarted"
+        time.sleep(0.02)
+    assert "extra helper was killed by signal 9 (SIGKILL); restarting it" in serve.log()
+    assert serve.stop() == 0
+    assert "extra helper stopped: exited with status 0" in serve.log()
+    assert serve.leftovers() == []

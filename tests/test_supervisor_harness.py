@@ -20,7 +20,9 @@ import threading
 import time
 from pathlib import Path
 
+from appliance.config import Config
 from appliance.control import Attachment, ControlClient
+from appliance.supervisor import ChildContext, ChildSpec
 from ipc.ring import RingProducer
 from ipc.shm import SHM_DIR, ShmNames, instance_id, list_objects, reclaim
 from storage.batch_builder import build_batch
@@ -34,11 +36,13 @@ START_TIMEOUT_S = 60.0
 class Appliance:
     """One ``appliance serve`` process tree in its own working directory and process group."""
 
-    def __init__(self, cwd: Path | None = None, *overrides: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cwd: Path | None = None, *overrides: str, env: dict[str, str] | None = None,
+                 extra_children: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.owns_cwd = cwd is None
         self.cwd = Path(tempfile.mkdtemp(prefix="la-", dir="/tmp")) if cwd is None else cwd
         self.overrides = list(overrides)
         self.extra_env = dict(env or {})
+        self.extra_children = extra_children
         self.data = self.cwd / "data"
         self.socket_path = self.data / ".appliance.sock"
         self.names = ShmNames(instance_id(self.data))
@@ -56,8 +60,15 @@ class Appliance:
 
     def start(self, *, wait: bool = True) -> Appliance:
         env = {**os.environ, "NOTIFY_SOCKET": os.path.join(self._notify_dir, "n"), **self.extra_env}
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
         args = [sys.executable, "-m", "appliance.cli", "serve"]
+        if self.extra_children:  # the same command, with EXTRA_CHILDREN set first
+            script = (
+                "import sys; from appliance import supervisor; "
+                f"supervisor.EXTRA_CHILDREN = {self.extra_children!r}; "
+                "sys.exit(supervisor.main(sys.argv[1:]))"
+            )
+            args = [sys.executable, "-c", script]
         for item in self.overrides:
             args += ["--override", item]
         self.log_path = self.cwd / f"serve-{time.monotonic_ns()}.log"
@@ -255,3 +266,23 @@ def logged_sequences(batches: list[bytes], producer_id: int) -> dict[int, list[i
         if header.producer_id == producer_id:
             found.setdefault(header.base_sequence, []).append(header.base_offset)
     return found
+
+
+def helper_child(config: Config) -> ChildSpec:
+    """An extra child for the tests: produces one batch as a producer would, says it is ready, then waits."""
+
+    def run(context: ChildContext) -> int:
+        with context.connect() as client:
+            topic = "from-helper"
+            if topic not in client.metadata().topics:
+                client.create_topic(topic, 1)
+            producer = RawProducer(client, topic, 0)
+            producer.send([b"hello from pid %d" % os.getpid()])
+            assert producer.ring.wait_acks(producer.ring.next_seq - 1, 5000)
+            producer.close()
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+            context.ready()
+            signal.sigwait([signal.SIGTERM])  # the supervisor stops us
+        return 0
+
+    return ChildSpec(name="helper", target=run, wait_ready=True)
