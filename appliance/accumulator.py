@@ -62,7 +62,7 @@ __all__ = [
     "as_bytes",
     "check_headers",
     "pack_column",
-    "record_size",
+    "record_payload",
     "take_column",
 ]
 
@@ -155,11 +155,11 @@ class ProducerBatch:
         "first_append_ns",
         "headers",
         "keys",
-        "null_keys",
         "null_values",
         "partition",
         "plan_cache",
         "producer",
+        "record_bytes",
         "room_bytes",
         "state",
         "timestamp_ms",
@@ -172,15 +172,19 @@ class ProducerBatch:
         self.producer = producer
         self.topic = topic
         self.partition = partition
-        self.values: list[bytes | None] = []
-        self.keys: list[bytes | None] | None = None
-        self.headers: list[Sequence[Header]] | None = None
-        self.timestamps: list[int] | None = None
-        self.null_values = False
-        self.null_keys = False
+        self.values: list[bytes | None] = []  # every record's value, in order
+        # The optional parts are sparse, (index, ...) for the records that have them, so the per-record path
+        # (value only) appends to ``values`` alone and never has to pad the others.
+        self.keys: list[tuple[int, bytes]] | None = None
+        self.headers: list[tuple[int, Sequence[Header]]] | None = None
+        self.timestamps: dict[int, int] | None = None
         self.callbacks: list[tuple[int, Callback]] | None = None
-        self.room_bytes = size_bytes  # batch.size minus what was appended (estimated encoded bytes)
-        self.extra_bytes = 0  # key and header bytes (values are counted when the batch is planned)
+        self.null_values = False
+        # batch.size accounting: what a value-only record takes besides its value, at most (more once a
+        # record of the batch has an explicit timestamp: every record's delta may then be large)
+        self.record_bytes = RECORD_ESTIMATE_BYTES
+        self.room_bytes = size_bytes  # records-section bytes left (a bound, not an estimate)
+        self.extra_bytes = 0  # key and header bytes and their length varints
         self.plan_cache: tuple[RecordColumns, int] | None = None
         self.created_ns = time.monotonic_ns()
         self.first_append_ns = 0  # monotonic ns of the first record (linger.ms counts from it)
@@ -205,46 +209,47 @@ class ProducerBatch:
         timestamp: int | None,
         callback: Callback | None,
     ) -> int:
-        """Append one record (already validated); return its index in the batch."""
+        """Append one record (already validated, room checked with :meth:`needs`); return its index."""
         values = self.values
         index = len(values)
         if index == 0:
             self.started()
-        size = RECORD_ESTIMATE_BYTES
-        if value is None:
-            self.null_values = True
-        else:
-            size += len(value)
-        if key is not None or self.keys is not None:
-            if self.keys is None:
-                self.keys = [None] * index
-                self.null_keys = index > 0
-            self.keys.append(key)
-            if key is None:
-                self.null_keys = True
-            else:
-                size += len(key) + KEY_ESTIMATE_BYTES
-        if headers or self.headers is not None:
-            if self.headers is None:
-                self.headers = [()] * index
-            self.headers.append(headers or ())
-            for name, header_value in headers or ():
-                size += HEADER_OVERHEAD_BYTES + len(name.encode("utf-8"))
-                if header_value is not None:
-                    size += len(header_value)
-        if timestamp is not None or self.timestamps is not None:
-            size += TIMESTAMP_ESTIMATE_BYTES
+        if timestamp is not None:
             if self.timestamps is None:
-                self.timestamps = [self.timestamp_ms] * index
-            self.timestamps.append(self.timestamp_ms if timestamp is None else timestamp)
+                self.timestamps = {}
+                self.record_bytes += TIMESTAMP_ESTIMATE_BYTES
+                self.room_bytes -= TIMESTAMP_ESTIMATE_BYTES * index  # the records already in
+            self.timestamps[index] = timestamp
+        extra = 0
+        if key is not None:
+            if self.keys is None:
+                self.keys = []
+            self.keys.append((index, key))
+            extra += len(key) + KEY_ESTIMATE_BYTES
+        if headers:
+            if self.headers is None:
+                self.headers = []
+            self.headers.append((index, headers))
+            for name, header_value in headers:
+                extra += HEADER_OVERHEAD_BYTES + len(name.encode("utf-8"))
+                if header_value is not None:
+                    extra += len(header_value)
         if callback is not None:
             if self.callbacks is None:
                 self.callbacks = []
             self.callbacks.append((index, callback))
+        if value is None:
+            self.null_values = True
         values.append(value)
-        self.extra_bytes += size - RECORD_ESTIMATE_BYTES - (0 if value is None else len(value))
-        self.room_bytes -= size
+        self.extra_bytes += extra
+        self.room_bytes -= self.record_bytes + extra + (0 if value is None else len(value))
         return index
+
+    def needs(self, payload_bytes: int, timestamped: bool) -> int:
+        """Room a record of ``payload_bytes`` (:func:`record_payload`) takes in this batch, at most."""
+        if timestamped and self.timestamps is None:  # the first explicit timestamp widens every record
+            return payload_bytes + self.record_bytes + TIMESTAMP_ESTIMATE_BYTES * (len(self.values) + 1)
+        return payload_bytes + self.record_bytes
 
     def started(self) -> None:
         """The first record arrives: start the linger clock and take the batch's CreateTime."""
@@ -257,22 +262,33 @@ class ProducerBatch:
         """The records as the numba builder's columns, and the most bytes the built batch can take (ring
         space to reserve).  Computed once: a retry builds the same bytes from the same columns."""
         if self.plan_cache is None:
-            values = pack_column(self.values, self.null_values)
-            headers = None if self.headers is None else HeaderColumns.from_lists(self.headers)
-            columns = RecordColumns(
-                values,
-                None if self.keys is None else pack_column(self.keys, self.null_keys),
-                headers,
-                None if self.timestamps is None else np.array(self.timestamps, np.int64),
-            )
             count = len(self.values)
-            records_bytes = int(values.offsets[-1]) + self.extra_bytes + RECORD_ESTIMATE_BYTES * count
-            self.plan_cache = (columns, records_bytes)
+            values = pack_column(self.values, self.null_values)
+            keys = None
+            if self.keys is not None:
+                key_list: list[bytes | None] = [None] * count
+                for index, key in self.keys:
+                    key_list[index] = key
+                keys = pack_column(key_list, len(self.keys) < count)
+            headers = None
+            if self.headers is not None:
+                header_lists: list[Sequence[Header]] = [()] * count
+                for index, pairs in self.headers:
+                    header_lists[index] = pairs
+                headers = HeaderColumns.from_lists(header_lists)
+            stamps = None
+            if self.timestamps is not None:
+                stamps = np.full(count, self.timestamp_ms, np.int64)
+                stamps[list(self.timestamps)] = list(self.timestamps.values())
+            records_bytes = int(values.offsets[-1]) + self.extra_bytes + self.record_bytes * count
+            self.plan_cache = (RecordColumns(values, keys, headers, stamps), records_bytes)
         columns, records_bytes = self.plan_cache
         return columns, HEADER_SIZE + compress_bound(compression, records_bytes)
 
     def timestamp_of(self, index: int) -> int:
-        return self.timestamp_ms if self.timestamps is None else self.timestamps[index]
+        if self.timestamps is None:
+            return self.timestamp_ms
+        return self.timestamps.get(index, self.timestamp_ms)
 
     # -- completion -----------------------------------------------------------------------------------
 
@@ -473,14 +489,12 @@ def check_headers(headers: Iterable[Header]) -> list[Header]:
     return checked
 
 
-def record_size(value: bytes | None, key: bytes | None, headers: Sequence[Header] | None,
-                 timestamp: int | None) -> int:
-    """Bytes the record takes in a batch, at most (the accumulator's batch.size accounting)."""
-    size = RECORD_ESTIMATE_BYTES + (0 if value is None else len(value))
+def record_payload(value: bytes | None, key: bytes | None, headers: Sequence[Header] | None) -> int:
+    """A record's bytes in a batch besides the per-record varints a value-only record has: the value, the
+    key and its length, the headers and their lengths (batch.size accounting: a bound)."""
+    size = 0 if value is None else len(value)
     if key is not None:
         size += len(key) + KEY_ESTIMATE_BYTES
-    if timestamp is not None:
-        size += TIMESTAMP_ESTIMATE_BYTES
     for name, header_value in headers or ():
         size += HEADER_OVERHEAD_BYTES + len(name.encode("utf-8"))
         size += 0 if header_value is None else len(header_value)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from appliance.control import ControlClient
 from appliance.ring_publisher import RingPublisher
 from storage.errors import UnknownTopicOrPartitionError
 
@@ -74,8 +75,6 @@ class LocalRoute:
     """The local appliance: the supervisor's control socket, one ring per partition."""
 
     def __init__(self, control_socket: str, *, timeout_ms: int) -> None:
-        from appliance.control import ControlClient  # the module also holds the server side
-
         self.path = control_socket
         self.client = ControlClient.connect(control_socket, timeout_s=max(timeout_ms, 1) / 1000)
 

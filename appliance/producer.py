@@ -63,6 +63,7 @@ from appliance.accumulator import (
     PUBLISHED,
     RECORD_ESTIMATE_BYTES,
     SEALED,
+    TIMESTAMP_ESTIMATE_BYTES,
     BulkHandle,
     BulkMetadata,
     Callback,
@@ -73,7 +74,7 @@ from appliance.accumulator import (
     RecordMetadata,
     as_bytes,
     check_headers,
-    record_size,
+    record_payload,
 )
 from appliance.bulk_columns import record_bounds, slice_columns, take_records, to_column
 from appliance.partitioner import KeyPartitioner, StickyPartitioner, murmur2_column
@@ -211,9 +212,10 @@ class Producer:
         lock.acquire()
         try:
             batch = state.sticky_batch
-            size = len(value) + RECORD_ESTIMATE_BYTES
+            size = len(value) + batch.record_bytes
             if batch.room_bytes < size:
-                batch = self._room_for(state, None, size)
+                batch = self._room_for(state, None, len(value), False)
+                size = len(value) + batch.record_bytes
             values = batch.values
             index = len(values)
             if index == 0:
@@ -249,10 +251,11 @@ class Producer:
                 part = state.partitions[_check_partition(state, partition)]
             elif key is not None:
                 part = state.partitions[state.keys.partition(key)]
-            size = record_size(value, key, headers, timestamp)
+            payload = record_payload(value, key, headers)
+            timestamped = timestamp is not None
             batch = part.open if part is not None else state.sticky_batch
-            if batch.room_bytes < size:
-                batch = self._room_for(state, part, size)
+            if batch.room_bytes < batch.needs(payload, timestamped):
+                batch = self._room_for(state, part, payload, timestamped)
             if not batch.values:
                 self._first_record(state.partitions[batch.partition], batch)
             index = batch.append(value, key, headers, timestamp, callback)
@@ -288,24 +291,26 @@ class Producer:
         self._lingering[part] = None
         self._wake_timer(batch.first_append_ns + self.config.linger_ms * 1_000_000)
 
-    def _room_for(self, state: _Topic, part: _Partition | None, record_bytes: int) -> ProducerBatch:
-        """The open batch a record of ``record_bytes`` goes into, in partition ``part`` (None: the sticky
+    def _room_for(self, state: _Topic, part: _Partition | None, payload_bytes: int,
+                  timestamped: bool) -> ProducerBatch:
+        """The open batch a record of ``payload_bytes`` goes into, in partition ``part`` (None: the sticky
         partition): full batches are sealed and published first.  Raises InvalidRecordError for a record no
         batch can hold, BackPressureError when publishing blocked for max.block.ms; then nothing changed
         for this record."""
         self._check_open()
         limit = min(self.config.max_request_size, state.max_message_bytes)
-        if record_bytes + HEADER_SIZE > limit:
+        largest = payload_bytes + RECORD_ESTIMATE_BYTES + (TIMESTAMP_ESTIMATE_BYTES if timestamped else 0)
+        if largest + HEADER_SIZE > limit:
             where = state.name if part is None else part.name
             raise InvalidRecordError(
-                f"topic {where}: a record of up to {record_bytes} bytes does not fit a batch of "
+                f"topic {where}: a record of up to {largest} bytes does not fit a batch of "
                 f"max.request.size {self.config.max_request_size} / max.message.bytes "
                 f"{state.max_message_bytes}; it was not sent"
             )
         while True:
             target = part if part is not None else state.partitions[state.sticky_batch.partition]
             batch = target.open
-            if batch.room_bytes >= record_bytes or not batch.values:
+            if batch.room_bytes >= batch.needs(payload_bytes, timestamped) or not batch.values:
                 return batch  # (a record larger than batch.size goes alone in an empty batch)
             self._seal(target)
             self._publish_pending(target, self.config.max_block_ms)
@@ -389,7 +394,13 @@ class Producer:
             )
             return size if size != NO_SPACE else -1
 
-        channel.publish_into(max_bytes, build, batch, timeout_ms=timeout_ms)
+        try:
+            channel.publish_into(max_bytes, build, batch, timeout_ms=timeout_ms)
+        except (ValueError, TypeError) as exc:  # the builder refused the columns: nothing was published
+            batch.complete(-1, InvalidRecordError(
+                f"partition {part.name}: batch of {batch.describe()} could not be built: {exc}"
+            ))
+            return
         batch.attempts += 1
         if channel.track_acks:
             batch.state = PUBLISHED

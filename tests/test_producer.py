@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_supervisor_harness import Appliance
 
 from appliance.accumulator import PUBLISHED, ProducerBatch
@@ -41,7 +43,7 @@ from storage.errors import (
 
 TOPICS = ("topics.rt.partitions=3", "topics.one.partitions=1", "topics.bulk.partitions=4",
           "topics.acks.partitions=1", "topics.dup.partitions=1", "topics.threads.partitions=2",
-          "topics.raw.partitions=1")  # fmt: skip
+          "topics.raw.partitions=1", "topics.mix.partitions=1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +113,43 @@ def test_send_round_trip_keys_headers_timestamps_nulls_read_back_from_the_log(ap
             assert meta.partition == keys.partition(key), "Kafka's murmur2 partitioner"
     for p in range(3):  # offsets dense and in send order per partition
         assert sorted(logs[p]) == list(range(len(logs[p])))
+
+
+record_specs = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.binary(max_size=30)),  # value
+        st.one_of(st.none(), st.binary(max_size=8)),  # key
+        st.lists(st.tuples(st.sampled_from(["a", "bé"]), st.one_of(st.none(), st.binary(max_size=5))),
+                 max_size=2),  # headers
+        st.one_of(st.none(), st.integers(0, 2**42)),  # timestamp
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=record_specs, batch_size=st.sampled_from([200, 1000, 1 << 20]))
+def test_any_mix_of_per_record_paths_reads_back_as_sent(appliance: Appliance, specs: list[Any],
+                                                       batch_size: int) -> None:
+    """The value-only fast path and the general path (keys, headers, timestamps) share batches."""
+    with make_producer(appliance, batch_size=batch_size, linger_ms=60_000) as producer:
+        handles = []
+        for value, key, headers, timestamp in specs:
+            if value is not None and key is None and not headers and timestamp is None:
+                handles.append(producer.send("mix", value))  # the fast path
+            else:
+                handles.append(producer.send("mix", value, key=key, headers=headers or None,
+                                             timestamp=timestamp))
+        producer.flush()
+        metadata = [h.get(0) for h in handles]
+    logged = by_offset(appliance, "mix", 0)
+    for (value, key, headers, timestamp), meta in zip(specs, metadata, strict=True):
+        record = logged[meta.offset]
+        assert (record.value, record.key, record.headers) == (value, key, tuple(headers))
+        assert record.timestamp == meta.timestamp
+        if timestamp is not None:
+            assert record.timestamp == timestamp
 
 
 @pytest.mark.parametrize("codec", [COMPRESSION_ZSTD, COMPRESSION_GZIP], ids=["zstd", "gzip"])
