@@ -69,6 +69,7 @@ log = logging.getLogger("appliance.broker")
 
 ACCEPT_BACKLOG = 1024
 ACCEPTS_PER_TURN = 64
+CONTROL_TIMEOUT_S = 5.0  # a control call blocks the loop: never longer than this
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
 
 
@@ -188,8 +189,8 @@ class Broker:
 
     def _turn(self, timeout_s: float | None) -> None:
         events = self._selector.select(timeout_s)
-        if events:
-            self.ctx.refresh_if_stale()
+        if not self._stopping and (events or self.fetches.waiting or self.produce.pending):
+            self.ctx.refresh_if_stale()  # topics deleted elsewhere end held requests and reads
         for key, mask in events:
             data = key.data
             if isinstance(data, Connection):
@@ -506,7 +507,7 @@ def broker_child(context: Any) -> int:
 
     config: Config = context.config
     try:
-        cluster = ControlCluster(context.connect())
+        cluster = ControlCluster(context.connect(timeout_s=CONTROL_TIMEOUT_S))
         return run_broker(config, cluster, on_ready=lambda _: context.ready(), stop_on_sigint=False)
     except ConfigError as e:
         log.error("broker not started: %s", e)

@@ -22,9 +22,10 @@ from appliance.control import Attachment, ControlClient, ControlError, TopicInfo
 from ipc.kafka import ErrorCode
 from storage.errors import ApplianceError, RequestTimeoutError
 
-__all__ = ["CONNECT_TIMEOUT_S", "ControlCluster", "topic_meta"]
+__all__ = ["CONNECT_TIMEOUT_S", "REQUEST_TIMEOUT_S", "ControlCluster", "topic_meta"]
 
 CONNECT_TIMEOUT_S = 10.0  # the supervisor starts the broker before or while it opens the control socket
+REQUEST_TIMEOUT_S = 5.0  # a call blocks the broker's loop: give up (RequestTimeoutError) after this
 
 
 def topic_meta(info: TopicInfo) -> TopicMeta:
@@ -60,12 +61,18 @@ class ControlCluster:
         self.client = client
 
     @classmethod
-    def connect(cls, config: Config, *, timeout_s: float = CONNECT_TIMEOUT_S) -> ControlCluster:
+    def connect(
+        cls,
+        config: Config,
+        *,
+        timeout_s: float = CONNECT_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> ControlCluster:
         """Connect to ``config.control_socket``, retrying for ``timeout_s`` while nobody listens yet."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return cls(ControlClient.connect(config.control_socket))
+                return cls(ControlClient.connect(config.control_socket, timeout_s=request_timeout_s))
             except ControlError:
                 if time.monotonic() > deadline:
                     raise

@@ -113,6 +113,7 @@ class Produce:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self._publishers: dict[tuple[str, int], RingPublisher[_Batch]] = {}
+        self._served_by: dict[tuple[str, int], PartitionHandle] = {}  # the topic incarnation of each ring
         self._held: list[_Held] = []
         self._min_isr: dict[str, int] = {}
 
@@ -225,7 +226,10 @@ class Produce:
         key = (batch.topic, batch.handle.partition)
         publisher = self._publishers.get(key)
         if publisher is not None:
-            return publisher
+            if self._served_by.get(key) is batch.handle:
+                return publisher
+            # the topic was deleted (and maybe created again): that ring's writer is gone
+            self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
         try:
             attachment = self.ctx.cluster.attach(batch.topic, batch.handle.partition)
             publisher = RingPublisher.attach(
@@ -239,6 +243,7 @@ class Produce:
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is not reachable")
             return None
         self._publishers[key] = publisher
+        self._served_by[key] = batch.handle
         return publisher
 
     def _publish(self, batch: _Batch) -> None:
@@ -267,9 +272,10 @@ class Produce:
 
     def _drop_publisher(self, topic: str, partition: int, why: Exception) -> None:
         publisher = self._publishers.pop((topic, partition), None)
+        self._served_by.pop((topic, partition), None)
         if publisher is None:
             return
-        log.warning("produce to %s-%d: ring %s failed: %s", topic, partition, publisher.name, why)
+        log.warning("produce to %s-%d: dropping ring %s: %s", topic, partition, publisher.name, why)
         for batch in publisher.abandon_in_flight():
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer failed the ring")
         name = publisher.name
@@ -319,6 +325,9 @@ class Produce:
         complete = True
         for batch in held.batches:
             if batch.done:
+                continue
+            if batch.handle.closed and not batch.acked:  # the topic was deleted meanwhile
+                self._answer(batch, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "the topic was deleted")
                 continue
             if not batch.published:
                 self._publish(batch)

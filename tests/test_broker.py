@@ -67,7 +67,11 @@ class WireClient:
         family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.settimeout(timeout_s)
-        self.sock.connect(address)
+        try:
+            self.sock.connect(address)
+        except OSError:
+            self.sock.close()
+            raise
         self.client_id = client_id
         self.correlation_id = 0
 

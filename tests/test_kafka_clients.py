@@ -94,6 +94,7 @@ def stop_appliance(appliance: Appliance) -> None:
             appliance.process.kill()
             appliance.process.wait()
     assert appliance.process.returncode == 0, appliance.log_text()
+    assert "did not stop" not in appliance.log_text(), appliance.log_text()
 
 
 @pytest.fixture(scope="module")
