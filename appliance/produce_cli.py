@@ -112,40 +112,46 @@ Block = tuple[list[bytes], list[bytes] | None]  # values, keys (None: no keys)
 def read_records(stream: IO[bytes], separator: bytes | None) -> Iterator[Block]:
     """Blocks of (values, keys or None) from ``stream``, one record per line, as the data arrives.
 
-    Raises :class:`MalformedLineError` for a line without ``separator`` (after yielding the lines before).
+    Raises :class:`MalformedLineError` for a line without ``separator``, after yielding the lines before it.
     """
     read = getattr(stream, "read1", stream.read)
     carry = b""
     line_number = 0
     while True:
         block = read(_READ_BYTES)
+        if block:
+            lines = (carry + block).split(b"\n")
+            carry = lines.pop()
+        else:
+            lines, carry = ([carry] if carry else []), b""
+        if lines:
+            lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+            values, keys, error = _split(lines, separator, line_number)
+            if values:
+                yield values, keys
+            if error is not None:
+                raise error
+            line_number += len(lines)
         if not block:
-            if carry:
-                yield _split([carry[:-1] if carry.endswith(b"\r") else carry], separator, line_number)
             return
-        lines = (carry + block).split(b"\n")
-        carry = lines.pop()
-        if not lines:
-            continue
-        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-        yield _split(lines, separator, line_number)
-        line_number += len(lines)
 
 
-def _split(lines: list[bytes], separator: bytes | None, lines_before: int) -> Block:
+def _split(lines: list[bytes], separator: bytes | None,
+           lines_before: int) -> tuple[list[bytes], list[bytes] | None, MalformedLineError | None]:
+    """(values, keys, the error of the first line without the separator: the lines before it are kept)."""
     if separator is None:
-        return lines, None
+        return lines, None, None
     keys: list[bytes] = []
     values: list[bytes] = []
     for number, line in enumerate(lines, lines_before + 1):
         key, sep, value = line.partition(separator)
         if not sep:
-            raise MalformedLineError(
-                f"line {number}: no key separator {separator.decode('utf-8', 'replace')!r} in {line[:80]!r}"
-            ) from None
+            shown = separator.decode("utf-8", "replace")
+            error = MalformedLineError(f"line {number}: no key separator {shown!r} in {line[:80]!r}")
+            return values, keys, error
         keys.append(key)
         values.append(value)
-    return values, keys
+    return values, keys, None
 
 
 def main(argv: list[str]) -> int:
