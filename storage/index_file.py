@@ -44,6 +44,14 @@ __all__ = [
 
 NOT_FOUND: Final = -1  # kernel code: no entry has a key <= target (or the index is empty)
 
+# Write-faulting the pages of a sparse mapped file one at a time, as appends reach them, costs a block
+# reservation and an inode update each, and on a busy ext4 journal each can stall for milliseconds.  The
+# writer pre-faults the next _POPULATE_BYTES at once instead (MADV_POPULATE_WRITE, Linux >= 5.14; data is
+# not touched), so an append only ever writes to a page that is already mapped writable.
+_MADV_POPULATE_WRITE: Final = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_POPULATE_BYTES: Final = 256 * 1024
+_populate_supported = [True]
+
 
 @numba.njit(cache=True)
 def read_key(buf: np.ndarray, at: int, size: int) -> int:
@@ -119,7 +127,7 @@ class IndexFile:
     :meth:`used_entries` re-counts on demand.
     """
 
-    __slots__ = ("_array", "_mm", "entries", "entry", "max_entries", "path", "writable")
+    __slots__ = ("_array", "_mm", "_populated", "entries", "entry", "max_entries", "path", "writable")
 
     def __init__(self, path: str, entry: struct.Struct, *, writable: bool) -> None:
         self.path = path
@@ -129,6 +137,7 @@ class IndexFile:
         self.max_entries = 0
         self._mm: mmap.mmap | None = None
         self._array: np.ndarray = np.zeros(0, dtype=np.uint8)
+        self._populated = 0  # bytes from the start of the mapping pre-faulted for writing
 
     # --- opening -----------------------------------------------------------------------------------------
     @classmethod
@@ -160,6 +169,7 @@ class IndexFile:
         stale_end = min(current, size) // entry.size
         if stale_end > entries:
             index._zero_from(entries, stale_end)  # old entries past the used ones (never on a fresh file)
+        index._populate(used)
         return index
 
     @classmethod
@@ -226,8 +236,24 @@ class IndexFile:
     # --- writing (the single writer only) ----------------------------------------------------------------
     def append(self, first: int, second: int) -> None:
         """Write one two-field entry after the used ones (the caller checked ``is_full``)."""
-        self.entry.pack_into(self._mm, self.entries * self.entry.size, first, second)  # type: ignore[arg-type]
+        at = self.entries * self.entry.size
+        if at + self.entry.size > self._populated:
+            self._populate(at)
+        self.entry.pack_into(self._mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
+
+    def _populate(self, start: int) -> None:
+        """Pre-fault the pages from ``start`` to ``start + _POPULATE_BYTES`` for writing (see above)."""
+        end = min(self.mapped_bytes, start + _POPULATE_BYTES)
+        begin = start - start % mmap.PAGESIZE
+        if self._mm is None or not self.writable or end <= begin:
+            return
+        if _populate_supported[0]:
+            try:
+                self._mm.madvise(_MADV_POPULATE_WRITE, begin, end - begin)
+            except OSError:  # an older kernel: fault page by page instead
+                _populate_supported[0] = False
+        self._populated = end
 
     def append_encoded(self, data: bytes, *, reserve: int) -> None:
         """Append already-encoded entries in bulk (a rebuild), as many as fit leaving ``reserve`` slots."""
@@ -235,6 +261,7 @@ class IndexFile:
         if count <= 0:
             return
         at = self.entries * self.entry.size
+        self._populate(at)
         self._array[at : at + count * self.entry.size] = np.frombuffer(data, dtype=np.uint8,
                                                                        count=count * self.entry.size)
         self.entries += count
