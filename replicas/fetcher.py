@@ -145,6 +145,7 @@ class PartitionFetcher:
         self.last_error = ""
         self._conn: LeaderConnection | None = None
         self._lock = threading.Lock()  # guards _conn between the fetching thread and close()
+        self._checkpoint_lock = threading.Lock()
         self._closed = False
         persisted = read_replica_state(log.directory)
         known = persisted.high_watermark if persisted is not None else 0
@@ -303,8 +304,10 @@ class PartitionFetcher:
                       log.log_end_offset, leader, step.reason)
         # Epochs starting at the cut hold no records; dropping them lets the next round ask an older epoch.
         log.leader_epoch_cache.truncate_from_end(step.offset)
-        if self._high_watermark > log.log_end_offset:
+        if self._high_watermark > log.log_end_offset:  # only an unclean history cuts below the HW
             self._high_watermark = log.log_end_offset
+            if self._on_high_watermark is not None:
+                self._on_high_watermark(self._high_watermark)
         if self._on_log_end_offset is not None and log.log_end_offset != before:
             self._on_log_end_offset(log.log_end_offset)
 
@@ -437,12 +440,14 @@ class PartitionFetcher:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        leader = self.leader
-        write_replica_state(self.log.directory, PersistedReplicaState(
-            self.topic, self.partition, leader.leader_id if leader else -1,
-            leader.leader_epoch if leader else -1, (), self._high_watermark))
-        self._checkpointed_high_watermark = self._high_watermark
-        self._last_checkpoint_ms = self._clock_ms()
+        with self._checkpoint_lock:  # close() may run while the fetching thread checkpoints
+            leader = self.leader
+            high_watermark = self._high_watermark
+            write_replica_state(self.log.directory, PersistedReplicaState(
+                self.topic, self.partition, leader.leader_id if leader else -1,
+                leader.leader_epoch if leader else -1, (), high_watermark))
+            self._checkpointed_high_watermark = high_watermark
+            self._last_checkpoint_ms = self._clock_ms()
 
 
 class _LeaderUnreachable(Exception):

@@ -1,5 +1,4 @@
-"""acks=all waiters against a list oracle: each leaves exactly once, with the right code, at the right time.
-"""
+"""acks=all waiters against a list oracle: each leaves once, with the right code, at the right time."""
 
 from __future__ import annotations
 

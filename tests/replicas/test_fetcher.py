@@ -27,6 +27,7 @@ from ipc.kafka import ErrorCode
 from replicas.fetcher import FetcherConfig, FetchPhase, PartitionFetcher, StepOutcome
 from replicas.leader_connection import LeaderConnection, LeaderInfo, leader_from_metadata
 from replicas.leader_epochs import begin_leader_epoch
+from replicas.replica_state import read_replica_state
 from storage.batch_builder import build_batch
 from storage.log import Log
 from storage.log_config import LogConfig
@@ -130,6 +131,7 @@ def test_follower_catches_up_byte_identical(dirs: tuple[Path, Path]) -> None:
         assert entry.state.high_watermark == end
         assert entry.published_high_watermarks == sorted(entry.published_high_watermarks)
     assert follower_hws == sorted(set(follower_hws)) and follower_hws[-1] == end
+    assert read_replica_state(str(follower_dir)).high_watermark == end  # type: ignore[union-attr]
     assert segment_files(follower_dir) == segment_files(leader_dir)
     assert batches_from(follower_dir) == batches_from(leader_dir)
 
@@ -211,6 +213,33 @@ def test_kip279_follower_needs_two_rounds_then_matches(dirs: tuple[Path, Path]) 
         end = LogReader(str(leader_dir), topic_partition=(TOPIC, 0)).log_end_offset
         step_until(fetcher, lambda: x.log_end_offset == end)
         fetcher.close()
+    assert segment_files(follower_dir) == segment_files(leader_dir)
+
+
+def test_former_leader_with_an_empty_latest_epoch_truncates_and_matches(dirs: tuple[Path, Path]) -> None:
+    # X led epoch 1, was promoted again in epoch 3 (recorded at its log end) and died before appending;
+    # Y led epochs 2 and 4.  X's epoch 3 holds no records: the rounds must get past it, not loop on it.
+    leader_dir, follower_dir = dirs
+    with Log.open(leader_dir, SMALL) as y, Log.open(follower_dir, SMALL) as x:
+        append_batches(y, 10, epoch=0, seed=19)
+        for batch in y.batches():
+            x.append_as_follower(batch)
+        append_batches(x, 10, epoch=1, seed=20)
+        begin_leader_epoch(x, 3)
+        begin_leader_epoch(y, 2)
+        append_batches(y, 10, epoch=2, seed=21)
+        begin_leader_epoch(y, 4)
+        append_batches(y, 10, epoch=4, seed=22)
+        common = x.leader_epoch_cache.entries[1].start_offset
+        assert x.leader_epoch_cache.entries[-1].start_offset == x.log_end_offset  # (reopening would drop it)
+        with TinyLeader(leader_epoch=4) as leader:
+            leader.lead(TOPIC, 0, str(leader_dir), replicas=[0, 1])
+            fetcher = PartitionFetcher(x, leader.info(), fast())
+            outcomes = step_until(fetcher, lambda: fetcher.phase is FetchPhase.FETCHING, limit=10)
+            assert [o.action for o in outcomes] == ["truncated", "truncated"]
+            assert x.log_end_offset == common
+            step_until(fetcher, lambda: x.log_end_offset == y.log_end_offset)
+            fetcher.close()
     assert segment_files(follower_dir) == segment_files(leader_dir)
 
 
