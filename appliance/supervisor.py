@@ -372,6 +372,9 @@ class Supervisor:
         directory = topic.directory(partition)
         log_config = config.log_config(topic.name, self._log_config_overrides(topic))
         effective = config.topic(topic.name, self._log_config_overrides(topic))
+        if effective.message_timestamp_type == "LogAppendTime" and partition == 0:
+            _log.warning("topic %s: message.timestamp.type LogAppendTime is not applied yet; batches keep "
+                         "their CreateTime timestamps", topic.name)  # fmt: skip
         self._extend_start_timeout()
         log = self._open_log(directory, log_config, (topic.name, partition))
         try:

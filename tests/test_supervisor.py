@@ -189,14 +189,18 @@ def test_produce_through_a_ring_refuse_bad_input_and_run_control_ops(appliances:
 
 
 def test_a_second_appliance_on_the_same_data_dir_is_refused(appliances: list[Appliance]) -> None:
-    first = Appliance()
+    first = Appliance(None, "topics.t.partitions=1")
     appliances.append(first)
     first.start()
-    second = Appliance(first.cwd)
+    objects = first.leftovers()
+    assert any("-state-t-0" in name for name in objects)
+    second = Appliance(first.cwd, "topics.t.partitions=1")
     appliances.append(second)
     second.start(wait=False)
     assert second.process is not None and second.process.wait(30) == 1
     assert "in use by another appliance" in second.log()
+    assert first.leftovers() == objects, "the refused one reclaimed nothing of the running one"
+    assert first.socket_path.exists()
     with first.client() as client:
         assert client.status()["pid"] == first.pid, "the first one is untouched"
     assert first.stop() == 0
