@@ -69,6 +69,7 @@ log = logging.getLogger("appliance.broker")
 
 ACCEPT_BACKLOG = 1024
 ACCEPTS_PER_TURN = 64
+ACCEPT_PAUSE_MS = 100  # after accept() fails (out of descriptors), before trying again
 CONTROL_TIMEOUT_S = 5.0  # a control call blocks the loop: never longer than this
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
 
@@ -113,6 +114,7 @@ class Broker:
         self.fetches = FetchWaiters()
         self._selector = selectors.DefaultSelector()
         self._listening: list[_Listening] = []
+        self._paused: list[tuple[float, _Listening]] = []  # listeners not accepting until a time
         self._connections: dict[int, Connection] = {}
         self._scratch = memoryview(bytearray(1 << 20))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -153,8 +155,10 @@ class Broker:
                 sock, address = listening.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and friends: keep serving the connections we have
-                log.error("accept on %s: %s", listening.name, e)
+            except OSError as e:  # EMFILE and friends: keep serving the connections we have, retry later
+                log.error("accept on %s: %s; not accepting for %d ms", listening.name, e, ACCEPT_PAUSE_MS)
+                self._selector.unregister(listening.sock)
+                self._paused.append((time.monotonic() + ACCEPT_PAUSE_MS / 1000.0, listening))
                 return
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -185,7 +189,15 @@ class Broker:
     def _timeout_s(self) -> float | None:
         if self.fetches.waiting or self.produce.pending:
             return POLL_INTERVAL_MS / 1000.0
+        if self._paused:
+            return max(0.0, min(at for at, _ in self._paused) - time.monotonic())
         return None
+
+    def _resume_accepting(self) -> None:
+        now = time.monotonic()
+        for entry in [e for e in self._paused if e[0] <= now]:
+            self._paused.remove(entry)
+            self._selector.register(entry[1].sock, selectors.EVENT_READ, entry[1])
 
     def _turn(self, timeout_s: float | None) -> None:
         events = self._selector.select(timeout_s)
@@ -200,6 +212,8 @@ class Broker:
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
+        if self._paused:
+            self._resume_accepting()
         if self.fetches.waiting:
             self._poll_fetches()
         if self.produce.pending:
@@ -262,8 +276,14 @@ class Broker:
         body = request.body
         api_key = header.api_key
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %s v%d correlation id %d client %r", conn.peer, ApiKey(api_key).name,
-                      header.api_version, header.correlation_id, header.client_id)
+            log.debug(
+                "%s: %s v%d correlation id %d client %r",
+                conn.peer,
+                ApiKey(api_key).name,
+                header.api_version,
+                header.correlation_id,
+                header.client_id,
+            )
         try:
             if api_key == ApiKey.FETCH:
                 self._start_fetch(conn, header, body)
@@ -361,6 +381,7 @@ class Broker:
 
     def _drain(self) -> None:
         """Stop listening; give held produce requests and unsent responses a moment to finish."""
+        self._paused.clear()
         for listening in self._listening:
             self._close_listening(listening)
         self._listening.clear()

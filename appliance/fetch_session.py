@@ -16,7 +16,8 @@ Errors are per partition, as Kafka reports them:
   (an offset between the high watermark and the log end offset is not an error: it is answered empty);
 * FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH -- the client's ``current_leader_epoch`` (v9+) is older /
   newer than ours;
-* KAFKA_STORAGE_ERROR -- the log could not be read (logged with the reason).
+* KAFKA_STORAGE_ERROR -- the log could not be read (logged with the reason);
+* INVALID_REQUEST -- the partition was already named earlier in the same request.
 
 Sizes (KIP-74): partitions are filled in request order until ``max_bytes`` is used up; each gets at most
 ``partition_max_bytes``; the first partition that has data always gets at least one whole batch, however
@@ -121,9 +122,17 @@ def read_fetch(
     has_error = False
     watched: list[tuple[PartitionHandle, int]] = []
     topics_out = []
+    seen: set[tuple[str, int]] = set()
     for topic in request.topics:
         partitions_out = []
         for fp in topic.partitions:
+            if (topic.topic, fp.partition) in seen:
+                # Asked twice: answered once.  (A second read of the same log could close the descriptor
+                # of the first one's region, if retention deleted its segment in between.)
+                partitions_out.append(_error_partition(fp.partition, ErrorCode.INVALID_REQUEST))
+                has_error = True
+                continue
+            seen.add((topic.topic, fp.partition))
             handle, code = lookup(topic.topic, fp.partition)
             if handle is None:
                 partitions_out.append(_error_partition(fp.partition, code))

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import random
+import resource
 import signal
 import socket
 import stat
@@ -158,9 +159,13 @@ class StaticCluster:
         pass
 
 
-def _serve(config: Config, topics: Mapping[str, TopicMeta], ready: Any, log_path: str) -> None:
+def _serve(
+    config: Config, topics: Mapping[str, TopicMeta], ready: Any, log_path: str, max_open_files: int | None
+) -> None:
     os.setpgrp()  # a ^C on the test run is the test's to handle
     logging.getLogger("appliance").addHandler(logging.FileHandler(log_path))
+    if max_open_files is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
     broker = Broker(config, StaticCluster(topics))
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
     ready.send(broker.bind())
@@ -211,7 +216,9 @@ TOPIC = "events"
 
 
 @pytest.fixture
-def standalone(tmp_path: Any) -> Iterator[Standalone]:
+def standalone(tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[Standalone]:
+    """The broker in a forked process; ``indirect`` parameters: ``{"max_open_files": N}``."""
+    options = getattr(request, "param", {})
     log_dir = tmp_path / "data"
     log_dir.mkdir()
     config = config_from_mapping(
@@ -240,7 +247,7 @@ def standalone(tmp_path: Any) -> Iterator[Standalone]:
     log_path = str(tmp_path / "broker.log")
     parent, child = multiprocessing.get_context("fork").Pipe()
     process = multiprocessing.get_context("fork").Process(
-        target=_serve, args=(config, topics, child, log_path), daemon=True
+        target=_serve, args=(config, topics, child, log_path, options.get("max_open_files")), daemon=True
     )
     process.start()
     child.close()
@@ -634,3 +641,49 @@ def test_sigterm_stops_the_broker_and_removes_its_unix_socket(standalone: Standa
     assert time.monotonic() - started < 5
     assert not os.path.exists(standalone.unix)
     assert client.is_closed_by_peer(1)
+
+
+def test_a_partition_named_twice_in_one_fetch_is_answered_once(standalone: Standalone) -> None:
+    standalone.append([b"d"] * 2)
+    twice = FetchRequest(
+        max_wait_ms=0,
+        min_bytes=1,
+        topics=[
+            FetchTopic(TOPIC, [FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)] * 2)
+        ],
+    )
+    first, second = standalone.client().call(ApiKey.FETCH, 11, twice).responses[0].partitions
+    assert (first.error_code, offsets_in(first.records)) == (0, [0, 1])
+    assert (second.error_code, offsets_in(second.records)) == (ErrorCode.INVALID_REQUEST, [])
+
+
+@pytest.mark.parametrize("standalone", [{"max_open_files": 48}], indirect=True)
+def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standalone: Standalone) -> None:
+    standalone.append([b"f"] * 3)
+    first = standalone.client()
+    first.call(ApiKey.FETCH, 11, fetch_request(0))  # the partition's files are open before the flood
+    clients = []
+    for _ in range(60):  # more than the broker may open: the rest wait in the listen backlog
+        clients.append(WireClient(standalone.tcp, timeout_s=0.5))
+    time.sleep(0.3)
+    assert offsets_in(first.call(ApiKey.FETCH, 11, fetch_request(0)).responses[0].partitions[0].records) == [
+        0,
+        1,
+        2,
+    ]
+    for client in clients:
+        client.send(ApiKey.API_VERSIONS, 3, ApiVersionsRequest("pytest", "1"))
+    time.sleep(0.5)
+    answered = 0
+    for client in clients:  # those accepted have their answer by now; the others wait in the backlog
+        client.sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            answered += bool(client.sock.recv(4))
+    for client in clients:
+        client.close()
+    late = WireClient(standalone.tcp)  # descriptors are free again: accepted after the pause
+    try:
+        assert late.call(ApiKey.API_VERSIONS, 3, ApiVersionsRequest("pytest", "1")).error_code == 0
+    finally:
+        late.close()
+    assert "not accepting for" in standalone.log_text()
