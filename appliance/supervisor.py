@@ -885,6 +885,9 @@ class Supervisor:
         except (ApplianceError, OSError) as exc:
             _log.error("op %s failed: %s", op, exc)
             return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc}")
+        except Exception as exc:  # a bug must cost one request, not the appliance
+            _log.exception("op %s failed unexpectedly (request %.200r)", op, message)
+            return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc!r}")
 
     def _topics(self) -> dict[str, TopicMetadata]:
         store = self._store
@@ -937,10 +940,9 @@ class Supervisor:
 
     def _op_create_topic(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         name = message["topic"]
-        if not isinstance(name, str) or check_topic_name(name) is not None:
-            return error_response(
-                ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {check_topic_name(str(name))}"
-            )
+        reason = check_topic_name(name) if isinstance(name, str) else "a topic name must be a string"
+        if reason is not None:
+            return error_response(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}")
         partitions = message.get("partitions") or self.config.num_partitions
         replication = message.get("replication_factor") or self.config.default_replication_factor
         configs = dict(message.get("configs") or {})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import stat
@@ -323,3 +324,35 @@ def test_an_extra_child_produces_through_the_control_socket_gates_ready_and_is_r
     assert serve.stop() == 0
     assert "extra helper stopped: exited with status 0" in serve.log()
     assert serve.leftovers() == []
+
+
+def test_hostile_control_requests_get_an_answer_and_change_nothing(appliances: list[Appliance]) -> None:
+    serve = Appliance(None, "topics.t.partitions=1", "delete.topic.enable=false",
+                      "auto.create.topics.enable=false")  # fmt: skip
+    appliances.append(serve)
+    serve.start()
+    rng = random.Random(7)
+    values: list[object] = [None, True, -1, 0, 1, 2**40, "", "t", "../etc", "x" * 300, [], ["t"], {}, 1.5,
+                            {"a": 1}, {"retention.ms": "soon"}, {"partitions": 2}]  # fmt: skip
+    ops = ["metadata", "create_topic", "delete_topic", "init_producer_id", "attach", "detach", "status", 7]
+    fields = ["topic", "topics", "partition", "partitions", "replication_factor", "configs", "ring"]
+    with serve.client() as client:
+        before = {name: info.topic_id for name, info in client.metadata().topics.items()}
+        for _ in range(300):
+            request: dict[str, object] = {"op": rng.choice(ops)}
+            for name in rng.sample(fields, rng.randint(0, 4)):
+                request[name] = rng.choice(values)
+            if request["op"] == "create_topic" and isinstance(request.get("topic"), str):
+                continue  # a valid creation is not hostile; refusals of bad ones are tested above
+            try:
+                reply = client.request(request)
+            except ControlError as exc:
+                assert exc.error != "UNKNOWN_SERVER_ERROR", f"{request} -> {exc}"
+            else:
+                assert reply["ok"] is True
+        with pytest.raises(ControlError, match=r"delete\.topic\.enable is false"):
+            client.delete_topic("t")
+        assert {name: info.topic_id for name, info in client.metadata().topics.items()} == before
+        assert client.status()["pid"] == serve.pid
+    assert "failed unexpectedly" not in serve.log()
+    assert serve.stop() == 0
