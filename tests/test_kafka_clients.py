@@ -99,7 +99,9 @@ def stop_appliance(appliance: Appliance) -> None:
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(tmp_path_factory.mktemp("appliance"), {"kcat": 2, "ck": 3, "kp": 1, "mixed": 1})
+    running = start_appliance(
+        tmp_path_factory.mktemp("appliance"), {"kcat": 2, "ck": 3, "kp": 1, "mixed": 1, "cross": 1}
+    )
     try:
         yield running
     finally:
@@ -326,3 +328,57 @@ def test_the_broker_process_is_titled(appliance: Appliance) -> None:
         if parent == appliance.process.pid:
             titles.append(cmdline)
     assert "appliance: broker" in titles
+
+
+@needs_kcat
+def test_records_cross_between_kafka_clients_and_the_appliance_clients(appliance: Appliance) -> None:
+    """What kcat, confluent-kafka and kafka-python produce, ``appliance.Consumer`` reads identically on the
+    remote and the local path; what ``appliance.Producer`` produces, kcat reads identically."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    kafka = pytest.importorskip("kafka")
+    from appliance.consumer import Consumer
+    from appliance.producer import Producer
+
+    kcat(
+        "-b",
+        appliance.bootstrap,
+        "-P",
+        "-t",
+        "cross",
+        "-p",
+        "0",
+        "-K",
+        ":",
+        "-z",
+        "zstd",
+        input=b"k1:from kcat\n",
+    )
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": appliance.bootstrap, "enable.idempotence": True, "compression.type": "zstd"}
+    )
+    producer.produce("cross", key=b"k2", value="from confluent é".encode(), partition=0)
+    assert producer.flush(10) == 0
+    kp = kafka.KafkaProducer(bootstrap_servers=appliance.bootstrap)
+    kp.send("cross", key=b"k3", value=b"from kafka-python", partition=0).get(10)
+    kp.close()
+    with Producer({"appliance.data.dir": str(appliance.data_dir)}) as ours:
+        ours.send("cross", b"from appliance.Producer", key=b"k4", partition=0).get(10)
+    expected = [
+        (0, b"k1", b"from kcat"),
+        (1, b"k2", "from confluent é".encode()),
+        (2, b"k3", b"from kafka-python"),
+        (3, b"k4", b"from appliance.Producer"),
+    ]
+    for settings in (
+        {"bootstrap.servers": appliance.bootstrap},
+        {"appliance.data.dir": str(appliance.data_dir)},
+    ):
+        with Consumer({**settings, "auto.offset.reset": "earliest"}) as consumer:
+            consumer.assign([("cross", 0)])
+            got: list[Any] = []
+            deadline = time.monotonic() + 10
+            while len(got) < len(expected) and time.monotonic() < deadline:
+                got += consumer.poll(timeout_ms=200)
+        assert [(r.offset, r.key, r.value) for r in got] == expected, settings
+    rows = kcat_consume(appliance.bootstrap, "cross", 0, 4)
+    assert [(o, k.encode(), v.encode()) for o, k, v in rows] == expected
