@@ -918,10 +918,15 @@ class Supervisor:
             "name": topic.name,
             "topic_id": topic.topic_id,
             "replication_factor": topic.replication_factor,
-            "configs": dict(topic.configs),
+            "configs": self._effective_overrides(topic),
             "max_message_bytes": self._partitions[(topic.name, 0)].spec.log_config.max_message_bytes,
             "partitions": partitions,
         }
+
+    def _effective_overrides(self, topic: TopicMetadata) -> dict[str, Any]:
+        """The topic's own settings: the configuration file's [topics.NAME] and those given at creation."""
+        overrides = self.config.topic(topic.name, topic.configs).overrides
+        return {k: v for k, v in overrides.items() if k not in ("partitions", "replication.factor")}
 
     def _op_metadata(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         store = self._store
