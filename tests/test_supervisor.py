@@ -67,7 +67,7 @@ def test_serve_with_no_configuration_runs_from_the_working_directory_and_stops_c
     assert [line.split("\t")[2] for line in described[1:]] == ["Partition: 0", "Partition: 1"]
 
     assert get_proctitle(serve.pid) == "appliance: supervisor"
-    writers = sorted(serve.children())
+    writers = sorted(serve.writers())
     assert len(writers) == 2
     assert sorted(get_proctitle(pid) for pid in writers) == ["appliance: writer orders-0",
                                                              "appliance: writer orders-1"]  # fmt: skip
@@ -169,7 +169,8 @@ def test_produce_through_a_ring_refuse_bad_input_and_run_control_ops(appliances:
         assert b"INVALID_REQUEST" in raw.recv(4096)
         assert raw.recv(4096) == b"", "a malformed stream closes that connection"
     status = client.status()
-    assert status["pid"] == serve.pid and len(status["children"]) == 4
+    assert status["pid"] == serve.pid
+    assert len([child for child in status["children"] if child["role"] == "writer"]) == 4
     assert all(child["uss_bytes"] > 0 for child in status["children"])
 
     # retention runs in the writers on their timer
@@ -284,7 +285,7 @@ def test_writers_of_a_killed_supervisor_exit_and_a_new_one_starts(appliances: li
     serve = Appliance(None, "topics.t.partitions=2")
     appliances.append(serve)
     serve.start()
-    writers = serve.children()
+    writers = serve.writers()
     with serve.client() as client:
         producer = RawProducer(client, "t", 1)
         for i in range(10):
@@ -313,7 +314,7 @@ def test_an_extra_child_produces_through_the_control_socket_gates_ready_and_is_r
     values = [r.value for b in serve.batches("from-helper", 0) for r in iter_records(b)]
     assert len(values) == 1 and values[0].startswith(b"hello from pid")
     titles = {get_proctitle(pid): pid for pid in serve.children()}
-    assert sorted(titles) == ["appliance: helper", "appliance: writer from-helper-0"]
+    assert {"appliance: helper", "appliance: writer from-helper-0"} <= set(titles)
     helper = titles["appliance: helper"]
     os.kill(helper, signal.SIGKILL)
     deadline = time.monotonic() + 10

@@ -40,7 +40,9 @@ class Appliance:
                  extra_children: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.owns_cwd = cwd is None
         self.cwd = Path(tempfile.mkdtemp(prefix="la-", dir="/tmp")) if cwd is None else cwd
-        self.overrides = list(overrides)
+        # an ephemeral TCP port, so appliances side by side never collide once the broker runs as a child
+        listeners = [] if any(o.startswith("listeners=") for o in overrides) else ["listeners=127.0.0.1:0"]
+        self.overrides = listeners + list(overrides)
         self.extra_env = dict(env or {})
         self.extra_children = extra_children
         self.data = self.cwd / "data"
@@ -172,6 +174,18 @@ class Appliance:
         """Pids of the supervisor's children (writers, extras)."""
         with open(f"/proc/{self.pid}/task/{self.pid}/children") as f:
             return [int(p) for p in f.read().split()]
+
+    def writers(self) -> list[int]:
+        """Pids of the partition writers (whatever extra children run beside them)."""
+        return [pid for pid in self.children() if _title(pid).startswith("appliance: writer ")]
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().rstrip(b"\0").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _group_alive(pgid: int) -> bool:
