@@ -105,6 +105,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("appliance.producer")
+_new_handle = object.__new__
 
 _SEQUENCE_MODULUS = 1 << 31
 _WAIT_SLICE_MS = 50  # a caller's wait parks on a ring semaphore at most this long before re-checking
@@ -175,7 +176,8 @@ class Producer:
         self._last_activity_ns = time.monotonic_ns()
         self._timer: threading.Thread | None = None
         self._timer_wakeup = threading.Condition(threading.Lock())
-        self._timer_sleeping_until = 0  # monotonic ns; 0 = awake, -1 = asleep without a deadline
+        self._timer_plan = 0  # monotonic ns the timer thread wakes at next (-1: only when poked)
+        self._timer_poked = False
         try:
             self.producer_id, self.producer_epoch = route.init_producer_id()
         except BaseException:
@@ -205,8 +207,8 @@ class Producer:
         than ``max.request.size``, TypeError for a value that is not bytes; then the record was not queued.
         """
         state = self._topics.get(topic)
-        if (state is None or value.__class__ is not bytes
-                or not key is partition is headers is timestamp is callback is None):
+        if (state is None or value.__class__ is not bytes or key is not None or partition is not None
+                or headers is not None or timestamp is not None or callback is not None):
             return self._send_general(topic, value, key, headers, partition, timestamp, callback)
         lock = self._lock
         lock.acquire()
@@ -224,7 +226,10 @@ class Producer:
             batch.room_bytes -= size
         finally:
             lock.release()
-        return RecordHandle(batch, index)
+        handle = _new_handle(RecordHandle)  # (40 ns cheaper than calling the class: no __init__ frame)
+        handle._batch = batch
+        handle._index = index
+        return handle
 
     def _send_general(
         self,
@@ -522,7 +527,7 @@ class Producer:
         deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
         pending = [batch for batch in batches if batch.state != DONE]
         while pending:
-            waiter: BatchChannel | None = None
+            wait_on: tuple[BatchChannel, int] | None = None
             with self._lock:
                 for batch in pending:
                     if batch.state == OPEN:
@@ -540,16 +545,18 @@ class Producer:
                 if not pending:
                     return
                 part = self._partition_of(pending[0])
-                waiter = part.channel
+                channel = part.channel
+                if channel is not None and channel.in_flight:
+                    wait_on = (channel, channel.in_flight[0][0])  # acks come in order: the oldest frame's
             remaining = self._remaining_ms(deadline_ns)
             if remaining <= 0:
                 raise RequestTimeoutError(
                     f"{len(pending)} batches (first: partition {part.name}, {pending[0].describe()}) not "
                     f"acknowledged within {timeout} s; they may still be delivered"
                 )
-            if waiter is not None and waiter.in_flight:
+            if wait_on is not None:  # outside the lock: only parks on the ring's semaphore, reads its header
                 try:
-                    waiter.wait(min(remaining, _WAIT_SLICE_MS))
+                    wait_on[0].wait_acked(wait_on[1], min(remaining, _WAIT_SLICE_MS))
                 except RingFailedError:
                     pass  # handled under the lock on the next round
             else:
@@ -712,17 +719,25 @@ class Producer:
     # -- the timer thread -----------------------------------------------------------------------------------
 
     def _wake_timer(self, deadline_ns: int) -> None:
-        """Make sure the timer thread wakes by ``deadline_ns``."""
-        sleeping_until = self._timer_sleeping_until
-        if sleeping_until != 0 and (sleeping_until < 0 or sleeping_until > deadline_ns):
-            with self._timer_wakeup:
-                self._timer_wakeup.notify()
-        elif self._timer is None and not self._closed:
-            self._timer = threading.Thread(target=self._timer_loop, name="appliance-producer-linger",
-                                           daemon=True)
-            self._timer.start()
+        """Make sure the timer thread wakes by ``deadline_ns`` (called under the producer's lock)."""
+        if self._timer is None:
+            if not self._closed:
+                self._timer = threading.Thread(target=self._timer_loop, name="appliance-producer-linger",
+                                               daemon=True)
+                self._timer.start()
+            return
+        planned = self._timer_plan
+        if planned < 0 or planned > deadline_ns:
+            self._timer_plan = deadline_ns
+            self._poke_timer()
+
+    def _poke_timer(self) -> None:
+        with self._timer_wakeup:
+            self._timer_poked = True  # kept until the timer looks: a poke before it sleeps is not lost
+            self._timer_wakeup.notify()
 
     def _timer_loop(self) -> None:
+        """The timer thread: rounds under the producer's lock, sleeps until the next deadline or a poke."""
         linger_ns = self.config.linger_ms * 1_000_000
         while True:
             with self._lock:
@@ -734,13 +749,12 @@ class Producer:
                 except Exception:  # a bug here must not stop lingering batches from being sent
                     _log.exception("producer timer thread: round failed; retrying in 10 ms")
                     next_wake = now + 10_000_000
+                self._timer_plan = next_wake  # under the lock: _wake_timer compares against it
             with self._timer_wakeup:
-                if self._closed:
-                    return
-                self._timer_sleeping_until = next_wake
-                timeout = None if next_wake < 0 else max(next_wake - time.monotonic_ns(), 0) / 1e9
-                self._timer_wakeup.wait(timeout)
-                self._timer_sleeping_until = 0
+                if not self._timer_poked:
+                    timeout = None if next_wake < 0 else max(next_wake - time.monotonic_ns(), 0) / 1e9
+                    self._timer_wakeup.wait(timeout)
+                self._timer_poked = False
 
     def _timer_round(self, now: int, linger_ns: int) -> int:
         """Seal lingering batches, publish what can go without blocking, collect acks if the caller is
@@ -794,8 +808,7 @@ class Producer:
                 for state in self._all_topics.values():
                     for part in state.partitions:
                         self._abandon(part)
-            with self._timer_wakeup:
-                self._timer_wakeup.notify()
+            self._poke_timer()
             if self._timer is not None and self._timer is not threading.current_thread():
                 self._timer.join()
             self._route.close()

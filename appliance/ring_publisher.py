@@ -270,6 +270,12 @@ class RingPublisher(Generic[T]):
         self.ring.wait_acks(self.in_flight[0][0], int(max(timeout_ms, 1)))
         return self.poll()
 
+    def wait_acked(self, seq: int, timeout_ms: float) -> bool:
+        """Sleep until frame ``seq`` is acknowledged or ``timeout_ms`` passes; True if it was.  Reads only
+        the ring header (no bookkeeping changes), so a thread may wait here while another one publishes
+        and polls under its own lock; :meth:`poll` collects the acks afterwards."""
+        return self.ring.wait_acks(seq, int(max(timeout_ms, 1)))
+
     def take_completed(self) -> list[tuple[T, int]]:
         """The ``(token, result)`` pairs acknowledged since the last call, in publish order."""
         done = list(self.completed)
