@@ -3,6 +3,7 @@ real segment files and a real state page, and a running appliance over TCP."""
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -77,18 +78,27 @@ def test_waits_for_new_records_and_stops_on_sigterm(command: list[str], written:
     written.append([b"old"])
     process = subprocess.Popen([*command, "t", "--data-dir", written.data_dir], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, cwd=REPO)
+    assert process.stdout is not None
     try:
-        time.sleep(1.0)  # started, positioned at the end
-        written.append([b"new-1", b"new-2"])
-        lines = [process.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
-        assert lines == [b"new-1\n", b"new-2\n"]
+        # Append until the command (positioned at the end once it started) prints what it sees.
+        appended: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            appended.append(b"new-%d" % len(appended))
+            written.append([appended[-1]])
+            if select.select([process.stdout], [], [], 0.2)[0]:
+                break
+        first = process.stdout.readline()
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=10)
+        rest, err = process.communicate(timeout=10)
     finally:
         process.kill()
         process.wait()
     assert process.returncode == 0
-    assert b"Processed a total of 2 messages" in err
+    lines = (first + rest).splitlines()
+    assert lines and lines == appended[appended.index(lines[0]) :][: len(lines)]
+    assert b"old" not in lines
+    assert f"Processed a total of {len(lines)} messages".encode() in err
 
 
 def test_stopped_appliance_read_offline(command: list[str], written: WrittenPartition) -> None:

@@ -351,7 +351,9 @@ def test_an_idle_poll_sleeps_rather_than_spins(written: WrittenPartition) -> Non
         cpu = time.thread_time() - cpu_before
         wall = time.monotonic() - wall_before
     assert wall >= 0.99
-    assert cpu / wall < 0.02, f"idle poll used {cpu / wall:.1%} of a core"  # spinning would use 100%
+    # Measured ~0.6% on a quiet machine (the default 10 ms sleeps); a loaded VM's wake-ups cost more.  A
+    # spinning consumer would use 100%.
+    assert cpu / wall < 0.05, f"idle poll used {cpu / wall:.1%} of a core"
 
 
 def test_many_in_process_consumers_share_a_partition(written: WrittenPartition) -> None:
