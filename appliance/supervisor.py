@@ -68,7 +68,7 @@ from ipc.kafka.errors import ErrorCode
 from ipc.ring import RingNames, create_ring, unlink_ring, warm_up
 from ipc.ring_layout import DEFAULT_ACK_SLOTS
 from ipc.shm import SHM_DIR, Permissions, ShmNames, instance_id, reclaim
-from ipc.state_page import StatePage
+from ipc.state_page import StatePage, monotonic_ms
 from ipc.wakeup import Doorbell
 from storage.errors import ApplianceError, LogLockedError, ProtocolError, UnknownTopicOrPartitionError
 from storage.log import Log
@@ -88,6 +88,10 @@ __all__ = [
 # Factories of extra children, "module:function"; function(config) -> ChildSpec | None.  The broker adds
 # itself here ("appliance.broker:child_spec").
 EXTRA_CHILDREN: tuple[str, ...] = ()
+
+# A writer whose heartbeat (state page) is this old while its process lives is killed and restarted: it is
+# stuck (a writer beats at least every 100 ms, busy or idle).  Tests lower it.
+WRITER_STALL_S: float = 60.0
 
 MAX_REPLICATION_FACTOR: Final = 1  # no replicas yet: a topic cannot ask for more copies than exist
 _LOCK_FILE: Final = ".appliance.lock"
@@ -201,6 +205,7 @@ class _Child:
     ready: bool = True
     uss_bytes: int = 0
     uss_measured_s: float = 0.0
+    stall_killed: bool = False
 
 
 @dataclass
@@ -267,6 +272,7 @@ class Supervisor:
         self._status_text = ""
         self._next_status_s = 0.0
         self._next_memory_s = 0.0
+        self._next_heartbeat_check_s = 0.0
         self._memory_reported = False
         self._watchdog_s = sdnotify.watchdog_interval_s()
         self._next_watchdog_s = 0.0
@@ -544,6 +550,7 @@ class Supervisor:
         theirs.close()
         ours.setblocking(False)
         child.pid = pid
+        child.stall_killed = False
         child.channel = ours
         child.inbox.clear()
         child.started_s = time.monotonic()
@@ -704,6 +711,27 @@ class Supervisor:
         if now >= self._next_memory_s:
             self._next_memory_s = now + _MEMORY_INTERVAL_S
             self._measure_memory()
+        if now >= self._next_heartbeat_check_s:
+            self._next_heartbeat_check_s = now + min(1.0, WRITER_STALL_S / 4)
+            self._check_heartbeats()
+
+    def _check_heartbeats(self) -> None:
+        """Kill (once) a writer that claimed its state page but stopped beating: it is stuck."""
+        now_ms = monotonic_ms()
+        for part in self._partitions.values():
+            child = part.writer
+            page = part.page
+            if not child.pid or child.stopping or child.stall_killed or page.writer_pid != child.pid:
+                continue  # not running, stopping, already killed, or still opening its log
+            stale_s = (now_ms - page.writer_heartbeat_ms) / 1000
+            if stale_s > WRITER_STALL_S:
+                _log.error("writer %s (pid %d) has not beaten its heartbeat for %.1f s (limit %.1f s): it is "
+                           "stuck; killing it", part.name, child.pid, stale_s, WRITER_STALL_S)  # fmt: skip
+                child.stall_killed = True
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _measure_memory(self) -> None:
         for child in self._all_children():

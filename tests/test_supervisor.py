@@ -67,7 +67,7 @@ def test_serve_with_no_configuration_runs_from_the_working_directory_and_stops_c
     assert [line.split("\t")[2] for line in described[1:]] == ["Partition: 0", "Partition: 1"]
 
     assert get_proctitle(serve.pid) == "appliance: supervisor"
-    writers = sorted(serve.writers())
+    writers = sorted(serve.writers(2))
     assert len(writers) == 2
     assert sorted(get_proctitle(pid) for pid in writers) == ["appliance: writer orders-0",
                                                              "appliance: writer orders-1"]  # fmt: skip
@@ -285,7 +285,7 @@ def test_writers_of_a_killed_supervisor_exit_and_a_new_one_starts(appliances: li
     serve = Appliance(None, "topics.t.partitions=2")
     appliances.append(serve)
     serve.start()
-    writers = serve.writers()
+    writers = serve.writers(2)
     with serve.client() as client:
         producer = RawProducer(client, "t", 1)
         for i in range(10):
@@ -308,7 +308,7 @@ def test_writers_of_a_killed_supervisor_exit_and_a_new_one_starts(appliances: li
 def test_an_extra_child_produces_through_the_control_socket_gates_ready_and_is_restarted(
     appliances: list[Appliance],
 ) -> None:
-    serve = Appliance(None, extra_children=("test_supervisor_harness:helper_child",))
+    serve = Appliance(None, patch={"EXTRA_CHILDREN": ("test_supervisor_harness:helper_child",)})
     appliances.append(serve)
     serve.start()  # READY=1 came after the helper called ready(): its batch is in the log already
     values = [r.value for b in serve.batches("from-helper", 0) for r in iter_records(b)]
@@ -356,4 +356,31 @@ def test_hostile_control_requests_get_an_answer_and_change_nothing(appliances: l
         assert {name: info.topic_id for name, info in client.metadata().topics.items()} == before
         assert client.status()["pid"] == serve.pid
     assert "failed unexpectedly" not in serve.log()
+    assert serve.stop() == 0
+
+
+def test_a_writer_that_stops_beating_is_killed_and_restarted(appliances: list[Appliance]) -> None:
+    serve = Appliance(None, "topics.t.partitions=1", patch={"WRITER_STALL_S": 0.5})
+    appliances.append(serve)
+    serve.start()
+    (stuck,) = serve.writers(1)
+    with serve.client() as client:
+        page = StatePage.attach(client.metadata(["t"]).topics["t"].partitions[0].state_page)
+    deadline = time.monotonic() + 10
+    while page.writer_pid != stuck:  # it serves (a writer still opening its log is left alone)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    page.close()
+    os.kill(stuck, signal.SIGSTOP)  # alive, but no longer beating
+    deadline = time.monotonic() + 10
+    while serve.writers() in ([stuck], []):
+        assert time.monotonic() < deadline, "a stuck writer was left alone"
+        time.sleep(0.05)
+    assert "has not beaten its heartbeat" in serve.log()
+    assert "writer t-0 was killed by signal 9 (SIGKILL); recovering its partition log" in serve.log()
+    with serve.client() as client:
+        producer = RawProducer(client, "t", 0)
+        producer.send([b"served by the new writer"])
+        assert producer.ring.wait_acks(0, 5000)
+        producer.close()
     assert serve.stop() == 0

@@ -37,14 +37,14 @@ class Appliance:
     """One ``appliance serve`` process tree in its own working directory and process group."""
 
     def __init__(self, cwd: Path | None = None, *overrides: str, env: dict[str, str] | None = None,
-                 extra_children: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 patch: dict[str, object] | None = None) -> None:  # fmt: skip
         self.owns_cwd = cwd is None
         self.cwd = Path(tempfile.mkdtemp(prefix="la-", dir="/tmp")) if cwd is None else cwd
         # an ephemeral TCP port, so appliances side by side never collide once the broker runs as a child
         listeners = [] if any(o.startswith("listeners=") for o in overrides) else ["listeners=127.0.0.1:0"]
         self.overrides = listeners + list(overrides)
         self.extra_env = dict(env or {})
-        self.extra_children = extra_children
+        self.patch = dict(patch or {})  # appliance.supervisor module settings, e.g. EXTRA_CHILDREN
         self.data = self.cwd / "data"
         self.socket_path = self.data / ".appliance.sock"
         self.names = ShmNames(instance_id(self.data))
@@ -64,10 +64,10 @@ class Appliance:
         env = {**os.environ, "NOTIFY_SOCKET": os.path.join(self._notify_dir, "n"), **self.extra_env}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
         args = [sys.executable, "-m", "appliance.cli", "serve"]
-        if self.extra_children:  # the same command, with EXTRA_CHILDREN set first
+        if self.patch:  # the same command, with module settings of appliance.supervisor changed first
+            settings = "; ".join(f"supervisor.{name} = {value!r}" for name, value in self.patch.items())
             script = (
-                "import sys; from appliance import supervisor; "
-                f"supervisor.EXTRA_CHILDREN = {self.extra_children!r}; "
+                f"import sys; from appliance import supervisor; {settings}; "
                 "sys.exit(supervisor.main(sys.argv[1:]))"
             )
             args = [sys.executable, "-c", script]
@@ -175,9 +175,15 @@ class Appliance:
         with open(f"/proc/{self.pid}/task/{self.pid}/children") as f:
             return [int(p) for p in f.read().split()]
 
-    def writers(self) -> list[int]:
-        """Pids of the partition writers (whatever extra children run beside them)."""
-        return [pid for pid in self.children() if _title(pid).startswith("appliance: writer ")]
+    def writers(self, count: int = 0, timeout_s: float = 10.0) -> list[int]:
+        """Pids of the partition writers (whatever extra children run beside them); waits until at least
+        ``count`` of them carry their title (a child sets it just after the fork)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [pid for pid in self.children() if _title(pid).startswith("appliance: writer ")]
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.01)
 
 
 def _title(pid: int) -> str:
