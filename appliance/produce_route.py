@@ -10,13 +10,14 @@ request and reports the response as the ring does, ``(batch, base offset or -err
 from __future__ import annotations
 
 import select
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from appliance.control import ControlClient
+from appliance.control import ControlClient, ControlError
 from appliance.ring_publisher import RingPublisher
 from storage.errors import UnknownTopicOrPartitionError
 
@@ -36,6 +37,7 @@ class BatchChannel(Protocol):
     track_acks: bool
     max_body_bytes: int
     in_flight: deque[tuple[int, ProducerBatch]]
+    last_ack_ns: int  # monotonic ns of the last ack (or of the first frame published since)
 
     def publish_into(self, max_bytes: int, build: Callable[[np.ndarray], int], token: ProducerBatch, *,
                      timeout_ms: int | None = None) -> int: ...
@@ -68,6 +70,8 @@ class Route(Protocol):
 
     def alive(self) -> bool: ...
 
+    def reconnect(self, timeout_ms: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -76,7 +80,8 @@ class LocalRoute:
 
     def __init__(self, control_socket: str, *, timeout_ms: int) -> None:
         self.path = control_socket
-        self.client = ControlClient.connect(control_socket, timeout_s=max(timeout_ms, 1) / 1000)
+        self.timeout_s = max(timeout_ms, 1) / 1000
+        self.client = ControlClient.connect(control_socket, timeout_s=self.timeout_s)
 
     def partitions_for(self, topic: str) -> tuple[int, int]:
         try:
@@ -120,6 +125,22 @@ class LocalRoute:
             return False
         readable, _, _ = select.select([fd], [], [], 0)
         return not readable  # the supervisor never speaks unasked: readable means EOF
+
+    def reconnect(self, timeout_ms: int) -> None:
+        """The supervisor went away: wait (up to ``timeout_ms``) for one to listen on the socket again."""
+        self.client.close()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            try:
+                self.client = ControlClient.connect(self.path, timeout_s=self.timeout_s)
+                return
+            except ControlError as exc:
+                if time.monotonic() >= deadline:
+                    raise ControlError(
+                        f"the appliance at {self.path} went away and did not come back within {timeout_ms} "
+                        f"ms: {exc}", exc.error, exc.code,
+                    ) from None
+                time.sleep(0.05)
 
     def close(self) -> None:
         self.client.close()

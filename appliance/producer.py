@@ -77,6 +77,7 @@ from appliance.accumulator import (
     record_payload,
 )
 from appliance.bulk_columns import record_bounds, slice_columns, take_records, to_column
+from appliance.control import ControlError
 from appliance.partitioner import KeyPartitioner, StickyPartitioner, murmur2_column
 from appliance.produce_route import BatchChannel, LocalRoute, Route
 from appliance.producer_config import DEFAULTS, ProducerConfig
@@ -109,6 +110,8 @@ _new_handle = object.__new__
 
 _SEQUENCE_MODULUS = 1 << 31
 _WAIT_SLICE_MS = 50  # a caller's wait parks on a ring semaphore at most this long before re-checking
+_PUBLISH_SLICE_MS = 200  # a blocked publish checks this often whether the supervisor is still there
+_SILENCE_NS = 250_000_000  # no ack for this long with frames in flight: is the supervisor still there?
 _IDLE_NS = 2_000_000  # the caller counts as quiet (the timer thread collects acks) after 2 ms
 _ACK_POLL_NS = 1_000_000  # the timer thread's ack polling period while batches are in flight
 
@@ -274,7 +277,13 @@ class Producer:
         self._check_open()
         if not isinstance(name, str):
             raise TypeError(f"topic {name!r}: expected a str")
-        count, max_message_bytes = self._route.partitions_for(name)
+        try:
+            count, max_message_bytes = self._route.partitions_for(name)
+        except ControlError:
+            if self._route.alive():
+                raise
+            self._reconnect()
+            count, max_message_bytes = self._route.partitions_for(name)
         cfg = self.config
         limit = min(cfg.batch_size, cfg.max_request_size, max_message_bytes)
         if cfg.compression != COMPRESSION_NONE:  # incompressible records grow a little
@@ -336,8 +345,12 @@ class Producer:
 
     def _publish_pending(self, part: _Partition, timeout_ms: int) -> None:
         """Publish the sealed batches of ``part`` in order (waiting up to ``timeout_ms`` for room), then
-        collect the acks that arrived.  BackPressureError: the first unpublished batch stays queued."""
+        collect the acks that arrived.  BackPressureError: the first unpublished batch stays queued.
+
+        Waits are cut in slices; between two, a supervisor that went away is noticed and reconnected to
+        (a full ring nobody drains any more is not back-pressure but a restart)."""
         now = self._last_activity_ns = time.monotonic_ns()
+        deadline_ns = now + timeout_ms * 1_000_000
         ring_failures = 0
         while part.sealed and not part.recovering and now >= part.not_before_ns:
             batch = part.sealed[0]
@@ -345,12 +358,24 @@ class Producer:
                 part.sealed.popleft()
                 continue
             try:
-                self._publish(part, batch, timeout_ms)
+                self._publish(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
             except RingFailedError as exc:
                 ring_failures += 1
                 self._replace_channel(part)
                 if ring_failures > 2:
                     raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
+                continue
+            except (BackPressureError, ControlError) as exc:
+                if not self._route.alive():
+                    self._reconnect()
+                    continue
+                if isinstance(exc, ControlError) or time.monotonic_ns() >= deadline_ns:
+                    if timeout_ms <= _PUBLISH_SLICE_MS:
+                        raise
+                    raise BackPressureError(
+                        f"partition {part.name}: no room to publish for max.block.ms {timeout_ms} ms "
+                        f"({exc})"
+                    ) from None
                 continue
             part.sealed.popleft()
         if part.channel is not None:
@@ -419,7 +444,7 @@ class Producer:
         cfg = self.config
         return len(build_bytes(columns, compression=cfg.compression, compression_level=cfg.compression_level))
 
-    def _replace_channel(self, part: _Partition) -> None:
+    def _replace_channel(self, part: _Partition, *, detach: bool = True) -> None:
         """The writer failed our ring (frames before the bad one were appended and acknowledged, none after):
         take the acks that arrived, queue the rest again in order with the same sequences (a batch appended
         after all is recognised as a duplicate), and drop the ring; the next publish attaches a new one."""
@@ -438,9 +463,26 @@ class Producer:
                 batch.state = SEALED
                 part.sealed.appendleft(batch)
         try:
-            self._route.drop_channel(channel)
+            if detach:
+                self._route.drop_channel(channel)
+            else:
+                channel.close()
         except ApplianceError:
             pass
+
+    def _reconnect(self) -> None:
+        """The supervisor went away (stopped, restarted, crashed): connect to the next one (up to
+        max.block.ms), take the acks the old writers left in our rings, queue every batch still
+        unacknowledged again in order with the same sequences (the new writers recognise those already
+        appended), and attach new rings as batches are published."""
+        _log.warning("producer %d: the appliance at %s went away; reconnecting", self.producer_id,
+                     getattr(self._route, "path", "?"))
+        self._route.reconnect(self.config.max_block_ms)
+        for state in self._all_topics.values():
+            for part in state.partitions:
+                if part.channel is not None:
+                    self._replace_channel(part, detach=False)
+                    self._publishing[part] = None
 
     # -- acks -----------------------------------------------------------------------------------------------
 
@@ -556,9 +598,13 @@ class Producer:
                 )
             if wait_on is not None:  # outside the lock: only parks on the ring's semaphore, reads its header
                 try:
-                    wait_on[0].wait_acked(wait_on[1], min(remaining, _WAIT_SLICE_MS))
+                    acked = wait_on[0].wait_acked(wait_on[1], min(remaining, _WAIT_SLICE_MS))
                 except RingFailedError:
-                    pass  # handled under the lock on the next round
+                    acked = True  # handled under the lock on the next round
+                if not acked and time.monotonic_ns() - wait_on[0].last_ack_ns > _SILENCE_NS:
+                    with self._lock:
+                        if not self._closed and not self._route.alive():
+                            self._reconnect()
             else:
                 time.sleep(min(remaining, self.config.retry_backoff_ms, _WAIT_SLICE_MS) / 1000)
 
@@ -756,6 +802,14 @@ class Producer:
                     self._timer_wakeup.wait(timeout)
                 self._timer_poked = False
 
+    def _silent(self, now: int) -> bool:
+        """Some partition has frames in flight and no ack came for a while."""
+        for part in self._publishing:
+            channel = part.channel
+            if channel is not None and channel.in_flight and now - channel.last_ack_ns > _SILENCE_NS:
+                return True
+        return False
+
     def _timer_round(self, now: int, linger_ns: int) -> int:
         """Seal lingering batches, publish what can go without blocking, collect acks if the caller is
         quiet; return when to wake next (-1: when woken)."""
@@ -766,6 +820,8 @@ class Producer:
                 break
             self._seal(part)
         quiet = now - self._last_activity_ns > _IDLE_NS
+        if quiet and self._silent(now) and not self._route.alive():
+            self._reconnect()
         for part in list(self._publishing):
             try:
                 if part.sealed and not part.recovering:

@@ -62,7 +62,7 @@ _ZYGOTE = textwrap.dedent(
 
     for n in range(count):
         # a third die while starting (connect, producer id, metadata, ring attach), the rest while sending
-        delay = rng.uniform(0, 0.03) if rng.random() < 0.3 else rng.uniform(0.03, 0.15)
+        delay = rng.uniform(0, 0.02) if rng.random() < 0.3 else rng.uniform(0.02, 0.1)
         pid = os.fork()
         if pid == 0:
             try:
@@ -148,7 +148,7 @@ def test_producers_killed_mid_send_leave_a_sound_log_and_others_unaffected(
             by_victim[n].append(i)
     for n, sent in by_victim.items():
         assert sent == list(range(len(sent))), f"victim {n}: what it published is a gap-free prefix"
-    assert len(by_victim) > VICTIMS // 2, "most victims got records in before they died"
+    assert len(by_victim) > VICTIMS // 3, "many victims got records in before they died"
     assert [r.offset for r in records] == list(range(len(records))), "offsets dense"
 
     deadline = time.monotonic() + 10  # the supervisor unlinks dead producers' rings
@@ -207,3 +207,48 @@ def test_writer_killed_under_load_restarts_and_every_record_is_there_once(
     values = [r.value for r in _records(serve, "load", 0)]
     assert values == [b"load-%d" % n for n in range(len(handles))], "every record in the log exactly once"
     assert "load-0" in serve.log() or "restart" in serve.log().lower()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigterm", "sigkill-tree"])
+def test_appliance_restarted_under_load_the_producer_reconnects_exactly_once(
+    appliances: list[Appliance], how: str
+) -> None:
+    """The whole appliance goes away (a clean stop, or every process SIGKILLed) and comes back: the
+    producer reconnects, sends again what was not acknowledged, and every record is in the log once."""
+    serve = Appliance(None, "topics.restart.partitions=2", "listeners=PLAINTEXT://127.0.0.1:0")
+    appliances.append(serve)
+    serve.start()
+    producer = Producer({"appliance.control.socket": str(serve.socket_path)}, batch_size=16384, linger_ms=1)
+    handles = []
+    restarted = threading.Event()
+
+    def restart() -> None:
+        time.sleep(0.5)
+        if how == "sigterm":
+            assert serve.stop() == 0
+        else:
+            serve.kill_tree()
+        time.sleep(0.3)  # the producer finds nobody there for a while
+        serve.start()
+        restarted.set()
+
+    thread = threading.Thread(target=restart)
+    try:
+        thread.start()
+        i = 0
+        while not restarted.is_set() or i < 30_000:
+            handles.append(producer.send("restart", b"r-%d" % i, key=b"%d" % (i % 10)))
+            i += 1
+            if i % 1000 == 0:
+                time.sleep(0.005)
+        metadata = [h.get(60) for h in handles]
+    finally:
+        thread.join()
+        producer.close()
+    values = [r.value for p in range(2) for r in _records(serve, "restart", p)]
+    assert sorted(values) == sorted(b"r-%d" % n for n in range(len(handles))), "each record exactly once"
+    for p in range(2):  # per partition in send order, offsets as acknowledged
+        logged = [(r.offset, r.value) for r in _records(serve, "restart", p)]
+        acked = [(m.offset, b"r-%d" % n) for n, m in enumerate(metadata) if m.partition == p]
+        assert logged == acked
