@@ -87,7 +87,7 @@ __all__ = [
 
 # Factories of extra children, "module:function"; function(config) -> ChildSpec | None.  The broker adds
 # itself here ("appliance.broker:child_spec").
-EXTRA_CHILDREN: tuple[str, ...] = ()
+EXTRA_CHILDREN: tuple[str, ...] = ("appliance.broker:child_spec",)
 
 # A writer whose heartbeat (state page) is this old while its process lives is killed and restarted: it is
 # stuck (a writer beats at least every 100 ms, busy or idle).  Tests lower it.
