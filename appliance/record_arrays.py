@@ -414,6 +414,8 @@ class RecordArrays:
 
 
 def _slices(blob: bytes, positions: np.ndarray, lengths: np.ndarray, base: int) -> list[bytes | None]:
+    if len(lengths) and lengths.max() < 0:
+        return [None] * len(lengths)  # all null (keys, usually)
     starts = (positions - base).tolist()
     if lengths.min(initial=0) >= 0:
         ends = (positions - base + lengths).tolist()
