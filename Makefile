@@ -12,7 +12,7 @@ SYSTEM_TOOLS := kcat:kcat systemd-analyze:systemd
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,bench]'
 	touch $(STAMP)
 
 system-deps:
