@@ -1,1 +1,54 @@
-"""appliance."""
+"""The service and its users: the supervisor (``appliance serve``), partition writers, the broker,
+the CLI, and the client library: :class:`Producer` and :class:`Consumer`.
+
+The names below are the package's public surface (guarded by tests/test_public_api.py).  They are
+resolved lazily, so importing one submodule does not load the numba kernels of all the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "Producer": "appliance.producer",
+    "RecordMetadata": "appliance.producer",
+    "RecordHandle": "appliance.producer",
+    "BulkHandle": "appliance.producer",
+    "Consumer": "appliance.consumer",
+    "ConsumerRecord": "appliance.consumer",
+    "RecordArrays": "appliance.consumer",
+    "TopicPartition": "appliance.consumer",
+    "Config": "appliance.config",
+    "load_config": "appliance.config",
+    "ControlClient": "appliance.control",
+    "ControlError": "appliance.control",
+}
+
+__all__ = [
+    "BulkHandle",
+    "Config",
+    "Consumer",
+    "ConsumerRecord",
+    "ControlClient",
+    "ControlError",
+    "Producer",
+    "RecordArrays",
+    "RecordHandle",
+    "RecordMetadata",
+    "TopicPartition",
+    "load_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
