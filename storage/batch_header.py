@@ -201,7 +201,8 @@ def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Batc
     """Decode the header at ``position`` without validating anything but its presence."""
     if len(buf) - position < HEADER_SIZE:
         raise CorruptRecordError(
-            f"record batch at position {position}: {len(buf) - position} bytes, need {HEADER_SIZE} for a header"
+            f"record batch at position {position}: {len(buf) - position} bytes, "
+            f"need {HEADER_SIZE} for a header"
         )
     return BatchHeader._make(BATCH_HEADER.unpack_from(buf, position))
 
