@@ -103,10 +103,7 @@ class Broker:
                     "put TLS/SASL in front (stunnel, a proxy) or use PLAINTEXT on a private network"
                 )
         self.config = config
-        try:
-            names = ShmNames(config.instance_id)
-        except ValueError:  # a configured id in another form; the supervisor's metadata names pages anyway
-            names = ShmNames.for_data_dir(config.log_dirs[0])
+        names = ShmNames(config.instance_id)
         self.table = PartitionTable(config.log_dirs, names, config.node_id, _log_configs(config))
         self.ctx = BrokerContext(config, self.table, cluster, cluster_id=f"appliance-{config.instance_id}")
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)

@@ -42,7 +42,6 @@ import dataclasses
 import datetime
 import difflib
 import grp
-import hashlib
 import ipaddress
 import os
 import re
@@ -53,6 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from ipc.shm import instance_id as shm_instance_id
 from storage.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -228,13 +228,6 @@ def _ring_bytes(value: object) -> object:
     if size % 4096:
         raise _Invalid("must be a multiple of 4096 (the page size)")
     return size
-
-
-def _instance_id(value: object) -> object:
-    text = _text(value)
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", text):
-        raise _Invalid("expected 1 to 40 characters from A-Z a-z 0-9 _ - (it names shared-memory objects)")
-    return text
 
 
 def _host_port(value: object) -> object:
@@ -440,8 +433,6 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "capacity of each producer ring (shared memory per producer and partition)"),
     _s("appliance.shm.group", "shm_group", "", _group,
        "group given access to shared memory and local sockets (mode 0660); unset: owner only (0600)"),
-    _s("appliance.instance.id", "instance_id", _DERIVED, _derivable(_instance_id),
-       "prefix of this appliance's shared-memory names; default: derived from the first log dir"),
     _s("appliance.control.socket", "control_socket", _DERIVED, _derivable(_path),
        "Unix socket where local producers attach; default: <first log dir>/.appliance.sock"),
     _s("appliance.unix.listener", "unix_listener", _DERIVED, _derivable(_optional_path),
@@ -556,7 +547,6 @@ class Config:
     replica_fetch_wait_max_ms: int
     ring_bytes: int
     shm_group: str | None
-    instance_id: str
     control_socket: str
     unix_listener: str | None
     shutdown_timeout_ms: int
@@ -567,6 +557,15 @@ class Config:
     topics: Mapping[str, TopicConfig]  # declared in [topics.NAME], in file order
     shm_gid: int | None  # appliance.shm.group resolved to a group id
     source: str | None  # the file read, if any
+
+    @property
+    def instance_id(self) -> str:
+        """The id naming this appliance's shared memory: :func:`ipc.shm.instance_id` of the first log dir.
+
+        Derived, never configured: every process that finds the appliance by its data directory (a local
+        consumer, a restarted supervisor reclaiming a crashed run's objects) must arrive at the same names.
+        """
+        return shm_instance_id(self.log_dirs[0])
 
     @property
     def broker_id(self) -> int:
@@ -754,9 +753,6 @@ def _build_topic(config: Config, name: str, overrides: Mapping[str, object]) -> 
 def _derive(values: dict[str, object]) -> None:
     """Fill the settings whose defaults depend on others."""
     first_dir = values["log_dirs"][0]  # type: ignore[index]
-    if values["instance_id"] is _DERIVED:
-        digest = hashlib.blake2b(os.path.realpath(first_dir).encode(), digest_size=5).hexdigest()
-        values["instance_id"] = f"la{digest}"
     if values["control_socket"] is _DERIVED:
         values["control_socket"] = os.path.join(first_dir, ".appliance.sock")
     if values["unix_listener"] is _DERIVED:

@@ -67,7 +67,7 @@ from appliance.writer import WriterSpec, writer_main
 from ipc.kafka.errors import ErrorCode
 from ipc.ring import RingNames, create_ring, unlink_ring, warm_up
 from ipc.ring_layout import DEFAULT_ACK_SLOTS
-from ipc.shm import SHM_DIR, Permissions, ShmNames, instance_id, reclaim
+from ipc.shm import SHM_DIR, Permissions, ShmNames, reclaim
 from ipc.state_page import StatePage, monotonic_ms
 from ipc.wakeup import Doorbell
 from storage.errors import ApplianceError, LogLockedError, ProtocolError, UnknownTopicOrPartitionError
@@ -113,7 +113,7 @@ def shm_names_for(config: Config) -> ShmNames:
     ``appliance.instance.id`` names the appliance in logs and metadata; shared memory is named after the data
     dir, so every local process (producers, consumers, tools) finds it from the data dir alone.
     """
-    return ShmNames(instance_id(config.log_dirs[0]))
+    return ShmNames(config.instance_id)
 
 
 def unique_memory_bytes(pid: int) -> int:
