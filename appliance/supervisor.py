@@ -110,8 +110,8 @@ def shm_names_for(config: Config) -> ShmNames:
     """The shared-memory names of the appliance ``config`` describes: ``ipc.shm``'s instance of the first
     log dir (16 hex digits of BLAKE2b over its real path; fixed width, so no instance's prefix is another's).
 
-    ``appliance.instance.id`` names the appliance in logs and metadata; shared memory is named after the data
-    dir, so every local process (producers, consumers, tools) finds it from the data dir alone.
+    Shared memory is named after the data dir (:attr:`Config.instance_id`), so every local process
+    (producers, consumers, tools) finds it from the data dir alone.
     """
     return ShmNames(config.instance_id)
 
