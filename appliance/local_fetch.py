@@ -38,18 +38,27 @@ file cannot be swapped between finding and mapping it.
 **Any number of readers.**  Nothing here writes anything: the state page is only loaded, the files are
 opened ``O_RDONLY`` and mapped ``PROT_READ``.  Each reader has its own cursors and mappings.
 
-**Waiting for data** (:func:`wait_for_data`).  The state page has no per-consumer doorbell (a semaphore
-wakes one waiter, and the writer does not know its readers), so a reader polls the HW word: it *spins* for
-``spin_us`` after it last saw data (a load is ~50 ns: at 100,000 records/s new data arrives every few
-tens of microseconds, so a consumer keeping up never sleeps and its latency is the scan's), then *sleeps*
-in steps doubling from 50 us to 1 ms, and after 20 ms without data up to ``max_sleep_us``.  The
-trade-off: while data flows the consumer spins on one core (it would be busy decoding anyway); a short
-pause costs a few wake-ups and delays the next record by at most 1 ms; a quiet partition costs one wake-up
-per ``max_sleep_us``.  A wake-up from ``nanosleep`` costs ~20-50 us of CPU on this kind of VM (measured:
-~500 wake-ups/s = 1.3-2.6% of a core), so the default 10 ms (100 wake-ups/s, ~0.3%) keeps an idle consumer
-within the appliance's 1% idle budget, and the first record after a quiet spell waits up to 10 ms.  A futex
-on the HW word (woken by the writer only when a reader sleeps, as ``ipc.wakeup`` does for rings) would
-remove that wait; it needs the writer's cooperation and is proposed in the Consumer's report.
+**Waiting for data** (:func:`wait_for_data`).  The state page has no doorbell for consumers (the writer does
+not know its readers, and a semaphore wakes one waiter), but the writer's append is a ``write`` to a file in
+the partition directory, and an inotify watch on that directory (``appliance.dir_watch``) is woken by that
+very system call, for any number of readers, without the writer doing anything.  So a reader:
+
+1. *spins* on the high-watermark word for ``spin_us`` (default 200 us) after it last saw data, yielding the
+   core (``sched_yield``) to a runnable writer or producer: at 100,000 records/s a consumer keeping up is
+   still spinning when the next append lands;
+2. then *sleeps in* ``select`` *on the watch*, for doubling times from 50 us up to 1 ms during the first
+   20 ms, then up to ``max_sleep_us`` (default 10 ms); a write ends the sleep at once and the reader spins
+   again for the high watermark, which the writer publishes right after its write.  The timeouts are for
+   high-watermark changes without a write (followers catching up on a replicated partition) and for
+   noticing a restarted appliance.
+
+The trade-off against the appliance's 1% idle budget: while data flows, a consumer uses a core (it would be
+decoding anyway); an idle one costs one wake-up per ``max_sleep_us`` (a wake-up is ~20-50 us of CPU on this
+kind of VM: the default 10 ms is ~0.3-0.6% of a core), yet sees a write within a wake-up's latency, not
+within ``max_sleep_us``.  Without inotify (not Linux, or ``fs.inotify.max_user_watches`` exhausted) the
+sleeps are plain timers, and the first record after a quiet spell waits up to ``max_sleep_us``.  Timer
+wake-ups on a busy 2-core VM may come milliseconds late, which is why the waits are on an event rather than
+on a short timer.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from appliance.dir_watch import DirectoryWatch, wait_any
 from appliance.metadata import META_DIR, TOPICS_FILE, TopicMetadata, read_topics
 from appliance.record_arrays import STOP_MAX_OFFSET, DecodedRun, decode_run
 from ipc.shm import ShmNames, shm_path
@@ -189,6 +199,8 @@ class LocalPartition:
         self._page_checked = time.monotonic()
         if not source.offline:
             self._attach_state_page(first=True)
+        self._watch: DirectoryWatch | None = None
+        self._watch_tried = False
         self._segment: _Mapping | None = None
         self._cursor_offset = -1  # the offset the cursor's position belongs to
         self._cursor_position = 0
@@ -210,6 +222,13 @@ class LocalPartition:
             self._page.close()
         self._page, self._page_inode = page, inode
         return True
+
+    def watch(self) -> DirectoryWatch | None:
+        """An inotify watch on the partition directory (made at the first wait), or None if unavailable."""
+        if not self._watch_tried:
+            self._watch_tried = True
+            self._watch = DirectoryWatch.open(self.directory)
+        return self._watch
 
     def maybe_reattach(self) -> None:
         """Called while idle: if the appliance restarted, its state page is a new object under the same name
@@ -315,6 +334,9 @@ class LocalPartition:
         if self._segment is not None:
             self._segment.close()
             self._segment = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         self._reader.close()
         if self._page is not None:
             self._page.close()
@@ -334,24 +356,36 @@ def wait_for_data(
     max_sleep_us: int = DEFAULT_MAX_SLEEP_US,
 ) -> bool:
     """Wait until one of ``(partition, position)`` has its high watermark above the position, at most
-    ``timeout_s``.  Spins ``spin_us``, then sleeps in doubling steps up to 1 ms, and after 20 ms up to
-    ``max_sleep_us`` (see the module doc for the trade-off).  Returns whether data is there."""
+    ``timeout_s``.  Spins ``spin_us``, then sleeps -- woken at once by a write to a partition's files -- for
+    doubling times up to 1 ms, and after 20 ms without data up to ``max_sleep_us`` (see the module doc).
+    Returns whether data is there."""
     start = time.perf_counter()
     deadline = start + timeout_s
-    spin_until = start + spin_us / 1e6
-    pages = [(p, p.high_watermark, position) for p, position in partitions]
+    spin_until = quiet_since = start + spin_us / 1e6
+    checks = [(p.high_watermark, position) for p, position in partitions]
+    watches = [w for p, _ in partitions if (w := p.watch()) is not None]
+    woken_by_writes = len(watches) == len(partitions)
     sleep_us = _FIRST_SLEEP_US
     while True:
-        for _, high_watermark, position in pages:
+        for high_watermark, position in checks:
             if high_watermark() > position:
                 return True
         now = time.perf_counter()
         if now >= deadline:
             return False
         if now < spin_until:
+            os.sched_yield()  # busy, but a runnable writer or producer on this core goes first
             continue
-        for partition, _, _ in pages:
+        for partition, _ in partitions:
             partition.maybe_reattach()
-        time.sleep(min(sleep_us / 1e6, deadline - now))
-        cap = max_sleep_us if now - spin_until > _SHORT_IDLE_S else min(_SHORT_SLEEP_US, max_sleep_us)
+        pause_s = min(sleep_us / 1e6, deadline - now)
+        if woken_by_writes:
+            if wait_any(watches, pause_s):
+                # The writer publishes the high watermark right after its write: look again, briefly.
+                spin_until = quiet_since = time.perf_counter() + spin_us / 1e6
+                sleep_us = _FIRST_SLEEP_US
+                continue
+        else:
+            time.sleep(pause_s)
+        cap = max_sleep_us if now - quiet_since > _SHORT_IDLE_S else min(_SHORT_SLEEP_US, max_sleep_us)
         sleep_us = min(sleep_us * 2, cap)

@@ -144,6 +144,10 @@ def _consume_arrays(consumer: Consumer, records: int, timeout_ms: int = 5000) ->
     return elapsed
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def _report(benchmark: BenchmarkFixture, name: str, records: int, seconds: list[float], target: float | None,
             size_bytes: int) -> None:
     best = min(seconds)
@@ -155,8 +159,8 @@ def _report(benchmark: BenchmarkFixture, name: str, records: int, seconds: list[
     if target is not None:
         info.update(target_records_per_s=target, ratio_to_target=rate / target)
         line += f" ({rate / target:.2f}x the {target / 1e6:.0f} M/s target)"
-    benchmark.extra_info.update(info)
-    print(line + f", {size_bytes / best / 1e9:.2f} GB/s of log")
+    benchmark.extra_info.update(info, load_average=os.getloadavg())
+    print(line + f", {size_bytes / best / 1e9:.2f} GB/s of log (load average {_load()})")
 
 
 def test_local_array_api(benchmark: BenchmarkFixture, bench_log: BenchLog) -> None:
@@ -383,9 +387,10 @@ def test_local_latency_at_100k_per_s(benchmark: BenchmarkFixture, bench_log: Ben
     benchmark.extra_info.update(rate_per_s=LATENCY_RATE_PER_S, records=total, p50_ms=p50, p99_ms=p99,
                                 p999_ms=p999, max_ms=float(end_to_end.max()) / 1e6, rounds_p99_ms=rounds_p99,
                                 consumer_p50_ms=c50, consumer_p99_ms=c99, consumer_p999_ms=c999,
-                                target_p99_ms=LATENCY_TARGET_P99_MS)
+                                target_p99_ms=LATENCY_TARGET_P99_MS, load_average=os.getloadavg())
     print(f"\nRESULT produce-to-consume latency, local path, {LATENCY_RATE_PER_S:,} records/s for "
           f"{LATENCY_SECONDS:.0f} s: p50 {p50:.3f} ms, p99 {p99:.3f} ms, p99.9 {p999:.3f} ms, max "
           f"{end_to_end.max() / 1e6:.2f} ms (target p99 <= {LATENCY_TARGET_P99_MS} ms; p99 of each round: "
           f"{rounds_p99}); of which after the high watermark was published: p50 {c50:.3f} ms, p99 "
-          f"{c99:.3f} ms, p99.9 {c999:.3f} ms")
+          f"{c99:.3f} ms, p99.9 {c999:.3f} ms (load average {_load()}: a 2-core machine shared with other "
+          "work moves the tail by milliseconds)")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_consumer_helpers import Rec, WrittenPartition, as_recs
 
 from appliance.consumer import Consumer, TopicPartition
+from appliance.dir_watch import DirectoryWatch, wait_any
 from ipc.state_page import StatePage
 from storage.batch_header import COMPRESSION_NONE, COMPRESSION_ZSTD
 from storage.errors import (
@@ -354,6 +355,37 @@ def test_an_idle_poll_sleeps_rather_than_spins(written: WrittenPartition) -> Non
     # Measured ~0.6% on a quiet machine (the default 10 ms sleeps); a loaded VM's wake-ups cost more.  A
     # spinning consumer would use 100%.
     assert cpu / wall < 0.05, f"idle poll used {cpu / wall:.1%} of a core"
+
+
+def test_a_write_wakes_a_sleeping_poll_at_once(written: WrittenPartition) -> None:
+    """Past its spin, a waiting consumer sleeps up to appliance.poll.max.sleep.us (here 5 s) between looks
+    at the high watermark, but the writer's write to the segment wakes it (inotify) within milliseconds."""
+    written.append([b"x"])
+    with local(written, **{"appliance.poll.max.sleep.us": 5_000_000}) as consumer:
+        consumer.poll(timeout_ms=0)
+        timer = threading.Timer(0.7, lambda: written.append([b"y"]))  # mid-way through a 0.5 s sleep
+        timer.start()
+        started = time.monotonic()
+        got = consumer.poll(timeout_ms=10_000)
+        woke = time.monotonic() - started
+        timer.join()
+    assert [r.value for r in got] == [b"y"]
+    assert woke < 0.95, f"woke after {woke:.2f} s"  # its timer alone would wake it at ~1.04 s
+
+
+def test_directory_watch_reports_writes_and_nothing_else(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    watch = DirectoryWatch.open(str(tmp_path))
+    assert watch is not None
+    try:
+        assert not wait_any([watch], 0.05)
+        with open(tmp_path / "00000000000000000000.log", "ab") as f:
+            f.write(b"bytes")
+        assert wait_any([watch], 1.0)
+        assert not watch.drain()  # wait_any drained it
+        (tmp_path / "00000000000000000000.log").read_bytes()  # reading is not an event
+        assert not wait_any([watch], 0.05)
+    finally:
+        watch.close()
 
 
 def test_many_in_process_consumers_share_a_partition(written: WrittenPartition) -> None:
