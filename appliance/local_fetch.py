@@ -47,16 +47,18 @@ very system call, for any number of readers, without the writer doing anything. 
    core (``sched_yield``) to a runnable writer or producer: at 100,000 records/s a consumer keeping up is
    still spinning when the next append lands;
 2. then *sleeps in* ``select`` *on the watch*, for doubling times from 50 us up to 1 ms during the first
-   20 ms, then up to ``max_sleep_us`` (default 10 ms); a write ends the sleep at once and the reader spins
+   20 ms, then up to ``max_sleep_us`` (default 50 ms); a write ends the sleep at once and the reader spins
    again for the high watermark, which the writer publishes right after its write.  The timeouts are for
    high-watermark changes without a write (followers catching up on a replicated partition) and for
    noticing a restarted appliance.
 
 The trade-off against the appliance's 1% idle budget: while data flows, a consumer uses a core (it would be
 decoding anyway); an idle one costs one wake-up per ``max_sleep_us`` (a wake-up is ~20-50 us of CPU on this
-kind of VM: the default 10 ms is ~0.3-0.6% of a core), yet sees a write within a wake-up's latency, not
-within ``max_sleep_us``.  Without inotify (not Linux, or ``fs.inotify.max_user_watches`` exhausted) the
-sleeps are plain timers, and the first record after a quiet spell waits up to ``max_sleep_us``.  Timer
+kind of VM: the default 50 ms is ~0.1% of a core), yet sees a write within a wake-up's latency, not within
+``max_sleep_us``; a high watermark moving without a write more than 20 ms after the last one (a slow
+follower) is seen within ``max_sleep_us``.  Without inotify (not Linux, or ``fs.inotify.max_user_watches``
+exhausted) the sleeps are plain timers, and the first record after a quiet spell waits up to
+``max_sleep_us``.  Timer
 wake-ups on a busy 2-core VM may come milliseconds late, which is why the waits are on an event rather than
 on a short timer.
 """
@@ -90,7 +92,7 @@ __all__ = [
 ]
 
 DEFAULT_SPIN_US = 200
-DEFAULT_MAX_SLEEP_US = 10_000
+DEFAULT_MAX_SLEEP_US = 50_000
 _FIRST_SLEEP_US = 50
 _SHORT_SLEEP_US = 1000  # the longest sleep during the first _SHORT_IDLE_S of a pause
 _SHORT_IDLE_S = 0.02
