@@ -69,6 +69,10 @@ def test_partition_offset_max_messages_and_timestamps(command: list[str], writte
                "--max-messages", "3", "--print-timestamp", "--key-separator", "|")
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"CreateTime:1004|v4\nCreateTime:1005|v5\nCreateTime:1006|v6\n"
+    config = Path(written.data_dir).parent / "appliance.toml"
+    config.write_text(f'"log.dirs" = ["{written.data_dir}"]\n')
+    by_config = run(command, "t", "--config", str(config), "--from-beginning", "--max-messages", "2")
+    assert (by_config.returncode, by_config.stdout) == (0, b"v0\nv1\n"), by_config.stderr
     latest = run(command, "t", "--data-dir", written.data_dir, "--timeout-ms", "200")
     assert (latest.returncode, latest.stdout) == (0, b"")  # without --from-beginning: only new records
     assert b"Processed a total of 0 messages" in latest.stderr

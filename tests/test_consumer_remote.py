@@ -207,6 +207,17 @@ def test_a_long_poll_returns_as_soon_as_a_record_is_produced(appliance: RunningA
             consumer.close()
 
 
+def test_kafka_connection_over_the_brokers_unix_socket(appliance: RunningAppliance) -> None:
+    from appliance.kafka_client import KafkaConnection
+    from ipc.kafka import ApiKey, MetadataRequest
+
+    path = str(Path(appliance.data_dir) / ".broker.sock")  # appliance.unix.listener's default
+    with KafkaConnection.over_unix_socket(path, client_id="unix-test") as conn:
+        assert conn.version_for(ApiKey.FETCH) == 11
+        names = {t.name for t in conn.request(MetadataRequest(topics=None)).topics}
+    assert {"kp", "ck", "own"} <= names
+
+
 def test_unknown_topics_and_absent_brokers_are_clear_errors(appliance: RunningAppliance,
                                                             tmp_path: Path) -> None:
     for consumer in (remote(appliance), local(appliance)):
