@@ -153,7 +153,9 @@ def _scan_batches(
     """Walk whole batches of ``buf[position:end]`` into ``table``: ``(rows, stop position, code)``.
 
     ``code`` is a STOP_* reason (>= 0) or a BAD_* code (< 0; then ``stop position`` is the bad batch's).
-    The first batch is taken whatever its size (as Kafka does); later ones only within ``max_bytes``.
+    The first batch is taken whatever its size (as Kafka does); later ones only within ``max_bytes``.  Once
+    the batches read reach ``max_offset`` the walk stops without reading further: bytes past the high
+    watermark may be a batch being written.
     """
     start = position
     rows = 0
@@ -162,6 +164,10 @@ def _scan_batches(
         remaining = end - position
         if remaining <= 0:
             return rows, position, STOP_END
+        if rows > 0 and previous_end >= max_offset:
+            # Not one byte past the high watermark is looked at: the writer may be writing the next batch
+            # right now, and a header read mid-copy is torn.  (The first batch is below it: the caller's.)
+            return rows, position, STOP_MAX_OFFSET
         if remaining < HEADER_SIZE:
             return rows, position, STOP_TRUNCATED
         size = _be32(buf, position + BATCH_LENGTH_OFFSET) + LOG_OVERHEAD
