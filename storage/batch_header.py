@@ -53,6 +53,11 @@ __all__ = [
     "BASE_TIMESTAMP_OFFSET",
     "BATCH_HEADER",
     "BATCH_LENGTH_OFFSET",
+    "CHECK_BAD_COUNTS",
+    "CHECK_BAD_CRC",
+    "CHECK_BAD_LENGTH",
+    "CHECK_BAD_MAGIC",
+    "CHECK_TRUNCATED",
     "COMPRESSION_CODEC_MASK",
     "COMPRESSION_NONE",
     "COMPRESSION_ZSTD",
@@ -76,6 +81,7 @@ __all__ = [
     "TIMESTAMP_TYPE_MASK",
     "TRANSACTIONAL_FLAG_MASK",
     "BatchHeader",
+    "check_batch",
     "compute_crc",
     "parse_header",
     "stamp",
@@ -137,6 +143,13 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 NO_PARTITION_LEADER_EPOCH = -1
+
+# check_batch codes (hot path: returned, never raised; validate_batch raises with the full story)
+CHECK_TRUNCATED = -1  # fewer bytes than a header
+CHECK_BAD_MAGIC = -2
+CHECK_BAD_LENGTH = -3  # batchLength + LOG_OVERHEAD is not exactly the buffer's length
+CHECK_BAD_COUNTS = -4  # lastOffsetDelta or recordsCount negative
+CHECK_BAD_CRC = -5
 
 _STAMP = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
@@ -254,6 +267,40 @@ def validate_batch(
             f"{header.last_offset}): stored CRC {header.crc:#010x}, computed {computed:#010x}"
         )
     return header
+
+
+def check_batch(body: memoryview) -> BatchHeader | int:
+    """The hot-path twin of :func:`validate_batch` for a buffer that must hold exactly one batch (a ring
+    frame): its header if valid, else a negative ``CHECK_*`` code.
+
+    Same rules as :func:`validate_batch` (1)-(5), plus: the batch fills ``body`` exactly.  One unpack, one
+    CRC call over a slice of ``body`` (a 1-D byte memoryview), no exception on bad input; call
+    :func:`validate_batch` on a refused buffer for the message that says why.
+    """
+    size = len(body)
+    if size < HEADER_SIZE:
+        return CHECK_TRUNCATED
+    fields = _UNPACK_HEADER(body, 0)
+    if fields[_MAGIC_FIELD] != MAGIC:
+        return CHECK_BAD_MAGIC
+    if fields[_LENGTH_FIELD] + LOG_OVERHEAD != size:
+        return CHECK_BAD_LENGTH
+    if fields[_DELTA_FIELD] < 0 or fields[_COUNT_FIELD] < 0:
+        return CHECK_BAD_COUNTS
+    if _crc32c.crc32c(body[ATTRIBUTES_OFFSET:]) != fields[_CRC_FIELD]:
+        return CHECK_BAD_CRC
+    return _new_tuple(BatchHeader, fields)  # BatchHeader._make without its length check
+
+
+_UNPACK_HEADER = BATCH_HEADER.unpack_from
+_new_tuple = tuple.__new__
+_FIELD_NAMES = [name for name, _ in _FIELDS]
+_MAGIC_FIELD = _FIELD_NAMES.index("magic")
+_LENGTH_FIELD = _FIELD_NAMES.index("batch_length")
+_DELTA_FIELD = _FIELD_NAMES.index("last_offset_delta")
+_COUNT_FIELD = _FIELD_NAMES.index("records_count")
+_CRC_FIELD = _FIELD_NAMES.index("crc")
+assert tuple(_FIELD_NAMES) == BatchHeader._fields
 
 
 def stamp(

@@ -49,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Final, NamedTuple
 
 from storage.batch_header import BATCH_LENGTH_OFFSET, LOG_OVERHEAD, BatchHeader, stamp, validate_batch
@@ -75,6 +75,7 @@ from storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
+    BatchBuffer,
     FetchSlice,
     LogSegment,
     OffsetAndTimestamp,
@@ -104,6 +105,13 @@ RECOVERY_POINT_CHECKPOINT_FILE: Final = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE: Final = "log-start-offset-checkpoint"
 EARLIEST_TIMESTAMP: Final = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP: Final = -1  # ListOffsets: the log end offset
+
+_LAST_OFFSET_DELTA: Final = BatchHeader._fields.index("last_offset_delta")  # header fields by position:
+_BATCH_LENGTH: Final = BatchHeader._fields.index("batch_length")  # a tuple index is cheaper than a name
+_MAX_TIMESTAMP: Final = BatchHeader._fields.index("max_timestamp")
+_RECORDS_COUNT: Final = BatchHeader._fields.index("records_count")
+
+_new_tuple = tuple.__new__  # NamedTuple construction without its keyword handling (hot path)
 
 _log = logging.getLogger(__name__)
 _FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
@@ -182,6 +190,7 @@ class Log:
         self._epochs = LeaderEpochCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT_FILE))
         self._unflushed_records = 0
         self._last_flush = time.monotonic()
+        self._flush_due_s = self._last_flush + config.flush_ms / 1000  # flush.ms after the last flush
         self._checkpoint_lock = threading.Lock()
         self._flusher = RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
         self._closed = False
@@ -351,6 +360,65 @@ class Log:
         self._check_writable()
         view = _byte_view(buf)
         headers = self._validate(view, self.config.max_message_bytes)
+        latest_epoch = self._check_leader_epoch(leader_epoch)
+        first_offset = next_offset = self._segments[-1].next_offset
+        batches: list[tuple[int, int, int, int]] = []
+        records = position = 0
+        for header in headers:
+            stamp(view, position, next_offset, leader_epoch)
+            last = next_offset + header.last_offset_delta
+            size = header.batch_length + LOG_OVERHEAD
+            batches.append((next_offset, last, size, header.max_timestamp))
+            records += header.records_count
+            next_offset = last + 1
+            position += size
+        if leader_epoch > latest_epoch:
+            self._epochs.assign(leader_epoch, first_offset)
+        return self._write((view,), position, batches, records)
+
+    def append_batches(self, views: Sequence[memoryview], headers: Sequence[BatchHeader], *,
+                       leader_epoch: int) -> AppendInfo:
+        """Append batches that the caller has validated, as the leader in ``leader_epoch``, with no copy.
+
+        The zero-copy path of a partition writer: ``views[i]`` holds exactly one batch (a ring frame's
+        body) and ``headers[i]`` is its header as :func:`~storage.batch_header.check_batch` or
+        :func:`~storage.batch_header.validate_batch` returned it.  **The log trusts them**: it does not look
+        at magic, length, CRC or ``max.message.bytes`` again.  The caller guarantees that
+
+        1. each header came from validating that very buffer (so ``len(views[i]) == headers[i].size``),
+           and each batch is within ``max.message.bytes``;
+        2. every buffer is a writable 1-D byte memoryview (e.g. ``memoryview(uint8_array)[a:b]``) that
+           nothing else writes until this returns (ring memory published to, and owned by, the writer).
+
+        Each buffer is stamped in place (``baseOffset``, ``partitionLeaderEpoch``; the CRC does not cover
+        them) and the buffers go to the active segment with one ``os.writev`` per segment touched (at most
+        ``IOV_MAX`` buffers per call), straight from the caller's memory.  Rolls and indexes as
+        :meth:`append`.  Raises :class:`NotLeaderError` for an epoch older than the latest recorded,
+        ``ValueError`` for mismatched arguments; then nothing was stamped or appended.  Untrusted bytes go
+        through :meth:`append`, which validates.
+        """
+        self._check_writable()
+        count = len(views)
+        if count == 0 or count != len(headers):
+            raise ValueError(f"{self._where}: {count} buffers and {len(headers)} headers; need as many, >= 1")
+        latest_epoch = self._check_leader_epoch(leader_epoch)
+        first_offset = next_offset = self._segments[-1].next_offset
+        batches: list[tuple[int, int, int, int]] = []
+        records = total = 0
+        for view, header in zip(views, headers, strict=True):
+            stamp(view, 0, next_offset, leader_epoch)
+            last = next_offset + header[_LAST_OFFSET_DELTA]
+            size = header[_BATCH_LENGTH] + LOG_OVERHEAD
+            batches.append((next_offset, last, size, header[_MAX_TIMESTAMP]))
+            records += header[_RECORDS_COUNT]
+            total += size
+            next_offset = last + 1
+        if leader_epoch > latest_epoch:
+            self._epochs.assign(leader_epoch, first_offset)
+        return self._write(views, total, batches, records)
+
+    def _check_leader_epoch(self, leader_epoch: int) -> int:
+        """The latest recorded epoch, after refusing an append in an older (or negative) one."""
         latest_epoch = self._epochs.latest_epoch
         if leader_epoch < latest_epoch:
             raise NotLeaderError(
@@ -359,19 +427,7 @@ class Log:
             )
         if leader_epoch < 0:
             raise ValueError(f"partition {self.name}: leader epoch {leader_epoch} must be >= 0")
-        first_offset = next_offset = self._segments[-1].next_offset
-        batches: list[tuple[int, int, int, int]] = []
-        position = 0
-        for header in headers:
-            stamp(view, position, next_offset, leader_epoch)
-            last = next_offset + header.last_offset_delta
-            size = header.batch_length + LOG_OVERHEAD
-            batches.append((next_offset, last, size, header.max_timestamp))
-            next_offset = last + 1
-            position += size
-        if leader_epoch > latest_epoch:
-            self._epochs.assign(leader_epoch, first_offset)
-        return self._write(view, batches, headers)
+        return latest_epoch
 
     def append_as_follower(self, buf: bytes | bytearray | memoryview) -> AppendInfo:
         """Append a leader's batches unchanged (a replica): offsets and epochs are the batches' own.
@@ -385,7 +441,7 @@ class Log:
         headers = self._validate(view)
         expected = self.log_end_offset
         batches: list[tuple[int, int, int, int]] = []
-        position = 0
+        records = position = 0
         for header in headers:
             if not batches and header.base_offset != expected:
                 raise InvalidRecordError(
@@ -398,13 +454,14 @@ class Log:
                     f"offset {header.base_offset}, expected at least {expected} (offsets must move forward)"
                 )
             batches.append((header.base_offset, header.last_offset, header.size, header.max_timestamp))
+            records += header.records_count
             expected = header.last_offset + 1
             position += header.size
         for header in headers:
             epoch = header.partition_leader_epoch
             if epoch >= 0 and epoch != self._epochs.latest_epoch:
                 self._epochs.assign(epoch, header.base_offset)
-        return self._write(view, batches, headers)
+        return self._write((view,), position, batches, records)
 
     def _validate(self, view: memoryview, max_batch_bytes: int | None = None) -> list[BatchHeader]:
         """Every batch in ``view`` (magic, length, CRC; size limit for leaders), before anything changes."""
@@ -425,45 +482,48 @@ class Log:
             position += size
         return headers
 
-    def _write(self, view: memoryview, batches: list[tuple[int, int, int, int]],
-               headers: list[BatchHeader]) -> AppendInfo:
-        """Write stamped batches ``(base, last, size, max timestamp)``, rolling where needed, with one
-        os.write per segment touched."""
+    def _write(self, parts: Sequence[BatchBuffer], size_bytes: int, batches: list[tuple[int, int, int, int]],
+               records: int) -> AppendInfo:
+        """Write stamped batches ``(base, last, size, max timestamp)``, rolling where needed, with one write
+        per segment touched.  ``parts``: one buffer holding every batch, or one buffer per batch."""
         now_ms = time.time_ns() // 1_000_000
         config = self.config
         segment = self._segments[-1]
-        total = len(view)
         max_timestamp, offset_of_max = -1, batches[0][0] - 1
         for batch in batches:
             if batch[3] > max_timestamp:
                 max_timestamp, offset_of_max = batch[3], batch[1]
         size = segment.size_bytes
         rolling = segment.rolling_timestamp
-        age_ms = max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms
         if (  # the common case: everything fits the active segment, which has aged less than segment.ms
-            0 < size <= config.segment_bytes - total
+            0 < size <= config.segment_bytes - size_bytes
             and batches[-1][1] - segment.base_offset <= INT32_MAX
             and segment.index_room() >= len(batches)
-            and age_ms <= config.segment_ms
+            and (max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms)
+            <= config.segment_ms
         ):
             first_segment = segment.base_offset
-            first_position = segment.append(view, batches)
+            first_position = segment.append_parts(parts, size_bytes, batches)
         else:
-            first_position, first_segment = self._write_rolling(view, batches, now_ms)
-        records = 0
-        for header in headers:
-            records += header.records_count
+            first_position, first_segment = self._write_rolling(parts, batches, now_ms)
         self._unflushed_records += records
-        if (self._unflushed_records >= config.flush_messages
-                or (time.monotonic() - self._last_flush) * 1000 >= config.flush_ms):
+        if self._unflushed_records >= config.flush_messages or time.monotonic() >= self._flush_due_s:
             self.flush()
-        return AppendInfo(batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max, len(batches),
-                          records, first_position, first_segment, total)
+        return _new_tuple(AppendInfo, (batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max,
+                                       len(batches), records, first_position, first_segment, size_bytes))
 
-    def _write_rolling(self, view: memoryview, batches: list[tuple[int, int, int, int]],
+    def _write_rolling(self, parts: Sequence[BatchBuffer], batches: list[tuple[int, int, int, int]],
                        now_ms: int) -> tuple[int, int]:
         """Batch by batch: roll before one that does not fit the active segment.  Returns the position and
         segment base offset of the first batch."""
+        if len(parts) != len(batches):  # one buffer holding them all: one view per batch
+            whole = memoryview(parts[0]).cast("B")
+            at = 0
+            pieces = []
+            for batch in batches:
+                pieces.append(whole[at : at + batch[2]])
+                at += batch[2]
+            parts = pieces
         config = self.config
         segment = self._segments[-1]
         size = segment.size_bytes
@@ -471,7 +531,7 @@ class Log:
         room = segment.index_room()
         rolling = segment.rolling_timestamp
         group_start = 0
-        start_byte = byte = 0
+        group_bytes = 0
         first_position = -1
         first_segment = segment.base_offset
         for i, (base, last, batch_size, max_timestamp) in enumerate(batches):
@@ -483,12 +543,12 @@ class Log:
                 > config.segment_ms
             ):
                 if i > group_start:
-                    at = segment.append(view[start_byte:byte], batches[group_start:i])
+                    at = segment.append_parts(parts[group_start:i], group_bytes, batches[group_start:i])
                     if first_position < 0:
                         first_position, first_segment = at, segment.base_offset
                 segment = self._roll(base)
                 size, since, room, rolling = 0, 0, segment.index_room(), -1
-                group_start, start_byte = i, byte
+                group_start, group_bytes = i, 0
             if since > config.index_interval_bytes:
                 room -= 1
                 since = 0
@@ -496,8 +556,8 @@ class Log:
                 rolling = max_timestamp
             since += batch_size
             size += batch_size
-            byte += batch_size
-        at = segment.append(view[start_byte:byte], batches[group_start:])
+            group_bytes += batch_size
+        at = segment.append_parts(parts[group_start:], group_bytes, batches[group_start:])
         if first_position < 0:
             first_position, first_segment = at, segment.base_offset
         return first_position, first_segment
@@ -549,6 +609,7 @@ class Log:
         self._set_recovery_point(self.log_end_offset)
         self._unflushed_records = 0
         self._last_flush = time.monotonic()
+        self._flush_due_s = self._last_flush + self.config.flush_ms / 1000
 
     def maybe_flush(self) -> bool:
         """Flush if ``flush.ms`` has passed since the last flush and data is waiting (call on idle)."""

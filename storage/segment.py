@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A segment holds consecutive record batches, byte for byte as producers built them (with ``baseOffset`` and
 ``partitionLeaderEpoch`` stamped).  The ``.log`` file is opened ``O_APPEND`` by the log's single writer and
-appended with one ``os.write`` per append call; nothing is fsynced per append (the page cache holds it;
+appended with one ``os.write`` per append call, or one ``os.writev`` of the batches' own buffers (ring
+memory: no copy; ``IOV_MAX`` buffers per call); nothing is fsynced per append (the page cache holds it;
 :meth:`LogSegment.flush` is ``fdatasync``).  After the bytes are written, the sparse indexes get their
 entries, so an index entry never points at bytes that are not in the file yet.
 
@@ -28,8 +29,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -43,13 +45,16 @@ from storage.time_index import NO_TIMESTAMP, TIME_INDEX_ENTRY, TimeIndex
 
 __all__ = [
     "INDEX_SUFFIX",
+    "IOV_MAX",
     "LOG_SUFFIX",
     "TIME_INDEX_SUFFIX",
+    "BatchBuffer",
     "FetchSlice",
     "LogSegment",
     "OffsetAndTimestamp",
     "parse_segment_name",
     "segment_path",
+    "write_fully",
 ]
 
 LOG_SUFFIX: Final = ".log"
@@ -57,6 +62,8 @@ INDEX_SUFFIX: Final = ".index"
 TIME_INDEX_SUFFIX: Final = ".timeindex"
 _NAME_DIGITS: Final = 20
 _CHUNK_BYTES: Final = 16 * 1024  # pread size when walking small batches
+IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024  # buffers per writev
+BatchBuffer: TypeAlias = "memoryview | bytes | bytearray"  # 1-D bytes (format "B"): len() counts bytes
 _log = logging.getLogger(__name__)
 
 
@@ -70,6 +77,40 @@ def parse_segment_name(name: str, suffix: str = LOG_SUFFIX) -> int | None:
     if len(stem) != _NAME_DIGITS or not stem.isdigit():
         return None
     return int(stem)
+
+
+def write_fully(fd: int, parts: Sequence[BatchBuffer], size_bytes: int) -> None:
+    """Write ``parts`` (1-D byte buffers, ``size_bytes`` in all) in order: one ``os.write`` for one buffer,
+    else one ``os.writev`` per :data:`IOV_MAX` buffers.  A regular file writes short only on trouble
+    (ENOSPC-like, a signal); the rest is then written piece by piece (and a real error raises)."""
+    if len(parts) == 1:
+        written = os.write(fd, parts[0])
+        if written < size_bytes:
+            _write_rest(fd, parts, written)
+        return
+    if len(parts) <= IOV_MAX:
+        written = os.writev(fd, parts)
+        if written < size_bytes:
+            _write_rest(fd, parts, written)
+        return
+    for first in range(0, len(parts), IOV_MAX):
+        group = parts[first : first + IOV_MAX]
+        written = os.writev(fd, group)
+        if written < sum(len(part) for part in group):
+            _write_rest(fd, group, written)
+
+
+def _write_rest(fd: int, parts: Sequence[BatchBuffer], written: int) -> None:
+    """Finish a short write: the bytes of ``parts`` after the first ``written``."""
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if written >= len(view):
+            written -= len(view)
+            continue
+        view = view[written:]
+        written = 0
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,39 +418,53 @@ class LogSegment:
         return self.append_fd >= 0
 
     # --- writing (the log's single writer) -----------------------------------------------------------------
-    def append(self, data: memoryview, batches: list[tuple[int, int, int, int]]) -> int:
-        """Write ``data`` (whole batches) with one ``os.write``; ``batches`` lists each batch's
-        ``(base offset, last offset, size, max timestamp)`` for the indexes.  Returns the position written
-        at."""
+    def append(self, data: BatchBuffer, batches: Sequence[tuple[int, int, int, int]]) -> int:
+        """Write ``data`` (whole batches) with one ``os.write``: :meth:`append_parts` with one part."""
+        return self.append_parts((data,), len(data), batches)
+
+    def append_parts(self, parts: Sequence[BatchBuffer], size_bytes: int,
+                     batches: Sequence[tuple[int, int, int, int]]) -> int:
+        """Write whole batches and index them; returns the position written at.
+
+        ``parts`` is one buffer holding every batch, or one buffer per batch (written with ``os.writev``
+        straight from the caller's memory, :data:`IOV_MAX` buffers per call); ``size_bytes`` is their total.
+        ``batches`` lists each batch's ``(base offset, last offset, size, max timestamp)`` for the indexes
+        (the log checked there is room: ``index_room``).
+        """
         start = self.size_bytes
-        written = os.write(self.append_fd, data)
-        while written < len(data):  # a regular file only writes short on ENOSPC-like trouble or a signal
-            written += os.write(self.append_fd, data[written:])
+        write_fully(self.append_fd, parts, size_bytes)
         position = start
         interval = self.config.index_interval_bytes
-        base = self.base_offset
-        offsets = self.offset_index.file  # the log checked there is room (index_room)
-        for _, last_offset, size, max_timestamp in batches:
-            if max_timestamp > self.max_timestamp:
-                self.max_timestamp = max_timestamp
-                self.offset_of_max_timestamp = last_offset
-            if self.bytes_since_last_index_entry > interval:
-                offsets.append(last_offset - base, position)
-                if self.max_timestamp > self.time_index.last_timestamp:
-                    self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
-                self.bytes_since_last_index_entry = 0
+        since = self.bytes_since_last_index_entry
+        max_timestamp = self.max_timestamp
+        offset_of_max = self.offset_of_max_timestamp
+        for _, last_offset, size, batch_max_timestamp in batches:
+            if batch_max_timestamp > max_timestamp:
+                max_timestamp, offset_of_max = batch_max_timestamp, last_offset
+            if since > interval:
+                self.offset_index.file.append(last_offset - self.base_offset, position)
+                time_index = self.time_index
+                if max_timestamp > time_index.last_timestamp:
+                    time_index.maybe_append(max_timestamp, offset_of_max)
+                since = 0
             position += size
-            self.bytes_since_last_index_entry += size
+            since += size
         if start == 0:
             self.rolling_timestamp = batches[0][3]
+        self.max_timestamp = max_timestamp
+        self.offset_of_max_timestamp = offset_of_max
+        self.bytes_since_last_index_entry = since
         self.size_bytes = position
         self.next_offset = batches[-1][1] + 1
         return start
 
     def index_room(self) -> int:
         """How many more index entries fit before the segment must roll."""
-        return min(self.offset_index.file.max_entries - self.offset_index.file.entries,
-                   self.time_index.file.max_entries - 1 - self.time_index.file.entries)
+        offsets = self.offset_index.file
+        times = self.time_index.file
+        offset_room = offsets.max_entries - offsets.entries
+        time_room = times.max_entries - 1 - times.entries
+        return offset_room if offset_room < time_room else time_room
 
     def truncate_to(self, offset: int) -> int:
         """Drop every batch whose last offset is >= ``offset`` (the segment must be active).  Returns bytes
