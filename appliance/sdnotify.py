@@ -47,10 +47,13 @@ def _address(value: str) -> str | bytes:
 
 
 def notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
-    """Send ``message`` (``KEY=VALUE`` lines) to systemd.
+    """Send ``message`` (``KEY=VALUE`` lines) to systemd, never waiting.
 
-    Returns ``False`` when not run by systemd (no ``$NOTIFY_SOCKET``), ``True`` once sent.  Raises ``OSError``
-    if the socket named cannot take it (systemd gone, wrong path): the caller logs it and carries on.
+    Returns ``False`` when not run by systemd (no ``$NOTIFY_SOCKET``), ``True`` once sent.  The datagram is
+    sent with ``MSG_DONTWAIT``: when the receiver's queue is full (a systemd that is not reading), the
+    message is dropped and ``False`` returned, so the supervisor's main loop never hangs on it (the next
+    ``STATUS=``/``WATCHDOG=1`` carries the news).  Raises ``OSError`` if the socket named cannot take it
+    (systemd gone, wrong path): the caller logs it and carries on.
     """
     env = os.environ if environ is None else environ
     target = env.get("NOTIFY_SOCKET", "")
@@ -59,7 +62,10 @@ def notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
     if not target.startswith(("/", "@")):
         raise OSError(f"NOTIFY_SOCKET={target!r} is neither an absolute path nor an abstract @name")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        sock.sendto(message.encode(), _address(target))
+        try:
+            sock.sendto(message.encode(), socket.MSG_DONTWAIT, _address(target))
+        except BlockingIOError:
+            return False
     return True
 
 
