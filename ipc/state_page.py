@@ -29,7 +29,19 @@ Layout (one 4096-byte shared-memory object per partition, little-endian), ruled 
     |                      high_watermark (i64)         @128        |  offsets below it are committed
     |                                                               |  (acks=all, consumers)
     +---------------------------------------------------------------+
-    |                      padding (room for ISR etc.)  @136..191   |
+    |                      committed_high_watermark (i64) @136      |  replicated partitions: the ISR's
+    |                                                               |  HW (>= high_watermark); else -1
+    +---------------------------------------------------------------+
+    |                      isr_size (i64)               @144        |  in-sync replicas, leader included
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      min_insync_replicas (i64)    @152        |  the topic's min.insync.replicas
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      replica_count (i64)          @160        |  valid rows of the replica table
+    |                                                               |
+    +---------------------------------------------------------------+
+    |                      padding                      @168..191   |
     +===============================================================+  line 3: the LEADERSHIP OWNER,
     |                      epoch_seqlock (i64)          @192        |  a seqlock over the next two:
     |                                                               |  odd while they are being written
@@ -45,8 +57,36 @@ Layout (one 4096-byte shared-memory object per partition, little-endian), ruled 
     |                      log_start_offset (i64)       @256        |  first offset still in the log;
     |                                                               |  published before segments go
     +---------------------------------------------------------------+
-    |                      padding                      @264..4095  |
+    |                      padding                      @264..1023  |
+    +===============================================================+  @1024: the REPLICA TABLE, written
+    |          16 rows of REPLICA_ROW, one 64-byte line each        |  by the replica-state owner: one
+    |                      @1024..2047                              |  row per follower (status only)
     +---------------------------------------------------------------+
+    |                      padding                      @2048..4095 |
+    +---------------------------------------------------------------+
+
+A replica row (:data:`REPLICA_ROW`, what ``appliance replicas status`` shows of one follower)::
+
+    +---------------------------------------------------------------+
+    |                      replica_id (i64)             @0          |  the follower's node.id
+    +---------------------------------------------------------------+
+    |                      in_isr (i64)                 @8          |  1 in the ISR, 0 not
+    +---------------------------------------------------------------+
+    |                      log_end_offset (i64)         @16         |  its last fetch offset; -1 unknown
+    +---------------------------------------------------------------+
+    |                      last_caught_up_ms (i64)      @24         |  monotonic_ms(); -1 never
+    +---------------------------------------------------------------+
+    |                      last_fetch_ms (i64)          @32         |  monotonic_ms(); -1 never
+    +---------------------------------------------------------------+
+    |                      padding                      @40..63     |
+    +---------------------------------------------------------------+
+
+Line 2 and the replica table belong to the *replica-state owner*: the partition writer while the partition
+has no followers (replication factor 1: it publishes HW = LEO; the creator sets ``isr_size`` 1 and
+``min_insync_replicas`` once, before handing the page out), the broker's replication layer for a replicated
+partition (``appliance.broker_replication``).  Local producers read ``isr_size`` and
+``min_insync_replicas`` to refuse acks=all batches with NOT_ENOUGH_REPLICAS, as the broker does.  Rows are
+written field by field: a reader may see a row mid-update (fine for status; nothing decides on them).
 
 Rules: a single int64 field is published with one aligned 8-byte store, so a reader never sees half of it,
 and (TSO, see ``ipc/memory_order.py``) whoever sees a new log end offset also sees the bytes it describes.
@@ -63,7 +103,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,26 +113,40 @@ from ipc.shm import Permissions, SharedSegment, process_alive, process_start_tic
 from storage.errors import CorruptRecordError, RequestTimeoutError
 
 __all__ = [
+    "MAX_REPLICA_ROWS",
     "NO_LEADER_EPOCH",
+    "REPLICA_ROW",
     "SEQLOCK_READ_TIMEOUT_MS",
     "STATE_PAGE",
     "STATE_PAGE_BYTES",
+    "ReplicaRow",
     "StatePage",
     "monotonic_ms",
 ]
 
 STATE_PAGE_BYTES = 4096
+MAX_REPLICA_ROWS = 16
+REPLICA_ROW = np.dtype(
+    {
+        "names": ["replica_id", "in_isr", "log_end_offset", "last_caught_up_ms", "last_fetch_ms"],
+        "formats": ["<i8", "<i8", "<i8", "<i8", "<i8"],
+        "offsets": [0, 8, 16, 24, 32],
+        "itemsize": 64,
+    }
+)  # fmt: skip
 STATE_PAGE = np.dtype(
     {
         "names": [
             "magic", "version",
             "log_end_offset", "writer_pid", "writer_start_ticks", "writer_heartbeat_ms",
-            "high_watermark",
+            "high_watermark", "committed_high_watermark", "isr_size", "min_insync_replicas", "replica_count",
             "epoch_seqlock", "leader_epoch", "epoch_start_offset",
             "log_start_offset",
+            "replicas",
         ],
-        "formats": ["<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8"],
-        "offsets": [0, 4, 64, 72, 80, 88, 128, 192, 200, 208, 256],
+        "formats": ["<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8",
+                    "<i8", "<i8", (REPLICA_ROW, (MAX_REPLICA_ROWS,))],
+        "offsets": [0, 4, 64, 72, 80, 88, 128, 136, 144, 152, 160, 192, 200, 208, 256, 1024],
         "itemsize": STATE_PAGE_BYTES,
     }
 )  # fmt: skip
@@ -113,6 +168,10 @@ _WRITER_PID = _word("writer_pid")
 _WRITER_START_TICKS = _word("writer_start_ticks")
 _WRITER_HEARTBEAT_MS = _word("writer_heartbeat_ms")
 _HIGH_WATERMARK = _word("high_watermark")
+_COMMITTED_HIGH_WATERMARK = _word("committed_high_watermark")
+_ISR_SIZE = _word("isr_size")
+_MIN_INSYNC_REPLICAS = _word("min_insync_replicas")
+_REPLICA_COUNT = _word("replica_count")
 _EPOCH_SEQLOCK = _word("epoch_seqlock")
 _LEADER_EPOCH = _word("leader_epoch")
 _EPOCH_START_OFFSET = _word("epoch_start_offset")
@@ -120,12 +179,28 @@ _LOG_START_OFFSET = _word("log_start_offset")
 
 _OWNER_LINES = {  # cache line -> the fields its one writer owns
     1: (_LOG_END_OFFSET, _WRITER_PID, _WRITER_START_TICKS, _WRITER_HEARTBEAT_MS),
-    2: (_HIGH_WATERMARK,),
+    2: (_HIGH_WATERMARK, _COMMITTED_HIGH_WATERMARK, _ISR_SIZE, _MIN_INSYNC_REPLICAS, _REPLICA_COUNT),
     3: (_EPOCH_SEQLOCK, _LEADER_EPOCH, _EPOCH_START_OFFSET),
     4: (_LOG_START_OFFSET,),
 }
 for _line, _words in _OWNER_LINES.items():
     assert {word * 8 // 64 for word in _words} == {_line}
+assert STATE_PAGE.fields is not None and REPLICA_ROW.fields is not None
+_REPLICAS_WORD = int(STATE_PAGE.fields["replicas"][1]) // 8
+_ROW_WORDS = REPLICA_ROW.itemsize // 8
+_ROW_FIELDS = {name: int(spec[1]) // 8 for name, spec in REPLICA_ROW.fields.items()}
+assert int(STATE_PAGE.fields["log_start_offset"][1]) + 8 <= _REPLICAS_WORD * 8
+assert _REPLICAS_WORD * 8 + MAX_REPLICA_ROWS * REPLICA_ROW.itemsize <= STATE_PAGE_BYTES
+
+
+class ReplicaRow(NamedTuple):
+    """One follower as the leader's replica-state owner last published it (see :data:`REPLICA_ROW`)."""
+
+    replica_id: int
+    in_isr: bool
+    log_end_offset: int  # -1: it has not fetched from this leader yet
+    last_caught_up_ms: int  # monotonic_ms(); -1: never
+    last_fetch_ms: int  # monotonic_ms(); -1: never
 
 
 def monotonic_ms() -> int:
@@ -143,10 +218,14 @@ class StatePage:
 
     @classmethod
     def create(cls, name: str, permissions: Permissions | None = None) -> StatePage:
-        """Create the page: offsets 0, no leader epoch, no writer.  FileExistsError if it exists."""
+        """Create the page: offsets 0, no leader epoch, no writer, not replicated (one in-sync replica,
+        ``min.insync.replicas`` 1, committed high watermark -1).  FileExistsError if it exists."""
         segment = SharedSegment.create(name, STATE_PAGE_BYTES, permissions)
         words = segment.buf[:STATE_PAGE_BYTES].cast("q")
         words[_LEADER_EPOCH] = NO_LEADER_EPOCH
+        words[_COMMITTED_HIGH_WATERMARK] = -1
+        words[_ISR_SIZE] = 1
+        words[_MIN_INSYNC_REPLICAS] = 1
         words.release()
         header = segment.buf[:8].cast("I")
         header[1] = STATE_VERSION
@@ -193,6 +272,68 @@ class StatePage:
     @high_watermark.setter
     def high_watermark(self, offset: int) -> None:
         publish_int64(self._words, _HIGH_WATERMARK, offset)
+
+    # -- replication (owner: the replica-state owner; see the module docstring) ----------------------------
+
+    @property
+    def committed_high_watermark(self) -> int:
+        """The ISR's high watermark of a replicated partition (what acks=all waits for); -1 otherwise."""
+        return load_int64(self._words, _COMMITTED_HIGH_WATERMARK)
+
+    @committed_high_watermark.setter
+    def committed_high_watermark(self, offset: int) -> None:
+        publish_int64(self._words, _COMMITTED_HIGH_WATERMARK, offset)
+
+    @property
+    def isr_size(self) -> int:
+        """In-sync replicas, the leader included (0: not published yet)."""
+        return load_int64(self._words, _ISR_SIZE)
+
+    @isr_size.setter
+    def isr_size(self, count: int) -> None:
+        publish_int64(self._words, _ISR_SIZE, count)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """The topic's ``min.insync.replicas`` (0: not published yet)."""
+        return load_int64(self._words, _MIN_INSYNC_REPLICAS)
+
+    @min_insync_replicas.setter
+    def min_insync_replicas(self, count: int) -> None:
+        publish_int64(self._words, _MIN_INSYNC_REPLICAS, count)
+
+    def enough_replicas(self) -> bool:
+        """False while the ISR is smaller than ``min.insync.replicas`` (acks=all writes are refused)."""
+        return self.isr_size >= self.min_insync_replicas
+
+    def publish_replicas(self, rows: Sequence[ReplicaRow]) -> None:
+        """Write the replica table (at most :data:`MAX_REPLICA_ROWS` rows; the rest are not shown)."""
+        words = self._words
+        rows = rows[:MAX_REPLICA_ROWS]
+        for index, row in enumerate(rows):
+            base = _REPLICAS_WORD + index * _ROW_WORDS
+            publish_int64(words, base + _ROW_FIELDS["replica_id"], row.replica_id)
+            publish_int64(words, base + _ROW_FIELDS["in_isr"], int(row.in_isr))
+            publish_int64(words, base + _ROW_FIELDS["log_end_offset"], row.log_end_offset)
+            publish_int64(words, base + _ROW_FIELDS["last_caught_up_ms"], row.last_caught_up_ms)
+            publish_int64(words, base + _ROW_FIELDS["last_fetch_ms"], row.last_fetch_ms)
+        publish_int64(words, _REPLICA_COUNT, len(rows))
+
+    def replicas(self) -> list[ReplicaRow]:
+        """The replica table's valid rows (each read field by field: not one consistent instant)."""
+        words = self._words
+        count = max(0, min(load_int64(words, _REPLICA_COUNT), MAX_REPLICA_ROWS))
+        rows = []
+        for index in range(count):
+            base = _REPLICAS_WORD + index * _ROW_WORDS
+            rows.append(ReplicaRow(
+                load_int64(words, base + _ROW_FIELDS["replica_id"]),
+                bool(load_int64(words, base + _ROW_FIELDS["in_isr"])),
+                load_int64(words, base + _ROW_FIELDS["log_end_offset"]),
+                load_int64(words, base + _ROW_FIELDS["last_caught_up_ms"]),
+                load_int64(words, base + _ROW_FIELDS["last_fetch_ms"]),
+            ))  # fmt: skip
+        return rows
 
     @property
     def log_start_offset(self) -> int:
@@ -278,6 +419,9 @@ class StatePage:
             "log_end_offset": self.log_end_offset,
             "high_watermark": self.high_watermark,
             "log_start_offset": self.log_start_offset,
+            "committed_high_watermark": self.committed_high_watermark,
+            "isr_size": self.isr_size,
+            "min_insync_replicas": self.min_insync_replicas,
             "leader_epoch": epoch,
             "epoch_start_offset": epoch_start,
             "writer_pid": self.writer_pid,

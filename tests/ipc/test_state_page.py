@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from ipc.shm import SharedSegment, ShmNames, reclaim
-from ipc.state_page import NO_LEADER_EPOCH, STATE_PAGE, STATE_PAGE_BYTES, StatePage, monotonic_ms
+from ipc.state_page import (
+    MAX_REPLICA_ROWS,
+    NO_LEADER_EPOCH,
+    STATE_PAGE,
+    STATE_PAGE_BYTES,
+    ReplicaRow,
+    StatePage,
+    monotonic_ms,
+)
 from storage.errors import CorruptRecordError, RequestTimeoutError
 
 FORK = multiprocessing.get_context("fork")
@@ -37,8 +45,31 @@ def test_a_new_page_has_zero_offsets_and_no_epoch(page: StatePage) -> None:
         "epoch_start_offset": 0,
         "writer_pid": 0,
         "writer_heartbeat_ms": 0,
+        "committed_high_watermark": -1,  # not replicated: one in-sync replica, min.insync.replicas 1
+        "isr_size": 1,
+        "min_insync_replicas": 1,
     }
+    assert page.enough_replicas()
+    assert page.replicas() == []
     assert STATE_PAGE.itemsize == STATE_PAGE_BYTES
+
+
+def test_replica_fields_and_the_replica_table_cross_mappings(page: StatePage) -> None:
+    reader = StatePage.attach(page.name)
+    page.committed_high_watermark = 120
+    page.isr_size = 1
+    page.min_insync_replicas = 2
+    assert (reader.committed_high_watermark, reader.isr_size, reader.min_insync_replicas) == (120, 1, 2)
+    assert not reader.enough_replicas()
+    rows = [ReplicaRow(1, True, 120, 5_000, 5_001), ReplicaRow(2, False, -1, -1, -1)]
+    page.publish_replicas(rows)
+    assert reader.replicas() == rows
+    many = [ReplicaRow(i, False, i, i, i) for i in range(1, MAX_REPLICA_ROWS + 5)]
+    page.publish_replicas(many)
+    assert reader.replicas() == many[:MAX_REPLICA_ROWS]  # the table holds what fits
+    page.publish_replicas([])
+    assert reader.replicas() == []
+    reader.close()
 
 
 def test_fields_written_through_one_mapping_are_read_through_another(page: StatePage) -> None:
