@@ -457,3 +457,71 @@ def test_acks_and_log_match_a_model_of_idempotence(
         writer.close()
         b.page.close()
         reclaim(names.instance)
+
+
+# -- the zero-copy append: one round, many frames, rolls; refusal reasons ------------------------------------
+
+
+def test_a_round_of_more_frames_than_one_writev_takes_is_appended_in_order_across_rolls(bench: Bench) -> None:
+    """2,500 frames published before one drain round (more than IOV_MAX = 1024 buffers, and segments that
+    roll inside the round): every frame acked with its offset, the log holds exactly the frames' bytes."""
+    spec = bench.spec(segment_bytes=64 * 1024)
+    writer = PartitionWriter.open(spec)
+    names = RingNames.for_producer(bench.names, bench.topic, bench.partition, 99)
+    create_ring(names, capacity_bytes=1 << 20, ack_slots=4096)
+    writer.attach_ring(names)
+    producer = RingProducer.attach(names, max_block_ms=2000)
+    try:
+        frames = []
+        sequence = 0
+        for i in range(2500):
+            frames.append(idem([b"r%d-%d" % (i, k) for k in range(1 + i % 3)], 42, sequence))
+            sequence += 1 + i % 3
+            producer.send(frames[-1])
+        assert writer.drain_round() == 2500
+        offsets = [0]
+        for i in range(2499):
+            offsets.append(offsets[-1] + 1 + i % 3)
+        assert acks(producer) == offsets
+        logged = bench.batches(spec)
+        assert [parse_header(x).base_offset for x in logged] == offsets
+        from storage.batch_header import stamp
+
+        expected = [bytearray(frame) for frame in frames]
+        for frame, offset in zip(expected, offsets, strict=True):
+            stamp(frame, 0, offset, spec.leader_epoch)
+        assert logged == expected  # byte for byte: the frames as published, offsets and epoch stamped
+        assert len(writer.log.segments) > 2
+        assert bench.page.log_end_offset == offsets[-1] + 1 + 2499 % 3
+        producer.close()
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("bad crc", "stored CRC"),
+        ("wrong magic", "magic 1, expected 2"),
+        ("short", "40 bytes, a record batch needs at least 61"),
+        ("truncated", "available"),
+        ("trailing bytes", "a frame carries exactly one batch"),
+        ("too large", "larger than max.message.bytes 4096"),
+    ],
+)
+def test_a_refused_frame_is_logged_with_the_reason(bench: Bench, kind: str, reason: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    spec = bench.spec(max_message_bytes=4096)
+    frame, expected = _bad_frames(4096)[kind]
+    writer = PartitionWriter.open(spec)
+    try:
+        producer = bench.producer(writer)
+        producer.send(frame)
+        with caplog.at_level("WARNING", logger="appliance.writer"):
+            writer.drain_round()
+        assert acks(producer) == [expected]
+        assert f"frame 0 refused with {ErrorCode(-expected).name}" in caplog.text
+        assert reason in caplog.text
+        producer.close()
+    finally:
+        writer.close()
