@@ -230,13 +230,15 @@ def _ring_bytes(value: object) -> object:
     return size
 
 
-def _host_port(value: object) -> object:
-    text = _text(value)
-    if not text:
+def _host_ports(value: object) -> object:
+    """One or more HOST:PORT, an array or comma-separated; kept as their comma-separated text."""
+    items = [item for item in _string_list(value) if item]
+    if not items:
         return None
-    if not _split_host_port(text)[0]:
-        raise _Invalid("expected HOST:PORT with a host")
-    return text
+    for item in items:
+        if not _split_host_port(item)[0]:
+            raise _Invalid(f"{item!r}: expected HOST:PORT with a host")
+    return ",".join(items)
 
 
 def _listeners(value: object) -> object:
@@ -428,6 +430,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "bytes a follower asks for per partition in one fetch"),
     _s("replica.fetch.wait.max.ms", "replica_fetch_wait_max_ms", 500, _int(0, INT_MAX),
        "how long a caught-up follower's fetch waits at the leader for new records"),
+    _s("replica.fetch.backoff.ms", "replica_fetch_backoff_ms", 1000, _int(0, INT_MAX),
+       "how long a follower waits after a failed fetch before trying again"),
     # --- the appliance's own settings
     _s("appliance.ring.bytes", "ring_bytes", 16 * 1024 * 1024, _ring_bytes,
        "capacity of each producer ring (shared memory per producer and partition)"),
@@ -442,8 +446,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("appliance.log.level", "log_level", "INFO", _choice(LOG_LEVELS), "level of the service's log lines"),
     _s("appliance.replica.dirs", "replica_dirs", [], _paths(allow_empty=True),
        "log dirs on other local disks where `appliance serve` runs one replica each"),
-    _s("appliance.replica.leader", "replica_leader", "", _host_port,
-       "HOST:PORT of the leader that `appliance replica` follows"),
+    _s("appliance.replica.leader", "replica_leader", "", _host_ports,
+       "HOST:PORT of the leader that `appliance replica` follows (several, comma-separated: it follows "
+       "whichever of them leads, in the highest leader epoch)"),
     _s("appliance.cluster.secret.file", "cluster_secret_file", "", _optional_path,
        "file holding the shared secret replicas present to the leader"),
 )
@@ -545,6 +550,7 @@ class Config:
     replica_lag_time_max_ms: int
     replica_fetch_max_bytes: int
     replica_fetch_wait_max_ms: int
+    replica_fetch_backoff_ms: int
     ring_bytes: int
     shm_group: str | None
     control_socket: str
