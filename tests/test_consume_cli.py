@@ -63,6 +63,7 @@ def test_prints_values_keys_offsets_as_kafka_does(command: list[str], written: W
     assert done.stderr.decode().strip().endswith("Processed a total of 6 messages")
 
 
+@pytest.mark.slow
 def test_partition_offset_max_messages_and_timestamps(command: list[str], written: WrittenPartition) -> None:
     written.append([b"v%d" % i for i in range(10)], timestamp_ms=1000)
     done = run(command, "t", "--data-dir", written.data_dir, "--partition", "0", "--offset", "4",

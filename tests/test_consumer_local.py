@@ -61,6 +61,7 @@ _batch = st.tuples(st.lists(_record, min_size=1, max_size=12),
                    st.sampled_from([COMPRESSION_NONE, COMPRESSION_ZSTD]))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(_batch, min_size=1, max_size=15), cut=st.integers(0, 10_000),
        seeks=st.lists(st.integers(0, 200), max_size=3), data=st.data())
