@@ -2,18 +2,19 @@
 
 Theory of operation
 -------------------
-A :class:`ProducerBatch` holds the records ``Producer.send`` appended for one partition, as plain Python
-lists (a list append is the cheapest thing Python can do per record).  Keys, headers and explicit
-timestamps are lists too, created only when the first record that has one arrives (earlier records are
-padded with ``None``), so the common value-only batch carries one list.  A :class:`ColumnBatch` holds a
-slice of ``Producer.send_many``'s columns instead: numpy buffers and offsets, never split into Python
-objects.
+A :class:`ProducerBatch` holds the records ``Producer.send`` appended for one partition: the values in one
+plain Python list (a list append is the cheapest thing Python can do per record).  Keys, headers and
+explicit timestamps are *sparse*: ``(index, ...)`` entries for the records that have them, so the value-only
+per-record path appends to ``values`` alone and never pads anything, whatever records came before.  A
+:class:`ColumnBatch` holds a slice of ``Producer.send_many``'s columns instead: numpy buffers and offsets,
+never split into Python objects.
 
-Both hand :meth:`ProducerBatch.columns` to ``storage.batch_builder.build_into``, which writes the whole
-RecordBatch v2 straight into the reserved ring frame.  :meth:`ProducerBatch.max_encoded_bytes` bounds its
-size without a sizing pass (the builder does the exact one): per record at most 13 bytes of varints and
-attributes besides its value (4 more with a key, 9 more with an explicit timestamp, 10 per header besides its
-name and value).  The same bound is the ``batch.size`` accounting, so a batch never outgrows it.
+:meth:`ProducerBatch.plan` turns a batch into the columns ``storage.batch_builder.build_into`` takes (which
+writes the whole RecordBatch v2 straight into the reserved ring frame) and bounds the built size without a
+sizing pass of its own (the builder does the exact one): per record at most 13 bytes of varints and
+attributes besides its value (4 more with a key, 10 per header besides its name and value, and 9 more for
+*every* record of a batch holding an explicit timestamp: deltas from the first timestamp may then be large).
+The same bound is the ``batch.size`` accounting (``room_bytes``), so a batch never outgrows it.
 
 Life of a batch (``state``)::
 

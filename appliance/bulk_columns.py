@@ -7,6 +7,7 @@ pointing into the same data), and only grouping by key partition copies (one num
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,13 +17,79 @@ from appliance.accumulator import (
     KEY_ESTIMATE_BYTES,
     RECORD_ESTIMATE_BYTES,
     TIMESTAMP_ESTIMATE_BYTES,
+    Header,
     as_bytes,
     pack_column,
     take_column,
 )
+from appliance.partitioner import murmur2_column
 from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns
 
-__all__ = ["record_bounds", "slice_columns", "take_records", "to_column"]
+__all__ = [
+    "batch_cuts",
+    "bulk_columns",
+    "key_groups",
+    "record_bounds",
+    "slice_columns",
+    "take_records",
+    "to_column",
+]
+
+
+def bulk_columns(values: Any, keys: Any, headers: Sequence[Sequence[Header]] | HeaderColumns | None,
+                 timestamps: Any) -> RecordColumns:
+    """``send_many``'s arguments as checked columns (ValueError / TypeError naming what is wrong)."""
+    value_column = to_column(values, "values")
+    count = value_column.item_count
+    key_column = None if keys is None else to_column(keys, "keys")
+    if key_column is not None and key_column.item_count != count:
+        raise ValueError(f"send_many: {key_column.item_count} keys for {count} values")
+    header_columns = None
+    if headers is not None:
+        header_columns = headers if isinstance(headers, HeaderColumns) else HeaderColumns.from_lists(headers)
+        if len(header_columns.offsets) != count + 1:
+            raise ValueError(f"send_many: {len(header_columns.offsets) - 1} header lists for {count} values")
+    stamps = None
+    if timestamps is not None:
+        stamps = np.ascontiguousarray(timestamps, dtype=np.int64)
+        if stamps.shape != (count,):
+            raise ValueError(f"send_many: timestamps of shape {stamps.shape} for {count} values")
+        if count and int(stamps.min()) < 0:
+            raise ValueError("send_many: timestamps must be >= 0 (ms since the epoch)")
+    return RecordColumns(value_column, key_column, header_columns, stamps)
+
+
+def key_groups(keys: ByteColumn, partitions: int) -> list[tuple[int | None, np.ndarray | None]]:
+    """The record indexes going to each key's partition (Kafka's murmur2), in input order within each;
+    records with a null key form the group ``None`` (the sticky partition)."""
+    parts = np.empty(keys.item_count, np.int32)
+    data = np.ascontiguousarray(keys.data, np.uint8)
+    offsets = np.ascontiguousarray(keys.offsets, np.int64)
+    if murmur2_column(data, offsets, partitions, parts) < 0:
+        raise ValueError("send_many: keys offsets decrease or point past the keys data")
+    if keys.nulls is not None:
+        parts[np.asarray(keys.nulls, bool)] = -1
+    order = np.argsort(parts, kind="stable")
+    bounds = np.flatnonzero(np.diff(parts[order])) + 1
+    groups: list[tuple[int | None, np.ndarray | None]] = []
+    for chunk in np.split(order, bounds):
+        target = int(parts[chunk[0]])
+        groups.append((None if target < 0 else target, chunk))
+    return groups
+
+
+def batch_cuts(sizes: np.ndarray, room_bytes: int) -> list[tuple[int, int, int]]:
+    """Cut records of (bounded) ``sizes`` into consecutive batches of at most ``room_bytes`` each (at least
+    one record each): ``(start, stop, records-section bytes at most)``."""
+    ends = np.cumsum(sizes)
+    cuts = []
+    start = 0
+    while start < len(sizes):
+        base = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, base + room_bytes, side="right")), start + 1)
+        cuts.append((start, stop, int(ends[stop - 1]) - base))
+        start = stop
+    return cuts
 
 
 def record_bounds(columns: RecordColumns) -> np.ndarray:

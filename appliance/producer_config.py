@@ -45,7 +45,7 @@ from typing import Final
 
 from appliance.accumulator import RECORD_ESTIMATE_BYTES
 from storage.batch_header import COMPRESSION_NONE, COMPRESSION_ZSTD, HEADER_SIZE
-from storage.compression import COMPRESSION_GZIP
+from storage.compression import COMPRESSION_GZIP, compress_bound
 from storage.errors import ConfigError
 
 __all__ = ["DEFAULTS", "ProducerConfig"]
@@ -93,6 +93,14 @@ class ProducerConfig:
     client_id: str
     bootstrap_servers: str
     control_socket: str
+
+    def batch_room(self, max_message_bytes: int) -> int:
+        """Records-section bytes a batch may hold for a topic: ``batch.size``, within ``max.request.size``
+        and the topic's ``max.message.bytes``, less a batch header (and zstd/gzip's worst-case growth)."""
+        limit = min(self.batch_size, self.max_request_size, max_message_bytes)
+        if self.compression != COMPRESSION_NONE:  # incompressible records grow a little
+            limit -= compress_bound(self.compression, limit) - limit
+        return max(limit - HEADER_SIZE, 0)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, object] | None = None, **kwargs: object) -> ProducerConfig:
