@@ -23,6 +23,13 @@ requests waiting for records (``appliance.fetch_session``) and Produce requests 
 writer's acknowledgement.  While any request is held, ``select`` wakes every millisecond to poll them; when
 none is, it sleeps until a socket is ready.
 
+**Replication.**  The broker is the replica-state owner of the replicated partitions it leads
+(``appliance.broker_replication``): follower fetches (``replica_id >= 0``) feed the ISR and the high
+watermark, every turn runs its timer (LEO moves, ISR shrinks, acks=all waiters), and while any replicated
+partition is led the loop wakes every :data:`~appliance.fetch_session.POLL_INTERVAL_MS`.  With
+``appliance.cluster.secret.file`` set, replica requests are served only on connections that authenticated
+with SASL/PLAIN (``appliance.cluster_auth``).
+
 **A bad peer harms only itself.**  A malformed frame, an unknown API key, an unsupported version of an API
 other than ApiVersions, a frame over ``socket.request.max.bytes``: each closes that connection with one log
 line naming the peer and the reason.  An exception escaping a handler (a bug) is logged with its traceback
@@ -47,13 +54,25 @@ from appliance.broker_connection import Connection, ConnectionClosed, ResponseSl
 from appliance.broker_handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker_partitions import PartitionTable
 from appliance.broker_produce import Produce, ProduceService
+from appliance.broker_replication import LeaderReplication
+from appliance.cluster_auth import SaslPlainServer, read_cluster_secret
 from appliance.config import Config, Listener
-from appliance.fetch_session import POLL_INTERVAL_MS, FetchWaiters, FollowerHook, ParkedFetch, read_fetch
+from appliance.fetch_session import POLL_INTERVAL_MS, FetchWaiters, ParkedFetch, read_fetch
 from ipc.kafka import (
     ApiKey,
+    EpochEndOffset,
+    ErrorCode,
     FetchRequest,
+    FetchResponse,
+    ListOffsetsPartitionResponse,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderTopicResult,
     ProduceRequest,
     RequestHeader,
+    SaslAuthenticateResponse,
+    SaslHandshakeResponse,
     UnknownApiKeyError,
     UnsupportedVersionError,
     decode_request,
@@ -94,7 +113,6 @@ class Broker:
         cluster: Cluster,
         *,
         produce: ProduceService | None = None,
-        follower_hook: FollowerHook | None = None,
     ) -> None:
         for listener in config.listeners:
             if listener.name != "PLAINTEXT":
@@ -104,10 +122,15 @@ class Broker:
                 )
         self.config = config
         names = ShmNames(config.instance_id)
+        self.sasl = SaslPlainServer(read_cluster_secret(config.cluster_secret_file))
         self.table = PartitionTable(config.log_dirs, names, config.node_id, _log_configs(config))
-        self.ctx = BrokerContext(config, self.table, cluster, cluster_id=f"appliance-{config.instance_id}")
+        self.replication = LeaderReplication(
+            self.table, config.node_id, replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            min_insync_replicas=lambda meta: meta.min_insync_replicas,
+        )
+        self.ctx = BrokerContext(config, self.table, cluster, cluster_id=f"appliance-{config.instance_id}",
+                                 replication=self.replication)
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
-        self.follower_hook = follower_hook
         self.fetches = FetchWaiters()
         self._selector = selectors.DefaultSelector()
         self._listening: list[_Listening] = []
@@ -184,7 +207,7 @@ class Broker:
             os.write(self._wake_w, b"x")
 
     def _timeout_s(self) -> float | None:
-        if self.fetches.waiting or self.produce.pending:
+        if self.fetches.waiting or self.produce.pending or len(self.replication):
             return POLL_INTERVAL_MS / 1000.0
         if self._paused:
             return max(0.0, min(at for at, _ in self._paused) - time.monotonic())
@@ -211,9 +234,10 @@ class Broker:
                     os.read(self._wake_r, 4096)
         if self._paused:
             self._resume_accepting()
+        self.replication.tick()
         if self.fetches.waiting:
             self._poll_fetches()
-        if self.produce.pending:
+        if self.produce.pending or self.replication.has_completed:
             for conn, header, body in self.produce.poll(time.monotonic() * 1000):
                 self._finish_held(conn, header, body)
 
@@ -288,8 +312,18 @@ class Broker:
             if api_key == ApiKey.PRODUCE:
                 self._start_produce(conn, header, body)
                 return
-            if api_key == ApiKey.METADATA:
-                response: Any = metadata(self.ctx, header, body, conn.listener)
+            if api_key == ApiKey.SASL_HANDSHAKE:
+                code, mechanisms = self.sasl.handshake(header.api_version, body.mechanism)
+                conn.sasl_mechanism = body.mechanism if code == ErrorCode.NONE else None
+                response: Any = SaslHandshakeResponse(error_code=code, mechanisms=mechanisms)
+            elif api_key == ApiKey.SASL_AUTHENTICATE:
+                response = self._authenticate(conn, header, body)
+                if response is None:
+                    return
+            elif api_key == ApiKey.METADATA:
+                response = metadata(self.ctx, header, body, conn.listener)
+            elif self._unauthorized_replica(conn, getattr(body, "replica_id", -1)):
+                response = _cluster_authorization_failed(api_key, body)
             else:
                 response = HANDLERS[api_key](self.ctx, header, body)
         except (ConnectionClosed, ProtocolError):
@@ -305,8 +339,31 @@ class Broker:
             raise ConnectionClosed("handler failed") from None
         conn.respond(encode_response_parts(header, response))
 
+    def _unauthorized_replica(self, conn: Connection, replica_id: int) -> bool:
+        """A replica request (``replica_id >= 0``) on a connection that did not authenticate as a replica."""
+        return replica_id >= 0 and self.sasl.required and conn.principal is None
+
+    def _authenticate(self, conn: Connection, header: RequestHeader, body: Any) -> Any:
+        outcome = self.sasl.authenticate(conn.sasl_mechanism is not None, body.auth_bytes)
+        response = SaslAuthenticateResponse(error_code=outcome.error, error_message=outcome.message,
+                                            auth_bytes=b"", session_lifetime_ms=0)
+        if outcome.error == ErrorCode.NONE:
+            conn.principal = outcome.principal
+            log.info("%s: authenticated as %s (replication)", conn.peer, outcome.principal)
+            return response
+        log.warning("%s: SASL authentication refused: %s; closing the connection", conn.peer, outcome.message)
+        conn.respond(encode_response_parts(header, response))
+        conn.send_queued()
+        raise ConnectionClosed(f"SASL authentication failed: {outcome.message}")
+
     def _start_fetch(self, conn: Connection, header: RequestHeader, body: FetchRequest) -> None:
-        result = read_fetch(self.ctx.lookup, body, follower_hook=self.follower_hook)
+        if self._unauthorized_replica(conn, body.replica_id):
+            log.warning("%s: replica %d fetches without authenticating; refused "
+                        "(appliance.cluster.secret.file is set)", conn.peer, body.replica_id)
+            conn.respond(encode_response_parts(header, _cluster_authorization_failed(ApiKey.FETCH, body)))
+            return
+        hook = self.replication.link(conn) if body.replica_id >= 0 else None
+        result = read_fetch(self.ctx.lookup, body, follower_hook=hook)
         if (
             result.has_error
             or body.max_wait_ms <= 0
@@ -327,7 +384,9 @@ class Broker:
             assert isinstance(slot, ResponseSlot)
             if slot.connection.closed:
                 continue
-            result = read_fetch(self.ctx.lookup, parked.request)
+            follower = parked.request.replica_id >= 0
+            hook = self.replication.link(slot.connection) if follower else None
+            result = read_fetch(self.ctx.lookup, parked.request, follower_hook=hook, first_read=False)
             enough = result.ready_bytes >= max(parked.request.min_bytes, 1)
             if enough or result.has_error or parked.deadline_ms <= now_ms or not result.watched:
                 self._finish_held(slot, parked.header, result.response, unpark=True)
@@ -403,12 +462,30 @@ class Broker:
             self._close_listening(listening)
         self._listening.clear()
         self.produce.close()
+        self.replication.close()
         self.table.close()
         self.ctx.cluster.close()
         self._selector.close()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _cluster_authorization_failed(api_key: int, body: Any) -> Any:
+    """The answer to a replica request from a connection that did not authenticate as a replica."""
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    if api_key == ApiKey.FETCH:
+        return FetchResponse(error_code=code, session_id=0, responses=[])
+    if api_key == ApiKey.LIST_OFFSETS:
+        return ListOffsetsResponse(topics=[
+            ListOffsetsTopicResponse(name=t.name, partitions=[
+                ListOffsetsPartitionResponse(partition_index=p.partition_index, error_code=code)
+                for p in t.partitions])
+            for t in body.topics])  # fmt: skip
+    return OffsetForLeaderEpochResponse(topics=[
+        OffsetForLeaderTopicResult(topic=t.topic, partitions=[
+            EpochEndOffset(error_code=code, partition=p.partition) for p in t.partitions])
+        for t in body.topics])  # fmt: skip
 
 
 def _log_configs(config: Config) -> Callable[[str], Any]:

@@ -105,8 +105,10 @@ class Connection:
         "listener",
         "parked",
         "peer",
+        "principal",
         "queued_bytes",
         "reader",
+        "sasl_mechanism",
         "sock",
         "want_read",
         "want_write",
@@ -125,6 +127,8 @@ class Connection:
         self.closed = False
         self.want_read = True  # the interest the loop registered for this socket
         self.want_write = False
+        self.sasl_mechanism: str | None = None  # after a successful SaslHandshake
+        self.principal: str | None = None  # after SaslAuthenticate: a replica (appliance.cluster_auth)
 
     def __repr__(self) -> str:
         return f"Connection({self.peer} via {self.listener})"

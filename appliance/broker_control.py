@@ -29,7 +29,8 @@ REQUEST_TIMEOUT_S = 5.0  # a call blocks the broker's loop: give up (RequestTime
 
 
 def topic_meta(info: TopicInfo) -> TopicMeta:
-    """The broker's view of a topic the supervisor described."""
+    """The broker's view of a topic the supervisor described (replicas leader first, as it lists them)."""
+    replicas = {p.partition: info.replicas for p in info.partitions} if len(info.replicas) > 1 else {}
     return TopicMeta(
         name=info.name,
         partitions=info.partition_count,
@@ -38,6 +39,8 @@ def topic_meta(info: TopicInfo) -> TopicMeta:
         max_message_bytes=info.max_message_bytes,
         directories={p.partition: p.directory for p in info.partitions},
         state_pages={p.partition: p.state_page for p in info.partitions},
+        replicas=replicas,
+        min_insync_replicas=info.min_insync_replicas,
     )
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from appliance.broker_cluster import Cluster, ClusterError
 from appliance.broker_partitions import PartitionHandle, PartitionTable, TopicMeta
+from appliance.broker_replication import LeaderReplication
 from appliance.config import Config, check_topic_name
 from ipc.kafka import (
     ApiKey,
@@ -75,6 +76,7 @@ from ipc.kafka import (
     SyncGroupResponse,
     supported_api_versions,
 )
+from replicas.leader_epochs import answer_offset_for_leader_epoch
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["HANDLERS", "BrokerContext", "Handler", "metadata"]
@@ -98,6 +100,7 @@ class BrokerContext:
     cluster_id: str
     # listener name -> the (host, port) clients are told to connect to
     advertised: dict[str, tuple[str, int]] = field(default_factory=dict)
+    replication: LeaderReplication | None = None  # the ISR of the replicated partitions led here
     _refreshed_at: float = -1e18
 
     @property
@@ -126,6 +129,8 @@ class BrokerContext:
             log.warning("cannot refresh topic metadata from the supervisor: %s", e)
             return
         self.table.update(topics)
+        if self.replication is not None:
+            self.replication.sync()
 
     def lookup(self, topic: str, partition: int) -> tuple[PartitionHandle | None, ErrorCode]:
         """Like ``PartitionTable.lookup``, refreshing the topic list once if the topic is unknown."""
@@ -210,13 +215,21 @@ def _topic_metadata(ctx: BrokerContext, meta: TopicMeta) -> MetadataResponseTopi
                 leader_id=leader,
                 leader_epoch=epoch,
                 replica_nodes=list(table.replicas(meta, index)),
-                isr_nodes=list(table.isr(meta, index)),
+                isr_nodes=list(_isr(ctx, meta, index)),
                 offline_replicas=[],
             )
         )
     return MetadataResponseTopic(
         error_code=ErrorCode.NONE, name=meta.name, is_internal=False, partitions=partitions
     )
+
+
+def _isr(ctx: BrokerContext, meta: TopicMeta, index: int) -> tuple[int, ...]:
+    """In-sync replicas, leader first: the replication layer's for a partition it leads, else the table's."""
+    known = ctx.replication.isr(meta.name, index) if ctx.replication is not None else None
+    if known is None:
+        return ctx.table.isr(meta, index)
+    return (ctx.node_id, *(r for r in known if r != ctx.node_id))
 
 
 def _create(
@@ -411,15 +424,17 @@ def offset_for_leader_epoch(
             if handle is None:
                 out.error_code = code
                 continue
-            code = handle.check_epoch(part.current_leader_epoch)
-            if code != ErrorCode.NONE:
-                out.error_code = code
-                continue
             try:
-                out.leader_epoch, out.end_offset = handle.reader.end_offset_for_epoch(part.leader_epoch)
+                answer = answer_offset_for_leader_epoch(
+                    partition=part.partition, requested_epoch=part.leader_epoch,
+                    current_leader_epoch=part.current_leader_epoch, leader_epoch=handle.leader_epoch(),
+                    end_offset_for=handle.reader.end_offset_for_epoch,
+                )
             except (ApplianceError, OSError) as e:
                 log.error("offset for leader epoch %s (epoch %d): %s", handle.name, part.leader_epoch, e)
                 out.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                continue
+            partitions[-1] = answer
         topics.append(OffsetForLeaderTopicResult(topic=topic.topic, partitions=partitions))
     return OffsetForLeaderEpochResponse(topics=topics)
 

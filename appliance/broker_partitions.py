@@ -56,8 +56,10 @@ class TopicMeta:
     state_pages: Mapping[int, str] = field(default_factory=dict)
     # partition -> replica node ids, leader first; a partition absent here is led by this node alone
     replicas: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
-    # partition -> in-sync replica node ids; absent: equal to replicas
+    # partition -> in-sync replica node ids; absent: equal to replicas (the broker's replication layer knows
+    # better for the partitions it leads: appliance.broker_replication)
     isr: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    min_insync_replicas: int = 1  # the topic's min.insync.replicas
 
 
 class PartitionHandle:

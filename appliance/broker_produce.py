@@ -15,9 +15,13 @@ anything itself.  For each partition in the request the broker
    idempotent batches, stamps offsets, appends and acknowledges with the base offset or an error code;
 3. holds the request until every partition is acknowledged, then answers in request order.
 
-``acks=-1`` additionally waits until the high watermark passes the batch (with replication factor 1 the
-writer publishes HW = LEO before it acknowledges, so this costs nothing; with followers it is where
-``min.insync.replicas`` is honoured).  ``acks=0`` gets no response; as in Kafka, a partition error then
+``acks=-1`` additionally waits until the high watermark passes the batch.  With replication factor 1 the
+writer publishes HW = LEO before it acknowledges, so this costs nothing.  A replicated partition is refused
+before anything is handed to the writer while its ISR is below ``min.insync.replicas``
+(NOT_ENOUGH_REPLICAS), and once acknowledged waits in the replication layer's ``PendingAcks``
+(``appliance.broker_replication``) until the committed high watermark passes it: then NONE, or
+NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below ``min.insync.replicas`` meanwhile.
+``acks=0`` gets no response; as in Kafka, a partition error then
 closes the connection so that the client notices and refreshes its metadata.  A partition not answered
 within the request's ``timeout_ms`` gets REQUEST_TIMED_OUT (the batch may still be appended: the outcome is
 unknown, as Kafka says; idempotent producers retry safely).
@@ -47,6 +51,7 @@ from ipc.kafka import (
     TopicProduceResponse,
 )
 from ipc.ring import RingFailedError
+from ipc.state_page import monotonic_ms
 from storage.batch_header import (
     LOG_OVERHEAD,
     MAGIC,
@@ -61,6 +66,12 @@ __all__ = ["Produce", "ProduceOutcome", "ProduceService"]
 log = logging.getLogger("appliance.broker")
 
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
+_COMMIT_ERRORS = {
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
+    "it was committed",
+    ErrorCode.REQUEST_TIMED_OUT: "appended, not committed by the in-sync replicas in time",
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: "this broker stopped leading the partition before it was committed",
+}
 
 
 class ProduceOutcome(NamedTuple):
@@ -94,6 +105,7 @@ class _Batch:
     answer: PartitionProduceResponse
     published: bool = False
     acked: bool = False  # the writer answered
+    committing: bool = False  # acks=-1 on a replicated partition: waiting for the committed high watermark
     done: bool = False  # the answer is final (acked, and for acks=-1 the high watermark passed it)
 
 
@@ -199,13 +211,22 @@ class Produce:
             )
         if header.attributes & TRANSACTIONAL_FLAG_MASK:
             return ErrorCode.INVALID_RECORD, f"{where}: transactional batches are not supported"
-        if request.acks == -1 and meta is not None:
-            isr = len(self.ctx.table.isr(meta, index))
-            needed = self._min_insync(topic)
-            if isr < needed:
+        replicated = self.ctx.replication.get(handle) if self.ctx.replication is not None else None
+        if request.acks == -1 and replicated is not None:
+            if replicated.state.append_error(-1) != ErrorCode.NONE:
+                isr = replicated.state.isr
                 return (
                     ErrorCode.NOT_ENOUGH_REPLICAS,
-                    f"{where}: {isr} in-sync replicas, min.insync.replicas {needed}",
+                    f"{where}: {len(isr)} in-sync replicas {list(isr)}, min.insync.replicas "
+                    f"{replicated.state.min_insync_replicas}",
+                )
+        elif request.acks == -1 and meta is not None:
+            isr_count = len(self.ctx.table.isr(meta, index))
+            needed = self._min_insync(topic)
+            if isr_count < needed:
+                return (
+                    ErrorCode.NOT_ENOUGH_REPLICAS,
+                    f"{where}: {isr_count} in-sync replicas, min.insync.replicas {needed}",
                 )
         held.batches.append(_Batch(held, topic, handle, records, header.last_offset_delta, answer))
         return ErrorCode.NONE, None
@@ -296,6 +317,14 @@ class Produce:
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]:
         """Read acks, publish batches that waited for ring space, and return the requests now answered."""
+        if self.ctx.replication is not None:
+            for token, code in self.ctx.replication.take_completed():
+                batch = token
+                if not isinstance(batch, _Batch) or batch.done:
+                    continue  # answered meanwhile (its request timed out)
+                if code != ErrorCode.NONE:
+                    self._answer(batch, code, _COMMIT_ERRORS.get(code))
+                batch.done = True
         for key, publisher in list(self._publishers.items()):
             if not publisher.in_flight:
                 continue
@@ -331,9 +360,18 @@ class Produce:
                 continue
             if not batch.published:
                 self._publish(batch)
-            if batch.acked and not batch.done:
+            if batch.acked and not batch.done and not batch.committing:
                 last_offset = batch.answer.base_offset + batch.last_offset_delta
-                if held.acks != -1 or batch.handle.closed or batch.handle.high_watermark > last_offset:
+                if held.acks != -1 or batch.handle.closed:
+                    batch.done = True
+                    continue
+                replication = self.ctx.replication
+                if replication is not None and replication.await_commit(
+                    batch.handle, batch, last_offset=last_offset,
+                    deadline_ms=held.deadline_ms - time.monotonic() * 1000 + monotonic_ms(),
+                ):
+                    batch.committing = True  # answered through take_completed
+                elif batch.handle.high_watermark > last_offset:
                     batch.done = True
                     continue
             if held.acks == 0 and batch.published:

@@ -26,6 +26,11 @@ Ops (fields; the reply's fields):
 ``attach``           ``topic``, ``partition``, ``producer_id``  ring, semaphore and state page names, sizes
 ``detach``           ``ring``                                   (nothing)
 ``status``           (none)                                     supervisor pid, uptime, every child
+``replica_status``   (none)                                     ``role`` ("leader" or "replica"),
+                                                                ``node_id``, ``partitions`` (replication
+                                                                state; see ``appliance.replica_cli``)
+``promote``          ``partitions`` (list, or "all"),           a replica only: the partitions it leads
+                     ``unclean`` (bool)                         next; then it becomes ``appliance serve``
 ==================== ========================================== ===========================================
 
 **Lifetime of a ring.**  ``attach`` creates a new ring for this connection and hands it to the partition's
@@ -68,6 +73,7 @@ __all__ = [
     "ClusterMetadata",
     "ControlClient",
     "ControlError",
+    "FollowerInfo",
     "LineDecoder",
     "PartitionInfo",
     "ServerConnection",
@@ -281,6 +287,10 @@ class PartitionInfo:
     writer_pid: int
     writer_uss_bytes: int  # unique memory of the writer process (Private_* of smaps_rollup); 0 if unknown
     writer_restarts: int
+    leader: int = 0  # the node leading it (this appliance's node.id)
+    isr: tuple[int, ...] = ()  # in-sync replicas, leader first (a partition of factor 1: the leader)
+    committed_high_watermark: int = -1  # replicated: the ISR's HW (acks=all); -1 not replicated
+    followers: tuple[FollowerInfo, ...] = ()  # replicated: what the leader knows of each follower
 
     @classmethod
     def from_json(cls, topic: str, raw: Mapping[str, Any]) -> PartitionInfo:
@@ -297,7 +307,28 @@ class PartitionInfo:
             writer_pid=int(raw["writer_pid"]),
             writer_uss_bytes=int(raw.get("writer_uss_bytes", 0)),
             writer_restarts=int(raw.get("writer_restarts", 0)),
+            leader=int(raw.get("leader", 0)),
+            isr=tuple(int(r) for r in raw.get("isr", ())),
+            committed_high_watermark=int(raw.get("committed_high_watermark", -1)),
+            followers=tuple(FollowerInfo.from_json(f) for f in raw.get("followers", ())),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerInfo:
+    """One follower of a replicated partition, as its leader sees it (from the follower's fetches)."""
+
+    replica_id: int
+    in_isr: bool
+    log_end_offset: int  # -1: it has not fetched from this leader yet
+    lag_records: int  # the leader's log end offset minus the follower's (-1 unknown)
+    lag_ms: int  # since it was last caught up (0: caught up now; -1 never)
+    last_fetch_ms_ago: int  # -1 never
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> FollowerInfo:
+        return cls(int(raw["replica_id"]), bool(raw["in_isr"]), int(raw["log_end_offset"]),
+                   int(raw["lag_records"]), int(raw["lag_ms"]), int(raw["last_fetch_ms_ago"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +339,8 @@ class TopicInfo:
     configs: Mapping[str, Any]  # overrides given at creation
     partitions: tuple[PartitionInfo, ...]
     max_message_bytes: int
+    replicas: tuple[int, ...] = ()  # node ids holding a copy, leader first (factor 1: the leader alone)
+    min_insync_replicas: int = 1
 
     @property
     def partition_count(self) -> int:
@@ -323,6 +356,8 @@ class TopicInfo:
             configs=dict(raw.get("configs", {})),
             partitions=tuple(PartitionInfo.from_json(name, p) for p in raw["partitions"]),
             max_message_bytes=int(raw["max_message_bytes"]),
+            replicas=tuple(int(r) for r in raw.get("replicas", ())),
+            min_insync_replicas=int(raw.get("min_insync_replicas", 1)),
         )
 
 

@@ -37,9 +37,14 @@ request naming a session (``session_id`` != 0) gets FETCH_SESSION_ID_NOT_FOUND, 
 over without one.
 
 **Followers.**  A request with ``replica_id >= 0`` comes from a follower replica.  It reads up to the log end
-offset instead of the high watermark, and :attr:`FollowerHook` is told each partition's fetch offset (the
-follower's log end offset) -- the place where leader-side replica state (ISR, high watermark) will hook in.
-Until then it is served like a consumer otherwise.
+offset instead of the high watermark.  A :class:`FollowerHook` (the broker's replication layer,
+``appliance.broker_replication``) is told each partition's fetch before it is read -- the follower's log end
+offset, its leader epoch -- and may answer the partition with an error instead (NOT_LEADER_OR_FOLLOWER,
+FENCED_LEADER_EPOCH, OFFSET_OUT_OF_RANGE...); it gives the high watermark the answer carries (the committed
+one: a follower is not bounded by what consumers see) and learns which one each answer carried.  A held
+follower fetch wakes when the partition's log end offset or its committed high watermark moves, so the
+followers learn a new high watermark without waiting out their long poll.  Without a hook (or for a
+partition the hook does not replicate) a follower is served like a consumer, up to the log end offset.
 """
 
 from __future__ import annotations
@@ -49,11 +54,13 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from appliance.broker_partitions import PartitionHandle
 from ipc.kafka import (
     ErrorCode,
     FetchableTopicResponse,
+    FetchPartition,
     FetchRequest,
     FetchResponse,
     FileRegion,
@@ -67,6 +74,7 @@ __all__ = [
     "FetchWaiters",
     "FollowerHook",
     "ParkedFetch",
+    "follower_bound",
     "read_fetch",
 ]
 
@@ -77,10 +85,29 @@ NO_SESSION_ID = 0
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 
-# A follower's fetch: (replica id, topic, partition, fetch offset) -> None.  Called for every partition of a
-# follower fetch before it is read.  The replication layer installs one; the default does nothing.
-FollowerHook = Callable[[int, str, int, int], None]
 Lookup = Callable[[str, int], "tuple[PartitionHandle | None, ErrorCode]"]
+
+
+class FollowerHook(Protocol):
+    """The replication layer's view of follower fetches on one connection (see the module docstring)."""
+
+    def fetched(self, replica_id: int, handle: PartitionHandle, fp: FetchPartition) -> ErrorCode:
+        """A follower fetches ``fp`` (first read of the request only): NONE, or the error to answer."""
+        ...
+
+    def high_watermark(self, handle: PartitionHandle) -> int | None:
+        """The high watermark a follower's answer carries (None: the state page's)."""
+        ...
+
+    def answered(self, replica_id: int, handle: PartitionHandle, high_watermark: int) -> None:
+        """The partition was read for the follower and its answer carries ``high_watermark``."""
+        ...
+
+
+def follower_bound(handle: PartitionHandle) -> tuple[int, int]:
+    """What a held follower fetch waits on: the log end offset and the committed high watermark."""
+    page = handle.page
+    return page.log_end_offset, page.committed_high_watermark
 
 
 @dataclass(slots=True)
@@ -90,7 +117,8 @@ class FetchResult:
     response: FetchResponse
     ready_bytes: int  # record bytes in the response
     has_error: bool  # some partition (or the request) has an error: answer at once
-    watched: list[tuple[PartitionHandle, int]]  # (partition, the offset bound read against) -- for waiting
+    # (partition, the bound read against: the HW, or for followers follower_bound) -- for waiting
+    watched: list[tuple[PartitionHandle, object]]
 
 
 def _error_partition(index: int, code: ErrorCode) -> PartitionData:
@@ -105,10 +133,15 @@ def _error_partition(index: int, code: ErrorCode) -> PartitionData:
 
 
 def read_fetch(
-    lookup: Lookup, request: FetchRequest, *, follower_hook: FollowerHook | None = None
+    lookup: Lookup,
+    request: FetchRequest,
+    *,
+    follower_hook: FollowerHook | None = None,
+    first_read: bool = True,
 ) -> FetchResult:
     """Answer ``request`` from the logs as they are now.  ``lookup(topic, partition)`` gives a partition's
-    handle or the error code to answer (``PartitionTable.lookup``).  See the module docstring."""
+    handle or the error code to answer (``PartitionTable.lookup``).  ``first_read`` False: a held request
+    read again (the follower hook is not told of the fetch twice).  See the module docstring."""
     if request.session_id != NO_SESSION_ID:
         code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
         return FetchResult(FetchResponse(error_code=code, session_id=NO_SESSION_ID), 0, True, [])
@@ -120,7 +153,7 @@ def read_fetch(
     at_least_one = True  # KIP-74: the first partition with data gets a whole batch whatever its size
     ready_bytes = 0
     has_error = False
-    watched: list[tuple[PartitionHandle, int]] = []
+    watched: list[tuple[PartitionHandle, object]] = []
     topics_out = []
     seen: set[tuple[str, int]] = set()
     for topic in request.topics:
@@ -138,8 +171,16 @@ def read_fetch(
                 partitions_out.append(_error_partition(fp.partition, code))
                 has_error = True
                 continue
+            follower_high_watermark = None
             if follower and follower_hook is not None:
-                follower_hook(request.replica_id, topic.topic, fp.partition, fp.fetch_offset)
+                if first_read:
+                    code = follower_hook.fetched(request.replica_id, handle, fp)
+                    if code != ErrorCode.NONE:
+                        partitions_out.append(_error_partition(fp.partition, code))
+                        has_error = True
+                        continue
+                follower_high_watermark = follower_hook.high_watermark(handle)
+            bound = follower_bound(handle) if follower else None
             data, size = _read_partition(
                 handle,
                 fp.partition,
@@ -148,12 +189,15 @@ def read_fetch(
                 min(fp.partition_max_bytes, remaining_bytes),
                 at_least_one,
                 follower,
+                follower_high_watermark,
             )
             partitions_out.append(data)
             if data.error_code != ErrorCode.NONE:
                 has_error = True
                 continue
-            watched.append((handle, data.high_watermark if not follower else handle.log_end_offset))
+            if follower and follower_hook is not None:
+                follower_hook.answered(request.replica_id, handle, data.high_watermark)
+            watched.append((handle, bound if bound is not None else data.high_watermark))
             if size:
                 at_least_one = False
                 ready_bytes += size
@@ -171,9 +215,10 @@ def _read_partition(
     max_bytes: int,
     at_least_one: bool,
     follower: bool,
+    follower_high_watermark: int | None = None,
 ) -> tuple[PartitionData, int]:
     page = handle.page
-    high_watermark = page.high_watermark
+    high_watermark = page.high_watermark if follower_high_watermark is None else follower_high_watermark
     log_end_offset = page.log_end_offset
     try:
         code = handle.check_epoch(client_epoch)
@@ -218,7 +263,7 @@ class ParkedFetch:
     header: object  # the request header (opaque here)
     request: FetchRequest
     deadline_ms: float  # time.monotonic() * 1000
-    watched: list[tuple[PartitionHandle, int]]
+    watched: list[tuple[PartitionHandle, object]]
     done: bool = False
 
 
@@ -260,8 +305,7 @@ class FetchWaiters:
             if handle.closed:  # the topic was deleted or re-created: the re-read reports it
                 now = None
             else:
-                page = handle.page
-                now = page.log_end_offset if follower else page.high_watermark
+                now = follower_bound(handle) if follower else handle.page.high_watermark
             if now is None or now != entry[0]:
                 entry[0] = now
                 for parked in entry[1]:

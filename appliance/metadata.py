@@ -13,8 +13,9 @@ log dir, ``<log.dirs[0]>/meta/topics.json``::
           "partitions": 3,
           "replication_factor": 1,
           "configs": {"retention.ms": 86400000},                  topic-level overrides given at creation
-          "log_dirs": ["/srv/a", "/srv/b", "/srv/a"]              where each partition's directory lives
-        }
+          "log_dirs": ["/srv/a", "/srv/b", "/srv/a"],             where each partition's directory lives
+          "replicas": [0, 1, 2]                                   replicated topics: the node ids holding
+        }                                                         a copy (every partition alike)
       }
     }
 
@@ -27,6 +28,14 @@ any time with :func:`read_topics`, but they learn of changes through the control
 missing) and create requests (``appliance topics create``, the broker's CreateTopics, auto-creation).
 ``configs`` holds only the overrides a create request gave; a declared topic's settings come from the
 configuration file on every start, so editing the file changes them.
+
+**Replicas.**  A topic with replication factor R > 1 is held by R nodes (``node.id``): the node that
+creates it and the R - 1 smallest other ids (:func:`assign_replicas`: node 0 creating a topic of factor 3
+assigns ``[0, 1, 2]``).  Every partition of the topic has the same replicas, and whichever of them runs
+``appliance serve`` on its copy leads them all; the others run ``appliance replica`` (or are replicas that
+``appliance serve`` spawns on its ``appliance.replica.dirs``, which take those same ids in order).  A
+replica keeps the same file in its own first log dir, copied from the leader's metadata, so it can be
+promoted.  ``replicas`` is absent for a topic of factor 1 (held by whichever node serves it).
 
 **Placement.**  A new partition goes to the log dir holding the fewest partitions (Kafka's rule), ties to the
 earlier dir.  A partition whose recorded dir is no longer in ``log.dirs`` is looked for in the others, by its
@@ -55,6 +64,7 @@ __all__ = [
     "MetadataStore",
     "TopicExistsError",
     "TopicMetadata",
+    "assign_replicas",
     "partition_directory",
     "read_topics",
 ]
@@ -79,6 +89,7 @@ class TopicMetadata:
     replication_factor: int
     configs: Mapping[str, Any] = field(default_factory=dict)  # overrides given at creation (Kafka names)
     log_dirs: tuple[str, ...] = ()  # the log dir of each partition
+    replicas: tuple[int, ...] = ()  # node ids holding a copy (replication factor > 1); () for factor 1
 
     def directory(self, partition: int) -> str:
         """The partition's log directory, ``<log dir>/<topic>-<partition>``."""
@@ -95,7 +106,16 @@ class TopicMetadata:
             "replication_factor": self.replication_factor,
             "configs": dict(self.configs),
             "log_dirs": list(self.log_dirs),
+            **({"replicas": list(self.replicas)} if self.replicas else {}),
         }
+
+
+def assign_replicas(node_id: int, replication_factor: int) -> tuple[int, ...]:
+    """The replicas of a new topic created on ``node_id``: itself, then the smallest other node ids."""
+    if replication_factor <= 1:
+        return ()
+    others = [i for i in range(replication_factor) if i != node_id][: replication_factor - 1]
+    return (node_id, *others)
 
 
 def partition_directory(log_dir: str, topic: str, partition: int) -> str:
@@ -144,7 +164,17 @@ def _parse_topic(path: Path, name: object, raw: object) -> TopicMetadata:
         or not all(isinstance(d, str) and os.path.isabs(d) for d in log_dirs)
     ):
         raise _fail(path, f"topic {name!r}: log_dirs must list {partitions} absolute paths, got {log_dirs!r}")
-    return TopicMetadata(name, str(topic_id), partitions, replication, dict(configs), tuple(log_dirs))
+    replicas = raw.get("replicas", [])
+    if (
+        not isinstance(replicas, list)
+        or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in replicas)
+        or len(set(replicas)) != len(replicas)
+        or (replicas and len(replicas) != replication)
+    ):
+        raise _fail(path, f"topic {name!r}: replicas must list {replication} distinct node ids, "
+                          f"got {replicas!r}")
+    return TopicMetadata(name, str(topic_id), partitions, replication, dict(configs), tuple(log_dirs),
+                         tuple(replicas))
 
 
 def read_topics(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:
@@ -244,8 +274,14 @@ class MetadataStore:
         partitions: int,
         replication_factor: int,
         configs: Mapping[str, Any] | None = None,
+        *,
+        replicas: tuple[int, ...] = (),
+        topic_id: str | None = None,
     ) -> TopicMetadata:
         """Record a new topic and place its partitions; the caller has validated ``configs``.
+
+        ``replicas`` lists the node ids holding a copy (replication factor > 1; :func:`assign_replicas`);
+        ``topic_id`` keeps an id given elsewhere (a replica copying its leader's topic), else a new UUID.
 
         Raises TopicExistsError, or ConfigError for a bad name or count.  Directories are not created here
         (the log creates its own when first opened).
@@ -267,6 +303,9 @@ class MetadataStore:
             raise ConfigError(f"topic {name!r}: {partitions} partitions, expected 1..{_MAX_PARTITIONS}")
         if replication_factor < 1:
             raise ConfigError(f"topic {name!r}: replication factor {replication_factor}, expected >= 1")
+        if replicas and (len(replicas) != replication_factor or len(set(replicas)) != len(replicas)):
+            raise ConfigError(f"topic {name!r}: replicas {list(replicas)} for replication factor "
+                              f"{replication_factor}: expected that many distinct node ids")
         load = self._partitions_per_dir()
         placement = []
         for _ in range(partitions):
@@ -274,7 +313,8 @@ class MetadataStore:
             load[chosen] += 1
             placement.append(chosen)
         topic = TopicMetadata(
-            name, str(uuid.uuid4()), partitions, replication_factor, dict(configs or {}), tuple(placement)
+            name, topic_id or str(uuid.uuid4()), partitions, replication_factor, dict(configs or {}),
+            tuple(placement), tuple(replicas),
         )
         self._topics[name] = topic
         try:
@@ -334,6 +374,7 @@ class MetadataStore:
                     topic.replication_factor,
                     topic.configs,
                     tuple(dirs),
+                    topic.replicas,
                 )
         return changed
 
