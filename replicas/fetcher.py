@@ -143,6 +143,7 @@ class PartitionFetcher:
         self.leader: LeaderInfo | None = None
         self.phase = FetchPhase.TRUNCATING
         self.last_error = ""
+        self.last_fetch_ms: int | None = None  # the clock at the last answered fetch (None: none yet)
         self._conn: LeaderConnection | None = None
         self._lock = threading.Lock()  # guards _conn between the fetching thread and close()
         self._checkpoint_lock = threading.Lock()
@@ -378,20 +379,26 @@ class PartitionFetcher:
                                      "largest batch")
         if 0 < data.log_start_offset <= log.log_end_offset and data.log_start_offset > log.log_start_offset:
             log.increment_log_start_offset(data.log_start_offset)  # the leader's retention moved its start
-        self._advance_high_watermark(data.high_watermark)
+        advanced = self._advance_high_watermark(data.high_watermark)
         self.last_error = ""
+        now_ms = self._clock_ms()
+        self.last_fetch_ms = now_ms
         if appended:
             return StepOutcome("appended", 0, "", appended)
-        waited_ms = self._clock_ms() - started_ms
-        idle = EMPTY_FETCH_BACKOFF_MS if waited_ms * 2 < config.replica_fetch_wait_max_ms else 0
-        return StepOutcome("empty", idle)
+        waited_ms = now_ms - started_ms
+        # Answered early with nothing: the leader does not long-poll -- unless it answered to tell us a new
+        # high watermark (a leader wakes held follower fetches for that), then ask again at once.
+        early = waited_ms * 2 < config.replica_fetch_wait_max_ms and not advanced
+        return StepOutcome("empty", EMPTY_FETCH_BACKOFF_MS if early else 0)
 
-    def _advance_high_watermark(self, leader_high_watermark: int) -> None:
+    def _advance_high_watermark(self, leader_high_watermark: int) -> bool:
         candidate = min(leader_high_watermark, self.log.log_end_offset)
         if candidate > self._high_watermark:
             self._high_watermark = candidate
             if self._on_high_watermark is not None:
                 self._on_high_watermark(candidate)
+            return True
+        return False
 
     def _out_of_range(self, conn: LeaderConnection, leader: LeaderInfo, fetch_offset: int) -> StepOutcome:
         log = self.log
