@@ -269,25 +269,27 @@ def validate_batch(
     return header
 
 
-def check_batch(body: memoryview) -> BatchHeader | int:
-    """The hot-path twin of :func:`validate_batch` for a buffer that must hold exactly one batch (a ring
-    frame): its header if valid, else a negative ``CHECK_*`` code.
+def check_batch(view: memoryview, position: int = 0, *, whole: bool = True) -> BatchHeader | int:
+    """The hot-path twin of :func:`validate_batch`: the header of the batch at ``position`` if it is valid,
+    else a negative ``CHECK_*`` code (never an exception).
 
-    Same rules as :func:`validate_batch` (1)-(5), plus: the batch fills ``body`` exactly.  One unpack, one
-    CRC call over a slice of ``body`` (a 1-D byte memoryview), no exception on bad input; call
-    :func:`validate_batch` on a refused buffer for the message that says why.
+    Same rules as :func:`validate_batch` (1)-(5), the batch lying inside ``view`` (a 1-D byte memoryview);
+    with ``whole`` (a ring frame) it must also end exactly at the end of ``view``.  One unpack and one CRC
+    call over a slice of ``view``; call :func:`validate_batch` on a refused batch for the message that says
+    why (the cold path).
     """
-    size = len(body)
-    if size < HEADER_SIZE:
+    available = len(view) - position
+    if available < HEADER_SIZE:
         return CHECK_TRUNCATED
-    fields = _UNPACK_HEADER(body, 0)
+    fields = _UNPACK_HEADER(view, position)
     if fields[_MAGIC_FIELD] != MAGIC:
         return CHECK_BAD_MAGIC
-    if fields[_LENGTH_FIELD] + LOG_OVERHEAD != size:
+    size = fields[_LENGTH_FIELD] + LOG_OVERHEAD
+    if size != available and (whole or size > available or size < HEADER_SIZE):
         return CHECK_BAD_LENGTH
     if fields[_DELTA_FIELD] < 0 or fields[_COUNT_FIELD] < 0:
         return CHECK_BAD_COUNTS
-    if _crc32c.crc32c(body[ATTRIBUTES_OFFSET:]) != fields[_CRC_FIELD]:
+    if _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + size]) != fields[_CRC_FIELD]:
         return CHECK_BAD_CRC
     return _new_tuple(BatchHeader, fields)  # BatchHeader._make without its length check
 

@@ -115,3 +115,33 @@ def test_agrees_with_validate_batch_on_damaged_batches(data: st.DataObject) -> N
 def test_garbage_is_a_code_never_an_exception(garbage: bytes) -> None:
     got = _check(garbage)
     assert isinstance(got, int) or got == _oracle(garbage)
+
+
+def test_inside_a_larger_buffer_each_batch_is_checked_where_it_starts() -> None:
+    second = bytes(build_batch([b"x" * 100]))
+    buf = memoryview(bytearray(GOOD + second + b"\x00\x00"))  # trailing bytes after the last batch
+    first = check_batch(buf, 0, whole=False)
+    assert first == parse_header(GOOD)
+    assert check_batch(buf, len(GOOD), whole=False) == parse_header(second)
+    assert check_batch(buf, 0) == CHECK_BAD_LENGTH  # whole: the batch must end where the buffer ends
+    assert check_batch(buf, len(GOOD) + len(second), whole=False) == CHECK_TRUNCATED
+    cut = memoryview(bytearray(GOOD + second[:-1]))
+    assert check_batch(cut, len(GOOD), whole=False) == CHECK_BAD_LENGTH
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_agrees_with_validate_batch_at_a_position(data: st.DataObject) -> None:
+    buf = bytearray(bytes(build_batch([b"pre"])) + GOOD + bytes(data.draw(st.integers(0, 30))))
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf[at] = data.draw(st.integers(0, 255))
+    buf = buf[: data.draw(st.integers(0, len(buf)))]
+    position = data.draw(st.integers(0, len(buf)))
+    got = check_batch(memoryview(buf), position, whole=False)
+    try:
+        expected = validate_batch(bytes(buf), position)
+    except CorruptRecordError:
+        assert isinstance(got, int) and got < 0
+    else:
+        assert got == expected
