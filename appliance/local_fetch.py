@@ -43,9 +43,9 @@ not know its readers, and a semaphore wakes one waiter), but the writer's append
 the partition directory, and an inotify watch on that directory (``appliance.dir_watch``) is woken by that
 very system call, for any number of readers, without the writer doing anything.  So a reader:
 
-1. *spins* on the high-watermark word for ``spin_us`` (default 200 us) after it last saw data, yielding the
-   core (``sched_yield``) to a runnable writer or producer: at 100,000 records/s a consumer keeping up is
-   still spinning when the next append lands;
+1. *spins* on the high-watermark word for ``spin_us`` (default 200 us) after it last saw data: at 100,000
+   records/s a consumer keeping up is still spinning when the next append lands.  (Not ``sched_yield``-ing:
+   on a loaded machine that hands the core to another task for a whole time slice, milliseconds.);
 2. then *sleeps in* ``select`` *on the watch*, for doubling times from 50 us up to 1 ms during the first
    20 ms, then up to ``max_sleep_us`` (default 50 ms); a write ends the sleep at once and the reader spins
    again for the high watermark, which the writer publishes right after its write.  The timeouts are for
@@ -376,7 +376,6 @@ def wait_for_data(
         if now >= deadline:
             return False
         if now < spin_until:
-            os.sched_yield()  # busy, but a runnable writer or producer on this core goes first
             continue
         for partition, _ in partitions:
             partition.maybe_reattach()
