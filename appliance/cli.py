@@ -13,10 +13,13 @@ import sys
 __all__ = ["main"]
 
 _COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("appliance.perf:main", "measure throughput and latency, like kafka-*-perf-test"),
     "config": ("appliance.config:main", "check or print the configuration"),
     "consume": ("appliance.consume_cli:main", "print records of a topic, like kafka-console-consumer"),
     "dump-log": ("appliance.dump_log:main", "print the record batches of segment files, like kafka-dump-log"),
     "produce": ("appliance.produce_cli:main", "send stdin lines as records, like kafka-console-producer"),
+    "replica": ("appliance.replica_cli:main", "follow a leader: copy its replicated partitions to this node"),
+    "replicas": ("appliance.replica_cli:replicas_main", "replication status, promote a replica to leader"),
     "serve": ("appliance.supervisor:main", "run the appliance (the supervisor and its processes)"),
     "topics": ("appliance.topics_cli:main", "create, list, describe or delete topics of a running appliance"),
 }

@@ -1,0 +1,241 @@
+"""``appliance bench e2e``: produce-to-consume latency at an offered load, through the real processes.
+
+Producer process(es) (forked) send ``--throughput`` records/s for ``--seconds`` through ``Producer.send``,
+paced like Kafka's ThroughputThrottler; each value starts with the CLOCK_MONOTONIC nanosecond at which it was
+handed to ``send`` (8 bytes, little-endian; the clock is one for every process of the host), followed by a
+log-like payload up to ``--record-size``.  This process consumes the topic with ``appliance.Consumer``
+(``poll_batch``, local memory-mapped path by default, ``--transport tcp`` for the broker) and takes, per
+record, the moment ``poll_batch`` returned it minus its stamp: the time from ``send`` to the consumer holding
+the record -- the producer's batching (``linger.ms``), the ring, the writer's drain round and append, the high
+watermark, the consumer's wait strategy, all included.
+
+``linger.ms`` defaults to 0 here (a latency run; the producer's own default, 5 ms, would dominate): the batch
+is sealed at once and goes to the ring; records sent meanwhile batch up behind it.  The producers warm up
+for half a second at the same rate before the clock starts, and the consumer reads their records (its
+decoding kernels load on the first ones); it is at the end of the log when the clock starts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from appliance.perf_limits import Limits, measure_limits
+from appliance.perf_produce import ProduceSettings, payload_pool, producer_settings
+from appliance.perf_server import Appliance
+from appliance.perf_stats import Progress, latency_summary, make_result
+from storage.errors import ApplianceError, ConfigError
+
+__all__ = ["run_e2e", "stamps_of"]
+
+STAMP_BYTES = 8
+WARMUP_S = 0.5
+IDLE_TIMEOUT_S = 10.0
+BURST_S = 0.0002  # records due within this much time go out together
+
+
+def stamps_of(chunk: Any) -> np.ndarray:
+    """The int64 stamps in the first 8 bytes of every value of a ``RecordArrays`` chunk."""
+    index = chunk.value_positions[:, None] + np.arange(STAMP_BYTES)
+    return np.ascontiguousarray(chunk.data[index]).view("<i8").reshape(-1)
+
+
+def _paced_send(producer: Any, topic: str, tails: list[bytes], rate: float, records: int,
+                counters: Any = None, index: int = 0) -> tuple[int, int, int]:
+    """Send ``records`` stamped records at ``rate``/s; (records, first send ns, last flush ns)."""
+    clock = time.monotonic_ns
+    send = producer.send
+    burst = max(1, int(rate * BURST_S))
+    period = 1e9 / rate
+    count = len(tails)
+    start = clock()
+    sent = 0
+    while sent < records:
+        due = min(records, int((clock() - start) / period) + 1)
+        if due <= sent:
+            wait = (sent * period - (clock() - start)) / 1e9
+            if wait > 0:
+                time.sleep(min(wait, BURST_S))
+            continue
+        due = min(due, sent + burst * 4)
+        while sent < due:
+            send(topic, clock().to_bytes(STAMP_BYTES, "little") + tails[sent % count])
+            sent += 1
+        if counters is not None:
+            counters[index] = sent
+    producer.flush()
+    return sent, start, clock()
+
+
+def _producer_process(config: dict[str, object], topic: str, partitions: int, tails: list[bytes], rate: float,
+                      records: int, counters: Any, index: int, pipe: Any) -> None:
+    from appliance.producer import Producer
+
+    try:
+        with Producer(config) as producer:
+            for partition in range(partitions):
+                producer.send(topic, bytes(STAMP_BYTES) + tails[0], partition=partition)
+            producer.flush()
+            _paced_send(producer, topic, tails, rate, max(1, int(rate * WARMUP_S)))
+            pipe.send(("ready", None))
+            pipe.recv()
+            cpu = time.process_time_ns()
+            outcome = _paced_send(producer, topic, tails, rate, records, counters, index)
+            pipe.send(("done", (*outcome, time.process_time_ns() - cpu)))
+    except BaseException as exc:
+        pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        pipe.close()
+
+
+def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) -> None:
+    """Consume the warm-up records (the decoding kernels load on the first records: up to half a second on a
+    busy machine, which must not count), leaving the consumer at the end of the log."""
+    consumer.seek_to_beginning(*assignment)
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if all(consumer.position(tp) >= end for tp, end in zip(assignment, ends, strict=True)):
+            return
+        consumer.poll_batch(timeout_ms=100)
+    raise ApplianceError("e2e: the consumer did not reach the end of the warm-up records")
+
+
+def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, progress: bool = False,
+            bootstrap: str | None = None, keep_topic: bool = False) -> dict[str, Any]:
+    from appliance.consumer import Consumer
+
+    if settings.record_size < STAMP_BYTES:
+        raise ConfigError(f"--record-size {settings.record_size}: e2e needs at least {STAMP_BYTES} bytes "
+                          "(the send time travels in the value)")
+    if settings.throughput <= 0:
+        raise ConfigError("e2e: give --throughput (the offered load, records/s)")
+    if settings.linger_ms is None:
+        settings = replace(settings, linger_ms=0)
+    records = settings.records if settings.records > 0 else max(1, int(settings.throughput * seconds))
+    settings = replace(settings, records=records)
+    address = bootstrap or app.bootstrap
+    notes: list[str] = []
+    started_at = time.time()
+    topic = settings.topic or f"perf-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
+    fresh = settings.topic is None
+    app.create_topic(topic, settings.partitions)
+    try:
+        if settings.transport == "tcp":
+            from appliance.perf_produce import tcp_producer_status
+
+            address = app.require_bootstrap(bootstrap)
+            ok, why = tcp_producer_status(address)
+            if not ok:
+                notes.append(f"the TCP producer is not available in this tree ({why}): records were produced "
+                             "through the local rings and consumed over TCP")
+            producer_config = producer_settings(settings if ok else replace(settings, transport="shm"), app,
+                                                address)
+        else:
+            producer_config = producer_settings(settings, app, address)
+        pool = payload_pool(replace(settings, records=min(records, 65_536)))
+        tails = [row[STAMP_BYTES:].tobytes() for row in pool]
+        consumer_config: dict[str, Any] = {"auto.offset.reset": "latest", "client.id": "appliance-bench-e2e"}
+        if settings.transport == "tcp":
+            consumer_config.update({"bootstrap.servers": address, "fetch.max.wait.ms": 100})
+        else:
+            consumer_config["appliance.data.dir"] = str(app.data_dir)
+        return _measure(app, settings, topic, producer_config, consumer_config, tails, progress, notes,
+                        started_at, Consumer)
+    finally:
+        if fresh and not keep_topic:
+            app.delete_topic(topic)
+
+
+def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_config: dict[str, object],
+             consumer_config: dict[str, Any], tails: list[bytes], progress_enabled: bool, notes: list[str],
+             started_at: float, consumer_class: Any) -> dict[str, Any]:
+    records = settings.records
+    per = [records // settings.producers + (1 if i < records % settings.producers else 0)
+           for i in range(settings.producers)]
+    rate = settings.throughput / settings.producers
+    context = multiprocessing.get_context("fork")
+    counters = context.RawArray("q", settings.producers)
+    consumer = consumer_class(consumer_config)
+    assignment = [(topic, p) for p in range(settings.partitions)]
+    consumer.assign(assignment)
+    pipes = []
+    processes = []
+    limits: Limits | None = None
+    arrived = np.empty(records, dtype=np.int64)
+    sent_at = np.empty(records, dtype=np.int64)
+    try:
+        for index, count in enumerate(per):
+            parent, child = context.Pipe()
+            process = context.Process(target=_producer_process, daemon=True, args=(
+                producer_config, topic, settings.partitions, tails, rate, count, counters, index, child))
+            process.start()
+            child.close()
+            pipes.append(parent)
+            processes.append(process)
+        for index, pipe in enumerate(pipes):
+            kind, payload = pipe.recv()
+            if kind != "ready":
+                raise ApplianceError(f"e2e producer process {index} failed while warming up: {payload}")
+        if settings.measure_limits:
+            limits = measure_limits(app.data_dir, records * settings.record_size)
+            os.sync()
+        _drain(consumer, [app_end for app_end in app.end_offsets(topic)], assignment)
+        line = Progress(records, settings.record_size, enabled=progress_enabled, label="e2e: ")
+        for pipe in pipes:
+            pipe.send("go")
+        clock = time.monotonic_ns
+        seen = 0
+        last_data = clock()
+        while seen < records:
+            chunks = consumer.poll_batch(timeout_ms=100)
+            now = clock()
+            if not chunks:
+                if now - last_data > IDLE_TIMEOUT_S * 1e9:
+                    raise ApplianceError(f"e2e: only {seen:,} of {records:,} records arrived; none for "
+                                         f"{IDLE_TIMEOUT_S:.0f} s")
+                continue
+            last_data = now
+            for chunk in chunks:
+                n = min(len(chunk), records - seen)
+                sent_at[seen : seen + n] = stamps_of(chunk)[:n]
+                arrived[seen : seen + n] = now
+                seen += n
+            line.update(seen)
+        line.finish()
+        outcomes = []
+        for index, pipe in enumerate(pipes):
+            kind, payload = pipe.recv()
+            if kind != "done":
+                raise ApplianceError(f"e2e producer process {index} failed: {payload}")
+            outcomes.append(payload)
+    finally:
+        consumer.close()
+        if limits is not None:
+            limits.remove_probe_files()
+        for process in processes:
+            process.join(60)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    latencies = arrived - sent_at
+    first_send = min(o[1] for o in outcomes)
+    seconds = (int(arrived.max()) - first_send) / 1e9
+    producer_cpu = sum(o[3] for o in outcomes)
+    extra = {
+        "topic": topic,
+        "offered_records_per_s": settings.throughput,
+        "produce_seconds": round((max(o[2] for o in outcomes) - first_send) / 1e9, 4),
+        "producer_cpu_ns_per_record": round(producer_cpu / records, 1),
+        "consumer": "tcp" if "bootstrap.servers" in consumer_config else "local mmap",
+        "linger_ms": settings.linger_ms,
+    }
+    if float(latencies.min()) < 0:
+        notes.append("negative latencies: the stamps are not this host's CLOCK_MONOTONIC")
+    return make_result("e2e", records=records, payload_bytes=records * settings.record_size, seconds=seconds,
+                       latency=latency_summary(latencies, "produce-to-consume"), config=settings.as_json(),
+                       limits=limits, primary_limit=None, extra=extra, notes=notes, started_at=started_at)
