@@ -112,19 +112,116 @@ def producer_settings(settings: ProduceSettings, app: Appliance, bootstrap: str 
 
 
 def tcp_producer_status(bootstrap: str) -> tuple[bool, str]:
-    """Whether ``appliance.Producer`` can produce over TCP in this tree, and why not.  Constructing a
-    producer is the test: it refuses ``bootstrap.servers`` while the TCP route (``appliance.remote_producer``)
-    is not built or not wired in."""
+    """Whether this tree can produce over TCP to ``bootstrap``; why not, or which client will.
+    ``appliance.Producer`` with ``bootstrap.servers`` first; else ``appliance.remote_producer.RemoteProducer``
+    (built separately; the bench drives it through :class:`RemoteSendAdapter`).  Constructing one against the
+    broker is the test."""
     from appliance.producer import Producer
 
+    reasons = []
     try:
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
-    except ConfigError as exc:
-        return False, str(exc)
-    except Exception as exc:  # a broker that does not answer, a half-built route
-        return False, f"{type(exc).__name__}: {exc}"
-    producer.close(timeout=5)
-    return True, ""
+    except Exception as exc:  # ConfigError while not wired in; a broker that does not answer
+        reasons.append(f"appliance.Producer: {exc}")
+    else:
+        producer.close(timeout=5)
+        return True, "appliance.Producer (bootstrap.servers)"
+    try:
+        remote = _remote_producer_class()({"bootstrap.servers": bootstrap, "acks": "1"})
+    except Exception as exc:
+        reasons.append(f"appliance.remote_producer: {type(exc).__name__}: {exc}")
+        return False, "; ".join(reasons)
+    remote.close(timeout=5)
+    return True, ("appliance.remote_producer.RemoteProducer (it has send_many only: the bench gathers send() "
+                  "records into send_many calls of batch.size bytes)")
+
+
+def _remote_producer_class() -> Any:
+    from appliance.remote_producer import RemoteProducer  # built concurrently: imported only when used
+
+    return RemoteProducer
+
+
+def open_producer(config: dict[str, object]) -> Any:
+    """An ``appliance.Producer`` for ``config``; over TCP, when it refuses ``bootstrap.servers``, the
+    :class:`RemoteSendAdapter` around ``RemoteProducer``."""
+    from appliance.producer import Producer
+
+    if not config.get("bootstrap.servers"):
+        return Producer(config)
+    try:
+        return Producer(config)
+    except ConfigError:
+        return RemoteSendAdapter(_remote_producer_class()(config))
+
+
+class RemoteSendAdapter:
+    """``RemoteProducer`` (``send_many`` only, no callbacks, no background thread) behind the small part of
+    ``appliance.Producer`` the bench uses: ``send`` gathers records into ``send_many`` calls of ``batch.size``
+    bytes (the RemoteProducer has no per-record path); callbacks run when the bench sees their
+    ``SendResult`` done, which it checks after every call."""
+
+    def __init__(self, remote: Any) -> None:
+        self.remote = remote
+        self.batch_bytes = int(remote.config.batch_size)
+        self._values: list[bytes] = []
+        self._callbacks: list[Callable[[Any, Any], None]] = []
+        self._bytes = 0
+        self._topic = ""
+        self._pending: list[tuple[Any, list[Callable[[Any, Any], None]]]] = []
+
+    def send(self, topic: str, value: bytes, partition: int | None = None,
+             callback: Callable[[Any, Any], None] | None = None) -> None:
+        if partition is not None:
+            self._settle(self.remote.send_many(topic, [value], partition=partition), [callback] if callback
+                         else [])
+            return
+        if topic != self._topic and self._values:
+            self._ship()
+        self._topic = topic
+        self._values.append(value)
+        self._bytes += len(value)
+        if callback is not None:
+            self._callbacks.append(callback)
+        if self._bytes >= self.batch_bytes:
+            self._ship()
+
+    def send_many(self, topic: str, values: Any, callback: Callable[[Any, Any], None] | None = None) -> None:
+        self._settle(self.remote.send_many(topic, values), [callback] if callback else [])
+
+    def _ship(self) -> None:
+        values, callbacks = self._values, self._callbacks
+        self._values, self._callbacks, self._bytes = [], [], 0
+        self._settle(self.remote.send_many(self._topic, values), callbacks)
+
+    def _settle(self, result: Any, callbacks: list[Callable[[Any, Any], None]]) -> None:
+        self._pending.append((result, callbacks))
+        self._check()
+
+    def _check(self) -> None:
+        while self._pending and self._pending[0][0].done:
+            result, callbacks = self._pending.pop(0)
+            error = None
+            try:
+                result.get(0)
+            except ApplianceError as exc:
+                error = exc
+            for callback in callbacks:
+                callback(error, None)
+
+    def flush(self) -> None:
+        if self._values:
+            self._ship()
+        while self._pending:
+            self.remote.poll(50)
+            self._check()
+        self.remote.flush()
+
+    def close(self, timeout: float | None = None) -> None:
+        try:
+            self.flush()
+        finally:
+            self.remote.close(timeout)
 
 
 # ----------------------------------------------------------------------------------------------- payloads
@@ -304,10 +401,8 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, po
                       warmup: int, api: str, rate_per_s: float, batch_bytes: int, counters: Any, index: int,
                       pipe: Any) -> None:
     """One of K producer processes: warm up, say ready, wait for go, produce, send the outcome back."""
-    from appliance.producer import Producer
-
     try:
-        producer = Producer(config)
+        producer = open_producer(config)
         try:
             _warm_up(producer, topic, partitions, pool, warmup, api)
             pipe.send(("ready", None))
@@ -352,9 +447,9 @@ def run_produce(app: Appliance, settings: ProduceSettings, *, progress: bool = F
         ok, why = tcp_producer_status(address)
         if not ok:
             raise TcpProducerUnavailable(
-                f"producing over TCP is not available in this tree ({why}); the TCP producer "
-                "(appliance/remote_producer.py) is being built -- use --transport shm meanwhile")
-        notes.append(f"records went over TCP to the broker at {address} (Kafka Produce requests)")
+                f"producing over TCP is not available in this tree ({why}); use --transport shm meanwhile")
+        notes.append(f"records went over TCP to the broker at {address} (Kafka Produce requests) through "
+                     f"{why}")
     topic = settings.topic or f"perf-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
     fresh = settings.topic is None
     config = producer_settings(settings, app, address)
@@ -384,9 +479,7 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
     writer_pids = app.writer_pids(topic)
     try:
         if settings.producers == 1:
-            from appliance.producer import Producer
-
-            producer = Producer(config)
+            producer = open_producer(config)
             try:
                 _warm_up(producer, topic, settings.partitions, pool, warmup, settings.api)
                 limits = _limits(app, settings)

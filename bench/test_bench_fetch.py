@@ -49,6 +49,7 @@ from appliance.broker import Broker
 from appliance.broker_cluster import ClusterError
 from appliance.broker_partitions import TopicMeta
 from appliance.config import Config, config_from_mapping
+from appliance.perf_limits import loopback_sendfile
 from ipc.kafka import (
     ApiKey,
     ErrorCode,
@@ -311,42 +312,9 @@ def fetch_bytes(served: ServedLog) -> tuple[int, float]:
     return received, elapsed
 
 
-def _sendfile_server(path: str, size: int, port_pipe: Any) -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    port_pipe.send(listener.getsockname()[1])
-    port_pipe.close()
-    sock, _ = listener.accept()
-    with open(path, "rb") as f:
-        sent = 0
-        while sent < size:
-            sent += os.sendfile(sock.fileno(), f.fileno(), sent, size - sent)
-    sock.close()
-    listener.close()
-
-
 def sendfile_limit(served: ServedLog) -> tuple[int, float]:
     """Plain loopback sendfile of the whole segment from a forked process; (bytes, seconds)."""
-    context = multiprocessing.get_context("fork")
-    parent, child = context.Pipe()
-    process = context.Process(
-        target=_sendfile_server, args=(served.segment_path, served.segment_bytes, child)
-    )
-    process.start()
-    child.close()
-    port = parent.recv()
-    sock = socket.create_connection(("127.0.0.1", port))
-    buffer = memoryview(bytearray(8 << 20))
-    started = time.perf_counter()
-    received = 0
-    while True:
-        n = sock.recv_into(buffer)
-        if n == 0:
-            break
-        received += n
-    elapsed = time.perf_counter() - started
-    sock.close()
-    buffer.release()
-    process.join(30)
+    received, elapsed = loopback_sendfile([served.segment_path])
     assert received == served.segment_bytes
     return received, elapsed
 

@@ -31,6 +31,7 @@ import numpy as np
 import posix_ipc
 import pytest
 
+from appliance import perf_limits
 from ipc.ring import RingConsumer, RingNames, RingProducer, create_ring, wait_for_frames, warm_up
 from ipc.shm import ShmNames, reclaim
 from ipc.wakeup import Doorbell, Waiter
@@ -45,11 +46,7 @@ warm_up()
 @pytest.fixture(scope="module")
 def memcpy_bytes_per_s() -> float:
     """A single-threaded numpy copy between two buffers the size of the ring (the same working set)."""
-    source = np.random.default_rng(0).integers(0, 256, RING_BYTES, dtype=np.uint8)
-    target = np.empty_like(source)
-    np.copyto(target, source)
-    best = min(_timed(lambda: [np.copyto(target, source) for _ in range(16)]) for _ in range(5))
-    rate = 16 * RING_BYTES / best
+    rate = perf_limits.memcpy_bytes_per_s(RING_BYTES, copies=16, rounds=5)
     print(f"\nmemcpy (numpy, 16 MiB buffers): {rate / 1e9:.2f} GB/s")
     return rate
 
