@@ -57,7 +57,7 @@ from appliance.broker_produce import Produce, ProduceService
 from appliance.broker_replication import LeaderReplication
 from appliance.cluster_auth import SaslPlainServer, read_cluster_secret
 from appliance.config import Config, Listener
-from appliance.fetch_session import POLL_INTERVAL_MS, FetchWaiters, ParkedFetch, read_fetch
+from appliance.fetch_session import POLL_INTERVAL_MS, FetchWaiters, ParkedFetch, committed_moved, read_fetch
 from ipc.kafka import (
     ApiKey,
     EpochEndOffset,
@@ -388,6 +388,8 @@ class Broker:
             hook = self.replication.link(slot.connection) if follower else None
             result = read_fetch(self.ctx.lookup, parked.request, follower_hook=hook, first_read=False)
             enough = result.ready_bytes >= max(parked.request.min_bytes, 1)
+            if follower and committed_moved(parked.watched, result.watched):
+                enough = True  # tell the follower the new high watermark now, not after its long poll
             if enough or result.has_error or parked.deadline_ms <= now_ms or not result.watched:
                 self._finish_held(slot, parked.header, result.response, unpark=True)
             else:

@@ -20,6 +20,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("appliance.produce_cli:main", "send stdin lines as records, like kafka-console-producer"),
     "replica": ("appliance.replica_cli:main", "follow a leader: copy its replicated partitions to this node"),
     "replicas": ("appliance.replica_cli:replicas_main", "replication status, promote a replica to leader"),
+    "replica": ("appliance.replica_cli:main", "follow a leader: copy its replicated partitions to this node"),
+    "replicas": ("appliance.replica_cli:replicas_main", "replication status, promote a replica to leader"),
     "serve": ("appliance.supervisor:main", "run the appliance (the supervisor and its processes)"),
     "topics": ("appliance.topics_cli:main", "create, list, describe or delete topics of a running appliance"),
 }

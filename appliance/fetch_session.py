@@ -74,6 +74,7 @@ __all__ = [
     "FetchWaiters",
     "FollowerHook",
     "ParkedFetch",
+    "committed_moved",
     "follower_bound",
     "read_fetch",
 ]
@@ -108,6 +109,18 @@ def follower_bound(handle: PartitionHandle) -> tuple[int, int]:
     """What a held follower fetch waits on: the log end offset and the committed high watermark."""
     page = handle.page
     return page.log_end_offset, page.committed_high_watermark
+
+
+def committed_moved(before: list[tuple[PartitionHandle, object]],
+                    after: list[tuple[PartitionHandle, object]]) -> bool:
+    """Did the committed high watermark of a partition a held follower fetch reads move between two reads
+    (``watched`` lists of :func:`follower_bound` values)?  Then it is answered at once."""
+    then = {id(handle): bound for handle, bound in before}
+    for handle, bound in after:
+        old = then.get(id(handle))
+        if isinstance(old, tuple) and isinstance(bound, tuple) and old[1] != bound[1]:
+            return True
+    return False
 
 
 @dataclass(slots=True)

@@ -30,11 +30,22 @@ was published, snapshots its producer state and closes its log cleanly.  Then ev
 of the instance is removed and the process exits 0.  A child still running after
 ``appliance.shutdown.timeout.ms`` is killed (and the next start recovers its log).
 
+Replication: a topic of replication factor R > 1 is assigned R node ids (``appliance.metadata.
+assign_replicas``); this node leads all of them.  For such a partition the supervisor, while it recovers the
+log, starts a new leader epoch at its log end (``replicas.leader_epochs.begin_leader_epoch``: every start of
+a leader is a new epoch, so a follower holding records this leader lost or never had truncates them) and
+seeds the state page from ``replica-state.json`` (the checkpointed high watermark, the ISR size, the
+topic's ``min.insync.replicas``); the writer does not publish the high watermark of such a partition, the
+broker's replication layer does (``appliance.broker_replication``).  ``appliance.replica.dirs`` adds one
+replica process per directory as extra children (``appliance.replica.child_specs``).  With
+``appliance.replica.leader`` set, ``appliance serve`` runs as a replica of that leader instead
+(``appliance.replica``): how a former leader rejoins after a failover.
+
 Extra children: :data:`EXTRA_CHILDREN` names factories (``"module:function"``, called with the Config and
-returning a :class:`ChildSpec` or None).  Each is forked after the writers, restarted like them, and gets a
-:class:`ChildContext`: the config, the shared-memory names, and :meth:`ChildContext.connect`, a
-:class:`~appliance.control.ControlClient` through which it reads metadata, creates topics and attaches rings
-as a producer, like any local producer.
+returning a :class:`ChildSpec`, a list of them, or None).  Each is forked after the writers, restarted
+like them, and gets a :class:`ChildContext`: the config, the shared-memory names, and
+:meth:`ChildContext.connect`, a :class:`~appliance.control.ControlClient` through which it reads metadata,
+creates topics and attaches rings as a producer, like any local producer.
 """
 
 from __future__ import annotations
@@ -61,7 +72,7 @@ from typing import Any, Final
 from appliance import sdnotify
 from appliance.config import Config, ConfigError, add_config_arguments, check_topic_name, config_from_args
 from appliance.control import ControlClient, ServerConnection, encode, error_response, ok_response
-from appliance.metadata import META_DIR, MetadataStore, TopicExistsError, TopicMetadata
+from appliance.metadata import META_DIR, MetadataStore, TopicExistsError, TopicMetadata, assign_replicas
 from appliance.proctitle import set_proctitle
 from appliance.writer import WriterSpec, writer_main
 from ipc.kafka.errors import ErrorCode
@@ -70,6 +81,8 @@ from ipc.ring_layout import DEFAULT_ACK_SLOTS
 from ipc.shm import SHM_DIR, Permissions, ShmNames, reclaim
 from ipc.state_page import StatePage, monotonic_ms
 from ipc.wakeup import Doorbell
+from replicas.leader_epochs import begin_leader_epoch
+from replicas.replica_state import read_replica_state
 from storage.errors import ApplianceError, LogLockedError, ProtocolError, UnknownTopicOrPartitionError
 from storage.log import Log
 from storage.log_config import LogConfig
@@ -87,13 +100,16 @@ __all__ = [
 
 # Factories of extra children, "module:function"; function(config) -> ChildSpec | None.  The broker adds
 # itself here ("appliance.broker:child_spec").
-EXTRA_CHILDREN: tuple[str, ...] = ("appliance.broker:child_spec",)
+EXTRA_CHILDREN: tuple[str, ...] = ("appliance.broker:child_spec", "appliance.replica:child_specs")
 
 # A writer whose heartbeat (state page) is this old while its process lives is killed and restarted: it is
 # stuck (a writer beats at least every 100 ms, busy or idle).  Tests lower it.
 WRITER_STALL_S: float = 60.0
 
-MAX_REPLICATION_FACTOR: Final = 1  # no replicas yet: a topic cannot ask for more copies than exist
+MAX_REPLICATION_FACTOR: Final = 100  # default.replication.factor's bound
+# Producer ids of node N start at N << 40: a replica promoted to leader never hands out an id its former
+# leader gave (the producer-ids file is per node).  Node ids must differ below 2**22.
+_PRODUCER_ID_NODE_SHIFT: Final = 40
 _LOCK_FILE: Final = ".appliance.lock"
 _PRODUCER_ID_FILE: Final = "producer-ids"
 _STATUS_INTERVAL_S: Final = 5.0
@@ -174,12 +190,14 @@ class ChildSpec:
 
 
 def _load_extra_children(config: Config) -> list[ChildSpec]:
-    specs = []
+    specs: list[ChildSpec] = []
     for entry in EXTRA_CHILDREN:
         module_name, _, func_name = entry.partition(":")
         factory = getattr(importlib.import_module(module_name), func_name)
         spec = factory(config)
-        if spec is not None:
+        if isinstance(spec, list | tuple):
+            specs += spec
+        elif spec is not None:
             specs.append(spec)
     return specs
 
@@ -321,7 +339,9 @@ class Supervisor:
         for name, declared in config.topics.items():
             if name not in self._store:
                 self._check_replication(name, declared.replication_factor)
-                self._store.create_topic(name, declared.partitions, declared.replication_factor)
+                replicas = assign_replicas(config.node_id, declared.replication_factor)
+                self._store.create_topic(name, declared.partitions, declared.replication_factor,
+                                         replicas=replicas)
                 _log.info("created configured topic %s with %d partitions", name, declared.partitions)
             elif self._store.get(name).partitions != declared.partitions:
                 _log.warning("topic %s has %d partitions; the configuration declares %d (not changed)",
@@ -363,10 +383,10 @@ class Supervisor:
         self._lock_fds.append(fd)
 
     def _check_replication(self, name: str, replication_factor: int) -> None:
-        if replication_factor > MAX_REPLICATION_FACTOR:
+        if not 1 <= replication_factor <= MAX_REPLICATION_FACTOR:
             raise ConfigError(
-                f"topic {name!r}: replication factor {replication_factor}, but this appliance has "
-                f"{MAX_REPLICATION_FACTOR} replica (set replication.factor / default.replication.factor to 1)"
+                f"topic {name!r}: replication factor {replication_factor}, expected "
+                f"1..{MAX_REPLICATION_FACTOR}"
             )
 
     def _log_config_overrides(self, topic: TopicMetadata) -> dict[str, Any]:
@@ -383,10 +403,25 @@ class Supervisor:
                          "their CreateTime timestamps", topic.name)  # fmt: skip
         self._extend_start_timeout()
         log = self._open_log(directory, log_config, (topic.name, partition))
+        replicated = topic.replication_factor > 1
+        isr_size = 1
         try:
-            epoch = max(log.latest_epoch, 0)
             end, start = log.log_end_offset, log.log_start_offset
-            epoch_start = log.leader_epoch_cache.entries[-1][1] if log.latest_epoch >= 0 else end
+            if replicated:
+                # A new leader epoch at every start of a leader, before any append: a follower holding
+                # records this log lost or never had truncates them (replicas.leader_epochs).
+                persisted = read_replica_state(directory)
+                previous = max(log.latest_epoch, persisted.leader_epoch if persisted is not None else -1)
+                epoch = previous + 1
+                epoch_start = begin_leader_epoch(log, epoch)
+                known = persisted.high_watermark if persisted is not None else 0
+                high_watermark = max(start, min(known, end))
+                if persisted is not None and persisted.leader_id == config.node_id and persisted.isr:
+                    isr_size = len(set(persisted.isr) | {config.node_id})
+            else:
+                epoch = max(log.latest_epoch, 0)
+                epoch_start = log.leader_epoch_cache.entries[-1][1] if log.latest_epoch >= 0 else end
+                high_watermark = end
         finally:
             log.close(clean=True)
         names = self.names
@@ -395,8 +430,12 @@ class Supervisor:
         page = StatePage.create(page_name, self.permissions)
         try:
             page.log_end_offset = end
-            page.high_watermark = end
+            page.high_watermark = high_watermark
             page.log_start_offset = start
+            page.min_insync_replicas = effective.min_insync_replicas
+            if replicated:  # the broker's replication layer owns these from now on
+                page.committed_high_watermark = high_watermark
+                page.isr_size = isr_size
             page.set_leader_epoch(epoch, epoch_start)
             doorbell = Doorbell.create(doorbell_name, self.permissions)
         except BaseException:
@@ -922,12 +961,15 @@ class Supervisor:
         return {} if store is None else store.topics
 
     def _topic_json(self, topic: TopicMetadata) -> dict[str, Any]:
+        node = self.config.node_id
+        now_ms = monotonic_ms()
         partitions = []
         for p in range(topic.partitions):
             part = self._partitions[(topic.name, p)]
             self._refresh_memory(part.writer, 5.0)
             page = part.page
             epoch, _ = page.leader_epoch()
+            followers = _followers_json(page, now_ms) if topic.replication_factor > 1 else []
             partitions.append({
                 "partition": p,
                 "state_page": page.name,
@@ -937,6 +979,10 @@ class Supervisor:
                 "log_start_offset": page.log_start_offset,
                 "log_end_offset": page.log_end_offset,
                 "high_watermark": page.high_watermark,
+                "committed_high_watermark": page.committed_high_watermark,
+                "leader": node,
+                "isr": [node] + [f["replica_id"] for f in followers if f["in_isr"]],
+                "followers": followers,
                 "writer_pid": part.writer.pid,
                 "writer_uss_bytes": part.writer.uss_bytes,
                 "writer_restarts": part.writer.restarts,
@@ -946,6 +992,8 @@ class Supervisor:
             "name": topic.name,
             "topic_id": topic.topic_id,
             "replication_factor": topic.replication_factor,
+            "replicas": [node, *(r for r in topic.replicas if r != node)],
+            "min_insync_replicas": self.config.topic(topic.name, topic.configs).min_insync_replicas,
             "configs": self._effective_overrides(topic),
             "max_message_bytes": self._partitions[(topic.name, 0)].spec.log_config.max_message_bytes,
             "partitions": partitions,
@@ -984,8 +1032,7 @@ class Supervisor:
         if not isinstance(replication, int) or replication > MAX_REPLICATION_FACTOR or replication < 1:
             return error_response(
                 ErrorCode.INVALID_REPLICATION_FACTOR,
-                f"topic {name!r}: replication factor {replication!r}; this appliance has "
-                f"{MAX_REPLICATION_FACTOR} replica",
+                f"topic {name!r}: replication factor {replication!r}, expected 1..{MAX_REPLICATION_FACTOR}",
             )
         for key in ("partitions", "replication.factor", "num.partitions", "default.replication.factor"):
             if key in configs:
@@ -1003,7 +1050,8 @@ class Supervisor:
         assert store is not None
         if self._stop_requested:
             raise ApplianceError("the appliance is stopping")
-        topic = store.create_topic(name, partitions, replication, configs)
+        topic = store.create_topic(name, partitions, replication, configs,
+                                   replicas=assign_replicas(self.config.node_id, replication))
         for p in range(partitions):
             self._spawn_writer(self._prepare_partition(topic, p))
         _log.info("created topic %s with %d partitions", name, partitions)
@@ -1035,7 +1083,8 @@ class Supervisor:
         self, connection: ServerConnection, message: Mapping[str, Any]
     ) -> dict[str, Any]:
         assert self._allocator is not None
-        return ok_response(producer_id=self._allocator.allocate(), producer_epoch=0)
+        node_base = (self.config.node_id % 2**22) << _PRODUCER_ID_NODE_SHIFT
+        return ok_response(producer_id=node_base + self._allocator.allocate(), producer_epoch=0)
 
     def _op_attach(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         name = str(message["topic"])
@@ -1115,8 +1164,21 @@ class Supervisor:
             connections=len(self._connections),
         )
 
+    def _op_replica_status(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """This node leads: every topic with its replication state (``appliance replicas status``)."""
+        return ok_response(role="leader", node_id=self.config.node_id,
+                           topics=[self._topic_json(t) for t in self._topics().values()])
+
+    def _op_promote(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        return error_response(ErrorCode.INVALID_REQUEST, f"node {self.config.node_id} already leads its "
+                              "partitions: promote a replica (through its control socket), not the leader")
+
     _OPS: Final[dict[str, Callable[[Supervisor, ServerConnection, Mapping[str, Any]], dict[str, Any]]]] = {
         "metadata": _op_metadata,
+        "replica_status": _op_replica_status,
+        "promote": _op_promote,
         "create_topic": _op_create_topic,
         "delete_topic": _op_delete_topic,
         "init_producer_id": _op_init_producer_id,
@@ -1234,6 +1296,27 @@ class Supervisor:
         self._lock_fds = []
 
 
+def _followers_json(page: StatePage, now_ms: int) -> list[dict[str, Any]]:
+    """The replica table of a state page as the ``followers`` of ``metadata`` (control.FollowerInfo)."""
+    end = page.log_end_offset
+    out = []
+    for row in page.replicas():
+        known = row.log_end_offset >= 0
+        if known and row.log_end_offset >= end:
+            lag_ms = 0
+        else:
+            lag_ms = -1 if row.last_caught_up_ms < 0 else max(0, now_ms - row.last_caught_up_ms)
+        out.append({
+            "replica_id": row.replica_id,
+            "in_isr": row.in_isr,
+            "log_end_offset": row.log_end_offset,
+            "lag_records": max(0, end - row.log_end_offset) if known else -1,
+            "lag_ms": lag_ms,
+            "last_fetch_ms_ago": -1 if row.last_fetch_ms < 0 else max(0, now_ms - row.last_fetch_ms),
+        })  # fmt: skip
+    return out
+
+
 def _describe_exit(status: int) -> str:
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
@@ -1265,6 +1348,10 @@ def main(argv: list[str]) -> int:
     try:
         config = config_from_args(args)
         _setup_logging(config.log_level)
+        if config.replica_leader:  # a former leader rejoining, or a node told to follow
+            from appliance.replica import run_replica
+
+            return run_replica(config, argv)
         extras = _load_extra_children(config)
     except ConfigError as exc:
         print(f"appliance serve: {exc}", file=sys.stderr)

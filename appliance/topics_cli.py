@@ -8,10 +8,15 @@ way: add its option in :func:`add_connection_arguments` and its branch in :func:
 
 Output follows ``kafka-topics.sh --describe``: one line per topic, then one tab-indented line per partition::
 
-    Topic: orders  TopicId: 4f6c...  PartitionCount: 2  ReplicationFactor: 1  Configs: retention.ms=60000
-        Topic: orders  Partition: 0  Leader: 0  Replicas: 0  Isr: 0  LogStartOffset: 0  LogEndOffset: 17 ...
+    Topic: orders  TopicId: 4f6c...  PartitionCount: 2  ReplicationFactor: 3  Configs: retention.ms=60000
+        Topic: orders  Partition: 0  Leader: 0  Replicas: 0,1,2  Isr: 0,1  LogStartOffset: 0  ...
+            Follower: 1  InIsr: yes  LogEndOffset: 17  LagRecords: 0  LagMs: 0  LastFetchMsAgo: 3
+            Follower: 2  InIsr: no  LogEndOffset: 4  LagRecords: 13  LagMs: 31200  LastFetchMsAgo: 31190
 
-(fields separated by tabs).  Exit status: 0 done; 1 refused or failed (the reason on stderr: unknown
+(fields separated by tabs; a replicated partition also shows its committed high watermark -- what acks=all
+waits for; consumers see ``HighWatermark`` once every in-sync follower knows it -- and one line per follower:
+its log end offset, its lag in records and in milliseconds since it was last caught up).
+Exit status: 0 done; 1 refused or failed (the reason on stderr: unknown
 topic, topic exists, bad setting, no appliance running); 2 bad arguments.
 """
 
@@ -136,13 +141,26 @@ def format_topic(topic: TopicInfo) -> str:
     ]
     for p in topic.partitions:
         memory = f"{p.writer_uss_bytes / 2**20:.1f}MiB" if p.writer_uss_bytes else "-"
+        replicas = _ids(topic.replicas or (p.leader,))
+        isr = _ids(p.isr or (p.leader,))
+        committed = f"\tCommittedHighWatermark: {p.committed_high_watermark}" if topic.replicas[1:] else ""
         lines.append(
-            f"\tTopic: {topic.name}\tPartition: {p.partition}\tLeader: 0\tReplicas: 0\tIsr: 0\t"
-            f"LogStartOffset: {p.log_start_offset}\tLogEndOffset: {p.log_end_offset}\t"
-            f"HighWatermark: {p.high_watermark}\tLeaderEpoch: {p.leader_epoch}\tWriterPid: {p.writer_pid}\t"
-            f"WriterUniqueMemory: {memory}\tWriterRestarts: {p.writer_restarts}"
+            f"\tTopic: {topic.name}\tPartition: {p.partition}\tLeader: {p.leader}\tReplicas: {replicas}\t"
+            f"Isr: {isr}\tLogStartOffset: {p.log_start_offset}\tLogEndOffset: {p.log_end_offset}\t"
+            f"HighWatermark: {p.high_watermark}{committed}\tLeaderEpoch: {p.leader_epoch}\t"
+            f"WriterPid: {p.writer_pid}\tWriterUniqueMemory: {memory}\tWriterRestarts: {p.writer_restarts}"
         )
+        for f in p.followers:
+            lines.append(
+                f"\t\tFollower: {f.replica_id}\tInIsr: {'yes' if f.in_isr else 'no'}\t"
+                f"LogEndOffset: {f.log_end_offset}\tLagRecords: {f.lag_records}\tLagMs: {f.lag_ms}\t"
+                f"LastFetchMsAgo: {f.last_fetch_ms_ago}"
+            )
     return "\n".join(lines)
+
+
+def _ids(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
 
 
 def _plain(value: object) -> str:

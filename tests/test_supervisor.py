@@ -150,8 +150,8 @@ def test_produce_through_a_ring_refuse_bad_input_and_run_control_ops(appliances:
     with pytest.raises(ConfigError, match="may contain only") as bad_name:
         client.create_topic("bad/name", 1)
     assert bad_name.value.error == "INVALID_TOPIC_EXCEPTION"  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match="replication factor 3"):
-        client.create_topic("replicated", 1, replication_factor=3)
+    with pytest.raises(ConfigError, match="replication factor 101"):
+        client.create_topic("replicated", 1, replication_factor=101)
     with pytest.raises(ConfigError, match=r"retention\.ms"):
         client.create_topic("bad-config", 1, configs={"retention.ms": "soon"})
     with serve.client() as stranger, pytest.raises(ControlError, match="not attached through this"):

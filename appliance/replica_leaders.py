@@ -1,0 +1,222 @@
+"""Where a replica's leader is: the Metadata of the candidate addresses, the highest leader epoch wins.
+
+Theory of operation
+-------------------
+A replica is configured with one or more leader addresses (``appliance.replica.leader``: ``HOST:PORT`` for
+TCP, a path for the leader's Unix listener).  Only a leader answers the Kafka protocol -- replicas do not
+listen -- and each appliance's Metadata names itself as the only broker and the leader of every partition
+it serves, with that partition's leader epoch, replicas and ISR.
+
+:meth:`LeaderDirectory.refresh` asks every candidate address (one cached connection each, authenticated
+with the cluster secret when there is one) for the Metadata of every topic, and keeps a
+:class:`ClusterView`: per partition, the answer with the highest leader epoch among the brokers that lead
+it.  So after a promotion the replicas find the new leader by themselves (its epoch is higher), and an old
+leader that comes back without being told to follow (it then runs with a lower epoch) is ignored.  The
+address used to reach a leader is the one it answered on (its advertised address may be a name this
+host cannot resolve).
+
+The view is refreshed by the replica process every :data:`REFRESH_INTERVAL_MS` and, rate-limited to
+:data:`MIN_REFRESH_INTERVAL_MS`, whenever a fetcher asks for its leader again after an error
+(:meth:`LeaderDirectory.leader_for` is the fetchers' *leader source*).  It also gives the replica its
+topics (those whose replicas include its ``node.id``) and the last ISR its leader reported: what
+``appliance replicas promote`` decides on.
+
+Thread-safe: fetcher threads and the replica's main loop call it; one lock serialises the exchanges.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ipc.kafka import ErrorCode, MetadataRequest
+from replicas.leader_connection import LeaderConnection, LeaderInfo
+from storage.errors import ProtocolError, RequestTimeoutError
+
+__all__ = [
+    "MIN_REFRESH_INTERVAL_MS",
+    "REFRESH_INTERVAL_MS",
+    "ClusterView",
+    "LeaderDirectory",
+    "PartitionView",
+    "TopicView",
+    "parse_address",
+]
+
+REFRESH_INTERVAL_MS: Final = 500  # the replica's periodic refresh (new topics, the ISR, a new leader)
+MIN_REFRESH_INTERVAL_MS: Final = 100  # a fetcher asking again after an error refreshes at most this often
+CONNECT_TIMEOUT_MS: Final = 1000  # per candidate address: a dead host must not hold the refresh long
+RETRY_DEAD_ADDRESS_MS: Final = 1000  # a candidate that failed is not asked again sooner
+
+_log = logging.getLogger("appliance.replica")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); a path (``/run/..``, or ``unix:PATH``) -> (path, 0): a Unix socket."""
+    if text.startswith("unix:"):
+        return text[5:], 0
+    if text.startswith("/"):
+        return text, 0
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    topic: str
+    partition: int
+    leader: LeaderInfo  # host/port: the address it answered on
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    name: str
+    partitions: int
+    replicas: tuple[int, ...]  # leader first, as the leader lists them
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the leaders said at ``at_ms`` (the directory's clock)."""
+
+    at_ms: int
+    topics: dict[str, TopicView] = field(default_factory=dict)
+    partitions: dict[tuple[str, int], PartitionView] = field(default_factory=dict)
+    answered: tuple[str, ...] = ()  # the candidate addresses that answered
+
+
+class LeaderDirectory:
+    """The candidate leaders of one replica and the latest :class:`ClusterView`.  See the module doc."""
+
+    def __init__(self, addresses: Sequence[str], *, node_id: int, sasl_plain: tuple[str, str] | None,
+                 timeout_ms: int = 5000, clock_ms: Callable[[], int] | None = None) -> None:
+        if not addresses:
+            raise ValueError("a replica needs at least one leader address")
+        self.addresses = tuple(addresses)
+        self.node_id = node_id
+        self.sasl_plain = sasl_plain
+        self.timeout_ms = timeout_ms
+        self._clock_ms = clock_ms or (lambda: time.monotonic_ns() // 1_000_000)
+        self._lock = threading.Lock()
+        self._connections: dict[str, LeaderConnection] = {}
+        self._dead_until: dict[str, int] = {}
+        self._last_error: dict[str, str] = {}
+        self._view: ClusterView | None = None
+        self._refreshed_ms = -(10**12)
+        self._closed = False
+
+    @property
+    def view(self) -> ClusterView | None:
+        return self._view
+
+    def errors(self) -> dict[str, str]:
+        """Why each unreachable candidate failed (last time asked)."""
+        return dict(self._last_error)
+
+    # -- asking ---------------------------------------------------------------------------------------------
+
+    def refresh(self) -> ClusterView | None:
+        """Ask every candidate now; the new view (None if nobody answered: the old view is kept)."""
+        with self._lock:
+            return self._refresh_locked()
+
+    def leader_for(self, topic: str, partition: int) -> LeaderInfo | None:
+        """A fetcher's leader source: the partition's leader in the freshest view (refreshed if it is older
+        than :data:`MIN_REFRESH_INTERVAL_MS`)."""
+        with self._lock:
+            if self._clock_ms() - self._refreshed_ms >= MIN_REFRESH_INTERVAL_MS:
+                self._refresh_locked()
+            view = self._view
+        if view is None:
+            return None
+        found = view.partitions.get((topic, partition))
+        return None if found is None else found.leader
+
+    def _refresh_locked(self) -> ClusterView | None:
+        if self._closed:
+            return None
+        now = self._clock_ms()
+        self._refreshed_ms = now
+        best: dict[tuple[str, int], PartitionView] = {}
+        topics: dict[str, tuple[int, TopicView]] = {}
+        answered = []
+        for address in self.addresses:
+            if self._dead_until.get(address, 0) > now:
+                continue
+            answer = self._metadata(address)
+            if answer is None:
+                continue
+            answered.append(address)
+            brokers = {b.node_id for b in answer.brokers}
+            host, port = parse_address(address)
+            for t in answer.topics:
+                if t.error_code != ErrorCode.NONE:
+                    continue
+                top_epoch = -1
+                replicas: tuple[int, ...] = ()
+                for p in t.partitions:
+                    if p.error_code != ErrorCode.NONE or p.leader_id not in brokers:
+                        continue
+                    if p.leader_id == self.node_id:
+                        continue  # ourselves (a stale view of a node that was promoted): not a leader to us
+                    info = LeaderInfo(host, port, p.leader_id, p.leader_epoch)
+                    key = (t.name, p.partition_index)
+                    known = best.get(key)
+                    if known is None or p.leader_epoch > known.leader.leader_epoch:
+                        best[key] = PartitionView(t.name, p.partition_index, info, tuple(p.replica_nodes),
+                                                  tuple(p.isr_nodes))
+                    top_epoch = max(top_epoch, p.leader_epoch)
+                    replicas = tuple(p.replica_nodes)
+                if top_epoch < 0:
+                    continue
+                previous = topics.get(t.name)
+                if previous is None or top_epoch > previous[0]:
+                    topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas))
+        if not answered:
+            return None
+        view = ClusterView(now, {name: tv for name, (_, tv) in topics.items()}, best, tuple(answered))
+        self._view = view
+        return view
+
+    def _metadata(self, address: str) -> Any:
+        conn = self._connections.get(address)
+        try:
+            if conn is None or conn.closed:
+                host, port = parse_address(address)
+                conn = LeaderConnection.connect(host, port, client_id=f"appliance-replica-{self.node_id}",
+                                                timeout_ms=min(self.timeout_ms, CONNECT_TIMEOUT_MS),
+                                                sasl_plain=self.sasl_plain)
+                conn.timeout_ms = self.timeout_ms
+                self._connections[address] = conn
+            answer = conn.request(MetadataRequest(topics=None, allow_auto_topic_creation=False))
+        except (OSError, ProtocolError, RequestTimeoutError) as error:
+            why = f"{type(error).__name__}: {error}"
+            if self._last_error.get(address) != why:
+                _log.info("leader candidate %s does not answer: %s", address, why)
+            self._last_error[address] = why
+            self._dead_until[address] = self._clock_ms() + RETRY_DEAD_ADDRESS_MS
+            dropped = self._connections.pop(address, None)
+            if dropped is not None:
+                dropped.close()
+            return None
+        if address in self._last_error:
+            _log.info("leader candidate %s answers again", address)
+            del self._last_error[address]
+        self._dead_until.pop(address, None)
+        return answer
+
+    def close(self) -> None:
+        """Close every connection; wake a thread blocked in an exchange."""
+        self._closed = True
+        for conn in list(self._connections.values()):
+            conn.shutdown()
+        with self._lock:
+            for conn in self._connections.values():
+                conn.close()
+            self._connections.clear()
