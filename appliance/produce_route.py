@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from appliance.commit_channel import CommittedChannel
 from appliance.control import ControlClient, ControlError
 from appliance.ring_publisher import RingPublisher
+from ipc.state_page import StatePage
 from storage.errors import UnknownTopicOrPartitionError
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ class Route(Protocol):
     def init_producer_id(self) -> tuple[int, int]: ...
 
     def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
-                     max_in_flight: int, max_block_ms: int) -> BatchChannel: ...
+                     max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel: ...
 
     def drop_channel(self, channel: BatchChannel) -> None: ...
 
@@ -97,7 +99,9 @@ class LocalRoute:
         return self.client.init_producer_id()
 
     def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
-                     max_in_flight: int, max_block_ms: int) -> BatchChannel:
+                     max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel:
+        """A ring to the partition's writer; with ``acks=-1`` (all) wrapped so that a batch completes once
+        the partition's high watermark passes it (``appliance.commit_channel``)."""
         attachment = self.client.attach(topic, partition, producer_id=producer_id)
         try:
             publisher: RingPublisher[ProducerBatch] = RingPublisher.attach(
@@ -108,7 +112,14 @@ class LocalRoute:
                 track_acks=track_acks,
                 max_in_flight=max_in_flight,
             )
-            return publisher
+            if acks != -1:
+                return publisher
+            try:
+                page = StatePage.attach(attachment.state_page)
+            except BaseException:
+                publisher.close()
+                raise
+            return CommittedChannel(publisher, page, lambda batch: batch.record_count)
         except BaseException:
             self.client.detach(attachment.ring)
             raise

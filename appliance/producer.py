@@ -376,6 +376,7 @@ class Producer:
                 track_acks=cfg.acks != 0,
                 max_in_flight=cfg.max_in_flight,
                 max_block_ms=cfg.max_block_ms,
+                acks=cfg.acks,
             )
         return channel
 
