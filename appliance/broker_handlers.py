@@ -12,7 +12,8 @@ Conventions, as Kafka has them:
   (``appliance.config.check_topic_name``: 1-249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``), so no name can
   reach a path.
 * ListOffsets "latest" (-1) is the high watermark for consumers (isolation level read_uncommitted; with no
-  transactions read_committed is the same) and the log end offset for followers (``replica_id >= 0``).
+  transactions read_committed is the same) and the log end offset for followers (``replica_id >= 0``) and
+  for Kafka's debugging replica id -2 (``appliance topics describe`` over TCP).
   "earliest" (-2) is the log start offset.  A timestamp finds the first batch whose max timestamp is at or
   after it, below the high watermark, else offset -1.
 * Metadata creates a topic it is asked about and does not know when ``auto.create.topics.enable`` and the
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance import log_dirs
 from appliance.broker_cluster import Cluster, ClusterError
 from appliance.broker_partitions import PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker_replication import LeaderReplication
@@ -76,6 +78,7 @@ from ipc.kafka import (
     SyncGroupResponse,
     supported_api_versions,
 )
+from ipc.kafka.messages import DescribeLogDirsRequest, DescribeLogDirsResponse
 from replicas.leader_epochs import answer_offset_for_leader_epoch
 from storage.errors import ApplianceError, ConfigError
 
@@ -84,6 +87,7 @@ __all__ = ["HANDLERS", "BrokerContext", "Handler", "metadata"]
 log = logging.getLogger("appliance.broker")
 
 EARLIEST_TIMESTAMP = -2
+DEBUGGING_REPLICA_ID = -2  # ListOffsets from a tool (not a consumer): "latest" is the log end offset
 LATEST_TIMESTAMP = -1
 METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
 PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere)
@@ -259,7 +263,7 @@ def _create(
 
 
 def list_offsets(ctx: BrokerContext, header: RequestHeader, body: ListOffsetsRequest) -> ListOffsetsResponse:
-    follower = body.replica_id >= 0
+    follower = body.replica_id >= 0 or body.replica_id == DEBUGGING_REPLICA_ID
     topics = []
     for topic in body.topics:
         partitions = []
@@ -439,6 +443,16 @@ def offset_for_leader_epoch(
     return OffsetForLeaderEpochResponse(topics=topics)
 
 
+# -- DescribeLogDirs: bytes on disk per partition --------------------------------------------------------
+
+
+def describe_log_dirs(
+    ctx: BrokerContext, header: RequestHeader, body: DescribeLogDirsRequest
+) -> DescribeLogDirsResponse:
+    ctx.refresh_topics()
+    return log_dirs.describe_log_dirs(ctx.table, body)
+
+
 # -- consumer groups and SASL: not here yet --------------------------------------------------------------
 
 _NO_COORDINATOR = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -517,6 +531,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DELETE_TOPICS: delete_topics,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
+    ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs,
     ApiKey.FIND_COORDINATOR: find_coordinator,
     ApiKey.OFFSET_FETCH: offset_fetch,
     ApiKey.OFFSET_COMMIT: offset_commit,

@@ -54,6 +54,7 @@ class ApiKey(enum.IntEnum):
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
 
 
@@ -110,6 +111,7 @@ APIS: dict[int, ApiSpec] = {
         ApiSpec(
             _K.OFFSET_FOR_LEADER_EPOCH, m.OffsetForLeaderEpochRequest, m.OffsetForLeaderEpochResponse, 0, 3, 4
         ),
+        ApiSpec(_K.DESCRIBE_LOG_DIRS, m.DescribeLogDirsRequest, m.DescribeLogDirsResponse, 0, 1, 2),
         ApiSpec(_K.SASL_AUTHENTICATE, g.SaslAuthenticateRequest, g.SaslAuthenticateResponse, 0, 1, 2),
     )
 }

@@ -44,6 +44,12 @@ __all__ = [
     "DeletableTopicResult",
     "DeleteTopicsRequest",
     "DeleteTopicsResponse",
+    "DescribableLogDirTopic",
+    "DescribeLogDirsPartition",
+    "DescribeLogDirsRequest",
+    "DescribeLogDirsResponse",
+    "DescribeLogDirsResult",
+    "DescribeLogDirsTopic",
     "EpochEndOffset",
     "FetchPartition",
     "FetchRequest",
@@ -472,3 +478,47 @@ class OffsetForLeaderTopicResult(Struct):
 class OffsetForLeaderEpochResponse(Struct):
     throttle_time_ms: int = wire(INT32, "2+")
     topics: list[OffsetForLeaderTopicResult] = wire(ARRAY(OffsetForLeaderTopicResult))
+
+
+# -- DescribeLogDirs (key 35) ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DescribableLogDirTopic(Struct):
+    topic: str = wire(STRING)
+    partitions: list[int] = wire(ARRAY(INT32))
+
+
+@dataclass(slots=True)
+class DescribeLogDirsRequest(Struct):
+    # None (null) asks for every partition of every topic
+    topics: list[DescribableLogDirTopic] | None = wire(
+        ARRAY(DescribableLogDirTopic), nullable="0+", default=None
+    )
+
+
+@dataclass(slots=True)
+class DescribeLogDirsPartition(Struct):
+    partition_index: int = wire(INT32)
+    partition_size: int = wire(INT64)  # bytes of the partition's segment files
+    offset_lag: int = wire(INT64)  # current log: max(0, high watermark - log end offset)
+    is_future_key: bool = wire(BOOL)
+
+
+@dataclass(slots=True)
+class DescribeLogDirsTopic(Struct):
+    name: str = wire(STRING)
+    partitions: list[DescribeLogDirsPartition] = wire(ARRAY(DescribeLogDirsPartition))
+
+
+@dataclass(slots=True)
+class DescribeLogDirsResult(Struct):
+    error_code: int = wire(INT16)
+    log_dir: str = wire(STRING)
+    topics: list[DescribeLogDirsTopic] = wire(ARRAY(DescribeLogDirsTopic))
+
+
+@dataclass(slots=True)
+class DescribeLogDirsResponse(Struct):
+    throttle_time_ms: int = wire(INT32)
+    results: list[DescribeLogDirsResult] = wire(ARRAY(DescribeLogDirsResult))
