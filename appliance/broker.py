@@ -365,7 +365,8 @@ class Broker:
         hook = self.replication.link(conn) if body.replica_id >= 0 else None
         result = read_fetch(self.ctx.lookup, body, follower_hook=hook)
         if (
-            result.has_error
+            (hook is not None and hook.news)  # a new high watermark for the follower: no long poll
+            or result.has_error
             or body.max_wait_ms <= 0
             or result.ready_bytes >= max(body.min_bytes, 1)
             or not result.watched

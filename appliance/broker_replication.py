@@ -238,13 +238,17 @@ class LeaderReplication:
         return None if rp is None else rp.state.high_watermark
 
     def follower_answered(self, connection: object, replica_id: int, handle: PartitionHandle,
-                          high_watermark: int) -> None:
+                          high_watermark: int) -> bool:
+        """Record the HW an answer carries; True if the follower has not been told it yet (news: answer
+        now rather than after the long poll, so the published HW does not wait for it)."""
         rp = self._partitions.get((handle.topic, handle.partition))
         if rp is None or rp.handle is not handle:
-            return
+            return False
         link = rp.links.get(replica_id)
-        if link is not None and link.connection is connection:
-            link.sent = max(link.sent, high_watermark)
+        if link is None or link.connection is not connection:
+            return False
+        link.sent = max(link.sent, high_watermark)
+        return high_watermark > link.confirmed
 
     # -- produce --------------------------------------------------------------------------------------------
 
@@ -358,11 +362,12 @@ class LeaderReplication:
 class FollowerLink:
     """The follower hook of one broker connection (``appliance.fetch_session.FollowerHook``)."""
 
-    __slots__ = ("connection", "replication")
+    __slots__ = ("connection", "news", "replication")
 
     def __init__(self, replication: LeaderReplication, connection: object) -> None:
         self.replication = replication
         self.connection = connection
+        self.news = False  # an answer read through this hook carries a HW its follower was not told yet
 
     def fetched(self, replica_id: int, handle: PartitionHandle, fp: FetchPartition) -> ErrorCode:
         return self.replication.follower_fetched(self.connection, replica_id, handle, fp)
@@ -371,5 +376,6 @@ class FollowerLink:
         return self.replication.follower_high_watermark(handle)
 
     def answered(self, replica_id: int, handle: PartitionHandle, high_watermark: int) -> None:
-        self.replication.follower_answered(self.connection, replica_id, handle, high_watermark)
+        if self.replication.follower_answered(self.connection, replica_id, handle, high_watermark):
+            self.news = True
 
