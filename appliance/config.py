@@ -432,6 +432,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "how long a caught-up follower's fetch waits at the leader for new records"),
     _s("replica.fetch.backoff.ms", "replica_fetch_backoff_ms", 1000, _int(0, INT_MAX),
        "how long a follower waits after a failed fetch before trying again"),
+    _s("replica.socket.timeout.ms", "replica_socket_timeout_ms", 30_000, _int(1, INT_MAX),
+       "a follower gives up on a leader's answer after this (plus replica.fetch.wait.max.ms) and reconnects"),
     # --- the appliance's own settings
     _s("appliance.ring.bytes", "ring_bytes", 16 * 1024 * 1024, _ring_bytes,
        "capacity of each producer ring (shared memory per producer and partition)"),
@@ -551,6 +553,7 @@ class Config:
     replica_fetch_max_bytes: int
     replica_fetch_wait_max_ms: int
     replica_fetch_backoff_ms: int
+    replica_socket_timeout_ms: int
     ring_bytes: int
     shm_group: str | None
     control_socket: str

@@ -177,7 +177,8 @@ class ReplicaNode:
         self._secret = read_cluster_secret(config.cluster_secret_file)
         self._store = MetadataStore.open(config.log_dirs)
         self._directory = LeaderDirectory(self.leaders, node_id=self.node_id,
-                                          sasl_plain=replica_credentials(self.node_id, self._secret))
+                                          sasl_plain=replica_credentials(self.node_id, self._secret),
+                                          timeout_ms=config.replica_socket_timeout_ms)
         self._selector = selectors.DefaultSelector()
         self._wakeup_r.setblocking(False)
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, "wakeup")
@@ -332,6 +333,7 @@ class ReplicaNode:
             replica_fetch_max_bytes=config.replica_fetch_max_bytes,
             replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
             replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
+            request_timeout_ms=config.replica_socket_timeout_ms,
             client_id=f"appliance-replica-{self.node_id}",
             sasl_plain=replica_credentials(self.node_id, self._secret),
         ))  # fmt: skip

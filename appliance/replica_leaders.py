@@ -51,6 +51,7 @@ REFRESH_INTERVAL_MS: Final = 500  # the replica's periodic refresh (new topics, 
 MIN_REFRESH_INTERVAL_MS: Final = 100  # a fetcher asking again after an error refreshes at most this often
 CONNECT_TIMEOUT_MS: Final = 1000  # per candidate address: a dead host must not hold the refresh long
 RETRY_DEAD_ADDRESS_MS: Final = 1000  # a candidate that failed is not asked again sooner
+METADATA_TIMEOUT_MS: Final = 5000  # a Metadata answer (a cut network must not hold the fetchers' lookups)
 
 _log = logging.getLogger("appliance.replica")
 
@@ -192,7 +193,7 @@ class LeaderDirectory:
                 conn = LeaderConnection.connect(host, port, client_id=f"appliance-replica-{self.node_id}",
                                                 timeout_ms=min(self.timeout_ms, CONNECT_TIMEOUT_MS),
                                                 sasl_plain=self.sasl_plain)
-                conn.timeout_ms = self.timeout_ms
+                conn.timeout_ms = min(self.timeout_ms, METADATA_TIMEOUT_MS)
                 self._connections[address] = conn
             answer = conn.request(MetadataRequest(topics=None, allow_auto_topic_creation=False))
         except (OSError, ProtocolError, RequestTimeoutError) as error:
