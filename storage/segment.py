@@ -438,12 +438,14 @@ class LogSegment:
         since = self.bytes_since_last_index_entry
         max_timestamp = self.max_timestamp
         offset_of_max = self.offset_of_max_timestamp
+        base = self.base_offset
+        add_offset_entry = self.offset_index.file.append
+        time_index = self.time_index
         for _, last_offset, size, batch_max_timestamp in batches:
             if batch_max_timestamp > max_timestamp:
                 max_timestamp, offset_of_max = batch_max_timestamp, last_offset
             if since > interval:
-                self.offset_index.file.append(last_offset - self.base_offset, position)
-                time_index = self.time_index
+                add_offset_entry(last_offset - base, position)
                 if max_timestamp > time_index.last_timestamp:
                     time_index.maybe_append(max_timestamp, offset_of_max)
                 since = 0
