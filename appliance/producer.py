@@ -1,4 +1,5 @@
-"""``appliance.Producer``: Kafka's producer, for processes on the appliance's host, over shared-memory rings.
+"""``appliance.Producer``: Kafka's producer, for processes on the appliance's host, over shared-memory rings
+(or, given ``bootstrap.servers``, over TCP to a broker: ``appliance.tcp_route``; the same API and guarantees).
 
 Theory of operation
 -------------------
@@ -108,7 +109,6 @@ from storage.batch_header import HEADER_SIZE
 from storage.errors import (
     ApplianceError,
     BackPressureError,
-    ConfigError,
     InvalidRecordError,
     RequestTimeoutError,
     UnknownTopicOrPartitionError,
@@ -159,11 +159,11 @@ class Producer:
         cfg = self.config
         if route is None:
             if cfg.bootstrap_servers:
-                raise ConfigError(
-                    "producer setting bootstrap.servers: producing over TCP is not implemented yet; "
-                    "use the local appliance (appliance.data.dir or appliance.control.socket)"
-                )
-            route = LocalRoute(cfg.control_socket, timeout_ms=cfg.max_block_ms)
+                from appliance.tcp_route import TcpRoute
+
+                route = TcpRoute(cfg)
+            else:
+                route = LocalRoute(cfg.control_socket, timeout_ms=cfg.max_block_ms)
         self._route: Route = route
         self._lock = threading.RLock()
         self._topics: dict[str, _Topic] = {}
