@@ -92,6 +92,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--progress", action="store_true", help="progress line on stderr even without a TTY")
     out.add_argument("--no-progress", action="store_true", help="no progress line")
     out.add_argument("--no-limits", action="store_true", help="skip measuring memcpy/page-cache/sendfile")
+    out.add_argument("--profile", metavar="FILE",
+                     help="cProfile the timed part (the producer, consumer or follower; FILE.<pid> for each "
+                          "of several producer processes) and print its top functions")
 
 
 def _produce_options(parser: argparse.ArgumentParser, *, records: int | None) -> None:
@@ -183,7 +186,7 @@ def _settings(args: argparse.Namespace) -> Any:
         batch_size=args.batch_size, linger_ms=args.linger_ms, throughput=args.throughput, api=args.api,
         payload=args.payload, transport=transport, topic=args.topic,
         producer_props=tuple(args.producer_prop), warmup_records=args.warmup_records,
-        measure_limits=not args.no_limits,
+        measure_limits=not args.no_limits, profile=getattr(args, "profile", None),
     )
 
 
@@ -286,7 +289,20 @@ def main(argv: list[str]) -> int:
         print(f"note: {note}")
     if args.json:
         write_json(args.json, result)
+    _print_profiles(getattr(args, "profile", None))
     return 0
+
+
+def _print_profiles(path: str | None) -> None:
+    import glob
+    import os
+
+    from appliance.perf_stats import profile_report
+
+    if not path:
+        return
+    for name in sorted([path] if os.path.exists(path) else glob.glob(f"{glob.escape(path)}.*")):
+        print(f"\nprofile {name}:\n{profile_report(name)}")
 
 
 if __name__ == "__main__":

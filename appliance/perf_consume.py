@@ -24,7 +24,7 @@ from typing import Any
 from appliance.perf_limits import Limits, mapped_copy_bytes_per_s, measure_limits
 from appliance.perf_produce import ProduceSettings, payload_pool, produce_into, producer_settings
 from appliance.perf_server import Appliance
-from appliance.perf_stats import Progress, latency_summary, make_result
+from appliance.perf_stats import Progress, latency_summary, make_result, profiled
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["consume_all", "fill_topic", "run_consume"]
@@ -115,7 +115,8 @@ def run_consume(app: Appliance, settings: ProduceSettings, *, progress: bool = F
                 consumer.poll_batch(timeout_ms=1000, max_records=1)  # maps, connects, loads the kernels
                 consumer.seek_to_beginning(*assignment)
                 line = Progress(records, settings.record_size, enabled=progress)
-                seen, value_bytes, seconds, latencies = consume_all(consumer, records, line)
+                with profiled(settings.profile):
+                    seen, value_bytes, seconds, latencies = consume_all(consumer, records, line)
                 line.finish()
             finally:
                 consumer.close()

@@ -36,7 +36,7 @@ import numpy as np
 
 from appliance.perf_limits import MIB, Limits, measure_limits
 from appliance.perf_server import Appliance
-from appliance.perf_stats import Progress, latency_summary, make_result
+from appliance.perf_stats import Progress, latency_summary, make_result, profiled
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["ProduceSettings", "TcpProducerUnavailable", "log_line_payloads", "payload_pool", "produce_into",
@@ -68,6 +68,7 @@ class ProduceSettings:
     producer_props: tuple[tuple[str, str], ...] = ()
     warmup_records: int | None = None  # None: min(records / 10, 50,000) per producer
     measure_limits: bool = True
+    profile: str | None = None  # cProfile the timed part of each producer into this file (.<pid> for K > 1)
 
     def __post_init__(self) -> None:
         if self.records < 1:
@@ -399,7 +400,7 @@ def _warm_up(producer: Any, topic: str, partitions: int, pool: np.ndarray, recor
 
 def _producer_process(config: dict[str, object], topic: str, partitions: int, pool: np.ndarray, records: int,
                       warmup: int, api: str, rate_per_s: float, batch_bytes: int, counters: Any, index: int,
-                      pipe: Any) -> None:
+                      pipe: Any, profile: str | None) -> None:
     """One of K producer processes: warm up, say ready, wait for go, produce, send the outcome back."""
     try:
         producer = open_producer(config)
@@ -411,8 +412,9 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, po
             def count(sent: int) -> None:
                 counters[index] = sent
 
-            outcome = produce_into(producer, topic, pool, records, api=api, rate_per_s=rate_per_s,
-                                   batch_bytes=batch_bytes, counter=count)
+            with profiled(f"{profile}.{os.getpid()}" if profile else None):
+                outcome = produce_into(producer, topic, pool, records, api=api, rate_per_s=rate_per_s,
+                                       batch_bytes=batch_bytes, counter=count)
         finally:
             producer.close(timeout=60)
         pipe.send(("done", outcome))
@@ -485,9 +487,10 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
                 limits = _limits(app, settings)
                 writer_cpu = sum(_cpu_ns(pid) for pid in writer_pids)
                 progress.restart()
-                outcomes.append(produce_into(
-                    producer, topic, pool, per_producer[0], api=settings.api, rate_per_s=rate,
-                    batch_bytes=batch_bytes, counter=progress.update))
+                with profiled(settings.profile):
+                    outcomes.append(produce_into(
+                        producer, topic, pool, per_producer[0], api=settings.api, rate_per_s=rate,
+                        batch_bytes=batch_bytes, counter=progress.update))
             finally:
                 producer.close(timeout=60)
         else:
@@ -566,7 +569,7 @@ def _run_processes(app: Appliance, settings: ProduceSettings, topic: str, config
             process = context.Process(
                 target=_producer_process,
                 args=(config, topic, settings.partitions, pool, count, warmup, settings.api, rate,
-                      batch_bytes, counters, index, child),
+                      batch_bytes, counters, index, child, settings.profile),
                 daemon=True)
             process.start()
             child.close()

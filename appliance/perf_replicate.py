@@ -12,10 +12,12 @@ Two measurements (issue 5's benchmarks):
    ``--producer-prop replica.fetch.max.bytes=N`` says otherwise.
 
 2. **acks=all vs acks=1.**  Two produce runs of ``--records`` records (``appliance bench produce``'s path),
-   one per setting, to a topic with ``--followers`` followers (replication factor followers + 1,
-   ``min.insync.replicas`` 2) on an appliance that runs replicas (``appliance.replica.dirs``).  When this tree
-   cannot create such a topic (replication not wired into ``appliance serve`` yet), the runs go to a topic
-   without followers and the output says so: the ratio then measures nothing but noise around 1.
+   one per setting, to one topic with ``--followers`` followers (replication factor followers + 1,
+   ``min.insync.replicas`` 2), measured once every follower is in the ISR.  The followers are the replica
+   processes of the appliance used (``appliance.replica.dirs``); when it has fewer, a second appliance with
+   that many replica dirs is started for these two runs.  When no follower joins (replication not built or
+   broken in this tree), both runs go to a topic without followers and the output says so: the ratio then
+   compares a path with itself.
 """
 
 from __future__ import annotations
@@ -33,17 +35,18 @@ from appliance.perf_consume import fill_topic
 from appliance.perf_limits import Limits, loopback_sendfile, measure_limits
 from appliance.perf_produce import ProduceSettings, run_produce
 from appliance.perf_server import Appliance, topic_name
-from appliance.perf_stats import Progress, latency_summary, make_result
+from appliance.perf_stats import Progress, latency_summary, make_result, profiled
 from storage.errors import ApplianceError
 
-__all__ = ["catch_up", "replication_status", "run_replicate"]
+__all__ = ["catch_up", "replica_children", "replicated_topic", "run_replicate"]
 
 DEFAULT_FETCH_MAX_BYTES = 1_048_576  # Kafka's replica.fetch.max.bytes
 CATCH_UP_TIMEOUT_S = 600.0
+ISR_WAIT_S = 30.0  # for followers to join a new topic's ISR
 
 
 def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int, int, list[int]],
-            targets: list[int], fetch_max_bytes: int, counter: Any, pipe: Any) -> None:
+            targets: list[int], fetch_max_bytes: int, counter: Any, pipe: Any, profile: str | None) -> None:
     """A follower process: fetch every partition until it holds ``targets`` records; report timings."""
     from replicas.fetcher import FetcherConfig, PartitionFetcher
     from replicas.leader_connection import LeaderInfo
@@ -68,6 +71,8 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
                     time.sleep(outcome.backoff_ms / 1000)
         pipe.send(("ready", None))
         pipe.recv()
+        profiler = profiled(profile)
+        profiler.__enter__()
         cpu = time.process_time_ns()
         start = time.monotonic_ns()
         deadline = start + int(CATCH_UP_TIMEOUT_S * 1e9)
@@ -87,6 +92,7 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
                 raise ApplianceError(
                     f"follower not caught up after {CATCH_UP_TIMEOUT_S:.0f} s ({last_error})")
         end = time.monotonic_ns()
+        profiler.__exit__(None, None, None)
         copied = sum(segment.size_bytes for log in logs for segment in log.segments)
         pipe.send(("done", (start, end, time.process_time_ns() - cpu, copied)))
     except BaseException as exc:
@@ -99,8 +105,8 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
         pipe.close()
 
 
-def catch_up(app: Appliance, topic: str, fetch_max_bytes: int, progress: Progress | None
-             ) -> tuple[float, int, int, int]:
+def catch_up(app: Appliance, topic: str, fetch_max_bytes: int, progress: Progress | None,
+             profile: str | None = None) -> tuple[float, int, int, int]:
     """A follower copies ``topic`` from empty; (seconds, log bytes copied, records, follower CPU ns)."""
     host, port_text = app.require_bootstrap().rsplit(":", 1)
     with app.client() as client:
@@ -114,7 +120,7 @@ def catch_up(app: Appliance, topic: str, fetch_max_bytes: int, progress: Progres
     parent, child = context.Pipe()
     process = context.Process(target=_follow, daemon=True, args=(
         follower_dir, topic, len(targets), (host, int(port_text), metadata.node_id, epochs), targets,
-        fetch_max_bytes, counter, child))
+        fetch_max_bytes, counter, child, profile))
     process.start()
     child.close()
     try:
@@ -141,17 +147,44 @@ def catch_up(app: Appliance, topic: str, fetch_max_bytes: int, progress: Progres
         shutil.rmtree(follower_dir, ignore_errors=True)
 
 
-def replication_status(app: Appliance, followers: int) -> tuple[bool, str]:
-    """Whether ``app`` can hold a topic with ``followers`` followers (creates and deletes a probe topic)."""
-    name = topic_name("perf-rf-probe")
-    try:
-        with app.client() as client:
-            client.create_topic(name, 1, replication_factor=followers + 1,
-                                configs={"min.insync.replicas": min(2, followers + 1)})
-    except ApplianceError as exc:
-        return False, str(exc)
-    app.delete_topic(name)
-    return True, ""
+def _isr_sizes(app: Appliance, topic: str) -> list[int]:
+    reply = _raw_metadata(app, topic)
+    return [len(p.get("isr", [0])) for p in reply["partitions"]]
+
+
+def _raw_metadata(app: Appliance, topic: str) -> dict[str, Any]:
+    with app.client() as client:
+        reply = client.request({"op": "metadata", "topics": [topic]})
+    topics = reply["topics"]
+    found = topics[topic] if isinstance(topics, dict) else next(t for t in topics if t["name"] == topic)
+    return dict(found)
+
+
+def replica_children(app: Appliance) -> int:
+    """How many replica processes the appliance runs (extra children named ``replica-N``)."""
+    with app.client() as client:
+        status = client.status()
+    return sum(1 for child in status.get("children", []) if str(child.get("name", "")).startswith("replica-")
+               and child.get("pid"))
+
+
+def replicated_topic(app: Appliance, partitions: int, followers: int, *, wait_s: float = ISR_WAIT_S) -> str:
+    """A fresh topic with ``followers`` followers (``min.insync.replicas`` 2), once every follower is in
+    its ISR; ApplianceError saying why not (refused, or the ISR never filled)."""
+    name = topic_name()
+    with app.client() as client:
+        client.create_topic(name, partitions, replication_factor=followers + 1,
+                            configs={"min.insync.replicas": min(2, followers + 1)})
+    deadline = time.monotonic() + wait_s
+    while True:
+        sizes = _isr_sizes(app, name)
+        if min(sizes) >= followers + 1:
+            return name
+        if time.monotonic() > deadline:
+            app.delete_topic(name)
+            raise ApplianceError(
+                f"the followers did not join the ISR within {wait_s:.0f} s (ISR sizes {sizes})")
+        time.sleep(0.1)
 
 
 def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int = 2, progress: bool = False,
@@ -178,7 +211,7 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
             limits.sendfile_probe_bytes = sent
             os.sync()
         line = Progress(settings.records, settings.record_size, enabled=progress, label="catch-up: ")
-        seconds, copied, records, follower_cpu = catch_up(app, topic, fetch_max_bytes, line)
+        seconds, copied, records, follower_cpu = catch_up(app, topic, fetch_max_bytes, line, settings.profile)
         line.finish()
     finally:
         if limits is not None:
@@ -207,52 +240,60 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
 
 def _acks_comparison(app: Appliance, settings: ProduceSettings, followers: int, notes: list[str]
                      ) -> dict[str, Any]:
-    """Two produce runs, acks=1 then acks=all, on a topic with followers if this tree can make one."""
-    ok, why = replication_status(app, followers)
-    target = app
+    """Two produce runs, acks=1 then acks=all, on a topic with ``followers`` followers in its ISR: on
+    ``app`` when it runs that many replica processes, else on an appliance started here with
+    ``appliance.replica.dirs``.  Without replication, both on a topic without followers (and a note)."""
+    target: Appliance | None = None
     started: Appliance | None = None
-    if not ok and app.owned:
-        dirs = [str(app.data_dir.parent / f"replica-{i}") for i in range(followers)]
-        try:
-            started = Appliance.start(None, overrides=[f"appliance.replica.dirs={dirs!r}".replace("'", '"')])
-            ok, why = replication_status(started, followers)
-            target = started
-        except ApplianceError as exc:
-            why = f"{why}; with appliance.replica.dirs: {exc}"
-            ok = False
+    replica_root: Path | None = None
+    why = ""
     try:
-        runs: dict[str, Any] = {}
+        if replica_children(app) >= followers:
+            target = app
+        else:
+            replica_root = Path(tempfile.mkdtemp(prefix="la-perf-replicas-"))
+            dirs = ", ".join(f'"{replica_root / f"replica-{i}"}"' for i in range(followers))
+            started = Appliance.start(None, overrides=[f"appliance.replica.dirs=[{dirs}]"])
+            if replica_children(started) >= followers:
+                target = started
+            else:
+                why = "appliance serve started no replica processes for appliance.replica.dirs"
+    except ApplianceError as exc:
+        why = str(exc)
+    runs: dict[str, Any] = {}
+    try:
+        topic = None
+        if target is not None:
+            try:
+                topic = replicated_topic(target, settings.partitions, followers)
+            except ApplianceError as exc:
+                why = str(exc)
         for acks in ("1", "all"):
-            run_settings = replace(settings, acks=acks, topic=None, measure_limits=False)
-            if ok:
-                run_settings = replace(run_settings, producer_props=settings.producer_props)
-            result = _produce_run(target, run_settings, followers if ok else 0)
+            props = (*settings.producer_props, ("delivery.timeout.ms", "30000"))
+            run_settings = replace(settings, acks=acks, topic=topic, measure_limits=False, profile=None,
+                                   producer_props=props)
+            result = run_produce(target if topic is not None and target is not None else app, run_settings)
             runs[acks] = {"records_per_s": result["records_per_s"], "mb_per_s": result["mb_per_s"],
-                          "latency_ms": result["latency_ms"]}
-        ratio = round(runs["all"]["records_per_s"] / max(runs["1"]["records_per_s"], 1e-9), 4)
-        out = {"followers": followers if ok else 0, "replication_available": ok, "acks_1": runs["1"],
-               "acks_all": runs["all"], "ratio": ratio}
-        if not ok:
-            out["why_not"] = why
-            notes.append(f"replication is not available in this tree ({why}): acks=all and acks=1 both ran "
-                         f"on a topic without followers (the ratio {ratio} compares a path with itself)")
-        return out
+                          "latency_ms": result["latency_ms"], "errors": result["extra"]["errors"],
+                          "notes": result["notes"]}
+        if topic is not None and target is not None:
+            target.delete_topic(topic)
     finally:
         if started is not None:
             started.close()
-
-
-def _produce_run(app: Appliance, settings: ProduceSettings, followers: int) -> dict[str, Any]:
-    if followers == 0:
-        return run_produce(app, settings)
-    name = topic_name()
-    with app.client() as client:
-        client.create_topic(name, settings.partitions, replication_factor=followers + 1,
-                            configs={"min.insync.replicas": min(2, followers + 1)})
-    try:
-        return run_produce(app, replace(settings, topic=name))
-    finally:
-        app.delete_topic(name)
+        if replica_root is not None:
+            shutil.rmtree(replica_root, ignore_errors=True)
+    ratio = round(runs["all"]["records_per_s"] / max(runs["1"]["records_per_s"], 1e-9), 4)
+    available = topic is not None
+    out = {"followers": followers if available else 0, "replication_available": available,
+           "acks_1": runs["1"], "acks_all": runs["all"], "ratio": ratio}
+    if not available:
+        out["why_not"] = why
+        notes.append(f"replication is not available here ({why}): acks=all and acks=1 both ran on a topic "
+                     f"without followers (the ratio {ratio} compares a path with itself)")
+    elif runs["all"]["errors"]:
+        notes.append(f"acks=all: {runs['all']['errors']} sampled sends failed: {runs['all']['notes']}")
+    return out
 
 
 def _segment_paths(app: Appliance, topic: str) -> list[str]:

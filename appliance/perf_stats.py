@@ -25,21 +25,25 @@ The JSON object (``--json FILE``), one per run::
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
 import datetime
+import io
 import json
 import os
 import platform
+import pstats
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
 
 from appliance.perf_limits import MB, Limits
 
-__all__ = ["LATENCY_KEYS", "RESULT_KEYS", "Progress", "latency_summary", "make_result", "summary_line",
-           "write_json"]
+__all__ = ["LATENCY_KEYS", "RESULT_KEYS", "Progress", "latency_summary", "make_result", "profile_report",
+           "profiled", "summary_line", "write_json"]
 
 RESULT_KEYS = ("command", "records", "bytes", "seconds", "records_per_s", "mb_per_s", "latency_ms", "config",
                "limits", "ratios", "primary_limit", "extra", "notes", "started_at", "host")
@@ -177,3 +181,27 @@ def write_json(path: str, result: Mapping[str, Any]) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def profiled(path: str | None) -> Iterator[None]:
+    """cProfile the block into ``path`` (pstats format; nothing when ``path`` is None)."""
+    if path is None:
+        yield
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+
+
+def profile_report(path: str, limit: int = 25) -> str:
+    """The top of a pstats file: functions by own time (tottime), then by cumulative time."""
+    out = io.StringIO()
+    stats = pstats.Stats(path, stream=out)
+    stats.strip_dirs().sort_stats("tottime").print_stats(limit)
+    stats.sort_stats("cumulative").print_stats(limit)
+    return out.getvalue()

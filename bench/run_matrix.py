@@ -1,0 +1,412 @@
+"""``make bench``: the pytest-benchmark suites, the standard matrix, the cost-growth runs, the targets table.
+
+Run: ``.venv/bin/python -m bench.run_matrix`` (what ``make bench`` runs).  Options: ``--quick`` (a smoke run
+of every part, about two minutes), ``--skip-pytest``, ``--large`` (recovery up to 10 GiB instead of 2 GiB),
+``--no-docs`` (leave ``docs/performance.md`` alone).
+
+Writes ``bench/results/<UTC date>.json`` (everything: each run's full ``appliance bench`` JSON, the pytest
+benchmarks' ``extra_info``, the targets), PNG plots in ``docs/img/`` and the generated part of
+``docs/performance.md`` (between its BEGIN/END GENERATED markers), and prints a short table.
+
+The matrix is a subset of the full product (record sizes 10 B .. 100 KiB x partitions 1/8/64 x producers 1/4
+x acks 1/all x compression none/zstd = 120 runs would take about an hour on 2 cores).  Each axis is swept
+with the others at the baseline (100 B, 1 partition, 1 producer, acks=1, none, ``send()``):
+
+* record size: 10 B, 100 B, 1 KiB, 10 KiB, 100 KiB x compression none, zstd (``send()``), and none through
+  ``send_many()`` (15 runs);
+* partitions 1, 8, 64 x producers 1, 4 (6 runs), and zstd at 8 partitions x 4 producers (1 run);
+* acks=all at 1 and 8 partitions (2 runs; compared with the acks=1 runs above);
+* produce-to-consume latency at offered loads of 10k, 50k, 100k, 200k and 400k records/s (5 runs);
+* consume 5,000,000 records of 100 B locally and over TCP (2 runs); follower catch-up and acks=all vs acks=1
+  (``appliance bench replicate``); the issue 3 targets (send_many 5,000,000 x 100 B);
+* cost growth: partitions 1, 4, 16, 64, 256 (throughput, USS) and recovery at 1, 10, 100, 1000 segments.
+
+Every produce run moves about 256 MB (at most 2,000,000 and at least 20,000 records), so a run takes a few
+seconds whatever its record size.  One ``appliance serve`` (started here, in a temporary directory) serves the
+matrix; each run gets a fresh topic, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from appliance.perf_consume import run_consume
+from appliance.perf_e2e import run_e2e
+from appliance.perf_produce import ProduceSettings, run_produce
+from appliance.perf_replicate import run_replicate
+from appliance.perf_scaling import run_partitions, run_recovery
+from appliance.perf_server import Appliance
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+IMAGES = REPO / "docs" / "img"
+DOC = REPO / "docs" / "performance.md"
+BEGIN, END = "<!-- BEGIN GENERATED (bench/run_matrix.py) -->", "<!-- END GENERATED -->"
+
+SIZES = (10, 100, 1024, 10 * 1024, 100 * 1024)
+RUN_BYTES = 256 * 10**6
+E2E_LOADS = (10_000, 50_000, 100_000, 200_000, 400_000)
+
+TARGETS = (  # (key, what, goal, unit, higher is better)
+    ("send_100b", "produce 100 B, send(), 1 producer, 1 partition, acks=1", 2_000_000, "records/s", True),
+    ("send_many_100b", "produce 100 B, send_many()", 5_000_000, "records/s", True),
+    ("consume_local", "consume 100 B, local mmap (poll_batch)", 3_000_000, "records/s", True),
+    ("consume_tcp", "consume 100 B over TCP (poll_batch)", 2_000_000, "records/s", True),
+    ("e2e_p99", "produce-to-consume p99 at 100,000 records/s", 1.0, "ms", False),
+    ("large_send", "10 KiB records, send(): share of page-cache write", 0.7, "ratio", True),
+    ("large_send_many", "10 KiB records, send_many(): share of page-cache write", 0.7, "ratio", True),
+    ("replication", "follower catch-up: share of loopback sendfile", 0.7, "ratio", True),
+    ("acks_all", "acks=all / acks=1 throughput (2 followers)", 0.5, "ratio", True),
+)
+
+
+def _records_for(size: int, quick: bool) -> int:
+    if quick:
+        return max(2_000, min(100_000, 20 * 10**6 // size))
+    return max(20_000, min(2_000_000, RUN_BYTES // size))
+
+
+def _label(s: ProduceSettings) -> str:
+    return (f"{s.record_size} B, {s.partitions} part, {s.producers} prod, acks={s.acks}, {s.compression}, "
+            f"{s.api}")
+
+
+def _row(result: dict[str, Any], group: str) -> dict[str, Any]:
+    return {"group": group, **result}
+
+
+def produce_matrix(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
+    runs: list[tuple[str, ProduceSettings]] = []
+    base = ProduceSettings(records=1, record_size=100)
+    for size in SIZES:
+        for compression in ("none", "zstd"):
+            runs.append(("size", replace(base, record_size=size, compression=compression)))
+        runs.append(("size", replace(base, record_size=size, api="send_many")))
+    for partitions in (1, 8, 64):
+        for producers in (1, 4):
+            if partitions == 1 and producers == 1:
+                continue  # the size sweep's 100 B run
+            runs.append(("scaling", replace(base, partitions=partitions, producers=producers)))
+    runs.append(("scaling", replace(base, partitions=8, producers=4, compression="zstd")))
+    runs.append(("acks", replace(base, acks="all")))
+    runs.append(("acks", replace(base, acks="all", partitions=8)))
+    rows = []
+    for group, settings in runs:
+        settings = replace(settings, records=_records_for(settings.record_size, quick))
+        log(f"produce {_label(settings)}: {settings.records:,} records")
+        result = run_produce(app, settings)
+        log(f"  {result['records_per_s']:,.0f} records/s, {result['mb_per_s']:,.1f} MB/s, p99 "
+            f"{result['latency_ms']['p99']} ms, page-cache ratio {result['ratios']['page_cache_write']:.3f}")
+        rows.append(_row(result, group))
+    return rows
+
+
+def target_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
+    records = 200_000 if quick else 5_000_000
+    log(f"produce 100 B send_many (issue 3 target): {records:,} records")
+    result = run_produce(app, ProduceSettings(records=records, record_size=100, api="send_many"))
+    log(f"  {result['records_per_s']:,.0f} records/s")
+    return [_row(result, "target")]
+
+
+def e2e_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
+    rows = []
+    for load in E2E_LOADS:
+        seconds = 1.0 if quick else 3.0
+        settings = ProduceSettings(records=int(load * seconds), record_size=100, throughput=load,
+                                   measure_limits=False)
+        log(f"e2e at {load:,} records/s for {seconds:.0f} s")
+        result = run_e2e(app, settings, seconds=seconds)
+        lat = result["latency_ms"]
+        log(f"  p50 {lat['p50']} ms, p99 {lat['p99']} ms, p99.9 {lat['p99_9']} ms, achieved "
+            f"{result['records_per_s']:,.0f}/s")
+        rows.append(_row(result, "e2e"))
+    return rows
+
+
+def consume_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
+    rows = []
+    records = 200_000 if quick else 5_000_000
+    for transport in ("shm", "tcp"):
+        log(f"consume {records:,} x 100 B, {transport}")
+        result = run_consume(app, ProduceSettings(records=records, record_size=100, transport=transport))
+        log(f"  {result['records_per_s']:,.0f} records/s")
+        rows.append(_row(result, "consume"))
+    return rows
+
+
+def replicate_run(app: Appliance, quick: bool, log: Any) -> dict[str, Any]:
+    records = 50_000 if quick else 500_000
+    log(f"replicate {records:,} x 1 KiB (catch-up), then acks=1 vs acks=all")
+    result = run_replicate(app, ProduceSettings(records=records, record_size=1024), followers=2)
+    log(f"  catch-up {result['mb_per_s']:,.1f} MB/s = {result['ratios']['loopback_sendfile']:.3f} of "
+        f"loopback sendfile; acks=all/acks=1 {result['extra']['acks']['ratio']}")
+    return result
+
+
+def pytest_suites(log: Any) -> dict[str, Any]:
+    """Run every bench/test_bench_*.py; their benchmarks' medians and extra_info by name."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    log("pytest-benchmark suites: pytest bench --benchmark-enable --benchmark-only")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "bench"), "-q", "-p",
+                           "no:cacheprovider", "--benchmark-enable", "--benchmark-only",
+                           f"--benchmark-json={out}"],
+                          cwd=REPO, capture_output=True, text=True)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
+    log(f"  {summary} ({time.monotonic() - started:.0f} s)")
+    suites: dict[str, Any] = {"returncode": done.returncode, "summary": summary,
+                              "seconds": round(time.monotonic() - started, 1), "benchmarks": {}}
+    try:
+        data = json.loads(Path(out).read_text())
+        for bench in data.get("benchmarks", []):
+            suites["benchmarks"][bench["fullname"]] = {"median_s": bench["stats"]["median"],
+                                                       "extra_info": bench.get("extra_info", {})}
+    except (OSError, ValueError) as exc:
+        suites["error"] = str(exc)
+    finally:
+        Path(out).unlink(missing_ok=True)
+    return suites
+
+
+# -- targets ----------------------------------------------------------------------------------------------
+
+
+def _find(rows: list[dict[str, Any]], **want: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if all(row["config"].get(k) == v for k, v in want.items()) and row.get("group") != "e2e":
+            return row
+    return None
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    produce = results["produce"] + results["targets"]
+    base = {"partitions": 1, "producers": 1, "acks": "1", "compression": "none"}
+    measured: dict[str, tuple[float | None, str]] = {}
+    row = _find(produce, record_size=100, api="send", **base)
+    measured["send_100b"] = (row["records_per_s"] if row else None, "")
+    row = next((r for r in results["targets"]), None)
+    measured["send_many_100b"] = (row["records_per_s"] if row else None, "")
+    for key, transport in (("consume_local", "shm"), ("consume_tcp", "tcp")):
+        row = next((r for r in results["consume"] if r["config"]["transport"] == transport), None)
+        measured[key] = (row["records_per_s"] if row else None, "")
+    row = next((r for r in results["e2e"] if r["config"]["throughput"] == 100_000), None)
+    measured["e2e_p99"] = (row["latency_ms"]["p99"] if row else None, "")
+    for key, api in (("large_send", "send"), ("large_send_many", "send_many")):
+        row = _find(produce, record_size=10 * 1024, api=api, **base)
+        measured[key] = (row["ratios"]["page_cache_write"] if row else None, "")
+    rep = results.get("replicate")
+    measured["replication"] = (rep["ratios"]["loopback_sendfile"] if rep and rep.get("ratios") else None, "")
+    acks = rep["extra"]["acks"] if rep else None
+    if acks and acks.get("replication_available"):
+        measured["acks_all"] = (acks["ratio"], "")
+    else:
+        measured["acks_all"] = (None, "not measurable: this tree cannot create a topic with followers"
+                                + (f" ({acks['why_not']})" if acks and acks.get("why_not") else ""))
+    out = []
+    for key, what, goal, unit, higher in TARGETS:
+        value, why = measured[key]
+        met = None if value is None else (value >= goal if higher else value <= goal)
+        out.append({"key": key, "what": what, "goal": goal, "unit": unit, "measured": value, "met": met,
+                    "note": why})
+    return out
+
+
+# -- output -----------------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "records/s":
+        return f"{value:,.0f}"
+    if unit == "ms":
+        return f"{value:.3f}"
+    return f"{value:.3f}"
+
+
+def tables(results: dict[str, Any]) -> str:
+    """The Markdown tables of docs/performance.md's generated part."""
+    lines = ["### Targets", "", "| target | goal | measured | met |", "| --- | --- | --- | --- |"]
+    for t in results["target_table"]:
+        goal = f"{'>=' if t['key'] != 'e2e_p99' else '<='} {_fmt(t['goal'], t['unit'])} {t['unit']}"
+        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+        note = f" ({t['note']})" if t["note"] else ""
+        lines.append(f"| {t['what']} | {goal} | {_fmt(t['measured'], t['unit'])}{note} | {met} |")
+    lines += ["", "### Produce matrix", "",
+              "| record | partitions | producers | acks | compression | api | records/s | MB/s | p50 ms | "
+              "p99 ms | x page cache | x memcpy | log MB/s | zstd ratio |",
+              "|" + " ---: |" * 3 + " --- |" * 3 + " ---: |" * 8]
+    for r in results["produce"] + results["targets"]:
+        c, lat, ratio = r["config"], r["latency_ms"], r["ratios"]
+        lines.append(
+            f"| {_size(c['record_size'])} | {c['partitions']} | {c['producers']} | {c['acks']} | "
+            f"{c['compression']} | {c['api']} | {r['records_per_s']:,.0f} | {r['mb_per_s']:,.1f} | "
+            f"{lat['p50']:.2f} | {lat['p99']:.2f} | {ratio['page_cache_write']:.3f} | "
+            f"{ratio['memcpy']:.3f} | {r['extra']['log_mb_per_s']:,.1f} | "
+            f"{r['extra']['compression_ratio']:.2f} |")
+    lines += ["", "### Produce-to-consume latency (100 B, 1 partition, linger.ms=0, local consumer)", "",
+              "| offered records/s | achieved | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results["e2e"]:
+        lat = r["latency_ms"]
+        lines.append(f"| {r['config']['throughput']:,.0f} | {r['records_per_s']:,.0f} | {lat['p50']:.3f} | "
+                     f"{lat['p95']:.3f} | {lat['p99']:.3f} | {lat['p99_9']:.3f} | {lat['max']:.3f} |")
+    lines += ["", "### Consume and replicate", "",
+              "| run | records/s | MB/s | limit | x limit |", "| --- | ---: | ---: | --- | ---: |"]
+    for r in results["consume"]:
+        primary = r["primary_limit"]
+        lines.append(f"| consume 100 B, {r['config']['transport']} | {r['records_per_s']:,.0f} | "
+                     f"{r['mb_per_s']:,.1f} | {primary} | {r['ratios'][primary]:.3f} |")
+    rep = results.get("replicate")
+    if rep:
+        lines.append(f"| follower catch-up, 1 KiB records (log bytes) | {rep['records_per_s']:,.0f} | "
+                     f"{rep['mb_per_s']:,.1f} | loopback_sendfile (same files) | "
+                     f"{rep['ratios']['loopback_sendfile']:.3f} |")
+        acks = rep["extra"]["acks"]
+        lines.append(f"| produce 1 KiB acks=1 / acks=all ({acks['followers']} followers) | "
+                     f"{acks['acks_1']['records_per_s']:,.0f} / {acks['acks_all']['records_per_s']:,.0f} | | "
+                     f"acks=all / acks=1 | {acks['ratio']:.3f} |")
+    part = results.get("partitions")
+    if part:
+        lines += ["", "### Partitions 1 -> 256 (send_many, 100 B)", "",
+                  "| partitions | records/s | MB/s | serve ready s | USS supervisor + writers MiB "
+                  "| per writer MiB |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for row in part["rows"]:
+            lines.append(f"| {row['partitions']} | {row['records_per_s']:,.0f} | {row['mb_per_s']:,.1f} | "
+                         f"{row['serve_ready_s']:.2f} | {row['supervisor_and_writers_uss_mib']:,.1f} | "
+                         f"{row['uss_per_writer_mib']:.2f} |")
+    rec = results.get("recovery")
+    if rec:
+        lines += ["", "### Restart and recovery as the log grows (one partition)", "",
+                  "| segments | log GiB | crash: restart s | crash: recovery ms | clean stop s "
+                  "| clean restart s |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for row in rec["rows"]:
+            lines.append(f"| {row['segments']} | {row['log_gib']:.3f} | {row['crash_restart_s']:.2f} | "
+                         f"{row['crash_recovery_ms']} | {row['clean_stop_s']:.2f} | "
+                         f"{row['clean_restart_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def _size(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
+
+
+def update_doc(results: dict[str, Any], images: list[str], command: str) -> None:
+    limits = [r["limits"] for r in results["produce"] if r.get("limits")]
+    med = {k: sorted(x[k] for x in limits)[len(limits) // 2] for k in
+           ("memcpy_mb_per_s", "page_cache_write_mb_per_s", "loopback_sendfile_mb_per_s")} if limits else {}
+    body = [BEGIN, "",
+            f"Generated by `{command}` on {results['date']} (commit `{results['git_commit']}`, "
+            f"{results['host']['cpus']} cores, Python {results['host']['python']}); "
+            f"{results['seconds'] / 60:.1f} minutes in all.  Raw figures: `{results['results_file']}`.", ""]
+    if med:
+        body.append(f"Limits (medians of the probes run next to each produce run): memcpy "
+                    f"{med['memcpy_mb_per_s']:,.0f} MB/s, page-cache write "
+                    f"{med['page_cache_write_mb_per_s']:,.0f} MB/s, loopback sendfile "
+                    f"{med['loopback_sendfile_mb_per_s']:,.0f} MB/s.")
+        body.append("")
+    body.append(tables(results))
+    body.append("")
+    for image in images:
+        name = Path(image).stem.replace("_", " ")
+        body.append(f"![{name}](img/{Path(image).name})")
+        body.append("")
+    body.append(END)
+    generated = "\n".join(body)
+    text = DOC.read_text() if DOC.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + generated + tail
+    else:
+        text = text.rstrip() + "\n\n" + generated + "\n"
+    DOC.write_text(text)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print("\ntarget                                                     goal           measured        met")
+    for t in results["target_table"]:
+        sign = "<=" if t["key"] == "e2e_p99" else ">="
+        goal = f"{sign} {_fmt(t['goal'], t['unit'])}"
+        met = {True: "yes", False: "NO", None: "n/a"}[t["met"]]
+        print(f"{t['what'][:58]:<58} {goal:>14} {_fmt(t['measured'], t['unit']):>14}  {met:>4}"
+              + (f"  ({t['note'][:60]})" if t["note"] else ""))
+    print("\nproduce: record size / partitions / producers / acks / compression / api -> records/s, MB/s, "
+          "x page cache")
+    for r in results["produce"] + results["targets"]:
+        c = r["config"]
+        print(f"  {_size(c['record_size']):>7} {c['partitions']:>3}p {c['producers']}k acks={c['acks']:<3} "
+              f"{c['compression']:<4} {c['api']:<9} {r['records_per_s']:>12,.0f} {r['mb_per_s']:>9,.1f} "
+              f"{r['ratios']['page_cache_write']:>7.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run_matrix.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small smoke run of every part")
+    parser.add_argument("--skip-pytest", action="store_true", help="do not run the pytest-benchmark suites")
+    parser.add_argument("--large", action="store_true", help="recovery up to 10 GiB (default 2 GiB)")
+    parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
+    parser.add_argument("--out", default=str(RESULTS), help="results directory (bench/results)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    now = datetime.datetime.now(datetime.UTC)
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {message}", flush=True)
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    results: dict[str, Any] = {"date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "git_commit": commit,
+                               "quick": args.quick, "host": {"cpus": os.cpu_count(),
+                                                             "python": sys.version.split()[0]}}
+    results["pytest"] = None if args.skip_pytest else pytest_suites(log)
+    app = Appliance.open(None)
+    try:
+        results["produce"] = produce_matrix(app, args.quick, log)
+        results["targets"] = target_runs(app, args.quick, log)
+        results["e2e"] = e2e_runs(app, args.quick, log)
+        results["consume"] = consume_runs(app, args.quick, log)
+        results["replicate"] = replicate_run(app, args.quick, log)
+    finally:
+        app.close()
+    log("partitions 1 -> 256")
+    results["partitions"] = run_partitions([1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256],
+                                           records=200_000 if args.quick else 1_000_000)
+    log("recovery as the log grows")
+    max_bytes = (10 << 30) if args.large else ((200 << 20) if args.quick else (2 << 30))
+    results["recovery"] = run_recovery([1, 10, 100, 1000], max_bytes=max_bytes)
+    results["target_table"] = targets(results)
+    results["seconds"] = round(time.monotonic() - started, 1)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = now.strftime("%Y-%m-%d") + ("-quick" if args.quick else "")
+    path = out_dir / f"{name}.json"
+    results["results_file"] = os.path.relpath(path, REPO)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    from bench.matrix_plots import plot_all
+
+    images = plot_all(results, IMAGES if not args.quick else out_dir / f"{name}-img")
+    command = "make bench" + (" (python -m bench.run_matrix --quick)" if args.quick else "")
+    if not args.no_docs and not args.quick:
+        update_doc(results, images, command)
+    print_table(results)
+    log(f"wrote {path} and {len(images)} plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
