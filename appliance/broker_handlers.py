@@ -34,7 +34,7 @@ from appliance import log_dirs
 from appliance.broker_cluster import Cluster, ClusterError
 from appliance.broker_partitions import PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker_replication import LeaderReplication
-from appliance.config import Config, check_topic_name
+from appliance.config import Config, check_topic_name, parse_override
 from ipc.kafka import (
     ApiKey,
     ApiVersionsResponse,
@@ -346,7 +346,11 @@ def _create_one(
         )
     if name in ctx.table.topics:
         return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
-    configs = {c.name: c.value for c in topic.configs if c.value is not None}
+    # CreateTopics carries every value as a string: read it as `--topic-config KEY=VALUE` is read
+    # (2048 an integer, true a boolean, anything else the text)
+    configs: dict[str, Any] = {
+        c.name: parse_override(f"{c.name}={c.value}")[1] for c in topic.configs if c.value is not None
+    }
     partitions = None if topic.num_partitions == -1 else topic.num_partitions
     replication = None if topic.replication_factor == -1 else topic.replication_factor
     try:
