@@ -19,7 +19,8 @@ The JSON object (``--json FILE``), one per run::
       "primary_limit": "page_cache_write",   # the limit this command is held against
       "extra": {...},                        # command-specific figures (log bytes, CPU, memory, notes)
       "notes": ["..."],                      # what was not available, what a figure means
-      "started_at": "2026-11-22T07:00:00Z", "host": {"cpus": 2, "python": "3.11.2"}
+      "started_at": "2026-11-22T07:00:00Z",
+      "host": {"cpus": 2, "python": "3.11.2", "machine": "x86_64", "loadavg_1m_at_end": 1.2}  # others' load
     }
 """
 
@@ -137,7 +138,8 @@ def make_result(command: str, *, records: int, payload_bytes: int, seconds: floa
         "extra": dict(extra or {}),
         "notes": list(notes),
         "started_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()},
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
+                 "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
     }
 
 
