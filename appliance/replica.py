@@ -497,16 +497,27 @@ class ReplicaNode:
                 f"{leader.leader_epoch}): stop it before promoting a replica (two leaders would both accept "
                 "writes)")
         last = directory.view
+        silent_since = directory.silent_since_ms
+        lag_ms = self.config.replica_lag_time_max_ms
+        # The last ISR seen is trusted only if it was seen at most replica.lag.time.max.ms before the leaders
+        # went silent: a replica frozen or cut off longer may have been dropped from the ISR unseen.
+        stale_ms = (silent_since - last.at_ms) if last is not None and silent_since is not None else 0
         decisions = []
         problems = []
         for key in sorted(named):
             followed = self._followed[key]
             seen = last.partitions.get(key) if last is not None else None
-            in_isr = seen is not None and self.node_id in seen.isr
+            in_isr = seen is not None and self.node_id in seen.isr and stale_ms <= lag_ms
             if not in_isr:
-                why = ("no leader was ever seen" if seen is None else
-                       f"the last ISR seen was {list(seen.isr)} (leader {seen.leader.leader_id}, epoch "
-                       f"{seen.leader.leader_epoch})")
+                if seen is None:
+                    why = "no leader was ever seen"
+                elif self.node_id not in seen.isr:
+                    why = (f"the last ISR seen was {list(seen.isr)} (leader {seen.leader.leader_id}, epoch "
+                           f"{seen.leader.leader_epoch})")
+                else:
+                    why = (f"the ISR {list(seen.isr)} was seen {stale_ms} ms before the leader went silent, "
+                           f"more than replica.lag.time.max.ms {lag_ms}: it may have been dropped from the "
+                           "ISR unseen (was this replica stopped or cut off?)")
                 end = followed.fetcher.log_end_offset
                 problems.append(f"{followed.name}: not in sync ({why}; log end {end})")
             decisions.append((followed, seen, in_isr))

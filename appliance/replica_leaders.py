@@ -110,6 +110,7 @@ class LeaderDirectory:
         self._last_error: dict[str, str] = {}
         self._view: ClusterView | None = None
         self._refreshed_ms = -(10**12)
+        self._silent_since_ms: int | None = None
         self._closed = False
 
     @property
@@ -119,6 +120,12 @@ class LeaderDirectory:
     def errors(self) -> dict[str, str]:
         """Why each unreachable candidate failed (last time asked)."""
         return dict(self._last_error)
+
+    @property
+    def silent_since_ms(self) -> int | None:
+        """When the first refresh that nobody answered began (after the last answered one); None while the
+        leaders answer.  With :attr:`view`'s ``at_ms`` it bounds how stale the last ISR seen can be."""
+        return self._silent_since_ms
 
     # -- asking ---------------------------------------------------------------------------------------------
 
@@ -180,9 +187,12 @@ class LeaderDirectory:
                 if previous is None or top_epoch > previous[0]:
                     topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas))
         if not answered:
+            if self._silent_since_ms is None:
+                self._silent_since_ms = now
             return None
         view = ClusterView(now, {name: tv for name, (_, tv) in topics.items()}, best, tuple(answered))
         self._view = view
+        self._silent_since_ms = None
         return view
 
     def _metadata(self, address: str) -> Any:

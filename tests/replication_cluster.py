@@ -115,18 +115,19 @@ class Node:
 
     # -- the process ----------------------------------------------------------------------------------------
 
-    def start(self, command: str = "serve", *overrides: str) -> Node:
+    def start(self, command: str = "serve", *overrides: str, env: Mapping[str, str] | None = None) -> Node:
         args = [sys.executable, "-m", "appliance.cli", command, "--config", str(self.config_path)]
         for item in overrides:
             args += ["--override", item]
         if self.netns is not None:
             args = ["ip", "netns", "exec", self.netns, *args]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.pop("NOTIFY_SOCKET", None)
+        environment = {**os.environ, "PYTHONPATH": str(REPO)}
+        environment.pop("NOTIFY_SOCKET", None)
+        environment.update(env or {})
         log = self.root / f"n{self.node_id}-{len(self.logs)}.log"
         self.logs.append(log)
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(args, cwd=self.root, env=env, stdout=out, stderr=out,
+            self.process = subprocess.Popen(args, cwd=self.root, env=environment, stdout=out, stderr=out,
                                             start_new_session=True)
         return self
 
