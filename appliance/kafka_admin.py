@@ -28,7 +28,7 @@ a few blocking round trips; nothing runs in the background.  Not thread-safe.
 Errors are raised from the project's tree with Kafka's error name (the broker's message when it sent one):
 ``TOPIC_ALREADY_EXISTS`` as :class:`appliance.metadata.TopicExistsError`, ``UNKNOWN_TOPIC_OR_PARTITION`` as
 :class:`UnknownTopicOrPartitionError`, an invalid name, partition count, replication factor or setting as
-:class:`ConfigError` (the same mapping as the control socket's, ``appliance.control.raise_for_error``);
+:class:`ConfigError` (the control socket's mapping, ``appliance.control.raise_for_error``);
 an unreachable broker as :class:`~appliance.kafka_client.BrokerConnectionError`.
 """
 
@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from appliance.control import PartitionInfo, raise_for_error
 from appliance.kafka_cluster import DEFAULT_BOOTSTRAP_SERVER, KafkaCluster
+from appliance.metadata import TopicExistsError
 from ipc.kafka import (
     CreatableTopic,
     CreatableTopicConfig,
@@ -57,7 +57,10 @@ from ipc.kafka import (
     error_name,
 )
 from ipc.kafka.messages import DescribableLogDirTopic, DescribeLogDirsRequest, DescribeLogDirsResponse
-from storage.errors import ApplianceError
+from storage.errors import ApplianceError, ConfigError, UnknownTopicOrPartitionError
+
+if TYPE_CHECKING:
+    from appliance.control import PartitionInfo
 
 __all__ = ["DEFAULT_BOOTSTRAP_SERVER", "KafkaAdmin", "PartitionDescription", "TopicDescription"]
 
@@ -281,8 +284,18 @@ def _raise(code: int, topic: str, message: str | None) -> None:
     else:
         detail = message or _DEFAULT_MESSAGES.get(code, f"refused by the broker with {error_name(code)}")
         text = f"topic {topic!r}: {detail} ({name})"
-    raise_for_error({"ok": False, "error": name, "code": code, "message": text})
-    raise ApplianceError(text)  # (not reached: raise_for_error raises for every failure)
+    raise _ERROR_CLASSES.get(code, ApplianceError)(text)
+
+
+# The control socket's mapping (``appliance.control.raise_for_error``), for answers of the Kafka protocol.
+_ERROR_CLASSES: dict[int, type[ApplianceError]] = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: UnknownTopicOrPartitionError,
+    ErrorCode.TOPIC_ALREADY_EXISTS: TopicExistsError,
+    **{code: ConfigError for code in (
+        ErrorCode.INVALID_TOPIC_EXCEPTION, ErrorCode.INVALID_PARTITIONS, ErrorCode.INVALID_REPLICATION_FACTOR,
+        ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_REQUEST, ErrorCode.TOPIC_DELETION_DISABLED,
+    )},
+}  # fmt: skip
 
 
 _DEFAULT_MESSAGES: dict[int, str] = {

@@ -36,7 +36,6 @@ from ipc.kafka.messages import (
     DescribeLogDirsResult,
     DescribeLogDirsTopic,
 )
-from storage.segment import LOG_SUFFIX, parse_segment_name
 
 if TYPE_CHECKING:
     from appliance.broker_partitions import PartitionTable
@@ -50,6 +49,8 @@ def partition_size_bytes(directory: str) -> int:
     Raises OSError (FileNotFoundError, PermissionError) if the directory cannot be listed; a segment deleted
     between the listing and its ``stat`` (retention) counts 0.
     """
+    from storage.segment import LOG_SUFFIX, parse_segment_name  # (storage.segment loads numba: not for a CLI)
+
     total = 0
     with os.scandir(directory) as entries:
         for entry in entries:

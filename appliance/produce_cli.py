@@ -8,10 +8,13 @@ key.separator=SEP``) a line is split at the first SEP into key and value; a line
 (exit 1, naming the line; the lines before it were sent), as in Kafka.  Records are sent with Kafka's
 default partitioner (the key's murmur2, else sticky) unless ``--partition`` pins them.
 
-Where the appliance is: ``--control-socket PATH``, else ``--data-dir DIR`` (its first log dir: the socket is
-``DIR/.appliance.sock``), else the ``appliance.control.socket`` of ``--config FILE`` / ``--override K=V``
-(default ``./data/.appliance.sock``).  ``--producer-property KEY=VALUE`` passes any producer setting
-(``appliance.producer_config``).
+Where the appliance is: ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` for a remote one (Kafka's Produce
+over TCP to each partition's leader, ``appliance.tcp_route``; ``--acks 0`` is not offered there), else on this
+host, through shared-memory rings: ``--control-socket PATH``, else ``--data-dir DIR`` (its first log dir: the
+socket is ``DIR/.appliance.sock``), else the ``appliance.control.socket`` of ``--config FILE`` /
+``--override K=V`` (default ``./data/.appliance.sock``).  ``--producer-property KEY=VALUE`` passes any
+producer setting (``appliance.producer_config``), e.g. ``max.block.ms=5000`` to give up sooner on a broker
+that does not answer.
 
 Standard input is read in blocks as it arrives (``read1``), split into lines in C, and handed to
 ``Producer.send_many`` a block at a time, so a pipe of short lines goes at bulk speed while an interactive
@@ -53,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, metavar="BYTES", help="batch.size")
     parser.add_argument("--producer-property", metavar="KEY=VALUE", action="append", default=[],
                         help="any producer setting, e.g. max.block.ms=1000 (repeatable)")
-    where = parser.add_argument_group("where the appliance is (first match wins)")
+    where = parser.add_argument_group("where the appliance is (--bootstrap-server, or the first local match)")
+    where.add_argument("--bootstrap-server", metavar="HOST:PORT",
+                       help="a remote appliance's broker: produce over TCP (Kafka's protocol)")
     where.add_argument("--control-socket", metavar="PATH", help="the appliance's control socket")
     where.add_argument("--data-dir", metavar="DIR", help="the appliance's first log dir")
     where.add_argument("--config", metavar="FILE", help="the appliance's TOML configuration")
@@ -81,11 +86,18 @@ def producer_settings(args: argparse.Namespace) -> tuple[dict[str, object], byte
         settings["linger.ms"] = args.linger_ms
     if args.batch_size is not None:
         settings["batch.size"] = args.batch_size
-    if args.control_socket:
+    local = [f"--{name.replace('_', '-')}" for name in ("control_socket", "data_dir", "config", "override")
+             if getattr(args, name)]
+    if args.bootstrap_server is not None:
+        if local:
+            raise ConfigError(f"--bootstrap-server produces over TCP, {local[0]} through this host's rings: "
+                              "give one")
+        settings["bootstrap.servers"] = args.bootstrap_server
+    elif args.control_socket:
         settings["appliance.control.socket"] = args.control_socket
     elif args.data_dir:
         settings["appliance.data.dir"] = args.data_dir
-    elif "appliance.control.socket" not in settings and "appliance.data.dir" not in settings:
+    elif not ({"appliance.control.socket", "appliance.data.dir", "bootstrap.servers"} & set(settings)):
         from appliance.config import load_config
 
         settings["appliance.control.socket"] = load_config(args.config, args.override).control_socket

@@ -38,15 +38,17 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from appliance.config import load_config, parse_override
-from appliance.control import ControlClient, TopicInfo
 from appliance.kafka_admin import DEFAULT_BOOTSTRAP_SERVER, KafkaAdmin, PartitionDescription, TopicDescription
 from appliance.kafka_client import BrokerConnectionError, parse_bootstrap_servers
 from appliance.log_dirs import partition_size_bytes
 from appliance.metadata import TopicExistsError
 from storage.errors import ApplianceError, ConfigError
+
+if TYPE_CHECKING:
+    from appliance.control import ControlClient, TopicInfo
 
 __all__ = [
     "ControlBackend",
@@ -214,13 +216,14 @@ def check_connection_arguments(args: argparse.Namespace) -> None:
 
 def open_backend(args: argparse.Namespace) -> TopicsBackend:
     """The backend the connection options name.  ApplianceError if the appliance cannot be reached."""
-    if args.control_socket is not None:
-        return ControlBackend(ControlClient.connect(args.control_socket, timeout_s=60.0))
-    if args.data_dir is not None:
+    path = args.control_socket
+    if path is None and args.data_dir is not None:
         path = os.path.join(args.data_dir, ".appliance.sock")
-        return ControlBackend(ControlClient.connect(path, timeout_s=60.0))
-    if args.config is not None or args.override:
+    if path is None and (args.config is not None or args.override):
         path = load_config(args.config, args.override).control_socket
+    if path is not None:
+        from appliance.control import ControlClient  # (only the local path needs it: it loads numba)
+
         return ControlBackend(ControlClient.connect(path, timeout_s=60.0))
     servers = args.bootstrap_server or DEFAULT_BOOTSTRAP_SERVER
     return KafkaBackend(KafkaAdmin(servers, client_id="appliance-topics"))
@@ -367,6 +370,10 @@ def main(argv: list[str]) -> int:
         check_connection_arguments(args)
         if args.command == "create":
             _topic_configs(args.topic_config)
+            for flag, value in (("--partitions", args.partitions), ("--replication-factor",
+                                                                    args.replication_factor)):
+                if value is not None and value < 1:
+                    raise ValueError(f"{flag} {value}: must be at least 1")
     except (ValueError, ConfigError) as exc:
         print(f"appliance topics {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
