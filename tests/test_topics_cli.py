@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -165,6 +166,28 @@ def test_describe_log_dirs_lists_each_partition_by_log_dir(appliance: Appliance)
     (result,) = some.results
     assert [(t.name, [(p.partition_index, p.offset_lag, p.is_future_key) for p in t.partitions])
             for t in result.topics] == [("dirs", [(1, 0, False)])]  # fmt: skip
+
+
+def test_kafka_python_admin_creates_with_settings_and_describes_log_dirs(appliance: Appliance) -> None:
+    """A client nobody here wrote: its CreateTopics carries settings as strings, its DescribeLogDirs is
+    Kafka's AdminClient.describeLogDirs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python reads its schemas the old way
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=appliance.bootstrap, client_id="kafka-python-admin")
+        try:
+            admin.create_topics([NewTopic("by-kp", 2, 1, topic_configs={"retention.ms": "60000",
+                                                                       "cleanup.policy": "delete"})])
+            (answer,) = admin.describe_log_dirs({"by-kp": [1]})
+        finally:
+            admin.close()
+    (log_dir,) = answer["log_dirs"]
+    assert log_dir["log_dir"] == os.path.abspath(appliance.data_dir)
+    assert log_dir["topics"] == [{"name": "by-kp", "partitions": [
+        {"partition_index": 1, "partition_size": 0, "offset_lag": 0, "is_future_key": False}]}]  # fmt: skip
+    local = parse_describe(ok(topics("describe", "by-kp", "--data-dir", str(appliance.data_dir))))
+    assert local["by-kp"][0]["Configs"] == "cleanup.policy=delete,retention.ms=60000"
 
 
 def test_the_local_path_by_data_dir_control_socket_or_config(appliance: Appliance) -> None:
