@@ -209,8 +209,10 @@ class TcpChannel:
         """Wait until request ``seq`` may be answered (answered already, or bytes arrived) or ``timeout_ms``
         passes; True unless the time ran out.  Reads nothing: :meth:`poll` collects, under the caller's
         lock."""
-        in_flight = self.in_flight
-        if not in_flight or in_flight[0][0] > seq:
+        try:
+            if self.in_flight[0][0] > seq:
+                return True
+        except IndexError:  # nothing in flight (or emptied by the thread holding the lock just now)
             return True
         return self._wait_readable(max(timeout_ms, 1) / 1000)
 
@@ -262,6 +264,7 @@ class TcpRoute:
         except ValueError as exc:
             raise ConfigError(f"producer setting bootstrap.servers: {exc}") from None
         self._lost = False  # a connection attempt failed: alive() is false until reconnect() succeeds
+        self._opened: set[tuple[str, int]] = set()  # partitions that had a channel (ask again for a new one)
         self._until_connected(self.config.max_block_ms)
 
     # -- the cluster -----------------------------------------------------------------------------------------
@@ -334,13 +337,17 @@ class TcpRoute:
 
     def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
                      max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel:
-        """A new connection to the partition's leader (looked up again: it may have moved).  When no broker
+        """A new connection to the partition's leader (the one ``partitions_for`` found for a first channel,
+        asked again for a replacement: it may have moved).  When no broker
         answers, :class:`BackPressureError` with :meth:`alive` false: the producer waits in
         :meth:`reconnect`."""
         del producer_id, track_acks, max_block_ms  # (the batch carries the id; acks=0 is refused)
+        key = (topic, partition)
         try:
-            self.cluster.metadata([topic], auto_create=False)
-            leader = self.cluster.leaders.get((topic, partition), -1)
+            if key in self._opened or self.cluster.leaders.get(key, -1) < 0:
+                self.cluster.metadata([topic], auto_create=False)  # a new channel: the leader may have moved
+            self._opened.add(key)
+            leader = self.cluster.leaders.get(key, -1)
             if leader < 0:
                 time.sleep(self.config.retry_backoff_ms / 1000)  # (the producer tries again at once)
                 raise BackPressureError(f"partition {topic}-{partition} has no leader now; retrying")
