@@ -326,7 +326,13 @@ class PartitionFetcher:
                 log_start_offset=log.log_start_offset, partition_max_bytes=config.replica_fetch_max_bytes)])],
         )
         started_ms = self._clock_ms()
-        answer = _exchange(conn, request, config.request_timeout_ms + config.replica_fetch_wait_max_ms)
+        where = f"partition {self.name}: Fetch answer from leader {conn.address} at offset {fetch_offset}"
+        copier = _Copier(self, where, fetch_offset)
+        try:
+            timeout_ms = config.request_timeout_ms + config.replica_fetch_wait_max_ms
+            answer, streamed = conn.fetch(request, copier.consume, timeout_ms=timeout_ms)
+        except (OSError, ProtocolError, RequestTimeoutError) as error:
+            raise _LeaderUnreachable(f"{type(error).__name__}: {error}") from error
         if answer.error_code != ErrorCode.NONE:
             return self._leader_error(answer.error_code, "Fetch")
         found = [p for t in answer.responses if t.topic == self.topic for p in t.partitions
@@ -339,44 +345,17 @@ class PartitionFetcher:
         if data.error_code != ErrorCode.NONE:
             return self._leader_error(data.error_code, "Fetch")
         records = data.records
-        appended = 0
-        if records is not None and len(records) > 0:
-            where = f"partition {self.name}: Fetch answer from leader {conn.address} at offset {fetch_offset}"
-            batches = iter_batches(records, where=where, allow_truncated_tail=True)
-            start = end = -1
-            try:
-                for position, header in batches:
-                    if header.last_offset < fetch_offset:
-                        continue  # a batch we already hold
-                    if (header.base_offset < fetch_offset and start < 0
-                            and log.log_start_offset == fetch_offset):
-                        # Our log is empty and starts inside this batch (we restarted at the leader's log
-                        # start, which retention put mid-batch): start at the batch instead, as Kafka does.
-                        log.truncate_fully_and_start_at(header.base_offset)
-                        fetch_offset = header.base_offset
-                    if header.base_offset < fetch_offset:
-                        self.phase = FetchPhase.TRUNCATING
-                        return self._backoff(f"{where}: batch at position {position} holds offsets "
-                                             f"{header.base_offset}..{header.last_offset}, across our log "
-                                             f"end {fetch_offset}: the logs diverged; truncating again")
-                    if start < 0:
-                        start = position
-                    end = batches.position
-            except CorruptRecordError as error:
-                return self._backoff(f"{error}; nothing of this answer was appended")
-            if start >= 0:
-                try:
-                    info = log.append_as_follower(memoryview(records)[start:end])
-                except InvalidRecordError as error:
-                    self.phase = FetchPhase.TRUNCATING
-                    return self._backoff(f"{error}; truncating again")
-                appended = end - start
-                if self._on_log_end_offset is not None:
-                    self._on_log_end_offset(info.last_offset + 1)
-            elif batches.truncated_tail_bytes:
-                return self._backoff(f"{where}: only a partial batch of {batches.truncated_tail_bytes} "
-                                     "bytes arrived; raise replica.fetch.max.bytes above the leader's "
-                                     "largest batch")
+        if not streamed and records is not None and len(records) > 0:
+            copier.consume(memoryview(records), True)
+        if copier.problem is not None:
+            reason, truncate = copier.problem
+            if truncate:
+                self.phase = FetchPhase.TRUNCATING
+            return self._backoff(reason)
+        appended = copier.appended_bytes
+        if not appended and copier.partial_tail_bytes:
+            return self._backoff(f"{where}: only a partial batch of {copier.partial_tail_bytes} bytes "
+                                 "arrived; raise replica.fetch.max.bytes above the leader's largest batch")
         if 0 < data.log_start_offset <= log.log_end_offset and data.log_start_offset > log.log_start_offset:
             log.increment_log_start_offset(data.log_start_offset)  # the leader's retention moved its start
         advanced = self._advance_high_watermark(data.high_watermark)
@@ -455,6 +434,78 @@ class PartitionFetcher:
                 leader.leader_epoch if leader else -1, (), high_watermark))
             self._checkpointed_high_watermark = high_watermark
             self._last_checkpoint_ms = self._clock_ms()
+
+
+class _Copier:
+    """Appends the whole batches of one Fetch answer to the follower log, in the pieces they arrive in
+    (``LeaderConnection.fetch`` hands them over while the rest is still coming).
+
+    Each piece: its batches are walked (magic, length, CRC: ``iter_batches``), those we already hold are
+    skipped, the rest appended unchanged with one ``Log.append_as_follower`` (the headers just checked are
+    not checked again).  A corrupt batch stops the copy: the whole batches before it are appended (they are
+    the leader's, at their offsets), nothing from it on; a batch across our log end (the logs diverged)
+    stops it too.  ``problem`` says why (and whether to truncate first); the answer is fetched again.
+    """
+
+    def __init__(self, fetcher: PartitionFetcher, where: str, fetch_offset: int) -> None:
+        self.fetcher = fetcher
+        self.where = where
+        self.fetch_offset = fetch_offset
+        self.appended_bytes = 0
+        self.partial_tail_bytes = 0
+        self.problem: tuple[str, bool] | None = None  # (reason, truncate again)
+
+    def consume(self, records: memoryview, final: bool) -> int:
+        if self.problem is not None:
+            return 0
+        log = self.fetcher.log
+        batches = iter_batches(records, where=self.where, allow_truncated_tail=True)
+        start = end = -1
+        used = 0
+        headers = []
+        try:
+            for position, header in batches:
+                if header.last_offset < self.fetch_offset:
+                    used = batches.position
+                    continue  # a batch we already hold
+                if (header.base_offset < self.fetch_offset and start < 0 and self.appended_bytes == 0
+                        and log.log_start_offset == self.fetch_offset == log.log_end_offset):
+                    # Our log is empty and starts inside this batch (we restarted at the leader's log start,
+                    # which retention put mid-batch): start at the batch instead, as Kafka does.
+                    log.truncate_fully_and_start_at(header.base_offset)
+                    self.fetch_offset = header.base_offset
+                if header.base_offset < self.fetch_offset:
+                    self.problem = (f"{self.where}: batch at position {position} holds offsets "
+                                    f"{header.base_offset}..{header.last_offset}, across our log end "
+                                    f"{self.fetch_offset}: the logs diverged; truncating again", True)
+                    return 0
+                if start < 0:
+                    start = position
+                end = batches.position
+                headers.append(header)
+        except CorruptRecordError as error:
+            corrupt: CorruptRecordError | None = error
+        else:
+            corrupt = None
+        if start >= 0:
+            try:
+                info = log.append_as_follower(records[start:end], validated=headers)
+            except InvalidRecordError as error:
+                self.problem = (f"{error}; truncating again", True)
+                return 0
+            self.appended_bytes += end - start
+            self.fetch_offset = info.last_offset + 1
+            used = end
+            if self.fetcher._on_log_end_offset is not None:
+                self.fetcher._on_log_end_offset(self.fetch_offset)
+        if corrupt is not None:  # the whole batches before it are the leader's, at their offsets: kept
+            done = ("was appended" if self.appended_bytes == 0
+                    else f"from offset {self.fetch_offset} on was appended")
+            self.problem = (f"{corrupt}; nothing of this answer {done}", False)
+            return used
+        if final:
+            self.partial_tail_bytes = batches.truncated_tail_bytes
+        return used
 
 
 class _LeaderUnreachable(Exception):

@@ -8,6 +8,15 @@ response body with ``recv_into`` straight into a reusable buffer -- the only cop
 the kernel and the follower's log -- and decodes it (``ipc.kafka.decode_response``).  A Fetch response's
 ``records`` are memoryviews into that buffer: valid until the next request on the connection.
 
+**Fetch answers are consumed as they arrive** (:meth:`LeaderConnection.fetch`).  A follower's Fetch names
+one partition, and in its answer that partition's record bytes come last.  So once the fixed part before
+them has arrived -- its length is known from encoding the same answer with no records; it is decoded (with
+the records' length field read as 0) and checked: one topic, one partition, no error, the records running
+to the frame's end -- the records are handed to the caller chunk by chunk (``on_records(view, final)``,
+returning how many bytes it used: whole batches) while the rest is still arriving.  The follower appends
+and checks what it has while the leader's ``sendfile`` goes on, instead of one after the other.  Anything
+else (an error, another layout) is received whole and handed over once.
+
 On connect the connection asks ApiVersions and then speaks, per API, the highest version both sides know;
 with ``sasl_plain=(user, password)`` it authenticates (SaslHandshake + SaslAuthenticate, mechanism PLAIN)
 before anything else.
@@ -23,6 +32,7 @@ Any failure leaves the connection closed; make a new one.  What escapes:
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from ipc.kafka import (
@@ -31,14 +41,19 @@ from ipc.kafka import (
     ApiKey,
     ApiVersionsRequest,
     ErrorCode,
+    FetchableTopicResponse,
+    FetchRequest,
+    FetchResponse,
     MetadataRequest,
     MetadataRequestTopic,
+    PartitionData,
     RequestHeader,
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
     Struct,
     decode_response,
     encode_request,
+    encode_response_parts,
     error_name,
 )
 from ipc.kafka.apis import api_for_request
@@ -48,6 +63,11 @@ from storage.errors import ProtocolError, RequestTimeoutError
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "LeaderConnection", "LeaderInfo", "leader_from_metadata"]
 
 DEFAULT_REQUEST_TIMEOUT_MS: Final = 30_000  # Kafka's replica.socket.timeout.ms
+STREAM_CHUNK_BYTES: Final = 512 * 1024  # records are handed on in pieces of at least this much
+
+# (on_records) view: the records received so far, from the first byte not used yet; final: no more come.
+# Returns the bytes it used (whole batches, from the view's start).
+RecordsConsumer = Callable[[memoryview, bool], int]
 _INITIAL_BUFFER_BYTES: Final = 1 << 20
 _CLIENT_SOFTWARE: Final = "log-appliance-replica"
 
@@ -77,6 +97,7 @@ class LeaderConnection:
         self._correlation_id = 0
         self._buffer = bytearray(_INITIAL_BUFFER_BYTES)
         self._versions: dict[int, int] = {}
+        self._fetch_prefix: dict[tuple[int, str, int], int] = {}
 
     @classmethod
     def connect(cls, host: str, port: int, *, client_id: str = "appliance-replica",
@@ -151,7 +172,39 @@ class LeaderConnection:
         timeout = self.timeout_ms if timeout_ms is None else timeout_ms
         return self._exchange(spec.api_key, version, body, timeout)
 
-    def _exchange(self, api_key: int, version: int, body: Struct, timeout_ms: int) -> Any:
+    def fetch(self, request: FetchRequest, on_records: RecordsConsumer, *,
+              timeout_ms: int | None = None) -> tuple[Any, bool]:
+        """A Fetch of one partition whose records go to ``on_records`` as they arrive (see the module
+        docstring).  Returns (the decoded answer, whether its records were handed to ``on_records``: False
+        for an answer of another shape, an error, or no records -- the caller reads ``records`` itself)."""
+        version = self.version_for(ApiKey.FETCH)
+        topics = request.topics
+        single = len(topics) == 1 and len(topics[0].partitions) == 1
+        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not single:
+            return self._exchange(ApiKey.FETCH, version, request, timeout), False
+        prefix = self._prefix_bytes(version, topics[0].topic, topics[0].partitions[0].partition)
+        streamed: list[bool] = [False]
+        answer = self._exchange(ApiKey.FETCH, version, request, timeout,
+                                stream=(prefix, on_records, streamed))
+        return answer, streamed[0]
+
+    def _prefix_bytes(self, version: int, topic: str, partition: int) -> int:
+        """Bytes of a Fetch answer for (topic, partition) before its records (after the size prefix)."""
+        key = (version, topic, partition)
+        size = self._fetch_prefix.get(key)
+        if size is None:
+            empty = FetchResponse(error_code=ErrorCode.NONE, session_id=0, responses=[FetchableTopicResponse(
+                topic=topic, partitions=[PartitionData(partition_index=partition, error_code=ErrorCode.NONE,
+                                                       high_watermark=0, last_stable_offset=0,
+                                                       log_start_offset=0, records=b"")])])
+            parts = encode_response_parts(RequestHeader(ApiKey.FETCH, version, 0, self.client_id), empty)
+            size = sum(len(p) for p in parts if isinstance(p, bytes | bytearray)) - SIZE_PREFIX.size
+            self._fetch_prefix[key] = size
+        return size
+
+    def _exchange(self, api_key: int, version: int, body: Struct, timeout_ms: int,
+                  stream: tuple[int, RecordsConsumer, list[bool]] | None = None) -> Any:
         sock = self._sock
         if sock is None:
             raise ConnectionError(f"leader {self.address}: the connection is closed")
@@ -170,7 +223,10 @@ class LeaderConnection:
             if size > len(self._buffer):
                 self._buffer = bytearray(size)  # never resized in place: older record views stay valid
             view = memoryview(self._buffer)[:size]
-            self._receive_into(sock, view, what)
+            if stream is not None and size > stream[0]:
+                self._receive_streaming(sock, view, what, correlation_id, version, *stream)
+            else:
+                self._receive_into(sock, view, what)
             response = decode_response(view, api_key, version)
         except TimeoutError:
             self.close()
@@ -184,6 +240,45 @@ class LeaderConnection:
             raise ProtocolError(f"leader {self.address}: response to {what} carries correlation id "
                                 f"{response.correlation_id}, expected {correlation_id}")
         return response.body
+
+    def _receive_streaming(self, sock: socket.socket, view: memoryview, what: str, correlation_id: int,
+                           version: int, prefix: int, on_records: RecordsConsumer,
+                           streamed: list[bool]) -> None:
+        """Receive a Fetch answer, handing its records to ``on_records`` while they arrive when the answer
+        has the expected shape (else receive it whole; the caller decodes it)."""
+        self._receive_into(sock, view[:prefix], what)
+        total = len(view)
+        records_bytes = int.from_bytes(view[prefix - 4:prefix], "big", signed=True)
+        clean = self._prefix_is_clean(view[:prefix], correlation_id, version)
+        if records_bytes != total - prefix or not clean:
+            self._receive_into(sock, view[prefix:], what)
+            return
+        streamed[0] = True
+        records = view[prefix:]
+        received = prefix
+        used = 0
+        while received < total:
+            n = sock.recv_into(view[received:], total - received)
+            if n == 0:
+                raise ConnectionError(f"leader {self.address}: connection closed after {received} of {total} "
+                                      f"bytes of the response to {what}")
+            received += n
+            if received - prefix - used >= STREAM_CHUNK_BYTES and received < total:
+                used += on_records(records[used:received - prefix], False)
+        on_records(records[used:], True)
+
+    def _prefix_is_clean(self, prefix: memoryview, correlation_id: int, version: int) -> bool:
+        """The fixed part decodes as an error-free answer about one partition (records read as empty)."""
+        patched = bytearray(prefix)
+        patched[-4:] = b"\0\0\0\0"
+        try:
+            head = decode_response(memoryview(patched), ApiKey.FETCH, version)
+        except (ProtocolError, ValueError):
+            return False
+        body = head.body
+        return (head.correlation_id == correlation_id and body.error_code == ErrorCode.NONE
+                and len(body.responses) == 1 and len(body.responses[0].partitions) == 1
+                and body.responses[0].partitions[0].error_code == ErrorCode.NONE)
 
     def _receive_exact(self, sock: socket.socket, size: int, what: str) -> bytes:
         buf = bytearray(size)

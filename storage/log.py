@@ -436,16 +436,25 @@ class Log:
             raise ValueError(f"partition {self.name}: leader epoch {leader_epoch} must be >= 0")
         return latest_epoch
 
-    def append_as_follower(self, buf: bytes | bytearray | memoryview) -> AppendInfo:
+    def append_as_follower(self, buf: bytes | bytearray | memoryview, *,
+                           validated: Sequence[BatchHeader] | None = None) -> AppendInfo:
         """Append a leader's batches unchanged (a replica): offsets and epochs are the batches' own.
 
         The first batch must start at the log end offset and offsets must move forward; each new
         ``partitionLeaderEpoch`` is recorded in the leader-epoch cache.  Raises :class:`CorruptRecordError` or
-        :class:`InvalidRecordError`; then nothing was appended.
+        :class:`InvalidRecordError`; then nothing was appended.  ``validated``: the headers of every batch in
+        ``buf``, in order, as the caller's own check of these very bytes returned them (magic, length, CRC:
+        ``storage.batch_reader.iter_batches``); they are not checked again.
         """
         self._check_writable()
         view = _byte_view(buf)
-        headers = self._validate(view)
+        if validated is None:
+            headers = self._validate(view)
+        else:
+            headers = list(validated)
+            if sum(h.size for h in headers) != len(view) or not headers:
+                raise InvalidRecordError(f"{self._where}: follower append: the validated batches hold "
+                                         f"{sum(h.size for h in headers)} bytes, the buffer {len(view)}")
         expected = self.log_end_offset
         batches: list[tuple[int, int, int, int]] = []
         records = position = 0

@@ -91,6 +91,7 @@ class TinyLeader:
         self.tick_ms = tick_ms
         self.partitions: dict[tuple[str, int], LeaderPartition] = {}
         self.corrupt_next_fetch = False
+        self.corrupt_position: int | None = None  # where in the records to flip a byte (default: batch 1's)
         self.cut_at_max_bytes = False  # answer exactly partition_max_bytes, a partial batch at the end
         self.fetches_served = 0
         self.lock = threading.RLock()  # replica state is single-owner: the server threads take turns
@@ -370,7 +371,8 @@ class TinyLeader:
         elif piece.size_bytes and self.corrupt_next_fetch:
             self.corrupt_next_fetch = False
             damaged = bytearray(piece.read_bytes())
-            damaged[RECORDS_OFFSET + 2] ^= 0xFF
+            at = RECORDS_OFFSET + 2 if self.corrupt_position is None else self.corrupt_position
+            damaged[at] ^= 0xFF
             records = bytes(damaged)
         else:
             records = FileRegion(piece.fd, piece.position, piece.size_bytes) if piece.size_bytes else b""

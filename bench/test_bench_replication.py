@@ -1,0 +1,240 @@
+"""Benchmarks of replication: follower catch-up against plain loopback sendfile, acks=all against acks=1.
+
+Run: ``.venv/bin/python -m pytest bench/test_bench_replication.py --benchmark-enable --benchmark-only -s``.
+
+* ``test_follower_catch_up_vs_sendfile``: the leader is a real ``appliance serve`` (its own process tree;
+  the topic has replication factor 2, so its broker serves the follower as replica-state owner) whose
+  partition log was written beforehand (``REPLICATION_BENCH_MB``, default 256 MB of 100-byte records in
+  batches of 500).  The follower is a :class:`replicas.fetcher.PartitionFetcher` -- the code ``appliance
+  replica`` runs per partition -- in this process, over loopback TCP, into an empty log in another
+  directory: Fetch with its replica id from its log end offset, the leader answers with ``sendfile`` from the
+  segment files, every batch's CRC is checked, the batches are appended unchanged.  Bytes/s of log copied,
+  against a plain loopback ``os.sendfile`` of the same segment files from a forked process to this one
+  (``appliance.perf_limits.loopback_sendfile``: the kernel's copy, the physical limit), measured
+  alternately in the same run; the figure is the median of the per-round ratios.  Once with Kafka's default
+  ``replica.fetch.max.bytes`` (1 MiB), once with 8 MiB.  Target >= 0.7.
+* ``test_acks_all_vs_acks_1``: ``appliance serve`` with two replicas on other directories
+  (``appliance.replica.dirs``, each its own process following the broker's Unix listener), a topic of
+  replication factor 3 with ``min.insync.replicas`` 2; a local ``appliance.Producer`` sends
+  ``REPLICATION_BENCH_RECORDS`` records of 100 bytes (``send``, ``linger.ms`` 5, ``batch.size`` 256 KiB) with
+  ``acks=1`` and then with ``acks=all``, alternately; the figure is the median ratio of the acks=all rate to
+  the acks=1 rate.  Target >= 0.5 (Kafka's 2014 figure: 0.51).
+
+Each prints one ``RESULT`` line and stores its figures in the benchmark's ``extra_info``.  On this 2-core
+machine every process shares the two cores with the others (and with whatever else runs): the ratios are
+what this run measured, not a property of the code alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from appliance.control import ControlClient
+from appliance.perf_limits import loopback_sendfile
+from appliance.producer import Producer
+from replicas.fetcher import FetcherConfig, PartitionFetcher
+from replicas.leader_connection import LeaderConnection, leader_from_metadata
+from storage.batch_builder import build_batch
+from storage.errors import ApplianceError
+from storage.log import Log
+from storage.log_config import LogConfig
+
+REPO = Path(__file__).resolve().parent.parent
+MB = int(os.environ.get("REPLICATION_BENCH_MB", "256"))
+RECORDS = int(os.environ.get("REPLICATION_BENCH_RECORDS", "1000000"))
+RECORDS_PER_BATCH = 500
+VALUE_BYTES = 100
+TOPIC = "bench"
+CATCH_UP_TARGET = 0.7
+ACKS_TARGET = 0.5
+ROUNDS = 5
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(root: Path, settings: str) -> subprocess.Popen[bytes]:
+    config = root / "serve.toml"
+    config.write_text(settings)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("NOTIFY_SOCKET", None)
+    with open(root / "serve.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--config", str(config)],
+                                cwd=root, env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+def wait_ready(control_socket: str, broker_socket: str, timeout_s: float = 60.0) -> None:
+    """Until the supervisor answers and its broker listens."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with ControlClient.connect(control_socket, timeout_s=5) as client:
+                client.metadata()
+            with LeaderConnection.connect(broker_socket, 0, timeout_ms=5000):
+                return
+        except (ApplianceError, OSError):
+            time.sleep(0.1)
+    raise AssertionError(f"appliance at {control_socket} not ready in {timeout_s} s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait(10)
+
+
+# -- catch-up ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Leader:
+    port: int
+    segments: list[str]
+    log_bytes: int
+    log_end_offset: int
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def leader() -> Iterator[Leader]:
+    root = Path(tempfile.mkdtemp(prefix="repl-bench-"))
+    data = root / "data"
+    log_config = LogConfig(segment_bytes=256 << 20)
+    log = Log.open(str(data / f"{TOPIC}-0"), log_config, topic_partition=(TOPIC, 0))
+    batch = build_batch([b"v" * VALUE_BYTES] * RECORDS_PER_BATCH)
+    while log.size_bytes < MB * 1_000_000:
+        log.append(bytearray(batch), leader_epoch=0)
+    end, size = log.log_end_offset, log.size_bytes
+    log.close()
+    port = free_port()
+    process = serve(root, f'"log.dirs" = ["{data}"]\n"listeners" = "PLAINTEXT://127.0.0.1:{port}"\n'
+                          '"segment.bytes" = 268435456\n'
+                          f'[topics.{TOPIC}]\npartitions = 1\n"replication.factor" = 2\n')
+    try:
+        wait_ready(str(data / ".appliance.sock"), str(data / ".broker.sock"))
+        segments = sorted(str(p) for p in (data / f"{TOPIC}-0").glob("*.log"))
+        yield Leader(port, segments, size, end, root)
+    finally:
+        stop(process)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def catch_up(leader: Leader, fetch_max_bytes: int) -> tuple[int, float]:
+    """Copy the whole partition into an empty follower log; (bytes copied, seconds)."""
+    directory = leader.root / "follower" / f"{TOPIC}-0"
+    shutil.rmtree(directory.parent, ignore_errors=True)
+    with LeaderConnection.connect("127.0.0.1", leader.port) as conn:
+        info = leader_from_metadata(conn, TOPIC, 0)
+    assert info is not None
+    log = Log.open(str(directory), LogConfig(segment_bytes=256 << 20), topic_partition=(TOPIC, 0))
+    fetcher = PartitionFetcher(log, info, FetcherConfig(broker_id=1, replica_fetch_max_bytes=fetch_max_bytes,
+                                                        replica_fetch_wait_max_ms=100))
+    try:
+        started = time.perf_counter()
+        while log.log_end_offset < leader.log_end_offset:
+            outcome = fetcher.step()
+            assert outcome.action in ("appended", "truncated", "empty"), outcome
+        elapsed = time.perf_counter() - started
+        copied = log.size_bytes
+    finally:
+        fetcher.close()
+        log.close()
+    assert copied == leader.log_bytes
+    return copied, elapsed
+
+
+@pytest.mark.parametrize("fetch_max_bytes", [1 << 20, 8 << 20], ids=["1MiB", "8MiB"])
+def test_follower_catch_up_vs_sendfile(benchmark: BenchmarkFixture, leader: Leader, fetch_max_bytes: int) -> None:
+    catch_up(leader, fetch_max_bytes)  # warm: page cache, connections, the broker's readers
+    limits: list[float] = []
+    copies: list[float] = []
+
+    def run() -> None:
+        sent, seconds = loopback_sendfile(leader.segments)
+        limits.append(sent / seconds)
+        copied, seconds = catch_up(leader, fetch_max_bytes)
+        copies.append(copied / seconds)
+
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    ratios = sorted(c / s for c, s in zip(copies, limits, strict=True))
+    ratio = statistics.median(ratios)
+    copy, limit = statistics.median(copies), statistics.median(limits)
+    benchmark.extra_info.update(catch_up_bytes_per_s=copy, sendfile_bytes_per_s=limit, ratio=ratio,
+                                target_ratio=CATCH_UP_TARGET, log_bytes=leader.log_bytes,
+                                replica_fetch_max_bytes=fetch_max_bytes)
+    print(f"\nRESULT follower catch-up ({fetch_max_bytes >> 20} MiB fetches): median of {ROUNDS} interleaved "
+          f"pairs: {copy / 1e9:.2f} GB/s vs plain loopback sendfile {limit / 1e9:.2f} GB/s, ratio {ratio:.2f} "
+          f"(target {CATCH_UP_TARGET}; pairs {ratios[0]:.2f}..{ratios[-1]:.2f}); {leader.log_bytes / 1e6:.0f} MB "
+          "per round, CRCs checked, appended to a log in another directory")
+
+
+# -- acks=all vs acks=1 -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[str]:
+    root = Path(tempfile.mkdtemp(prefix="acks-bench-"))
+    process = serve(root, f'"log.dirs" = ["{root / "leader"}"]\n"listeners" = "PLAINTEXT://127.0.0.1:0"\n'
+                          f'"appliance.replica.dirs" = ["{root / "r1"}", "{root / "r2"}"]\n'
+                          '"min.insync.replicas" = 2\n'
+                          f'[topics.{TOPIC}]\npartitions = 1\n"replication.factor" = 3\n')
+    control = str(root / "leader" / ".appliance.sock")
+    try:
+        wait_ready(control, str(root / "leader" / ".broker.sock"))
+        yield control
+    finally:
+        stop(process)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def produce(control_socket: str, acks: str, records: int) -> float:
+    """Records/s of one producer sending ``records`` with ``acks``, flushed."""
+    value = b"x" * VALUE_BYTES
+    with Producer({"appliance.control.socket": control_socket, "acks": acks, "linger.ms": 5,
+                   "batch.size": 256 * 1024}) as producer:
+        producer.send(TOPIC, value).get(30)
+        started = time.perf_counter()
+        for _ in range(records):
+            producer.send(TOPIC, value)
+        producer.flush(120)
+        return records / (time.perf_counter() - started)
+
+
+def test_acks_all_vs_acks_1(benchmark: BenchmarkFixture, replicated: str) -> None:
+    produce(replicated, "all", RECORDS // 10)  # warm: kernels, rings, followers
+    ones: list[float] = []
+    alls: list[float] = []
+
+    def run() -> None:
+        ones.append(produce(replicated, "1", RECORDS))
+        alls.append(produce(replicated, "all", RECORDS))
+
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    ratios = sorted(a / o for a, o in zip(alls, ones, strict=True))
+    ratio = statistics.median(ratios)
+    one, all_ = statistics.median(ones), statistics.median(alls)
+    benchmark.extra_info.update(acks_1_records_per_s=one, acks_all_records_per_s=all_, ratio=ratio,
+                                target_ratio=ACKS_TARGET, records=RECORDS)
+    print(f"\nRESULT acks=all (2 followers, min.insync.replicas 2) vs acks=1: median of {ROUNDS} interleaved "
+          f"pairs: {all_ / 1e6:.2f} M vs {one / 1e6:.2f} M records/s of {VALUE_BYTES} B, ratio {ratio:.2f} "
+          f"(target {ACKS_TARGET}; pairs {ratios[0]:.2f}..{ratios[-1]:.2f})")
