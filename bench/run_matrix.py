@@ -70,6 +70,20 @@ TARGETS = (  # (key, what, goal, unit, higher is better)
 )
 
 
+ERRORS: list[dict[str, str]] = []  # parts that failed: the tree is shared, a module may be mid-edit
+
+
+def attempt(log: Any, label: str, run: Any) -> Any:
+    """``run()``, or None when it fails: the failure is logged and kept in the results (``errors``), and the
+    rest of the matrix goes on."""
+    try:
+        return run()
+    except Exception as exc:  # one broken part must not cost the other fifteen minutes
+        log(f"  FAILED {label}: {type(exc).__name__}: {exc}")
+        ERRORS.append({"part": label, "error": f"{type(exc).__name__}: {exc}"})
+        return None
+
+
 def _records_for(size: int, quick: bool) -> int:
     if quick:
         return max(2_000, min(100_000, 20 * 10**6 // size))
@@ -104,7 +118,9 @@ def produce_matrix(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]
     for group, settings in runs:
         settings = replace(settings, records=_records_for(settings.record_size, quick))
         log(f"produce {_label(settings)}: {settings.records:,} records")
-        result = run_produce(app, settings)
+        result = attempt(log, f"produce {_label(settings)}", lambda s=settings: run_produce(app, s))
+        if result is None:
+            continue
         log(f"  {result['records_per_s']:,.0f} records/s, {result['mb_per_s']:,.1f} MB/s, p99 "
             f"{result['latency_ms']['p99']} ms, page-cache ratio {result['ratios']['page_cache_write']:.3f}")
         rows.append(_row(result, group))
@@ -114,7 +130,10 @@ def produce_matrix(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]
 def target_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
     records = 200_000 if quick else 5_000_000
     log(f"produce 100 B send_many (issue 3 target): {records:,} records")
-    result = run_produce(app, ProduceSettings(records=records, record_size=100, api="send_many"))
+    result = attempt(log, "produce 100 B send_many target", lambda: run_produce(
+        app, ProduceSettings(records=records, record_size=100, api="send_many")))
+    if result is None:
+        return []
     log(f"  {result['records_per_s']:,.0f} records/s")
     return [_row(result, "target")]
 
@@ -126,7 +145,9 @@ def e2e_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
         settings = ProduceSettings(records=int(load * seconds), record_size=100, throughput=load,
                                    measure_limits=False)
         log(f"e2e at {load:,} records/s for {seconds:.0f} s")
-        result = run_e2e(app, settings, seconds=seconds)
+        result = attempt(log, f"e2e {load}", lambda s=settings, t=seconds: run_e2e(app, s, seconds=t))
+        if result is None:
+            continue
         lat = result["latency_ms"]
         log(f"  p50 {lat['p50']} ms, p99 {lat['p99']} ms, p99.9 {lat['p99_9']} ms, achieved "
             f"{result['records_per_s']:,.0f}/s")
@@ -139,16 +160,22 @@ def consume_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
     records = 200_000 if quick else 5_000_000
     for transport in ("shm", "tcp"):
         log(f"consume {records:,} x 100 B, {transport}")
-        result = run_consume(app, ProduceSettings(records=records, record_size=100, transport=transport))
+        result = attempt(log, f"consume {transport}", lambda t=transport: run_consume(
+            app, ProduceSettings(records=records, record_size=100, transport=t)))
+        if result is None:
+            continue
         log(f"  {result['records_per_s']:,.0f} records/s")
         rows.append(_row(result, "consume"))
     return rows
 
 
-def replicate_run(app: Appliance, quick: bool, log: Any) -> dict[str, Any]:
+def replicate_run(app: Appliance, quick: bool, log: Any) -> dict[str, Any] | None:
     records = 50_000 if quick else 500_000
     log(f"replicate {records:,} x 1 KiB (catch-up), then acks=1 vs acks=all")
-    result = run_replicate(app, ProduceSettings(records=records, record_size=1024), followers=2)
+    result: dict[str, Any] | None = attempt(log, "replicate", lambda: run_replicate(
+        app, ProduceSettings(records=records, record_size=1024), followers=2))
+    if result is None:
+        return None
     log(f"  catch-up {result['mb_per_s']:,.1f} MB/s = {result['ratios']['loopback_sendfile']:.3f} of "
         f"loopback sendfile; acks=all/acks=1 {result['extra']['acks']['ratio']}")
     return result
@@ -324,6 +351,11 @@ def update_doc(results: dict[str, Any], images: list[str], command: str) -> None
         body.append("")
     body.append(tables(results))
     body.append("")
+    if results.get("errors"):
+        body.append("Parts that failed in this run (the tree is shared; see the results file):")
+        body.append("")
+        body += [f"* {e['part']}: `{e['error'][:300]}`" for e in results["errors"]]
+        body.append("")
     for image in images:
         name = Path(image).stem.replace("_", " ")
         body.append(f"![{name}](img/{Path(image).name})")
@@ -388,11 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         app.close()
     log("partitions 1 -> 256")
-    results["partitions"] = run_partitions([1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256],
-                                           records=200_000 if args.quick else 1_000_000)
+    results["partitions"] = attempt(log, "partitions", lambda: run_partitions(
+        [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256], records=200_000 if args.quick else 1_000_000))
     log("recovery as the log grows")
     max_bytes = (10 << 30) if args.large else ((200 << 20) if args.quick else (2 << 30))
-    results["recovery"] = run_recovery([1, 10, 100, 1000], max_bytes=max_bytes)
+    results["recovery"] = attempt(log, "recovery", lambda: run_recovery([1, 10, 100, 1000],
+                                                                        max_bytes=max_bytes))
+    results["errors"] = ERRORS
     results["target_table"] = targets(results)
     results["seconds"] = round(time.monotonic() - started, 1)
     results["host"]["loadavg_1m_at_end"] = os.getloadavg()[0]
@@ -411,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_docs and not args.quick:
         update_doc(results, images, command)
     print_table(results)
+    for error in results["errors"]:
+        print(f"FAILED {error['part']}: {error['error'][:200]}")
     log(f"wrote {path} and {len(images)} plots")
     return 0
 
