@@ -18,7 +18,7 @@ Settings (``Producer({...})`` with Kafka's dotted names, or keyword arguments wi
 ``retries``                                 2147483647       resends of a batch refused with a retriable code
 ``retry.backoff.ms``                        100              pause before such a resend
 ``client.id``                               ""               (informational)
-``bootstrap.servers``                       ""               a broker over TCP (not implemented here yet)
+``bootstrap.servers``                       ""               a broker over TCP instead of the rings
 ``appliance.data.dir``                      ``./data``       the appliance's first log dir: its control
                                                              socket is ``<dir>/.appliance.sock``
 ``appliance.control.socket``                ""               the control socket itself (wins over the dir)

@@ -378,8 +378,8 @@ def test_settings_are_checked_with_kafkas_rules() -> None:
     assert ProducerConfig.from_settings().idempotent is True and ProducerConfig.from_settings().acks == -1
     config = ProducerConfig.from_settings({"appliance.data.dir": "/srv/x"}, linger_ms=7)
     assert (config.linger_ms, config.control_socket) == (7, "/srv/x/.appliance.sock")
-    with pytest.raises(ConfigError, match=r"bootstrap.servers"):
-        Producer({"bootstrap.servers": "127.0.0.1:9092"})
+    with pytest.raises(ConfigError, match=r"acks"):  # acks=0 over TCP is refused, not silently changed
+        Producer({"bootstrap.servers": "127.0.0.1:9092", "acks": 0})
 
 
 def test_no_appliance_is_a_clear_error(tmp_path: Any) -> None:

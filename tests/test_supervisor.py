@@ -55,14 +55,14 @@ def test_serve_with_no_configuration_runs_from_the_working_directory_and_stops_c
     assert (serve.data / "meta").is_dir(), "data in ./data by default"
     assert stat.S_IMODE(os.stat(serve.socket_path).st_mode) == 0o600, "the control socket is owner-only"
 
-    created = serve.cli("topics", "create", "orders", "--partitions", "2")
+    created = serve.cli("topics", "create", "--data-dir", "data", "orders", "--partitions", "2")
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip() == "Created topic orders with 2 partitions."
-    again = serve.cli("topics", "create", "orders")
+    again = serve.cli("topics", "create", "--data-dir", "data", "orders")
     assert again.returncode == 1 and "already exists" in again.stderr
-    assert serve.cli("topics", "create", "orders", "--if-not-exists").returncode == 0
-    assert serve.cli("topics", "list").stdout.split() == ["orders"]
-    described = serve.cli("topics", "describe", "orders").stdout.splitlines()
+    assert serve.cli("topics", "create", "--data-dir", "data", "orders", "--if-not-exists").returncode == 0
+    assert serve.cli("topics", "list", "--data-dir", "data").stdout.split() == ["orders"]
+    described = serve.cli("topics", "describe", "--data-dir", "data", "orders").stdout.splitlines()
     assert described[0].startswith("Topic: orders\tTopicId: ") and "PartitionCount: 2" in described[0]
     assert [line.split("\t")[2] for line in described[1:]] == ["Partition: 0", "Partition: 1"]
 
