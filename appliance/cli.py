@@ -8,6 +8,7 @@ Each target function takes ``argv: list[str]`` and returns the process exit code
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 __all__ = ["main"]
@@ -18,8 +19,6 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("appliance.consume_cli:main", "print records of a topic, like kafka-console-consumer"),
     "dump-log": ("appliance.dump_log:main", "print the record batches of segment files, like kafka-dump-log"),
     "produce": ("appliance.produce_cli:main", "send stdin lines as records, like kafka-console-producer"),
-    "replica": ("appliance.replica_cli:main", "follow a leader: copy its replicated partitions to this node"),
-    "replicas": ("appliance.replica_cli:replicas_main", "replication status, promote a replica to leader"),
     "replica": ("appliance.replica_cli:main", "follow a leader: copy its replicated partitions to this node"),
     "replicas": ("appliance.replica_cli:replicas_main", "replication status, promote a replica to leader"),
     "serve": ("appliance.supervisor:main", "run the appliance (the supervisor and its processes)"),
@@ -45,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, func_name = _COMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest))
+    try:
+        return int(func(rest))
+    except BrokenPipeError:  # the reader went away (`dump-log ... | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

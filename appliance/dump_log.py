@@ -105,9 +105,12 @@ class _Dumper:
             else:
                 self._dump_log(path, view)
         finally:
-            view.release()  # every view derived from it was dropped when the dump helpers returned
-            if isinstance(data, mmap.mmap):
-                data.close()
+            try:
+                view.release()  # every view derived from it was dropped when the dump helpers returned
+                if isinstance(data, mmap.mmap):
+                    data.close()
+            except BufferError:  # an exception in flight still holds derived views: the mmap goes with it
+                pass
 
     def _dump_log(self, path: str, data: memoryview) -> None:
         base = _base_offset(path)
