@@ -30,8 +30,9 @@ requests complete on it, and followers are told it in every Fetch answer.  Consu
 connection (the fetcher has one request in flight per connection, so a new request means the previous
 answer arrived whole).  So any in-sync replica promoted after the leader dies knows a HW at least as high
 as anything a consumer read, and the HW a consumer sees never goes backwards across a failover
-(KAFKA-2334).  The price is one follower round trip of visibility; parked follower fetches are woken when
-the committed HW moves (``appliance.fetch_session``), so that round trip is short.
+(KAFKA-2334).  The price is one follower round trip of visibility, kept short: a follower fetch whose answer
+carries a HW its follower was not told yet is answered at once (no long poll), and a held follower fetch is
+answered when the committed HW moves (``appliance.broker``, ``appliance.fetch_session``).
 
 **State page.**  Line 2 of the page (``ipc.state_page``) is written here for replicated partitions: in
 this order ``isr_size`` (so a local producer refusing acks=all below ``min.insync.replicas`` sees the ISR
