@@ -28,19 +28,21 @@ as an extra child of the supervisor (:func:`child_specs`): node ids are the ones
 they follow the broker's Unix listener (``appliance.unix.listener``), or its TCP listener when that has a
 fixed port.  They die with their supervisor and cannot be promoted in place (the leader is their parent).
 
-**Promotion** (``appliance replicas promote``, the ``promote`` control op).  Leadership moves per node:
-the replica leads every partition it holds, so the request must name all of them (or ``--all``).  It is
-refused while any leader address still answers (stop the old leader first: two leaders would each accept
-writes), and, without ``unclean``, for a partition whose last ISR (from the leader's Metadata, at most
-:data:`~appliance.replica_leaders.REFRESH_INTERVAL_MS` old when the leader went away) did not include this
-replica.  With ``unclean`` it proceeds with a loud warning: records acknowledged by the old leader may be
-lost.  Then, per partition, the fetcher stops and checkpoints its high watermark, and ``replica-state.json``
-records this node as leader with the ISR it starts with (the last ISR minus the old leader, plus itself;
-itself alone if unclean), and the process ``exec``\\s ``appliance serve`` on the same configuration with
-``appliance.replica.leader`` cleared: the supervisor begins a new leader epoch at each log's end, the broker
-serves the Kafka protocol on this node's ``listeners``, the other replicas find it by its higher epoch and
-truncate to it, and a returning old leader must be started as a replica of it (``appliance serve
---override appliance.replica.leader=NEW:PORT``), which truncates what the new leader never had.
+**Promotion** (``appliance replicas promote``, the ``promote`` control op). Leadership moves per node: the
+replica leads every partition it holds, so the request must name all of them (or ``--all``). It is refused
+while any leader address still answers (stop the old leader first: two leaders would each accept writes), and,
+without ``unclean``, for a partition this replica is not known to be in sync for: the last ISR its leader's
+Metadata reported did not include it, or no leader was seen since it started, or that ISR was seen more than
+``replica.lag.time.max.ms`` + :data:`~appliance.replica_leaders.REFRESH_INTERVAL_MS` before the leaders went
+silent (a replica stopped or cut off that long may have been dropped from the ISR unseen). With ``unclean`` it
+proceeds with a loud warning: records acknowledged by the old leader may be lost. Then, per partition, the
+fetcher stops and checkpoints its high watermark, and ``replica-state.json`` records this node as leader with
+the ISR it starts with (the last ISR minus the old leader, plus itself; itself alone if unclean), and the
+process ``exec``\\s ``appliance serve`` on the same configuration with ``appliance.replica.leader`` cleared:
+the supervisor begins a new leader epoch at each log's end, the broker serves the Kafka protocol on this
+node's ``listeners``, the other replicas find it by its higher epoch and truncate to it, and a returning old
+leader must be started as a replica of it (``appliance serve --override appliance.replica.leader=NEW:PORT``),
+which truncates what the new leader never had.
 """
 
 from __future__ import annotations
@@ -499,15 +501,17 @@ class ReplicaNode:
         last = directory.view
         silent_since = directory.silent_since_ms
         lag_ms = self.config.replica_lag_time_max_ms
-        # The last ISR seen is trusted only if it was seen at most replica.lag.time.max.ms before the leaders
-        # went silent: a replica frozen or cut off longer may have been dropped from the ISR unseen.
+        # The last ISR seen is trusted only if it was seen at most replica.lag.time.max.ms (plus one refresh
+        # interval: a healthy replica's view is up to that old when the leader dies) before the leaders went
+        # silent: a replica frozen or cut off longer may have been dropped from the ISR unseen.
+        allowed_ms = lag_ms + REFRESH_INTERVAL_MS
         stale_ms = (silent_since - last.at_ms) if last is not None and silent_since is not None else 0
         decisions = []
         problems = []
         for key in sorted(named):
             followed = self._followed[key]
             seen = last.partitions.get(key) if last is not None else None
-            in_isr = seen is not None and self.node_id in seen.isr and stale_ms <= lag_ms
+            in_isr = seen is not None and self.node_id in seen.isr and stale_ms <= allowed_ms
             if not in_isr:
                 if seen is None:
                     why = "no leader was ever seen"
@@ -516,8 +520,8 @@ class ReplicaNode:
                            f"{seen.leader.leader_epoch})")
                 else:
                     why = (f"the ISR {list(seen.isr)} was seen {stale_ms} ms before the leader went silent, "
-                           f"more than replica.lag.time.max.ms {lag_ms}: it may have been dropped from the "
-                           "ISR unseen (was this replica stopped or cut off?)")
+                           f"more than replica.lag.time.max.ms {lag_ms} + {REFRESH_INTERVAL_MS}: it may have "
+                           "been dropped from the ISR unseen (was this replica stopped or cut off?)")
                 end = followed.fetcher.log_end_offset
                 problems.append(f"{followed.name}: not in sync ({why}; log end {end})")
             decisions.append((followed, seen, in_isr))

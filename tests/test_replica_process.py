@@ -179,6 +179,7 @@ def test_promotion_refusals_then_an_unclean_one_and_the_old_leader_truncates(pai
     n0.signal(signal.SIGSTOP)
     with Producer({"appliance.control.socket": n1.control_socket, "acks": "all"}) as p:
         p.send(TOPIC, b"while-frozen", partition=0).get(10)
+    time.sleep(1.2)  # frozen well past replica.lag.time.max.ms (0.5 s) + one refresh interval (0.5 s)
     n1.kill()
     n0.signal(signal.SIGCONT)
     time.sleep(0.7)  # its next look at the leaders finds nobody
