@@ -154,6 +154,11 @@ class PageCacheProbe:
             raise ValueError("PageCacheProbe: measure() was never called")
         return sorted(self.samples)[len(self.samples) // 2]
 
+    @property
+    def mb_per_s(self) -> float:
+        """The median of the samples so far, in MB/s (10^6 bytes)."""
+        return self.bytes_per_s / MB
+
     def remove(self) -> None:
         for path in self.paths:
             path.unlink(missing_ok=True)

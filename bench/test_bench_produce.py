@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 
 from appliance.control import ControlClient
+from appliance.perf_limits import PageCacheProbe
 from appliance.producer import Producer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,45 +141,6 @@ def _measure(benchmark: Any, run: Callable[[], None], records: int, payload_byte
     benchmark.extra_info.update(info)
     print(f"\n{benchmark.name}: {info}")
     return info
-
-
-class PageCacheProbe:
-    """Buffered 1 MiB ``os.write`` of a given volume to a new file next to the logs: the page-cache write
-    bandwidth at that moment, measured right before each round.
-
-    On this virtual machine the cost of a buffered write is mostly the kernel getting a page, and that
-    varies several-fold (a page freed a moment ago is cheap, a page the host has not backed yet is not).
-    So probe files are kept until :meth:`remove`, after all rounds: neither the probe nor the round it is
-    compared with ever writes into pages the other just freed."""
-
-    def __init__(self, directory: Path, volume_bytes: int) -> None:
-        self.directory = directory
-        self.chunks = max(volume_bytes >> 20, 1)
-        self.chunk = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
-        self.samples: list[float] = []
-        self.paths: list[Path] = []
-
-    def measure(self) -> None:
-        os.sync()  # start as the produce round will: no dirty pages
-        path = self.directory / f"page-cache-probe-{os.getpid()}-{len(self.paths)}"
-        self.paths.append(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            start = time.perf_counter()
-            for _ in range(self.chunks):
-                os.write(fd, self.chunk)
-            elapsed = time.perf_counter() - start
-        finally:
-            os.close(fd)
-        self.samples.append(self.chunks * (1 << 20) / elapsed / 1e6)
-
-    def remove(self) -> None:
-        for path in self.paths:
-            path.unlink(missing_ok=True)
-
-    @property
-    def mb_per_s(self) -> float:
-        return sorted(self.samples)[len(self.samples) // 2]
 
 
 # -- one producer, one partition, 100-byte records, acks=1 ---------------------------------------------------
@@ -328,6 +290,6 @@ def test_10_kib_records_against_page_cache_bandwidth(benchmark: Any, server: Ser
         probe.remove()
     limit = probe.mb_per_s
     benchmark.extra_info["page_cache_mb_per_s"] = round(limit, 1)
-    benchmark.extra_info["page_cache_samples_mb_per_s"] = [round(x) for x in probe.samples]
+    benchmark.extra_info["page_cache_samples_mb_per_s"] = [round(x / 1e6) for x in probe.samples]
     benchmark.extra_info["ratio_to_page_cache"] = round(info["mb_per_s"] / limit, 3)
     print(f"page cache {limit:.0f} MB/s, ratio {info['mb_per_s'] / limit:.3f}")
