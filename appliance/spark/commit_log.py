@@ -231,6 +231,9 @@ class CommitLog:
                     offset = max(offset, header.base_offset + header.last_offset_delta + 1)
                     moved = True
                 if not moved:
+                    if records:  # a batch larger than the fetch: never expected (batches are <= 1 MiB)
+                        raise ApplianceError(f"sink replay: {topic}-{partition} at offset {offset}: a batch "
+                                             f"larger than {_FETCH_BYTES} bytes")
                     return
 
     def _leader(self, topic: str, partition: int) -> KafkaConnection:

@@ -23,6 +23,7 @@ Options, modelled on Spark's Kafka source and sink (``kafka.``-prefixed spelling
     compression.type        none | zstd | gzip for written batches                     writes
     commitLogTopic          the sink's commit log (default appliance-spark-commits)    streaming writes
     txnAppId, txnVersion    exactly-once for batch writes inside foreachBatch: a stable id and the batchId
+                            (one write per pair: a second write with the same pair is taken for a replay)
 
 A JSON offset map names topics and, for each, partitions (as strings) with offsets; partitions it leaves out
 take the default (earliest for batch reads, latest for streams -- as the words would).  Spark's own options

@@ -101,53 +101,51 @@ class _TaskWriter:
             self.already = self.log.written_rows(state.intents)
         return True
 
-    def write(self, batch: pa.RecordBatch, fault_after_rows: int | None = None) -> None:
-        columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+    def write(self, batch: pa.RecordBatch, keep_rows: int | None = None) -> None:
+        """Send the rows of ``batch`` (the first ``keep_rows`` of them: the task fault point)."""
         if self.already is not None and batch.num_rows:
-            batch = batch.filter(pa.array(self._not_written(columns, batch.num_rows)))
-            columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
-        if fault_after_rows is not None:
-            batch = batch.slice(0, fault_after_rows)
-            columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+            batch = batch.filter(pa.array(self._not_written(_columns(batch), batch.num_rows)))
+        if keep_rows is not None:
+            batch = batch.slice(0, keep_rows)
         count = batch.num_rows
         if count == 0:
             return
+        columns = _columns(batch)
         records = RecordColumns(
             byte_column(columns["value"], "value"),
             byte_column(columns["key"], "key") if "key" in columns else None,
             header_columns(columns["headers"]) if "headers" in columns else None,
         )
-        topics = self._topics(columns, count)
+        names, topic_codes = self._topics(columns, count)
         partitions = self._partitions(columns, count)
-        if len(topics) == 1 and partitions is None:
-            self._send(next(iter(topics)), records, None)
-        else:
-            groups: dict[tuple[str, int], list[int]] = {}
-            topic_of = np.empty(count, object)
-            for topic, indexes in topics.items():
-                topic_of[indexes] = topic
-            for row in range(count):
-                partition = -1 if partitions is None or partitions[row] < 0 else int(partitions[row])
-                groups.setdefault((topic_of[row], partition), []).append(row)
-            for (topic, partition), rows in groups.items():
-                picked = take_records(records, np.asarray(rows, np.int64))
-                self._send(topic, picked, None if partition < 0 else partition)
+        if len(names) == 1 and partitions is None:
+            self._send(names[0], records, None)
+        else:  # one send per (topic, explicit partition or -1 = by key), rows in their order
+            if partitions is None:
+                partitions = np.full(count, -1, np.int64)
+            groups = topic_codes * (int(partitions.max()) + 2) + (partitions + 1)
+            order = np.argsort(groups, kind="stable")
+            bounds = np.flatnonzero(np.diff(groups[order])) + 1
+            for rows in np.split(order, bounds):
+                partition = int(partitions[rows[0]])
+                self._send(names[int(topic_codes[rows[0]])], take_records(records, rows),
+                           None if partition < 0 else partition)
         self.records += count
 
-    def _topics(self, columns: dict[str, pa.Array], count: int) -> dict[str, np.ndarray]:
-        """Row indexes per topic."""
-        if "topic" not in columns:
-            assert self.options.topic is not None
-            return {self.options.topic: np.arange(count)}
-        names = columns["topic"].to_pylist()
-        out: dict[str, list[int]] = {}
-        for row, name in enumerate(names):
-            name = name or self.options.topic
-            if not name:
-                raise InvalidRecordError(f"row {row} of the task has a null topic and option topic is not "
-                                         "set")
-            out.setdefault(name, []).append(row)
-        return {name: np.asarray(rows, np.int64) for name, rows in out.items()}
+    def _topics(self, columns: dict[str, pa.Array], count: int) -> tuple[list[str], np.ndarray]:
+        """The topics of the rows: their names and, per row, an index into them."""
+        if "topic" not in columns or columns["topic"].null_count == count:
+            if self.options.topic is None:
+                raise InvalidRecordError("rows have a null topic and option topic is not set")
+            return [self.options.topic], np.zeros(count, np.int64)
+        column = columns["topic"]
+        if column.null_count:
+            if self.options.topic is None:
+                raise InvalidRecordError("a row has a null topic and option topic is not set")
+            column = pc.fill_null(column, self.options.topic)
+        encoded = column.dictionary_encode()
+        names = [str(name) for name in encoded.dictionary.to_pylist()]
+        return names, np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64)
 
     @staticmethod
     def _partitions(columns: dict[str, pa.Array], count: int) -> np.ndarray | None:
@@ -212,6 +210,10 @@ class _TaskWriter:
         self.producer.__exit__(RuntimeError, None, None)
 
 
+def _columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:
+    return {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+
+
 def write_task(options: SourceOptions, batches: Iterator[pa.RecordBatch],
                identity: TaskIdentity | None) -> SinkCommitMessage:
     """Write one task's rows (see the module docstring); the message for the driver's commit."""
@@ -224,7 +226,7 @@ def write_task(options: SourceOptions, batches: Iterator[pa.RecordBatch],
         failing = fault is not None and identity is not None and fault == ("task", identity.batch_id)
         for batch in batches:
             if failing:
-                writer.write(batch, fault_after_rows=batch.num_rows // 2)
+                writer.write(batch, keep_rows=batch.num_rows // 2)
                 writer.producer.flush()
                 raise ApplianceError(f"fault point task:{fault[1] if fault else ''}: the task stops after "
                                      f"{writer.records} of its rows were written")

@@ -74,11 +74,12 @@ def test_zstd_batches_read_back_and_spark_writes_back(spark: Any, appliance: Any
     sent = produce(appliance, "batch-zstd", 2, 800, **{"compression.type": "zstd"})
     frame = reader(spark, appliance, subscribe="batch-zstd")
     assert as_rows(frame) == sent
-    # the batch writer: key, value, headers and an explicit partition column, through the remote producer
-    (frame.selectExpr("key", "value", "headers", "partition").write.format("appliance")
-     .option("bootstrap.servers", appliance.bootstrap).option("topic", "write-out")
+    # the batch writer: key, value, headers, topic and partition columns, through the remote producer
+    columns = frame.selectExpr("key", "value", "headers", "partition", "'write-out' AS topic")
+    (columns.write.format("appliance").option("bootstrap.servers", appliance.bootstrap)
      .option("compression.type", "zstd").mode("append").save())
     copied = as_rows(reader(spark, appliance, subscribe="write-out"))
+
     def contents(rows: list[Row], partition: int) -> list[tuple[Any, ...]]:
         return [(k, v, h) for p, _, k, v, _, h in rows if p == partition]
 
