@@ -13,6 +13,7 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "ApplianceError": "storage.errors",
     "BackPressureError": "storage.errors",
+    "BrokerConnectionError": "storage.errors",
     "ConfigError": "storage.errors",
     "CorruptRecordError": "storage.errors",
     "InvalidRecordError": "storage.errors",
@@ -61,6 +62,7 @@ __all__ = [
     "ApplianceError",
     "BackPressureError",
     "BatchHeader",
+    "BrokerConnectionError",
     "ByteColumn",
     "ConfigError",
     "CorruptRecordError",

@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "ApplianceError",
     "BackPressureError",
+    "BrokerConnectionError",
     "ConfigError",
     "CorruptRecordError",
     "InvalidRecordError",
@@ -73,6 +74,15 @@ class BackPressureError(ApplianceError):
 class RequestTimeoutError(ApplianceError):
     """No answer in time (``delivery.timeout.ms``, ``request.timeout.ms``).  The outcome is unknown:
     an idempotent producer may retry safely."""
+
+
+class BrokerConnectionError(ApplianceError, ConnectionError):
+    """The connection to a broker could not be made or broke (refused, reset, closed mid-response).
+
+    The outcome of requests in flight is unknown.  Open a new connection and retry (an idempotent producer
+    may resend the same batch; a fetcher fetches again from its position).  Also a ``ConnectionError`` (an
+    ``OSError``), so code written for socket errors catches it too.
+    """
 
 
 class ProtocolError(ApplianceError):

@@ -18,6 +18,7 @@ SURFACES: dict[str, set[str]] = {
         "ApplianceError",
         "BackPressureError",
         "BatchHeader",
+        "BrokerConnectionError",
         "ByteColumn",
         "ConfigError",
         "CorruptRecordError",
