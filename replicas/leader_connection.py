@@ -1,12 +1,12 @@
-"""A small blocking Kafka client connection from a follower to its leader, over ``ipc.kafka``.
+"""A follower's connection to its leader: ``ipc.kafka_client.KafkaConnection`` plus a follower's own needs.
 
 Theory of operation
 -------------------
-One TCP (or Unix) socket, one request in flight, one thread.  :meth:`LeaderConnection.request` encodes the
-request (``ipc.kafka.encode_request``), sends it, reads the 4-byte size prefix, then receives the whole
-response body with ``recv_into`` straight into a reusable buffer -- the only copy of the record bytes between
-the kernel and the follower's log -- and decodes it (``ipc.kafka.decode_response``).  A Fetch response's
-``records`` are memoryviews into that buffer: valid until the next request on the connection.
+The socket, ApiVersions negotiation, framing, correlation ids and timeouts are ``KafkaConnection``'s (one
+request in flight here, one thread).  This layer adds three things:
+
+**SASL/PLAIN.**  ``connect(..., sasl_plain=(user, password))`` authenticates (SaslHandshake +
+SaslAuthenticate, mechanism PLAIN) right after version negotiation, before anything else.
 
 **Fetch answers are consumed as they arrive** (:meth:`LeaderConnection.fetch`).  A follower's Fetch names
 one partition, and in its answer that partition's record bytes come last.  So once the fixed part before
@@ -15,31 +15,28 @@ the records' length field read as 0) and checked: one topic, one partition, no e
 to the frame's end -- the records are handed to the caller chunk by chunk (``on_records(view, final)``,
 returning how many bytes it used: whole batches) while the rest is still arriving.  The follower appends
 and checks what it has while the leader's ``sendfile`` goes on, instead of one after the other.  Anything
-else (an error, another layout) is received whole and handed over once.
+else (an error, another layout) is received whole and handed over once.  The bytes are watched through
+``KafkaConnection.receive(on_body=...)``; the framing stays there.
 
-On connect the connection asks ApiVersions and then speaks, per API, the highest version both sides know;
-with ``sasl_plain=(user, password)`` it authenticates (SaslHandshake + SaslAuthenticate, mechanism PLAIN)
-before anything else.
+**Where a leader is**: :func:`leader_from_metadata`.
 
 Any failure leaves the connection closed; make a new one.  What escapes:
 
 * :class:`~storage.errors.RequestTimeoutError` -- no complete answer within the timeout;
 * :class:`~storage.errors.ProtocolError` -- the peer sent bytes that are not the answer (malformed frame,
   wrong correlation id, a frame larger than ``max_response_bytes``, no common version, failed SASL);
-* ``ConnectionError`` (an ``OSError``) -- refused, reset, or closed by the peer (mid-frame included).
+* :class:`~storage.errors.BrokerConnectionError` (also a ``ConnectionError``, an ``OSError``) -- refused,
+  reset, or closed by the peer (mid-frame included).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from ipc.kafka import (
-    APIS,
     DEFAULT_MAX_FRAME_BYTES,
     ApiKey,
-    ApiVersionsRequest,
     ErrorCode,
     FetchableTopicResponse,
     FetchRequest,
@@ -50,15 +47,13 @@ from ipc.kafka import (
     RequestHeader,
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
-    Struct,
     decode_response,
-    encode_request,
     encode_response_parts,
     error_name,
 )
-from ipc.kafka.apis import api_for_request
 from ipc.kafka.framing import SIZE_PREFIX
-from storage.errors import ProtocolError, RequestTimeoutError
+from ipc.kafka_client import KafkaConnection
+from storage.errors import ProtocolError
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "LeaderConnection", "LeaderInfo", "leader_from_metadata"]
 
@@ -68,8 +63,6 @@ STREAM_CHUNK_BYTES: Final = 512 * 1024  # records are handed on in pieces of at 
 # (on_records) view: the records received so far, from the first byte not used yet; final: no more come.
 # Returns the bytes it used (whole batches, from the view's start).
 RecordsConsumer = Callable[[memoryview, bool], int]
-_INITIAL_BUFFER_BYTES: Final = 1 << 20
-_CLIENT_SOFTWARE: Final = "log-appliance-replica"
 
 
 class LeaderInfo(NamedTuple):
@@ -84,110 +77,61 @@ class LeaderInfo(NamedTuple):
         return f"leader {self.leader_id} at {self.host}:{self.port} in epoch {self.leader_epoch}"
 
 
-class LeaderConnection:
-    """A connected, version-negotiated client socket.  Use :meth:`connect`."""
+class LeaderConnection(KafkaConnection):
+    """A connected, version-negotiated (and, if asked, authenticated) connection.  Use :meth:`connect`."""
 
-    def __init__(self, sock: socket.socket, address: str, *, client_id: str, timeout_ms: int,
-                 max_response_bytes: int) -> None:
-        self._sock: socket.socket | None = sock
-        self.address = address
-        self.client_id = client_id
-        self.timeout_ms = timeout_ms
-        self.max_response_bytes = max_response_bytes
-        self._correlation_id = 0
-        self._buffer = bytearray(_INITIAL_BUFFER_BYTES)
-        self._versions: dict[int, int] = {}
-        self._fetch_prefix: dict[tuple[int, str, int], int] = {}
+    def __init__(self, host: str, port: int, **options: Any) -> None:
+        super().__init__(host, port, **options)
+        self._fetch_prefix: dict[tuple[int, str, int], int] = {}  # (version, topic, partition) -> bytes
 
     @classmethod
     def connect(cls, host: str, port: int, *, client_id: str = "appliance-replica",
                 timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
                 max_response_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                 sasl_plain: tuple[str, str] | None = None) -> LeaderConnection:
-        """Connect to ``host:port`` (a socket path with port 0: Unix), negotiate versions, authenticate."""
-        address = f"{host}:{port}" if port else host
-        try:
-            if port:
-                sock = socket.create_connection((host, port), timeout=timeout_ms / 1000)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            else:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout_ms / 1000)
-                try:
-                    sock.connect(host)
-                except BaseException:
-                    sock.close()
-                    raise
-        except TimeoutError:
-            raise RequestTimeoutError(f"leader {address}: no connection within {timeout_ms} ms") from None
-        conn = cls(sock, address, client_id=client_id, timeout_ms=timeout_ms,
-                   max_response_bytes=max_response_bytes)
-        try:
-            conn._negotiate()
-            if sasl_plain is not None:
+        """Connect to ``host:port`` (a socket path with port 0: Unix), negotiate versions, authenticate.
+        ``timeout_ms`` bounds the connect and each exchange."""
+        options: dict[str, Any] = {"client_id": client_id, "connect_timeout_ms": timeout_ms,
+                                   "request_timeout_ms": timeout_ms, "max_response_bytes": max_response_bytes}
+        conn = cls(host, port, **options) if port else cls.over_unix_socket(host, **options)
+        if sasl_plain is not None:
+            try:
                 conn._authenticate_plain(*sasl_plain)
-        except BaseException:
-            conn.close()
-            raise
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
     @property
-    def closed(self) -> bool:
-        return self._sock is None
+    def timeout_ms(self) -> int:
+        """The default bound of each exchange (``request_timeout_ms``)."""
+        return self.request_timeout_ms
 
-    def close(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
-
-    def shutdown(self) -> None:
-        """Wake a thread blocked in :meth:`request` (from another thread); the connection is then unusable."""
-        sock = self._sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def __enter__(self) -> LeaderConnection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def version_for(self, api_key: int) -> int:
-        """The version this connection speaks for ``api_key`` (ProtocolError if the leader lacks it)."""
-        version = self._versions.get(api_key)
-        if version is None:
-            raise ProtocolError(f"leader {self.address}: no common version of {APIS[api_key].name}")
-        return version
-
-    # --- requests -------------------------------------------------------------------------------------------
-    def request(self, body: Struct, *, timeout_ms: int | None = None, version: int | None = None) -> Any:
-        """Send one request and return the decoded response body (its records are views valid until the
-        next request).  ``timeout_ms`` bounds the whole exchange (default: the connection's)."""
-        spec = api_for_request(body)
-        if version is None:
-            version = self.version_for(spec.api_key)
-        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
-        return self._exchange(spec.api_key, version, body, timeout)
+    @timeout_ms.setter
+    def timeout_ms(self, value: int) -> None:
+        self.request_timeout_ms = value
 
     def fetch(self, request: FetchRequest, on_records: RecordsConsumer, *,
               timeout_ms: int | None = None) -> tuple[Any, bool]:
         """A Fetch of one partition whose records go to ``on_records`` as they arrive (see the module
         docstring).  Returns (the decoded answer, whether its records were handed to ``on_records``: False
         for an answer of another shape, an error, or no records -- the caller reads ``records`` itself)."""
-        version = self.version_for(ApiKey.FETCH)
         topics = request.topics
-        single = len(topics) == 1 and len(topics[0].partitions) == 1
-        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
-        if not single:
-            return self._exchange(ApiKey.FETCH, version, request, timeout), False
+        if not (len(topics) == 1 and len(topics[0].partitions) == 1):
+            return self.request(request, timeout_ms=timeout_ms), False
+        version = self.version_for(ApiKey.FETCH)
         prefix = self._prefix_bytes(version, topics[0].topic, topics[0].partitions[0].partition)
-        streamed: list[bool] = [False]
-        answer = self._exchange(ApiKey.FETCH, version, request, timeout,
-                                stream=(prefix, on_records, streamed))
-        return answer, streamed[0]
+        correlation_id = self.send(request, version=version, timeout_ms=timeout_ms)
+        stream = _RecordsStream(prefix, correlation_id, version, on_records)
+        answer = self.receive(on_body=stream.observe)
+        if stream.records is None:
+            return answer, False
+        try:
+            on_records(stream.records[stream.used_bytes:], True)
+        except BaseException:
+            self.close()
+            raise
+        return answer, True
 
     def _prefix_bytes(self, version: int, topic: str, partition: int) -> int:
         """Bytes of a Fetch answer for (topic, partition) before its records (after the size prefix)."""
@@ -203,118 +147,6 @@ class LeaderConnection:
             self._fetch_prefix[key] = size
         return size
 
-    def _exchange(self, api_key: int, version: int, body: Struct, timeout_ms: int,
-                  stream: tuple[int, RecordsConsumer, list[bool]] | None = None) -> Any:
-        sock = self._sock
-        if sock is None:
-            raise ConnectionError(f"leader {self.address}: the connection is closed")
-        self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
-        correlation_id = self._correlation_id
-        frame = encode_request(RequestHeader(api_key, version, correlation_id, self.client_id), body)
-        what = f"{APIS[api_key].name} v{version} (correlation id {correlation_id})"
-        try:
-            sock.settimeout(timeout_ms / 1000)
-            sock.sendall(frame)
-            size_bytes = self._receive_exact(sock, SIZE_PREFIX.size, what)
-            (size,) = SIZE_PREFIX.unpack(size_bytes)
-            if size < 4 or size > self.max_response_bytes:
-                raise ProtocolError(f"leader {self.address}: response to {what} announces {size} bytes, "
-                                    f"expected 4..{self.max_response_bytes}")
-            if size > len(self._buffer):
-                self._buffer = bytearray(size)  # never resized in place: older record views stay valid
-            view = memoryview(self._buffer)[:size]
-            if stream is not None and size > stream[0]:
-                self._receive_streaming(sock, view, what, correlation_id, version, *stream)
-            else:
-                self._receive_into(sock, view, what)
-            response = decode_response(view, api_key, version)
-        except TimeoutError:
-            self.close()
-            raise RequestTimeoutError(f"leader {self.address}: no complete answer to {what} within "
-                                      f"{timeout_ms} ms") from None
-        except BaseException:
-            self.close()
-            raise
-        if response.correlation_id != correlation_id:
-            self.close()
-            raise ProtocolError(f"leader {self.address}: response to {what} carries correlation id "
-                                f"{response.correlation_id}, expected {correlation_id}")
-        return response.body
-
-    def _receive_streaming(self, sock: socket.socket, view: memoryview, what: str, correlation_id: int,
-                           version: int, prefix: int, on_records: RecordsConsumer,
-                           streamed: list[bool]) -> None:
-        """Receive a Fetch answer, handing its records to ``on_records`` while they arrive when the answer
-        has the expected shape (else receive it whole; the caller decodes it)."""
-        self._receive_into(sock, view[:prefix], what)
-        total = len(view)
-        records_bytes = int.from_bytes(view[prefix - 4:prefix], "big", signed=True)
-        clean = self._prefix_is_clean(view[:prefix], correlation_id, version)
-        if records_bytes != total - prefix or not clean:
-            self._receive_into(sock, view[prefix:], what)
-            return
-        streamed[0] = True
-        records = view[prefix:]
-        received = prefix
-        used = 0
-        while received < total:
-            n = sock.recv_into(view[received:], total - received)
-            if n == 0:
-                raise ConnectionError(f"leader {self.address}: connection closed after {received} of {total} "
-                                      f"bytes of the response to {what}")
-            received += n
-            if received - prefix - used >= STREAM_CHUNK_BYTES and received < total:
-                used += on_records(records[used:received - prefix], False)
-        on_records(records[used:], True)
-
-    def _prefix_is_clean(self, prefix: memoryview, correlation_id: int, version: int) -> bool:
-        """The fixed part decodes as an error-free answer about one partition (records read as empty)."""
-        patched = bytearray(prefix)
-        patched[-4:] = b"\0\0\0\0"
-        try:
-            head = decode_response(memoryview(patched), ApiKey.FETCH, version)
-        except (ProtocolError, ValueError):
-            return False
-        body = head.body
-        return (head.correlation_id == correlation_id and body.error_code == ErrorCode.NONE
-                and len(body.responses) == 1 and len(body.responses[0].partitions) == 1
-                and body.responses[0].partitions[0].error_code == ErrorCode.NONE)
-
-    def _receive_exact(self, sock: socket.socket, size: int, what: str) -> bytes:
-        buf = bytearray(size)
-        self._receive_into(sock, memoryview(buf), what)
-        return bytes(buf)
-
-    def _receive_into(self, sock: socket.socket, view: memoryview, what: str) -> None:
-        got = 0
-        total = len(view)
-        while got < total:
-            n = sock.recv_into(view[got:], total - got)
-            if n == 0:
-                raise ConnectionError(f"leader {self.address}: connection closed after {got} of {total} "
-                                      f"bytes of the response to {what}")
-            got += n
-
-    # --- setup ----------------------------------------------------------------------------------------------
-    def _negotiate(self) -> None:
-        """ApiVersions: per API, the highest version both speak."""
-        ours = APIS[ApiKey.API_VERSIONS]
-        answer = self._exchange(ApiKey.API_VERSIONS, ours.max_version,
-                                ApiVersionsRequest(client_software_name=_CLIENT_SOFTWARE,
-                                                   client_software_version="1"), self.timeout_ms)
-        if answer.error_code not in (ErrorCode.NONE, ErrorCode.UNSUPPORTED_VERSION):
-            raise ProtocolError(f"leader {self.address}: ApiVersions answered "
-                                f"{error_name(answer.error_code)}")
-        theirs = {v.api_key: (v.min_version, v.max_version) for v in answer.api_keys}
-        for api_key, spec in APIS.items():
-            if api_key in theirs:
-                low = max(spec.min_version, theirs[api_key][0])
-                high = min(spec.max_version, theirs[api_key][1])
-                if low <= high:
-                    self._versions[api_key] = high
-        if answer.error_code == ErrorCode.UNSUPPORTED_VERSION and ApiKey.API_VERSIONS not in self._versions:
-            raise ProtocolError(f"leader {self.address}: no common ApiVersions version ({theirs})")
-
     def _authenticate_plain(self, user: str, password: str) -> None:
         handshake = self.request(SaslHandshakeRequest(mechanism="PLAIN"))
         if handshake.error_code != ErrorCode.NONE:
@@ -325,6 +157,51 @@ class LeaderConnection:
         if answer.error_code != ErrorCode.NONE:
             raise ProtocolError(f"leader {self.address}: SASL PLAIN authentication as {user!r} failed: "
                                 f"{error_name(answer.error_code)} {answer.error_message or ''}".rstrip())
+
+
+class _RecordsStream:
+    """Watches one Fetch answer arrive (a ``KafkaConnection`` body observer) and hands its records to
+    ``on_records`` in pieces while more is coming -- if the fixed part before them is clean."""
+
+    def __init__(self, prefix_bytes: int, correlation_id: int, version: int,
+                 on_records: RecordsConsumer) -> None:
+        self.prefix_bytes = prefix_bytes
+        self.correlation_id = correlation_id
+        self.version = version
+        self.on_records = on_records
+        self.checked = False
+        self.records: memoryview | None = None  # set once the answer is known to have the streamable shape
+        self.used_bytes = 0
+
+    def observe(self, body: memoryview, received_bytes: int) -> None:
+        prefix = self.prefix_bytes
+        total = len(body)
+        if not self.checked:
+            if received_bytes < prefix:
+                return
+            self.checked = True
+            records_bytes = int.from_bytes(body[prefix - 4:prefix], "big", signed=True)
+            if total <= prefix or records_bytes != total - prefix or not self._prefix_is_clean(body[:prefix]):
+                return
+            self.records = body[prefix:]
+        records = self.records
+        if records is None or received_bytes >= total:
+            return
+        if received_bytes - prefix - self.used_bytes >= STREAM_CHUNK_BYTES:
+            self.used_bytes += self.on_records(records[self.used_bytes:received_bytes - prefix], False)
+
+    def _prefix_is_clean(self, prefix: memoryview) -> bool:
+        """The fixed part decodes as an error-free answer about one partition (records read as empty)."""
+        patched = bytearray(prefix)
+        patched[-4:] = b"\0\0\0\0"
+        try:
+            head = decode_response(memoryview(patched), ApiKey.FETCH, self.version)
+        except (ProtocolError, ValueError):
+            return False
+        body = head.body
+        return (head.correlation_id == self.correlation_id and body.error_code == ErrorCode.NONE
+                and len(body.responses) == 1 and len(body.responses[0].partitions) == 1
+                and body.responses[0].partitions[0].error_code == ErrorCode.NONE)
 
 
 def leader_from_metadata(conn: LeaderConnection, topic: str, partition: int) -> LeaderInfo | None:

@@ -447,5 +447,5 @@ def test_no_leader_and_unreachable_leader_back_off(dirs: tuple[Path, Path]) -> N
             port = gone.port
         unreachable = PartitionFetcher(follower_log, LeaderInfo("127.0.0.1", port, 0, 0), fast())
         outcome = unreachable.step()
-        assert outcome.action == "backoff" and "ConnectionRefusedError" in outcome.detail
+        assert outcome.action == "backoff" and "cannot connect: Connection refused" in outcome.detail
         unreachable.close()
