@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "RecordMetadata": "appliance.producer",
     "RecordHandle": "appliance.producer",
     "BulkHandle": "appliance.producer",
+    "BulkMetadata": "appliance.producer",
     "Consumer": "appliance.consumer",
     "ConsumerRecord": "appliance.consumer",
     "RecordArrays": "appliance.consumer",
@@ -23,15 +24,18 @@ _EXPORTS: dict[str, str] = {
     "load_config": "appliance.config",
     "ControlClient": "appliance.control",
     "ControlError": "appliance.control",
+    "KafkaAdmin": "appliance.kafka_admin",
 }
 
 __all__ = [
     "BulkHandle",
+    "BulkMetadata",
     "Config",
     "Consumer",
     "ConsumerRecord",
     "ControlClient",
     "ControlError",
+    "KafkaAdmin",
     "Producer",
     "RecordArrays",
     "RecordHandle",

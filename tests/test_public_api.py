@@ -90,11 +90,13 @@ SURFACES: dict[str, set[str]] = {
     },
     "appliance": {
         "BulkHandle",
+        "BulkMetadata",
         "Config",
         "Consumer",
         "ConsumerRecord",
         "ControlClient",
         "ControlError",
+        "KafkaAdmin",
         "Producer",
         "RecordArrays",
         "RecordHandle",
