@@ -66,7 +66,7 @@ _KNOWN: Final = {name.lower(): name for name in (
 _SPARK_OWN: Final = frozenset({"path", "queryname", "checkpointlocation"})
 _COMPRESSION: Final = ("none", "zstd", "gzip")
 _WRITE_COLUMNS: Final = ("key", "value", "topic", "partition", "headers")
-_FAULT_POINT: Final = re.compile(r"(commit|task):(\d+)")
+_FAULT_POINT: Final = re.compile(r"(commit|kill):(\d+)")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class SourceOptions:
     commit_log_topic: str = DEFAULT_COMMIT_LOG_TOPIC
     txn_app_id: str | None = None
     txn_version: int | None = None
-    fault_point: tuple[str, int] | None = None  # tests: ("commit" | "task", batch id)
+    fault_point: tuple[str, int] | None = None  # tests: ("commit" | "kill", batch id), see writer.py
 
     # -- the checks that depend on what the query does ----------------------------------------------------
 
@@ -224,7 +224,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         match = _FAULT_POINT.fullmatch(given["appliance.test.faultPoint"])
         if match is None:
             raise ConfigError("appliance data source: option appliance.test.faultPoint: expected "
-                              "commit:<batchId> or task:<batchId>")
+                              "commit:<batchId> or kill:<batchId>")
         fault = (match.group(1), int(match.group(2)))
     compression = given.get("compression.type", "none").lower()
     if compression not in _COMPRESSION:

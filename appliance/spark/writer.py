@@ -15,13 +15,16 @@ exactly once the same way when given ``txnAppId`` (a stable id of the job) and `
 Kafka's sink does).  ``mode("overwrite")`` is refused for batch writes (a topic is append-only); a streaming
 query in ``complete`` output mode appends its whole result table each batch, as Kafka's sink does.
 
-Fault points for tests, option ``appliance.test.faultPoint``: ``task:N`` makes every task of batch ``N``
-fail after half of its rows were written (acknowledged), ``commit:N`` makes the driver's commit of batch
-``N`` fail before its commit record is appended.
+Fault points for tests, option ``appliance.test.faultPoint``: ``kill:N`` makes every task of batch ``N``
+SIGKILL its own process (the Python worker) after half of its rows were acknowledged and a quarter more
+sent without waiting; ``commit:N`` makes the driver's commit of batch ``N`` fail before its commit record is
+appended.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,12 +104,10 @@ class _TaskWriter:
             self.already = self.log.written_rows(state.intents)
         return True
 
-    def write(self, batch: pa.RecordBatch, keep_rows: int | None = None) -> None:
-        """Send the rows of ``batch`` (the first ``keep_rows`` of them: the task fault point)."""
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Send the rows of ``batch`` (those an earlier attempt did not write, on a replay)."""
         if self.already is not None and batch.num_rows:
             batch = batch.filter(pa.array(self._not_written(_columns(batch), batch.num_rows)))
-        if keep_rows is not None:
-            batch = batch.slice(0, keep_rows)
         count = batch.num_rows
         if count == 0:
             return
@@ -222,20 +223,27 @@ def write_task(options: SourceOptions, batches: Iterator[pa.RecordBatch],
         if not writer.start():
             writer.finish()
             return SinkCommitMessage(identity, writer.producer.producer_id, 0, skipped=True)
-        fault = options.fault_point
-        failing = fault is not None and identity is not None and fault == ("task", identity.batch_id)
+        killed = identity is not None and options.fault_point == ("kill", identity.batch_id)
         for batch in batches:
-            if failing:
-                writer.write(batch, keep_rows=batch.num_rows // 2)
-                writer.producer.flush()
-                raise ApplianceError(f"fault point task:{fault[1] if fault else ''}: the task stops after "
-                                     f"{writer.records} of its rows were written")
+            if killed:
+                _die_midway(writer, batch)
             writer.write(batch)
         writer.finish()
     except BaseException:
         writer.abandon()
         raise
     return SinkCommitMessage(identity, writer.producer.producer_id, writer.records)
+
+
+def _die_midway(writer: _TaskWriter, batch: pa.RecordBatch) -> None:
+    """Fault point ``kill:N``: the first half of the rows written and acknowledged, the third quarter sent
+    without waiting (requests in flight), the last quarter never sent, then SIGKILL of this process -- no
+    clean-up runs."""
+    half, three_quarters = batch.num_rows // 2, batch.num_rows * 3 // 4
+    writer.write(batch.slice(0, half))
+    writer.producer.flush()
+    writer.write(batch.slice(half, three_quarters - half))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def commit_batch(options: SourceOptions, messages: list[WriterCommitMessage | None], batch_id: int) -> None:

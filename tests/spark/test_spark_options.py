@@ -34,7 +34,7 @@ BASE = {"bootstrap.servers": "127.0.0.1:9092"}
     ({**BASE, "startingOffsets": '{"t": {"0": 1.5}}'}, "topic 't' partition 0: offset 1.5 is not an offset"),
     ({**BASE, "endingOffsets": "{"}, "option endingOffsets: '{' is not earliest, latest or valid JSON "
      "(Expecting property name enclosed in double quotes at line 1 column 2)"),
-    ({**BASE, "appliance.test.faultPoint": "boom"}, "expected commit:<batchId> or task:<batchId>"),
+    ({**BASE, "appliance.test.faultPoint": "boom"}, "expected commit:<batchId> or kill:<batchId>"),
 ])
 def test_malformed_options_name_the_option(options: dict[str, str], expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
