@@ -727,6 +727,15 @@ class RemoteProducer:
             if self._bootstrap_connection is not None:
                 self._bootstrap_connection.close()
 
+    def discard(self) -> None:
+        """Close the connections without waiting: unacknowledged batches are abandoned (each may or may not
+        be appended).  For giving up after an error."""
+        self._closed = True
+        for broker in self._brokers.values():
+            self._drop_connection(broker, "discarded")
+        if self._bootstrap_connection is not None:
+            self._bootstrap_connection.close()
+
     def __enter__(self) -> RemoteProducer:
         return self
 
@@ -734,11 +743,7 @@ class RemoteProducer:
         if exc_type is None:
             self.close()
         else:
-            self._closed = True
-            for broker in self._brokers.values():
-                self._drop_connection(broker, "closed after an error")
-            if self._bootstrap_connection is not None:
-                self._bootstrap_connection.close()
+            self.discard()
 
     def __repr__(self) -> str:
         unacked = sum(len(s.queue) for s in self._partitions.values())

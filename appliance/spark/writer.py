@@ -42,7 +42,7 @@ from pyspark.sql.datasource import (
 from appliance.remote_producer import RemoteProducer, take_records
 from appliance.spark.arrow_columns import byte_column, header_columns
 from appliance.spark.commit_log import CommitLog, Intent, RowKey
-from appliance.spark.options import SourceOptions
+from appliance.spark.options import LATEST, SourceOptions
 from appliance.spark.planning import ClusterView
 from storage.batch_builder import RecordColumns
 from storage.errors import ApplianceError, ConfigError, InvalidRecordError
@@ -174,7 +174,7 @@ class _TaskWriter:
         view = ClusterView(self.options.bootstrap_servers)
         try:
             partitions = [(topic, p) for p in range(len(self.producer.partitions_for(topic)))]
-            high = view.offsets(partitions, -1)
+            high = view.offsets(partitions, LATEST)
         finally:
             view.close()
         intent = Intent(self.identity.batch_id, self.identity.task, self.producer.producer_id, topic,
@@ -208,7 +208,7 @@ class _TaskWriter:
         self.producer.close()
 
     def abandon(self) -> None:
-        self.producer.__exit__(RuntimeError, None, None)
+        self.producer.discard()
 
 
 def _columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:
