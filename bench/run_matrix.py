@@ -458,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.monotonic() - started:6.0f} s] {message}", flush=True)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    commit = os.environ.get("BENCH_GIT_COMMIT") or subprocess.run(  # set when run from a `git archive` copy
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     results: dict[str, Any] = {"date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "git_commit": commit,
                                "quick": args.quick, "host": {"cpus": os.cpu_count(),
                                                              "python": sys.version.split()[0],
@@ -498,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.matrix_plots import plot_all
 
     images = plot_all(results, IMAGES if not args.quick else out_dir / f"{name}-img")
-    command = "make bench" + (" (python -m bench.run_matrix --quick)" if args.quick else "")
+    command = os.environ.get("BENCH_COMMAND") or (
+        "make bench" + (" (python -m bench.run_matrix --quick)" if args.quick else ""))
     if not args.no_docs and not args.quick:
         update_doc(results, images, command)
     print_table(results)
