@@ -60,9 +60,12 @@ def connect(appliance: Appliance, timeout_s: float = 20) -> WireClient:
             continue
         try:
             client.call(ApiKey.API_VERSIONS, 3, ApiVersionsRequest("pytest", "1"))
-        except OSError:
+        except OSError:  # accepted into the backlog of a listener that was going away: reset, try again
             client.close()
-            raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
         return client
 
 
