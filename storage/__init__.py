@@ -7,8 +7,7 @@ resolved lazily, so importing one submodule does not load the numba kernels of a
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from storage.lazy_exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "ApplianceError": "storage.errors",
@@ -101,14 +100,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
