@@ -35,8 +35,10 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
+# The pytest-benchmark suites, the standard matrix and the cost-growth runs; writes bench/results/<date>.json,
+# docs/img/*.png and the generated tables of docs/performance.md (see bench/run_matrix.py).
 bench: install
-	$(BIN)/python -m pytest bench -q --benchmark-enable --benchmark-only
+	$(BIN)/python -m bench.run_matrix
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .mypy_cache .ruff_cache
