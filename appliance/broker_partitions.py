@@ -187,7 +187,8 @@ class PartitionTable:
                 meta.state_pages.get(partition) or self.names.state_page(topic, partition)
             )
         except Exception as e:  # no page yet (posix_ipc.ExistentialError), or not one
-            log.debug("partition %s-%d: state page not available: %s", topic, partition, e)
+            log.warning("partition %s-%d: state page not available (answering NOT_LEADER_OR_FOLLOWER): %s",
+                        topic, partition, e)
             return None
         try:
             config = self._log_configs(topic) if self._log_configs is not None else LogConfig()

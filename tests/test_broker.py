@@ -666,15 +666,11 @@ def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standa
     try:
         for _ in range(60):  # more than the broker may open: the rest wait in the listen backlog
             clients.append(WireClient(standalone.tcp, timeout_s=0.5))
-        # The existing connection keeps being served throughout; on a loaded machine the broker may still be
-        # busy with the flood, so allow it a few seconds rather than one timed shot.
-        deadline = time.monotonic() + 5.0
-        while True:
-            answer = first.call(ApiKey.FETCH, 11, fetch_request(0)).responses[0].partitions[0]
-            if offsets_in(answer.records) == [0, 1, 2] or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert (answer.error_code, offsets_in(answer.records)) == (0, [0, 1, 2])
+        # The existing connection keeps being answered throughout: with records, or -- when the broker has no
+        # descriptor left to (re)open the partition's state page -- with Kafka's retriable
+        # NOT_LEADER_OR_FOLLOWER, never silence or a closed connection.
+        answer = first.call(ApiKey.FETCH, 11, fetch_request(0)).responses[0].partitions[0]
+        assert (answer.error_code, offsets_in(answer.records)) in ((0, [0, 1, 2]), (6, []))
         for client in clients:
             client.send(ApiKey.API_VERSIONS, 3, ApiVersionsRequest("pytest", "1"))
         time.sleep(0.5)
@@ -688,6 +684,13 @@ def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standa
     late = WireClient(standalone.tcp)  # descriptors are free again: accepted after the pause
     try:
         assert late.call(ApiKey.API_VERSIONS, 3, ApiVersionsRequest("pytest", "1")).error_code == 0
+        deadline = time.monotonic() + 5.0  # and the partition serves records again
+        while True:
+            answer = first.call(ApiKey.FETCH, 11, fetch_request(0)).responses[0].partitions[0]
+            if answer.error_code == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert (answer.error_code, offsets_in(answer.records)) == (0, [0, 1, 2])
     finally:
         late.close()
     assert "not accepting for" in standalone.log_text()

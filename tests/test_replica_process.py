@@ -184,5 +184,8 @@ def test_promotion_refusals_then_an_unclean_one_and_the_old_leader_truncates(pai
     n0.signal(signal.SIGCONT)
     time.sleep(0.7)  # its next look at the leaders finds nobody
     refused = promote(n0, "--all")
-    assert refused.returncode == 1 and "dropped from the ISR unseen" in refused.stderr
+    # Either reason is a correct refusal: which one depends on whether the thawed replica saw the ISR without
+    # itself before its leader died (on a loaded machine it may have).
+    assert refused.returncode == 1, refused.stderr
+    assert "dropped from the ISR unseen" in refused.stderr or "not in sync" in refused.stderr
     assert n0.stop() == 0
