@@ -55,11 +55,10 @@ from storage.batch_header import (
     TIMESTAMP_TYPE_MASK,
     compute_crc,
 )
+from storage.batch_reader import RecordAccessors, decode_batch, decode_headers
 from storage.batch_reader import _decode_records as _decode_records_kernel  # storage's record kernel
-from storage.batch_reader import decode_batch
 from storage.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from storage.errors import CorruptRecordError
-from storage.varint import decode_varint
 
 __all__ = [
     "BAD_LENGTH",
@@ -283,7 +282,7 @@ def _decode_run(
 
 
 @dataclass(frozen=True, slots=True)
-class RecordArrays:
+class RecordArrays(RecordAccessors):
     """Records of one partition decoded into arrays.  Record ``i`` has offset ``offsets[i]``, timestamp
     ``timestamps[i]`` (ms), key ``data[key_positions[i]:][:key_lengths[i]]`` (null when the length is -1),
     value likewise, and ``header_counts[i]`` headers encoded from ``data[header_positions[i]]``.
@@ -313,22 +312,6 @@ class RecordArrays:
     def next_offset(self) -> int:
         """The offset after the last record here."""
         return int(self.offsets[-1]) + 1 if len(self.offsets) else -1
-
-    def key(self, index: int) -> bytes | None:
-        length = int(self.key_lengths[index])
-        start = int(self.key_positions[index])
-        return None if length < 0 else self.data[start : start + length].tobytes()
-
-    def value(self, index: int) -> bytes | None:
-        length = int(self.value_lengths[index])
-        start = int(self.value_positions[index])
-        return None if length < 0 else self.data[start : start + length].tobytes()
-
-    def headers(self, index: int) -> tuple[tuple[str, bytes | None], ...]:
-        count = int(self.header_counts[index])
-        if count == 0:
-            return ()
-        return _parse_headers(self.data.data, int(self.header_positions[index]), count)
 
     def record(self, index: int) -> ConsumerRecord:
         return ConsumerRecord(
@@ -382,7 +365,7 @@ class RecordArrays:
             headers: Iterator[tuple[tuple[str, bytes | None], ...]] | list[
                 tuple[tuple[str, bytes | None], ...]
             ] = [
-                () if n == 0 else _parse_headers(view, p, n)
+                () if n == 0 else decode_headers(view, p, n)
                 for p, n in zip(self.header_positions.tolist(), self.header_counts.tolist(), strict=True)
             ]
         else:
@@ -427,22 +410,6 @@ def _slices(blob: bytes, positions: np.ndarray, lengths: np.ndarray, base: int) 
         ends = (positions - base + lengths).tolist()
         return [blob[s:e] for s, e in zip(starts, ends, strict=True)]
     return [None if n < 0 else blob[s : s + n] for s, n in zip(starts, lengths.tolist(), strict=True)]
-
-
-def _parse_headers(view: memoryview, at: int, count: int) -> tuple[tuple[str, bytes | None], ...]:
-    """Headers already validated by the record kernel: name length, name, value length, value."""
-    pairs: list[tuple[str, bytes | None]] = []
-    for _ in range(count):
-        name_length, at = decode_varint(view, at)
-        name = bytes(view[at : at + name_length]).decode("utf-8", "replace")
-        at += name_length
-        value_length, at = decode_varint(view, at)
-        if value_length < 0:
-            pairs.append((name, None))
-        else:
-            pairs.append((name, bytes(view[at : at + value_length])))
-            at += value_length
-    return tuple(pairs)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -57,7 +57,9 @@ __all__ = [
     "BatchIterator",
     "DecodedBatch",
     "Record",
+    "RecordAccessors",
     "decode_batch",
+    "decode_headers",
     "iter_batches",
     "iter_records",
     "records_data",
@@ -461,8 +463,56 @@ def _decode_records(
     return 0, at, count
 
 
+def decode_headers(view: memoryview, at: int, count: int) -> tuple[tuple[str, bytes | None], ...]:
+    """``count`` headers at ``at`` that the record kernel already validated: name length, name, value length,
+    value (-1 = null)."""
+    pairs: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        name_length, at = decode_varint(view, at)
+        name = bytes(view[at : at + name_length]).decode("utf-8", "replace")
+        at += name_length
+        value_length, at = decode_varint(view, at)
+        if value_length < 0:
+            pairs.append((name, None))
+        else:
+            pairs.append((name, bytes(view[at : at + value_length])))
+            at += value_length
+    return tuple(pairs)
+
+
+class RecordAccessors:
+    """Per-record access to records decoded into arrays, written once for every such class
+    (:class:`DecodedBatch` here, the consumer's ``RecordArrays``): they hold ``data`` and the position and
+    length arrays named below, and inherit ``key``, ``value`` and ``headers`` from here."""
+
+    __slots__ = ()
+    data: np.ndarray  # uint8
+    key_positions: np.ndarray  # int64, into data
+    key_lengths: np.ndarray  # int32, -1 = null
+    value_positions: np.ndarray  # int64
+    value_lengths: np.ndarray  # int32, -1 = null
+    header_positions: np.ndarray  # int64
+    header_counts: np.ndarray  # int32
+
+    def key(self, index: int) -> bytes | None:
+        length = int(self.key_lengths[index])
+        start = int(self.key_positions[index])
+        return None if length < 0 else self.data[start : start + length].tobytes()
+
+    def value(self, index: int) -> bytes | None:
+        length = int(self.value_lengths[index])
+        start = int(self.value_positions[index])
+        return None if length < 0 else self.data[start : start + length].tobytes()
+
+    def headers(self, index: int) -> tuple[tuple[str, bytes | None], ...]:
+        count = int(self.header_counts[index])
+        if count == 0:
+            return ()
+        return decode_headers(self.data.data, int(self.header_positions[index]), count)
+
+
 @dataclass(frozen=True, slots=True)
-class DecodedBatch:
+class DecodedBatch(RecordAccessors):
     """A batch decoded into arrays.  Record ``i`` has offset ``offsets[i]``, timestamp ``timestamps[i]``, key
     ``data[key_positions[i]:][:key_lengths[i]]`` (null when the length is -1), value likewise, and
     ``header_counts[i]`` headers starting at ``data[header_positions[i]]`` (decoded by :meth:`headers`).
@@ -485,27 +535,6 @@ class DecodedBatch:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-    def key(self, index: int) -> bytes | None:
-        length = int(self.key_lengths[index])
-        start = int(self.key_positions[index])
-        return None if length < 0 else self.data[start : start + length].tobytes()
-
-    def value(self, index: int) -> bytes | None:
-        length = int(self.value_lengths[index])
-        start = int(self.value_positions[index])
-        return None if length < 0 else self.data[start : start + length].tobytes()
-
-    def headers(self, index: int) -> tuple[tuple[str, bytes | None], ...]:
-        view = self.data.data
-        at = int(self.header_positions[index])
-        pairs = []
-        for _ in range(int(self.header_counts[index])):  # validated by the kernel
-            name_length, at = decode_varint(view, at)
-            name = bytes(view[at : at + name_length]).decode("utf-8", "replace")
-            value, at = _nullable(view, at + name_length, len(view))
-            pairs.append((name, value))
-        return tuple(pairs)
 
     def record(self, index: int) -> Record:
         return Record(
