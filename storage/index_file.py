@@ -236,10 +236,11 @@ class IndexFile:
     # --- writing (the single writer only) ----------------------------------------------------------------
     def append(self, first: int, second: int) -> None:
         """Write one two-field entry after the used ones (the caller checked ``is_full``)."""
-        at = self.entries * self.entry.size
-        if at + self.entry.size > self._populated:
+        entry = self.entry
+        at = self.entries * entry.size
+        if at + entry.size > self._populated:
             self._populate(at)
-        self.entry.pack_into(self._mm, at, first, second)  # type: ignore[arg-type]
+        entry.pack_into(self._mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
 
     def _populate(self, start: int) -> None:

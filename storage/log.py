@@ -47,14 +47,18 @@ import contextlib
 import fcntl
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Final, NamedTuple
 
 from storage.batch_header import (
+    BASE_OFFSET_OFFSET,
+    BATCH_HEADER,
     BATCH_LENGTH_OFFSET,
     LOG_OVERHEAD,
+    PARTITION_LEADER_EPOCH_OFFSET,
     BatchHeader,
     check_batch,
     stamp,
@@ -75,12 +79,13 @@ from storage.errors import (
     OffsetOutOfRangeError,
 )
 from storage.flusher import RolledSegmentFlusher
-from storage.log_config import INT32_MAX, LogConfig
+from storage.log_config import INT32_MAX, LONG_MAX, LogConfig
 from storage.recovery import load_segments
 from storage.retention import RetentionCandidate, segments_to_delete
 from storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    NEEDS_ROLL,
     TIME_INDEX_SUFFIX,
     BatchBuffer,
     FetchSlice,
@@ -119,6 +124,13 @@ _MAX_TIMESTAMP: Final = BatchHeader._fields.index("max_timestamp")
 _RECORDS_COUNT: Final = BatchHeader._fields.index("records_count")
 
 _new_tuple = tuple.__new__  # NamedTuple construction without its keyword handling (hot path)
+# baseOffset, batchLength, partitionLeaderEpoch are the header's first three fields, back to back: the hot
+# path stamps them with one pack (batchLength rewritten with the validated value) where stamp() does two.
+_STAMP_RUN: Final = struct.Struct(BATCH_HEADER.format[:4])
+assert BatchHeader._fields[:3] == ("base_offset", "batch_length", "partition_leader_epoch")
+assert (BASE_OFFSET_OFFSET, BATCH_LENGTH_OFFSET, _STAMP_RUN.size) == (0, 8, PARTITION_LEADER_EPOCH_OFFSET + 4)
+_pack_stamp = _STAMP_RUN.pack_into
+_time_ns = time.time_ns
 
 _log = logging.getLogger(__name__)
 _FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
@@ -198,9 +210,12 @@ class Log:
         self._unflushed_records = 0
         self._last_flush = time.monotonic()
         self._flush_due_s = self._last_flush + config.flush_ms / 1000  # flush.ms after the last flush
+        self._flush_messages = config.flush_messages
+        self._flush_timed = config.flush_ms < LONG_MAX  # else the due time is never reached: no clock read
         self._checkpoint_lock = threading.Lock()
         self._flusher = RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
         self._closed = False
+        self._append_generation = self._fork_generation  # -1 once closed: one comparison on the hot path
 
     # --- opening and closing --------------------------------------------------------------------------------
     @classmethod
@@ -300,6 +315,7 @@ class Log:
 
     def _release(self) -> None:
         self._closed = True
+        self._append_generation = -1
         if self._lock_fd >= 0:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
@@ -364,9 +380,15 @@ class Log:
         :class:`InvalidRecordError` for one larger than ``max.message.bytes``, :class:`NotLeaderError` for an
         epoch older than the latest recorded; then nothing was appended.
         """
-        self._check_writable()
         view = _byte_view(buf)
-        headers = self._validate(view, self.config.max_message_bytes)
+        max_batch_bytes = self.config.max_message_bytes
+        first = check_batch(view, 0, whole=False)
+        if not isinstance(first, int) and first[_BATCH_LENGTH] + LOG_OVERHEAD == len(view) <= max_batch_bytes:
+            info = self._append_one(view, first, leader_epoch)
+            if info is not None:
+                return info
+        self._check_writable()
+        headers = self._validate(view, max_batch_bytes, first=first)
         latest_epoch = self._check_leader_epoch(leader_epoch)
         first_offset = next_offset = self._segments[-1].next_offset
         batches: list[tuple[int, int, int, int]] = []
@@ -404,8 +426,12 @@ class Log:
         ``ValueError`` for mismatched arguments; then nothing was stamped or appended.  Untrusted bytes go
         through :meth:`append`, which validates.
         """
-        self._check_writable()
         count = len(views)
+        if count == 1 == len(headers):
+            info = self._append_one(views[0], headers[0], leader_epoch)
+            if info is not None:
+                return info
+        self._check_writable()
         if count == 0 or count != len(headers):
             raise ValueError(f"{self._where}: {count} buffers and {len(headers)} headers; need as many, >= 1")
         latest_epoch = self._check_leader_epoch(leader_epoch)
@@ -423,6 +449,36 @@ class Log:
         if leader_epoch > latest_epoch:
             self._epochs.assign(leader_epoch, first_offset)
         return self._write(views, total, batches, records)
+
+    def _append_one(self, view: memoryview, header: BatchHeader, leader_epoch: int) -> AppendInfo | None:
+        """The common append in one pass: one validated batch, in the latest recorded leader epoch, within
+        the active segment's append budget (``LogSegment.append_batch``: no roll rule can fire).  None, with
+        nothing written, when any of that does not hold: the general path then decides, and raises."""
+        if self._append_generation != _FORK_GENERATION[0]:  # closed, or a forked child
+            return None
+        self._flusher.raise_error()
+        epochs = self._epochs.entries
+        if not epochs or epochs[-1].epoch != leader_epoch:
+            return None
+        segment = self._segments[-1]
+        base = segment.next_offset
+        last = base + header[_LAST_OFFSET_DELTA]
+        size = header[_BATCH_LENGTH] + LOG_OVERHEAD
+        max_timestamp = header[_MAX_TIMESTAMP]
+        _pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
+        position = segment.append_batch(view, last, size, max_timestamp)
+        if position == NEEDS_ROLL:
+            return None
+        records = header[_RECORDS_COUNT]
+        self._unflushed_records += records
+        if self._unflushed_records >= self._flush_messages or (
+                self._flush_timed and time.monotonic() >= self._flush_due_s):
+            self.flush()
+        offset_of_max = last
+        if max_timestamp < 0:
+            max_timestamp, offset_of_max = -1, base - 1
+        return _new_tuple(AppendInfo, (base, last, _time_ns() // 1_000_000, max_timestamp, offset_of_max, 1,
+                                       records, position, segment.base_offset, size))
 
     def _check_leader_epoch(self, leader_epoch: int) -> int:
         """The latest recorded epoch, after refusing an append in an older (or negative) one."""
@@ -479,15 +535,17 @@ class Log:
                 self._epochs.assign(epoch, header.base_offset)
         return self._write((view,), position, batches, records)
 
-    def _validate(self, view: memoryview, max_batch_bytes: int | None = None) -> list[BatchHeader]:
-        """Every batch in ``view`` (magic, length, CRC; size limit for leaders), before anything changes."""
+    def _validate(self, view: memoryview, max_batch_bytes: int | None = None, *,
+                  first: BatchHeader | int | None = None) -> list[BatchHeader]:
+        """Every batch in ``view`` (magic, length, CRC; size limit for leaders), before anything changes.
+        ``first``: what ``check_batch(view, 0, whole=False)`` already returned (not computed twice)."""
         end = len(view)
         if end == 0:
             raise InvalidRecordError(f"{self._where}: no record batch in an empty buffer")
         headers = []
         position = 0
         while position < end:
-            header = check_batch(view, position, whole=False)
+            header = check_batch(view, position, whole=False) if position or first is None else first
             if isinstance(header, int):  # refused: validate_batch raises, saying why
                 header = validate_batch(view, position, where=self._where)
             size = header.batch_length + LOG_OVERHEAD
@@ -525,7 +583,8 @@ class Log:
         else:
             first_position, first_segment = self._write_rolling(parts, batches, now_ms)
         self._unflushed_records += records
-        if self._unflushed_records >= config.flush_messages or time.monotonic() >= self._flush_due_s:
+        if self._unflushed_records >= self._flush_messages or (
+                self._flush_timed and time.monotonic() >= self._flush_due_s):
             self.flush()
         return _new_tuple(AppendInfo, (batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max,
                                        len(batches), records, first_position, first_segment, size_bytes))

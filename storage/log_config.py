@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from storage.errors import ConfigError
 
@@ -37,6 +37,10 @@ _SETTINGS: Final[dict[str, tuple[str, int, int]]] = {
     "flush.ms": ("flush_ms", 0, LONG_MAX),
     "max.message.bytes": ("max_message_bytes", 0, INT32_MAX),
 }
+# Kafka's topic-level name -> field, for the true/false settings
+_BOOL_SETTINGS: Final[dict[str, str]] = {
+    "preallocate": "preallocate",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,11 @@ class LogConfig:
       (``LONG_MAX``) never fsyncs on a count or timer and leaves durability to replication and the page
       cache (segments are still fsynced in the background when they are rolled, and on close).
     * ``max_message_bytes``: the largest batch a leader append accepts.
+    * ``preallocate``: reserve the active segment's disk blocks ahead of the appends, in chunks, without
+      changing its size (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``); the unused reservation is released
+      when the segment is rolled or closed.  Kafka's default is false (it preallocates the whole segment
+      and was added for Windows); here it is true because appending into reserved blocks costs ext4 about
+      10% less per 64 KiB write (docs/storage.md).  A file system without ``fallocate`` just skips it.
     """
 
     segment_bytes: int = 1024 * 1024 * 1024
@@ -66,6 +75,7 @@ class LogConfig:
     flush_messages: int = LONG_MAX
     flush_ms: int = LONG_MAX
     max_message_bytes: int = 1_048_588
+    preallocate: bool = True
 
     def __post_init__(self) -> None:
         for name, (attr, low, high) in _SETTINGS.items():
@@ -74,14 +84,21 @@ class LogConfig:
                 raise ConfigError(f"log setting {name}: {value!r} is not an integer")
             if not low <= value <= high:
                 raise ConfigError(f"log setting {name}: {value} is out of range [{low}, {high}]")
+        for name, attr in _BOOL_SETTINGS.items():
+            value = getattr(self, attr)
+            if not isinstance(value, bool):
+                raise ConfigError(f"log setting {name}: {value!r} is not true or false")
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, object]) -> LogConfig:
         """Build from Kafka topic-config names (``{"segment.bytes": "1048576"}``); unknown names raise."""
-        values: dict[str, int] = {}
+        values: dict[str, Any] = {}  # int settings and bool settings
         for name, raw in properties.items():
+            if name in _BOOL_SETTINGS:
+                values[_BOOL_SETTINGS[name]] = _parse_bool(name, raw)
+                continue
             if name not in _SETTINGS:
-                known = ", ".join(sorted(_SETTINGS))
+                known = ", ".join(sorted([*_SETTINGS, *_BOOL_SETTINGS]))
                 raise ConfigError(f"unknown log setting {name!r}; known: {known}")
             try:
                 value = int(str(raw), 10) if not isinstance(raw, int) else raw
@@ -91,9 +108,21 @@ class LogConfig:
         return cls(**values)
 
     def to_properties(self) -> dict[str, int]:
-        """The settings under Kafka's names."""
-        return {name: getattr(self, attr) for name, (attr, _, _) in _SETTINGS.items()}
+        """The settings under Kafka's names (``preallocate`` as a bool)."""
+        properties = {name: getattr(self, attr) for name, (attr, _, _) in _SETTINGS.items()}
+        properties.update((name, getattr(self, attr)) for name, attr in _BOOL_SETTINGS.items())
+        return properties
 
-    def replace(self, **changes: int) -> LogConfig:
+    def replace(self, **changes: Any) -> LogConfig:
         """A copy with some fields changed (checked again)."""
         return dataclasses.replace(self, **changes)
+
+
+def _parse_bool(name: str, raw: object) -> bool:
+    """Kafka spells booleans ``true``/``false`` (any case); a Python bool is taken as is."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ConfigError(f"log setting {name}: {raw!r} is not true or false")

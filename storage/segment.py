@@ -26,10 +26,12 @@ header it points at, and a wrong one (stale, torn) falls back to walking from po
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
 
@@ -39,7 +41,7 @@ from storage.batch_header import BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC,
 from storage.batch_scan import SegmentScan, describe, scan_segment
 from storage.errors import CorruptRecordError
 from storage.index_file import IndexFile
-from storage.log_config import LogConfig
+from storage.log_config import INT32_MAX, LogConfig
 from storage.offset_index import OFFSET_INDEX_ENTRY, OffsetIndex
 from storage.time_index import NO_TIMESTAMP, TIME_INDEX_ENTRY, TimeIndex
 
@@ -47,12 +49,17 @@ __all__ = [
     "INDEX_SUFFIX",
     "IOV_MAX",
     "LOG_SUFFIX",
+    "NEEDS_ROLL",
+    "PREALLOCATE_MAX_AHEAD_BYTES",
+    "PREALLOCATE_MIN_AHEAD_BYTES",
     "TIME_INDEX_SUFFIX",
     "BatchBuffer",
     "FetchSlice",
     "LogSegment",
     "OffsetAndTimestamp",
     "parse_segment_name",
+    "reservation_end",
+    "reserve_blocks",
     "segment_path",
     "write_fully",
 ]
@@ -64,7 +71,70 @@ _NAME_DIGITS: Final = 20
 _CHUNK_BYTES: Final = 16 * 1024  # pread size when walking small batches
 IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024  # buffers per writev
 BatchBuffer: TypeAlias = "memoryview | bytes | bytearray"  # 1-D bytes (format "B"): len() counts bytes
+NEEDS_ROLL: Final = -1  # append_batch: the batch does not fit without a roll check; nothing was written
+_NO_LIMIT: Final = -(2**64)  # an append budget limit no int64 field is ever below or at
+PREALLOCATE_MIN_AHEAD_BYTES: Final = 1024 * 1024  # log.preallocate: reserve ahead as much as the segment
+PREALLOCATE_MAX_AHEAD_BYTES: Final = 32 * 1024 * 1024  # holds, within these bounds (see reservation_end)
+_FALLOC_FL_KEEP_SIZE: Final = 0x01  # <linux/falloc.h>: reserve blocks, leave the file size alone
+_MEMORY_FILE_SYSTEMS: Final = frozenset({0x01021994, 0x858458F6})  # statfs f_type of tmpfs, ramfs
 _log = logging.getLogger(__name__)
+
+
+def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):  # not glibc/musl on Linux
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    function.restype = ctypes.c_int
+    return function
+
+
+def _libc_fstatfs_type() -> Callable[[int], int] | None:
+    try:
+        fstatfs = ctypes.CDLL(None, use_errno=True).fstatfs
+    except (OSError, AttributeError):
+        return None
+
+    def file_system_type(fd: int) -> int:
+        buf = ctypes.create_string_buffer(256)  # struct statfs; f_type (a C long) comes first
+        return ctypes.c_long.from_buffer(buf).value if fstatfs(fd, buf) == 0 else -1
+
+    return file_system_type
+
+
+_fallocate = _libc_fallocate()
+_file_system_type = _libc_fstatfs_type()
+
+
+def reservation_end(size_bytes: int, end: int, segment_bytes: int) -> int:
+    """``log.preallocate``'s schedule: with ``size_bytes`` in the segment and a write to reach ``end``,
+    reserve blocks through ``end`` and as far again beyond the data as the segment already holds, from
+    :data:`PREALLOCATE_MIN_AHEAD_BYTES` to :data:`PREALLOCATE_MAX_AHEAD_BYTES` (an idle partition reserves
+    little, a busy one one ``fallocate`` per 32 MiB); never past ``segment.bytes`` unless one batch is."""
+    ahead = min(max(size_bytes, PREALLOCATE_MIN_AHEAD_BYTES), PREALLOCATE_MAX_AHEAD_BYTES)
+    return min(max(end, size_bytes + ahead), max(end, segment_bytes))
+
+
+def preallocation_helps(fd: int) -> bool:
+    """False on a memory file system (tmpfs, ramfs): reserving there allocates and zeroes the pages a
+    write would allocate anyway, and holds memory; it saves nothing."""
+    return _file_system_type is None or _file_system_type(fd) not in _MEMORY_FILE_SYSTEMS
+
+
+def reserve_blocks(fd: int, position: int, length_bytes: int) -> int:
+    """Reserve disk blocks for bytes ``[position, position + length_bytes)`` of ``fd`` without changing the
+    file's size: ``fallocate(2)`` with ``FALLOC_FL_KEEP_SIZE`` (Python has no ``os.fallocate``, and
+    ``os.posix_fallocate`` grows the file, which readers would see).  Returns 0, or the errno saying why not
+    (``ENOSPC``; ``EOPNOTSUPP`` where the file system cannot; ``ENOSYS`` without a C library to ask)."""
+    if _fallocate is None:
+        return errno.ENOSYS
+    while _fallocate(fd, _FALLOC_FL_KEEP_SIZE, position, length_bytes) != 0:
+        error = ctypes.get_errno()
+        if error != errno.EINTR:
+            return error
+    return 0
 
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
@@ -216,6 +286,16 @@ class LogSegment:
         self.time_index: TimeIndex = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY,
                                                          writable=False), base_offset)
         self.index_identity: tuple[int, int] = (0, 0)  # (inode, size) of .index when a view mapped it
+        # The append budget (see append_batch), recomputed by refresh_append_budget after every change
+        # but append_batch's own: what a batch may take without the log looking at rolling at all.
+        self._room_bytes = -1  # bytes before segment.bytes; -1: closed or empty (the log decides)
+        self._last_offset_limit = base_offset + INT32_MAX  # relative offsets are int32
+        self._timestamp_limit = _NO_LIMIT  # a batch max timestamp above it may be due for segment.ms
+        self._index_room = 0  # index entries that fit (a lower bound)
+        self._index_interval_bytes = config.index_interval_bytes
+        # log.preallocate: while active, blocks are reserved (KEEP_SIZE) up to _reserved_end
+        self._preallocate = config.preallocate  # False also after a failed fallocate, or on tmpfs
+        self._reserved_end = 0
 
     def __repr__(self) -> str:
         state = "active" if self.is_active else ("closed" if self.writable else "view")
@@ -236,6 +316,7 @@ class LogSegment:
                 ) from None
             fd = os.open(segment.log_path, os.O_WRONLY | os.O_APPEND)
         segment.append_fd = fd
+        segment._preallocate = segment._preallocate and preallocation_helps(fd)
         segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
         for path in (segment.index_path, segment.time_index_path):
             try:
@@ -392,6 +473,7 @@ class LogSegment:
             self._open_indexes_active(0, 0)
             self.offset_index.append_many(scan.index_relative_offsets, scan.index_positions)
             self.time_index.append_many(scan.time_timestamps, scan.time_relative_offsets)
+        self.refresh_append_budget()
 
     def _open_indexes_active(self, index_entries: int, time_entries: int) -> None:
         max_bytes = self.config.segment_index_bytes
@@ -399,6 +481,7 @@ class LogSegment:
                                                     entries=index_entries)
         self.time_index = TimeIndex.open_active(self.time_index_path, self.base_offset, max_bytes=max_bytes,
                                                 entries=time_entries)
+        self.refresh_append_budget()
 
     def reopen_for_append(self) -> None:
         """Make this (closed) segment the active one again: append descriptor, indexes preallocated."""
@@ -407,6 +490,8 @@ class LogSegment:
             return
         if self.append_fd < 0:
             self.append_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
+            self._preallocate = self._preallocate and preallocation_helps(self.append_fd)
+        self._reserved_end = self.size_bytes  # what lies past it (a crash's leftover) is released on seal
         index_entries = self.offset_index.entries
         time_entries = self.time_index.entries
         self.offset_index.close()
@@ -418,6 +503,41 @@ class LogSegment:
         return self.append_fd >= 0
 
     # --- writing (the log's single writer) -----------------------------------------------------------------
+    def append_batch(self, buf: BatchBuffer, last_offset: int, size_bytes: int, max_timestamp: int) -> int:
+        """The hot path: write one stamped batch (``size_bytes == len(buf)``) and index it, if it fits the
+        *append budget*; returns the position written at, or :data:`NEEDS_ROLL` (nothing written).
+
+        The budget is what the active segment can take with no roll rule able to fire: bytes left before
+        ``segment.bytes``, the int32 relative-offset limit, the last max timestamp before ``segment.ms``
+        and the index entries left.  An empty segment, one whose first batch had no timestamp (its age
+        decides, which needs the clock) and a closed one have no budget: the log's general path
+        (:meth:`append_parts` after its own roll checks) serves them, then :meth:`refresh_append_budget`.
+        """
+        room = self._room_bytes - size_bytes
+        index_due = self.bytes_since_last_index_entry > self._index_interval_bytes
+        if (room < 0 or last_offset > self._last_offset_limit or max_timestamp > self._timestamp_limit
+                or (index_due and self._index_room <= 0)):
+            return NEEDS_ROLL
+        written = os.write(self.append_fd, buf)
+        if written != size_bytes:
+            _write_rest(self.append_fd, (buf,), written)
+        position = self.size_bytes
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if index_due:  # the same rule as append_parts, after the bytes are in the file
+            self.offset_index.file.append(last_offset - self.base_offset, position)
+            if self.max_timestamp > self.time_index.last_timestamp:
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._index_room -= 1  # a time entry only comes with an offset entry: min(room) drops by <= 1
+            self.bytes_since_last_index_entry = size_bytes
+        else:
+            self.bytes_since_last_index_entry += size_bytes
+        self.size_bytes = position + size_bytes
+        self._room_bytes = room
+        self.next_offset = last_offset + 1
+        return position
+
     def append(self, data: BatchBuffer, batches: Sequence[tuple[int, int, int, int]]) -> int:
         """Write ``data`` (whole batches) with one ``os.write``: :meth:`append_parts` with one part."""
         return self.append_parts((data,), len(data), batches)
@@ -432,6 +552,8 @@ class LogSegment:
         (the log checked there is room: ``index_room``).
         """
         start = self.size_bytes
+        if start + size_bytes > self._reserved_end and self._preallocate:
+            self._reserve_ahead(start + size_bytes)
         write_fully(self.append_fd, parts, size_bytes)
         position = start
         interval = self.config.index_interval_bytes
@@ -458,7 +580,44 @@ class LogSegment:
         self.bytes_since_last_index_entry = since
         self.size_bytes = position
         self.next_offset = batches[-1][1] + 1
+        self.refresh_append_budget()
         return start
+
+    def refresh_append_budget(self) -> None:
+        """Recompute the budget of :meth:`append_batch` from the segment's state (after any change to it
+        but :meth:`append_batch`'s own, which keeps the budget up to date as it goes)."""
+        config = self.config
+        size = self.size_bytes
+        limit = config.segment_bytes
+        if self._preallocate and self._reserved_end < limit:
+            limit = self._reserved_end  # past it append_parts reserves the next chunk first
+        self._room_bytes = limit - size if size > 0 and self.append_fd >= 0 else -1
+        rolling = self.rolling_timestamp
+        self._timestamp_limit = rolling + config.segment_ms if rolling >= 0 else _NO_LIMIT
+        self._index_room = self.index_room()
+
+    def _reserve_ahead(self, end: int) -> None:
+        """``log.preallocate``: reserve blocks through ``end`` and beyond (:func:`reservation_end`).  Where
+        that fails (a full disk, a file system without ``fallocate``) or would not help (tmpfs), this
+        segment stops preallocating and its writes go on as without."""
+        new_end = reservation_end(self.size_bytes, end, self.config.segment_bytes)
+        error = reserve_blocks(self.append_fd, self._reserved_end, new_end - self._reserved_end)
+        if error:
+            _log.debug("%s: not preallocating (%s)", self.log_path, os.strerror(error))
+            self._preallocate = False
+            return
+        self._reserved_end = new_end
+
+    def _release_reserved(self) -> None:
+        """Give back the blocks reserved past the end of the data (roll, close).  ``ftruncate`` to the file's
+        own size frees them (ext4, xfs, tmpfs); the size, the bytes and the mtime (retention of segments
+        without timestamps reads it) stay as they were."""
+        if self.append_fd >= 0:  # (also a crash's leftover, whatever _reserved_end says)
+            st = os.fstat(self.append_fd)
+            if st.st_blocks * 512 > st.st_size:
+                os.ftruncate(self.append_fd, st.st_size)
+                os.utime(self.append_fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self._reserved_end = 0
 
     def index_room(self) -> int:
         """How many more index entries fit before the segment must roll."""
@@ -476,13 +635,15 @@ class LogSegment:
             return 0
         position = found[0]
         dropped = self.size_bytes - position
-        os.ftruncate(self.append_fd, position)
+        os.ftruncate(self.append_fd, position)  # also frees blocks reserved past it (log.preallocate)
+        self._reserved_end = min(self._reserved_end, position)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         self.size_bytes = position
         last = self.offset_index.last_entry()
         self.bytes_since_last_index_entry = position - (0 if last is None else last.position)
         self._recompute_tail_state()
+        self.refresh_append_budget()
         return dropped
 
     def _recompute_tail_state(self) -> None:
@@ -516,8 +677,10 @@ class LogSegment:
         self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, final=True)
         self.offset_index.trim()
         self.time_index.trim()
+        self._release_reserved()
         os.close(self.append_fd)
         self.append_fd = -1
+        self._room_bytes = -1
 
     def flush(self) -> None:
         """fdatasync the ``.log``; msync (active) or fsync (trimmed) the indexes."""
@@ -539,10 +702,12 @@ class LogSegment:
     def close(self) -> None:
         self.offset_index.close()
         self.time_index.close()
+        self._release_reserved()
         for fd in (self.append_fd, self.read_fd):
             if fd >= 0:
                 os.close(fd)
         self.append_fd = self.read_fd = -1
+        self._room_bytes = -1
 
     def delete(self) -> None:
         """Close and unlink the three files (a reader's open descriptors keep working on the old inodes)."""
