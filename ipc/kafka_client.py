@@ -40,6 +40,12 @@ response body lands in its buffer (the whole body's view and how many bytes are 
 ``replicas.leader_connection`` needs to append a Fetch answer's records while the rest is still coming,
 without a second copy of the framing.
 
+**Raw frames into a reused buffer.**  :meth:`KafkaConnection.receive_frame` is :meth:`receive` without the
+decoding: it checks the correlation id and returns the body's bytes (a :class:`ResponseFrame`), received into
+the buffer an ``allocate(size)`` callback hands out -- a caller that uses each response before asking for
+the next (a follower's fetcher) reuses one buffer instead of a fresh, zeroed ``bytearray`` per response.
+Views into such a buffer are only valid until the next response is received into it.
+
 This module is in ``ipc`` (it imports nothing from ``appliance`` or ``replicas``) so both can use it.
 """
 
@@ -63,6 +69,7 @@ from ipc.kafka import (
     decode_response,
     encode_request,
     error_name,
+    peek_correlation_id,
 )
 from ipc.kafka.apis import api_for_request
 from ipc.kafka.framing import SIZE_PREFIX
@@ -74,9 +81,11 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_MS",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_REQUEST_TIMEOUT_MS",
+    "BodyAllocator",
     "BodyObserver",
     "BrokerConnectionError",
     "KafkaConnection",
+    "ResponseFrame",
     "parse_bootstrap_servers",
 ]
 
@@ -91,6 +100,8 @@ _RECV_CHUNK_BYTES = 4 << 20
 # (on_body) body: a view of the whole response body being received (after the size prefix);
 # received_bytes: how many of its bytes have arrived -- len(body) on the last call.
 BodyObserver = Callable[[memoryview, int], None]
+# (allocate) size -> a writable buffer of exactly ``size`` bytes to receive a response body into.
+BodyAllocator = Callable[[int], memoryview]
 
 
 class _Pending(NamedTuple):
@@ -98,6 +109,15 @@ class _Pending(NamedTuple):
     api_key: int
     api_version: int
     deadline: float  # time.monotonic()
+
+
+class ResponseFrame(NamedTuple):
+    """A response body as received (:meth:`KafkaConnection.receive_frame`), its correlation id checked."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    body: bytearray | memoryview  # the bytes after the size prefix: response header, then the body
 
 
 def parse_bootstrap_servers(text: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
@@ -147,7 +167,7 @@ class KafkaConnection:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._size = bytearray(SIZE_PREFIX.size)
         self._size_got = 0
-        self._body: bytearray | None = None
+        self._body: bytearray | memoryview | None = None
         self._body_got = 0
         if _sock is None:
             try:
@@ -274,13 +294,46 @@ class KafkaConnection:
         bytes are final once received; the view stays valid).  An exception from it closes the connection
         and propagates.
         """
+        arrived = self._next_frame(wait_ms, on_body, None)
+        if arrived is None:
+            return None
+        pending, frame = arrived
+        try:
+            response = decode_response(frame, pending.api_key, pending.api_version)
+        except ProtocolError as exc:
+            self._fail()
+            raise ProtocolError(f"broker {self.address}: {exc}") from None
+        self._check_correlation_id(response.correlation_id, pending)
+        return response.body
+
+    def receive_frame(self, wait_ms: float | None = None, *, on_body: BodyObserver | None = None,
+                      allocate: BodyAllocator | None = None) -> ResponseFrame | None:
+        """:meth:`receive` without decoding: the oldest in-flight request's response as bytes, its
+        correlation id checked (:class:`ProtocolError` otherwise), or ``None`` as :meth:`receive`.
+
+        ``allocate(size)``, if given, returns the buffer (exactly ``size`` bytes) to receive the body into;
+        by default a new ``bytearray``.  Decode it with ``ipc.kafka.decode_response(frame.body,
+        frame.api_key, frame.api_version)``."""
+        arrived = self._next_frame(wait_ms, on_body, allocate)
+        if arrived is None:
+            return None
+        pending, frame = arrived
+        if len(frame) < 4:
+            self._fail()
+            raise ProtocolError(f"broker {self.address}: a {len(frame)}-byte response, shorter than its "
+                                "correlation id")
+        self._check_correlation_id(peek_correlation_id(frame), pending)
+        return ResponseFrame(pending.correlation_id, pending.api_key, pending.api_version, frame)
+
+    def _next_frame(self, wait_ms: float | None, on_body: BodyObserver | None,
+                    allocate: BodyAllocator | None) -> tuple[_Pending, bytearray | memoryview] | None:
         sock = self._live_socket()
         if not self._pending:
             raise RuntimeError(f"broker {self.address}: no request in flight")
         pending = self._pending[0]
         now = time.monotonic()
         until = pending.deadline if wait_ms is None else min(pending.deadline, now + wait_ms / 1000)
-        frame = self._read_frame(sock, until, on_body)
+        frame = self._read_frame(sock, until, on_body, allocate)
         if frame is None:
             if time.monotonic() < pending.deadline:
                 return None
@@ -291,18 +344,15 @@ class KafkaConnection:
                 f"within the request timeout"
             )
         self._pending.popleft()
-        try:
-            response = decode_response(frame, pending.api_key, pending.api_version)
-        except ProtocolError as exc:
-            self._fail()
-            raise ProtocolError(f"broker {self.address}: {exc}") from None
-        if response.correlation_id != pending.correlation_id:
+        return pending, frame
+
+    def _check_correlation_id(self, correlation_id: int, pending: _Pending) -> None:
+        if correlation_id != pending.correlation_id:
             self._fail()
             raise ProtocolError(
-                f"broker {self.address}: response correlation id {response.correlation_id}, expected "
+                f"broker {self.address}: response correlation id {correlation_id}, expected "
                 f"{pending.correlation_id} (responses must come in request order)"
             )
-        return response.body
 
     def wait_readable(self, wait_ms: float) -> bool:
         """Whether bytes (or EOF) are waiting on the socket within ``wait_ms``."""
@@ -312,8 +362,9 @@ class KafkaConnection:
 
     # --- the byte stream ------------------------------------------------------------------------------------
     def _read_frame(
-        self, sock: socket.socket, until: float, on_body: BodyObserver | None
-    ) -> bytearray | None:
+        self, sock: socket.socket, until: float, on_body: BodyObserver | None,
+        allocate: BodyAllocator | None = None,
+    ) -> bytearray | memoryview | None:
         """Receive the next response body; None if ``until`` (monotonic) passes first."""
         size_view = memoryview(self._size)
         while self._size_got < SIZE_PREFIX.size:
@@ -329,7 +380,7 @@ class KafkaConnection:
                     f"broker {self.address}: response size {size} bytes, expected 0.."
                     f"{self.max_response_bytes}"
                 )
-            self._body = bytearray(size)
+            self._body = bytearray(size) if allocate is None else allocate(size)
             self._body_got = 0
         body = self._body
         with memoryview(body) as view:

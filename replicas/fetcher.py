@@ -23,6 +23,21 @@ Two phases::
   Our high watermark becomes ``max(ours, min(leader's, our log end))``: it never goes backwards except when
   a truncation cuts below it.
 
+**Fetching ahead** (``pipeline_fetches``).  While catching up, the leader would sit idle while we check and
+append the tail of each answer, and we would wait for its next answer after that.  So once an answer has
+fully arrived, and before its last batches are appended, the next Fetch goes out for the offset after its
+last whole batch -- if that offset is below the high watermark the answer carries.  A fetch offset is a
+claim ("I hold everything below it"), and the leader acts on it: it moves the high watermark, admits the
+follower to the ISR, times its lag.  A claim below the high watermark does none of these: the high watermark
+is already past it and never goes back, a follower joins the ISR only at the high watermark or beyond, and a
+follower below the leader's log end is not caught up.  So fetching ahead changes nothing the leader decides
+while the claim is not yet true; at the tail (offsets at or above the high watermark) a follower fetches
+one request at a time, its fetch offset exactly its log end.  The answer to a Fetch sent ahead is used only
+if the answer before it was appended to the last batch and the leader, its epoch and our phase are
+unchanged; otherwise its connection is dropped (its stream holds that answer) and the next step reconnects.
+Kafka's own fetcher keeps one request in flight per leader; the protocol answers a connection's requests in
+order, so several may be.
+
 Errors from the leader, as Kafka's follower handles them:
 
 * OFFSET_OUT_OF_RANGE: ListOffsets.  Leader's log end below ours (an unclean leader): truncate to it.
@@ -64,7 +79,7 @@ from ipc.kafka import (
     Struct,
     error_name,
 )
-from replicas.leader_connection import DEFAULT_REQUEST_TIMEOUT_MS, LeaderConnection, LeaderInfo
+from replicas.leader_connection import DEFAULT_REQUEST_TIMEOUT_MS, FetchInFlight, LeaderConnection, LeaderInfo
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
 from storage.batch_reader import iter_batches
@@ -103,6 +118,7 @@ class FetcherConfig:
     checkpoint_interval_ms: int = 5000  # high watermark into the replica-state file
     client_id: str = "appliance-replica"
     sasl_plain: tuple[str, str] | None = None
+    pipeline_fetches: bool = True  # not Kafka's: fetch ahead while catching up below the high watermark
 
 
 class FetchPhase(enum.Enum):
@@ -145,6 +161,7 @@ class PartitionFetcher:
         self.last_error = ""
         self.last_fetch_ms: int | None = None  # the clock at the last answered fetch (None: none yet)
         self._conn: LeaderConnection | None = None
+        self._ahead: _FetchAhead | None = None  # a Fetch sent ahead on _conn, its answer not received yet
         self._lock = threading.Lock()  # guards _conn between the fetching thread and close()
         self._checkpoint_lock = threading.Lock()
         self._closed = False
@@ -181,6 +198,12 @@ class PartitionFetcher:
             if leader is None:
                 return self._backoff("no leader known for the partition", refresh=True)
             conn = self._connection(leader)
+            ahead = self._ahead
+            if ahead is not None and (ahead.conn is not conn or ahead.leader != leader
+                                      or self.phase is not FetchPhase.FETCHING
+                                      or ahead.fetch_offset != self.log.log_end_offset):
+                self._drop_connection()  # its stream holds an answer we will not use
+                conn = self._connection(leader)
             if self.phase is FetchPhase.TRUNCATING:
                 outcome = self._truncate(conn, leader)
             else:
@@ -247,6 +270,7 @@ class PartitionFetcher:
     def _drop_connection(self) -> None:
         with self._lock:
             conn, self._conn = self._conn, None
+            self._ahead = None
         if conn is not None:
             conn.close()
 
@@ -313,24 +337,45 @@ class PartitionFetcher:
             self._on_log_end_offset(log.log_end_offset)
 
     # --- fetching -------------------------------------------------------------------------------------------
-    def _fetch(self, conn: LeaderConnection, leader: LeaderInfo) -> StepOutcome:
+    def _fetch_request(self, leader: LeaderInfo, fetch_offset: int) -> FetchRequest:
         config = self.config
-        log = self.log
-        fetch_offset = log.log_end_offset
-        request = FetchRequest(
+        return FetchRequest(
             replica_id=config.broker_id, max_wait_ms=config.replica_fetch_wait_max_ms,
             min_bytes=config.replica_fetch_min_bytes, max_bytes=config.replica_fetch_max_bytes,
             isolation_level=0, session_id=0, session_epoch=-1,
             topics=[FetchTopic(topic=self.topic, partitions=[FetchPartition(
                 partition=self.partition, current_leader_epoch=leader.leader_epoch, fetch_offset=fetch_offset,
-                log_start_offset=log.log_start_offset, partition_max_bytes=config.replica_fetch_max_bytes)])],
+                log_start_offset=self.log.log_start_offset,
+                partition_max_bytes=config.replica_fetch_max_bytes)])],
         )
+
+    def _send_fetch(self, conn: LeaderConnection, leader: LeaderInfo, fetch_offset: int) -> FetchInFlight:
+        timeout_ms = self.config.request_timeout_ms + self.config.replica_fetch_wait_max_ms
+        return conn.send_fetch(self._fetch_request(leader, fetch_offset), timeout_ms=timeout_ms)
+
+    def _fetch(self, conn: LeaderConnection, leader: LeaderInfo) -> StepOutcome:
+        config = self.config
+        log = self.log
+        fetch_offset = log.log_end_offset
         started_ms = self._clock_ms()
         where = f"partition {self.name}: Fetch answer from leader {conn.address} at offset {fetch_offset}"
         copier = _Copier(self, where, fetch_offset)
+        ahead, self._ahead = self._ahead, None  # step() checked it is for this offset on this connection
+
+        def fetch_ahead(answer: Any, rest: memoryview) -> None:
+            next_offset = _next_offset_after(rest, copier.fetch_offset)
+            data = answer.responses[0].partitions[0]
+            if copier.problem is None and fetch_offset < next_offset < data.high_watermark:
+                try:
+                    sent = self._send_fetch(conn, leader, next_offset)
+                except (OSError, ProtocolError, RequestTimeoutError):
+                    return  # the connection is closed; this answer is appended all the same
+                self._ahead = _FetchAhead(conn, leader, next_offset, sent)
+
         try:
-            timeout_ms = config.request_timeout_ms + config.replica_fetch_wait_max_ms
-            answer, streamed = conn.fetch(request, copier.consume, timeout_ms=timeout_ms)
+            sent = ahead.sent if ahead is not None else self._send_fetch(conn, leader, fetch_offset)
+            answer, streamed = conn.receive_fetch(
+                sent, copier.consume, on_complete=fetch_ahead if config.pipeline_fetches else None)
         except (OSError, ProtocolError, RequestTimeoutError) as error:
             raise _LeaderUnreachable(f"{type(error).__name__}: {error}") from error
         if answer.error_code != ErrorCode.NONE:
@@ -506,6 +551,27 @@ class _Copier:
         if final:
             self.partial_tail_bytes = batches.truncated_tail_bytes
         return used
+
+
+class _FetchAhead(NamedTuple):
+    """A Fetch sent before the answer ahead of it was appended (see "Fetching ahead")."""
+
+    conn: LeaderConnection
+    leader: LeaderInfo
+    fetch_offset: int
+    sent: FetchInFlight
+
+
+def _next_offset_after(records: memoryview, offset: int) -> int:
+    """The offset after the last whole batch in ``records`` (headers only: the CRCs are checked when the
+    batches are appended), or ``offset`` if none ends past it or a header is malformed."""
+    batches = iter_batches(records, verify_crc=False, allow_truncated_tail=True)
+    try:
+        for _, header in batches:
+            offset = max(offset, header.last_offset + 1)
+    except CorruptRecordError:
+        pass  # the copier stops there and says why; nothing is fetched ahead past it
+    return offset
 
 
 class _LeaderUnreachable(Exception):

@@ -8,15 +8,26 @@ request in flight here, one thread).  This layer adds three things:
 **SASL/PLAIN.**  ``connect(..., sasl_plain=(user, password))`` authenticates (SaslHandshake +
 SaslAuthenticate, mechanism PLAIN) right after version negotiation, before anything else.
 
-**Fetch answers are consumed as they arrive** (:meth:`LeaderConnection.fetch`).  A follower's Fetch names
+**Fetch answers are consumed as they arrive** (:meth:`LeaderConnection.fetch`, or its two halves
+:meth:`~LeaderConnection.send_fetch` and :meth:`~LeaderConnection.receive_fetch`).  A follower's Fetch names
 one partition, and in its answer that partition's record bytes come last.  So once the fixed part before
 them has arrived -- its length is known from encoding the same answer with no records; it is decoded (with
 the records' length field read as 0) and checked: one topic, one partition, no error, the records running
 to the frame's end -- the records are handed to the caller chunk by chunk (``on_records(view, final)``,
 returning how many bytes it used: whole batches) while the rest is still arriving.  The follower appends
-and checks what it has while the leader's ``sendfile`` goes on, instead of one after the other.  Anything
-else (an error, another layout) is received whole and handed over once.  The bytes are watched through
-``KafkaConnection.receive(on_body=...)``; the framing stays there.
+and checks what it has while the leader's ``sendfile`` goes on, instead of one after the other.  That
+decoded fixed part, with the records filled in, is the answer: the frame is not decoded a second time.
+Anything else (an error, another layout) is received whole, decoded, and handed over once.  The bytes are
+watched through ``KafkaConnection.receive_frame(on_body=...)``; the framing stays there.
+
+Once the whole answer is in, and before its last records go to ``on_records``, ``on_complete(answer,
+rest)`` may send the next request (a follower fetching ahead: ``replicas.fetcher``): the connection is
+between responses then, and the leader prepares the next answer while this one's tail is checked and
+appended.  Kafka answers the requests of a connection in order, so several may be in flight.
+
+**One receive buffer per connection.**  Fetch answers are received into a buffer the connection keeps and
+reuses (grown to the largest answer), not a fresh zeroed ``bytearray`` each: their ``records`` views are
+valid until the next Fetch answer is received on the connection.
 
 **Where a leader is**: :func:`leader_from_metadata`.
 
@@ -55,7 +66,8 @@ from ipc.kafka.framing import SIZE_PREFIX
 from ipc.kafka_client import KafkaConnection
 from storage.errors import ProtocolError
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "LeaderConnection", "LeaderInfo", "leader_from_metadata"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "FetchInFlight", "LeaderConnection", "LeaderInfo",
+           "leader_from_metadata"]
 
 DEFAULT_REQUEST_TIMEOUT_MS: Final = 30_000  # Kafka's replica.socket.timeout.ms
 STREAM_CHUNK_BYTES: Final = 512 * 1024  # records are handed on in pieces of at least this much
@@ -63,6 +75,8 @@ STREAM_CHUNK_BYTES: Final = 512 * 1024  # records are handed on in pieces of at 
 # (on_records) view: the records received so far, from the first byte not used yet; final: no more come.
 # Returns the bytes it used (whole batches, from the view's start).
 RecordsConsumer = Callable[[memoryview, bool], int]
+# (on_complete) answer: the whole Fetch answer, decoded; rest: its records not handed to on_records yet.
+AnswerObserver = Callable[[Any, memoryview], None]
 
 
 class LeaderInfo(NamedTuple):
@@ -77,12 +91,22 @@ class LeaderInfo(NamedTuple):
         return f"leader {self.leader_id} at {self.host}:{self.port} in epoch {self.leader_epoch}"
 
 
+class FetchInFlight(NamedTuple):
+    """A Fetch sent by :meth:`LeaderConnection.send_fetch`; pass it to :meth:`~LeaderConnection.receive_fetch`
+    (answers come in the order their requests were sent)."""
+
+    correlation_id: int
+    version: int
+    prefix_bytes: int  # the answer's bytes before its records; 0: not a one-partition Fetch, not streamed
+
+
 class LeaderConnection(KafkaConnection):
     """A connected, version-negotiated (and, if asked, authenticated) connection.  Use :meth:`connect`."""
 
     def __init__(self, host: str, port: int, **options: Any) -> None:
         super().__init__(host, port, **options)
         self._fetch_prefix: dict[tuple[int, str, int], int] = {}  # (version, topic, partition) -> bytes
+        self._answer_buffer = bytearray()  # Fetch answers are received here (see the module docstring)
 
     @classmethod
     def connect(cls, host: str, port: int, *, client_id: str = "appliance-replica",
@@ -116,22 +140,53 @@ class LeaderConnection(KafkaConnection):
         """A Fetch of one partition whose records go to ``on_records`` as they arrive (see the module
         docstring).  Returns (the decoded answer, whether its records were handed to ``on_records``: False
         for an answer of another shape, an error, or no records -- the caller reads ``records`` itself)."""
+        return self.receive_fetch(self.send_fetch(request, timeout_ms=timeout_ms), on_records)
+
+    def send_fetch(self, request: FetchRequest, *, timeout_ms: int | None = None) -> FetchInFlight:
+        """Send a Fetch without waiting for its answer (``timeout_ms`` bounds that wait, from now)."""
         topics = request.topics
-        if not (len(topics) == 1 and len(topics[0].partitions) == 1):
-            return self.request(request, timeout_ms=timeout_ms), False
         version = self.version_for(ApiKey.FETCH)
-        prefix = self._prefix_bytes(version, topics[0].topic, topics[0].partitions[0].partition)
+        prefix = 0
+        if len(topics) == 1 and len(topics[0].partitions) == 1:
+            prefix = self._prefix_bytes(version, topics[0].topic, topics[0].partitions[0].partition)
         correlation_id = self.send(request, version=version, timeout_ms=timeout_ms)
-        stream = _RecordsStream(prefix, correlation_id, version, on_records)
-        answer = self.receive(on_body=stream.observe)
-        if stream.records is None:
-            return answer, False
+        return FetchInFlight(correlation_id, version, prefix)
+
+    def receive_fetch(self, sent: FetchInFlight, on_records: RecordsConsumer, *,
+                      on_complete: AnswerObserver | None = None) -> tuple[Any, bool]:
+        """The answer to ``sent`` (the oldest Fetch in flight), as :meth:`fetch` returns it.  For a streamed
+        answer, ``on_complete(answer, rest)`` is called once all of it is in, before ``rest`` (the records
+        not used yet) goes to ``on_records`` as the final piece; it may send the next request."""
+        stream = _RecordsStream(sent.prefix_bytes, sent.correlation_id, sent.version, on_records)
+        frame = self.receive_frame(on_body=stream.observe if sent.prefix_bytes else None,
+                                   allocate=self._allocate)
+        assert frame is not None
+        answer = stream.head
+        if stream.records is None or answer is None:
+            try:
+                return decode_response(frame.body, ApiKey.FETCH, frame.api_version).body, False
+            except ProtocolError as exc:
+                self.close()
+                raise ProtocolError(f"broker {self.address}: {exc}") from None
+        answer.responses[0].partitions[0].records = stream.records
+        rest = stream.records[stream.used_bytes:]
         try:
-            on_records(stream.records[stream.used_bytes:], True)
+            if on_complete is not None:
+                on_complete(answer, rest)
+            on_records(rest, True)
         except BaseException:
             self.close()
             raise
         return answer, True
+
+    def _allocate(self, size: int) -> memoryview:
+        if len(self._answer_buffer) < size:
+            self._answer_buffer = bytearray(size)  # a new one: views into the old stay valid
+        return memoryview(self._answer_buffer)[:size]
+
+    def close(self) -> None:
+        super().close()
+        self._answer_buffer = bytearray()
 
     def _prefix_bytes(self, version: int, topic: str, partition: int) -> int:
         """Bytes of a Fetch answer for (topic, partition) before its records (after the size prefix)."""
@@ -171,6 +226,7 @@ class _RecordsStream:
         self.on_records = on_records
         self.checked = False
         self.records: memoryview | None = None  # set once the answer is known to have the streamable shape
+        self.head: Any = None  # then: the fixed part, decoded (the answer with empty records)
         self.used_bytes = 0
 
     def observe(self, body: memoryview, received_bytes: int) -> None:
@@ -181,7 +237,10 @@ class _RecordsStream:
                 return
             self.checked = True
             records_bytes = int.from_bytes(body[prefix - 4:prefix], "big", signed=True)
-            if total <= prefix or records_bytes != total - prefix or not self._prefix_is_clean(body[:prefix]):
+            if total <= prefix or records_bytes != total - prefix:
+                return
+            self.head = self._clean_prefix(body[:prefix])
+            if self.head is None:
                 return
             self.records = body[prefix:]
         records = self.records
@@ -190,18 +249,20 @@ class _RecordsStream:
         if received_bytes - prefix - self.used_bytes >= STREAM_CHUNK_BYTES:
             self.used_bytes += self.on_records(records[self.used_bytes:received_bytes - prefix], False)
 
-    def _prefix_is_clean(self, prefix: memoryview) -> bool:
-        """The fixed part decodes as an error-free answer about one partition (records read as empty)."""
+    def _clean_prefix(self, prefix: memoryview) -> Any:
+        """The fixed part decoded (records read as empty) if it is an error-free answer about one
+        partition, else None."""
         patched = bytearray(prefix)
         patched[-4:] = b"\0\0\0\0"
         try:
             head = decode_response(memoryview(patched), ApiKey.FETCH, self.version)
         except (ProtocolError, ValueError):
-            return False
+            return None
         body = head.body
-        return (head.correlation_id == self.correlation_id and body.error_code == ErrorCode.NONE
-                and len(body.responses) == 1 and len(body.responses[0].partitions) == 1
-                and body.responses[0].partitions[0].error_code == ErrorCode.NONE)
+        clean = (head.correlation_id == self.correlation_id and body.error_code == ErrorCode.NONE
+                 and len(body.responses) == 1 and len(body.responses[0].partitions) == 1
+                 and body.responses[0].partitions[0].error_code == ErrorCode.NONE)
+        return body if clean else None
 
 
 def leader_from_metadata(conn: LeaderConnection, topic: str, partition: int) -> LeaderInfo | None:
