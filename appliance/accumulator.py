@@ -9,12 +9,14 @@ per-record path appends to ``values`` alone and never pads anything, whatever re
 :class:`ColumnBatch` holds a slice of ``Producer.send_many``'s columns instead: numpy buffers and offsets,
 never split into Python objects.
 
-:meth:`ProducerBatch.plan` turns a batch into the columns ``storage.batch_builder.build_into`` takes (which
-writes the whole RecordBatch v2 straight into the reserved ring frame) and bounds the built size without a
-sizing pass of its own (the builder does the exact one): per record at most 13 bytes of varints and
-attributes besides its value (4 more with a key, 10 per header besides its name and value, and 9 more for
-*every* record of a batch holding an explicit timestamp: deltas from the first timestamp may then be large).
-The same bound is the ``batch.size`` accounting (``room_bytes``), so a batch never outgrows it.
+:meth:`ProducerBatch.plan` turns a batch into what ``storage.batch_builder.build_into`` takes (which
+writes the whole RecordBatch v2 straight into the reserved ring frame): a value-only batch as its
+``values`` list itself (the builder reads each value in place), any other as columns.  It bounds the
+built size without a sizing pass of its own (the builder does the exact one): per record at most 13 bytes
+of varints and attributes besides its value (4 more with a key, 10 per header besides its name and value,
+and 9 more for *every* record of a batch holding an explicit timestamp: deltas from the first timestamp
+may then be large).  The same bound is the ``batch.size`` accounting (``room_bytes``), so a batch never
+outgrows it.  Who may append to or seal an open batch: whoever holds the producer's :class:`AppendToken`.
 
 Life of a batch (``state``)::
 
@@ -30,6 +32,7 @@ offset plus its index, computed only when asked for.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numba
 import numpy as np
 
-from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns
+from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns, Records
 from storage.batch_header import HEADER_SIZE
 from storage.compression import compress_bound
 from storage.errors import ApplianceError
@@ -54,6 +57,7 @@ __all__ = [
     "RECORD_ESTIMATE_BYTES",
     "SEALED",
     "TIMESTAMP_ESTIMATE_BYTES",
+    "AppendToken",
     "BulkHandle",
     "BulkMetadata",
     "ColumnBatch",
@@ -142,6 +146,58 @@ def take_column(column: ByteColumn, indexes: np.ndarray) -> ByteColumn:
     return ByteColumn(out, out_offsets, nulls)
 
 
+class AppendToken:
+    """Whoever holds this token may append records to a producer's open batches or seal them.
+
+    Why not the producer's lock: an uncontended ``RLock`` acquire and release cost ~80 ns here, more than
+    everything else ``send`` does for a record but the handle.  The token is one object in a one-item
+    list (:attr:`free`): ``free.pop()`` takes it and ``free.append(...)`` gives it back, each one C call
+    that CPython runs atomically (no other thread runs in between), ~20 ns together.
+
+    * The per-record path (``Producer.send`` with a value only) takes it with ``free.pop()`` and never waits:
+      if it is taken (``IndexError``) it goes the general way instead.  It holds it for a few bytecodes
+      (read the open batch, append the value, count the room), calls nothing that blocks or runs user
+      code, and gives it back.
+    * Every other path that touches open batches (the general per-record path, sealing -- full, linger.ms,
+      flush, get, close -- and send_many) holds the producer's lock first and then enters the token with
+      ``with token:``, re-entrantly (a callback run under the lock may send again).  Entering waits only
+      for a per-record path on another thread to give the token back; the wait gives up the GIL
+      (``time.sleep(0)``) so that thread can run.
+
+    So a batch is sealed only while no ``send`` is between reading it and appending to it, and records are
+    appended only to open batches.  Lock order: producer lock, then token; nothing waits while holding the
+    token except for the token.
+    """
+
+    __slots__ = ("_depth", "_owner", "free")
+
+    def __init__(self) -> None:
+        self.free: list[None] = [None]  # empty while someone holds the token
+        self._owner = 0  # thread ident of the ``with`` holder (0: none, or a per-record path)
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return
+        free = self.free
+        while True:
+            try:
+                free.pop()
+                break
+            except IndexError:
+                time.sleep(0)  # a send() on another thread holds it for a few bytecodes: let it run
+        self._owner = me
+        self._depth = 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = 0
+            self.free.append(None)
+
+
 class ProducerBatch:
     """Records for one partition from the first append to the ack.  See the module docstring."""
 
@@ -162,6 +218,7 @@ class ProducerBatch:
         "producer",
         "record_bytes",
         "room_bytes",
+        "size_bytes",
         "state",
         "timestamp_ms",
         "timestamps",
@@ -184,9 +241,10 @@ class ProducerBatch:
         # batch.size accounting: what a value-only record takes besides its value, at most (more once a
         # record of the batch has an explicit timestamp: every record's delta may then be large)
         self.record_bytes = RECORD_ESTIMATE_BYTES
+        self.size_bytes = size_bytes  # records-section bytes the batch may hold (batch.size)
         self.room_bytes = size_bytes  # records-section bytes left (a bound, not an estimate)
         self.extra_bytes = 0  # key and header bytes and their length varints
-        self.plan_cache: tuple[RecordColumns, int] | None = None
+        self.plan_cache: tuple[Records, int] | None = None
         self.created_ns = time.monotonic_ns()
         self.first_append_ns = 0  # monotonic ns of the first record (linger.ms counts from it)
         self.timestamp_ms = 0  # CreateTime of records sent without a timestamp (the first append's clock)
@@ -259,9 +317,15 @@ class ProducerBatch:
 
     # -- building -------------------------------------------------------------------------------------
 
-    def plan(self, compression: int) -> tuple[RecordColumns, int]:
-        """The records as the numba builder's columns, and the most bytes the built batch can take (ring
-        space to reserve).  Computed once: a retry builds the same bytes from the same columns."""
+    def plan(self, compression: int) -> tuple[Records, int]:
+        """The records as the numba builder takes them, and the most bytes the built batch can take (ring
+        space to reserve).  Computed once: a retry builds the same bytes from the same records.
+
+        Value-only batches (the per-record path's) go as the ``values`` list itself, which the builder reads
+        in place: no per-record work here at all, and the bound is the ``batch.size`` accounting's
+        (``size_bytes - room_bytes``).  Others are packed into columns."""
+        if self.plan_cache is None and self.keys is None and self.headers is None and self.timestamps is None:
+            self.plan_cache = (self.values, self.size_bytes - self.room_bytes)
         if self.plan_cache is None:
             count = len(self.values)
             values = pack_column(self.values, self.null_values)
@@ -334,7 +398,7 @@ class ColumnBatch(ProducerBatch):
         self.values = _CountOnly(count)  # type: ignore[assignment]
         self.state = SEALED
 
-    def plan(self, compression: int) -> tuple[RecordColumns, int]:
+    def plan(self, compression: int) -> tuple[Records, int]:
         return self._columns, HEADER_SIZE + compress_bound(compression, self.encoded_bound)
 
     def timestamp_of(self, index: int) -> int:

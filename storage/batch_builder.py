@@ -15,6 +15,14 @@ position (the producer's shared-memory ring): :func:`build_into` returns the byt
 :data:`NO_SPACE` (negative, nothing written) when it would not fit.  With compression the records are encoded
 into a scratch buffer, compressed, and then copied in; :func:`max_encoded_size` bounds the result.
 
+**Value lists.**  The producer's per-record path gathers values in a plain Python list of ``bytes``.
+Packing such a list into a column first (``b"".join`` and one ``len`` per record) costs ~35 ns per 100-byte
+record and, for large values, a second full copy through freshly allocated memory.  So :func:`build_into`
+and :func:`build` also take the list itself (value-only records: null keys, no headers, the batch's
+timestamp): two more kernels, ``_list_records_size`` and ``_encode_list``, read each value where CPython
+keeps it (the object layout is declared and checked below), and every value is copied exactly once, into
+the batch.
+
 Each record, as Kafka's DefaultRecord lays it out (all integers zig-zag varints, see ``storage.varint``)::
 
     length          varint   bytes after this field
@@ -31,13 +39,17 @@ Each record, as Kafka's DefaultRecord lays it out (all integers zig-zag varints,
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic, overload
 
 from storage.batch_header import (
     BATCH_HEADER,
@@ -60,9 +72,11 @@ from storage.varint import size_of_varint, write_varint
 __all__ = [
     "NO_SPACE",
     "RECORD_ATTRIBUTES",
+    "VALUE_LISTS_IN_PLACE",
     "ByteColumn",
     "HeaderColumns",
     "RecordColumns",
+    "Records",
     "build",
     "build_batch",
     "build_into",
@@ -83,6 +97,7 @@ _BAD_OFFSETS = -2  # offsets decrease, start below 0 or end past the data
 _TOO_LONG = -3  # one byte string longer than an int32 length can say
 _BAD_HEADER_INDEX = -4  # header offsets decrease or point past the header columns
 _BAD_TIMESTAMP = -5  # a timestamp outside +-2**62 ms
+_NOT_BYTES = -6  # a value list item that is neither exactly bytes nor None
 _COLUMN_NAMES = ("keys", "values", "header keys", "header values", "header offsets", "timestamps")
 
 
@@ -352,6 +367,167 @@ def _encode_records(
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Value lists: records read where CPython keeps them.
+#
+# ``id(obj)`` is the object's address in CPython.  The two objects the kernels read, on a 64-bit build::
+#
+#     PyListObject (the values)                    PyBytesObject (one value)
+#     +0   ob_refcnt   int64                       +0   ob_refcnt   int64
+#     +8   ob_type     pointer                     +8   ob_type     pointer: id(bytes), checked per item
+#     +16  ob_size     int64: items                +16  ob_size     int64: length in bytes
+#     +24  ob_item     pointer to ob_size          +24  ob_shash    int64: cached hash
+#                      item pointers               +32  ob_sval     the bytes
+#     +32  allocated   int64
+#
+# The offsets are derived from the interpreter's own sizes (the object header ends where ``ob_size``
+# begins; ``ob_item`` follows the variable-size header; ``bytes.__basicsize__`` counts the one byte of
+# ``ob_sval`` it declares) and checked against real objects at import.  Where anything disagrees (another
+# interpreter or build), :data:`VALUE_LISTS_IN_PLACE` is False and a list is packed into a ByteColumn first.
+# Why the reads are safe: the caller's list keeps every item alive and unmoved (CPython never moves an
+# object); the kernels run holding the GIL, so no thread changes the list meanwhile; an item's type pointer
+# is checked to be exactly ``bytes`` (or the item to be None) before any other field of it is read.
+
+_TYPE_OFFSET = object.__basicsize__ - ctypes.sizeof(ctypes.c_void_p)  # ob_type ends the object header
+_SIZE_OFFSET = object.__basicsize__  # ob_size follows the object header
+_LIST_ITEMS_OFFSET = tuple.__basicsize__  # a tuple is the variable-size header and its inline items
+_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # ob_sval: the basic size counts its first byte
+# The addresses of ``bytes`` and ``None`` change from process to process (they live in the interpreter's
+# image): the kernels take them as arguments, never as globals frozen into their on-disk cache.
+
+
+@intrinsic
+def _int64_pointer(typingctx: Any, address: Any) -> Any:
+    sig = types.CPointer(types.int64)(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@intrinsic
+def _uint8_pointer(typingctx: Any, address: Any) -> Any:
+    sig = types.CPointer(types.uint8)(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+def _int64_at(address: int) -> int:
+    """The int64 stored at ``address`` (a compiled load in a kernel; ctypes in the ``py_func`` twins)."""
+    return int(ctypes.c_int64.from_address(address).value)
+
+
+def _bytes_at(address: int, size: int) -> np.ndarray:
+    """``size`` (> 0) bytes at ``address`` as a uint8 array viewing that memory (no copy)."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+
+
+@overload(_int64_at, inline="always")
+def _int64_at_overload(address: Any) -> Any:
+    def impl(address: Any) -> Any:  # pragma: no cover - compiled
+        return _int64_pointer(address)[0]  # type: ignore[call-arg]
+
+    return impl
+
+
+@overload(_bytes_at, inline="always")
+def _bytes_at_overload(address: Any, size: Any) -> Any:
+    def impl(address: Any, size: Any) -> Any:  # pragma: no cover - compiled
+        return numba.carray(_uint8_pointer(address), size)  # type: ignore[call-arg]
+
+    return impl
+
+
+@numba.njit(cache=True, inline="always")
+def _value_length(item: int, bytes_type: int, none: int) -> int:
+    """The length of a value list item: -1 for None (at ``none``), -2 for anything not exactly bytes
+    (whose type object is at ``bytes_type``)."""
+    if item == none:
+        return -1
+    if _int64_at(item + _TYPE_OFFSET) != bytes_type:
+        return -2
+    return _int64_at(item + _SIZE_OFFSET)
+
+
+@numba.njit(cache=True)
+def _list_records_size(list_address: int, count: int, bytes_type: int, none: int) -> tuple[int, int]:
+    """Check and size the first ``count`` items of the list at ``list_address``: ``(records section bytes,
+    _OK)``, or ``(index of the bad item, code)``."""
+    if count > _int64_at(list_address + _SIZE_OFFSET):
+        return count, _NOT_BYTES
+    items = _int64_at(list_address + _LIST_ITEMS_OFFSET)
+    total = 0
+    for i in range(count):
+        length = _value_length(_int64_at(items + 8 * i), bytes_type, none)
+        if length == -2:
+            return i, _NOT_BYTES
+        # attributes, timestampDelta 0, keyLength -1, headerCount 0: one byte each
+        body = 4 + size_of_varint(i) + size_of_varint(length) + max(length, 0)
+        if body > _MAX_INT32:
+            return i, _TOO_LONG
+        total += size_of_varint(body) + body
+    return total, _OK
+
+
+@numba.njit(cache=True)
+def _encode_list(out: np.ndarray, position: int, limit: int, list_address: int, count: int, bytes_type: int,
+                 none: int) -> int:
+    """Write the records section of the first ``count`` items of a value list, sized by
+    ``_list_records_size`` to end at ``limit`` (<= ``out.size``), at ``position``; return its end.
+
+    Checks again what it reads (a list changed since it was sized) and never writes at or past ``limit``:
+    then it returns -1 and the caller raises.
+    """
+    if count > _int64_at(list_address + _SIZE_OFFSET) or limit > out.size:
+        return -1
+    items = _int64_at(list_address + _LIST_ITEMS_OFFSET)
+    for i in range(count):
+        item = _int64_at(items + 8 * i)
+        length = _value_length(item, bytes_type, none)
+        if length == -2:
+            return -1
+        body = 4 + size_of_varint(i) + size_of_varint(length) + max(length, 0)
+        if position + size_of_varint(body) + body > limit:
+            return -1
+        position = write_varint(out, position, body)
+        out[position] = RECORD_ATTRIBUTES
+        out[position + 1] = 0  # timestampDelta
+        position = write_varint(out, position + 2, i)
+        out[position] = 1  # keyLength -1 (zig-zag)
+        position = write_varint(out, position + 1, length)
+        if length > 0:
+            position = _copy(out, position, _bytes_at(item + _BYTES_DATA_OFFSET, length), 0, length)
+        out[position] = 0  # headerCount
+        position += 1
+    return position
+
+
+def _check_object_layout() -> bool:
+    """Do real objects sit where the declared offsets say?  (Read with ctypes: nothing compiled yet.)"""
+    if sys.implementation.name != "cpython" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return False
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return False
+    sample = bytes(range(7, 40))
+    items = [sample, None]
+    item_pointers = _int64_at(id(items) + _LIST_ITEMS_OFFSET)
+    return (
+        _int64_at(id(items) + _SIZE_OFFSET) == 2
+        and _int64_at(item_pointers) == id(sample)
+        and _int64_at(item_pointers + 8) == id(None)
+        and _int64_at(id(sample) + _TYPE_OFFSET) == id(bytes)
+        and _int64_at(id(sample) + _SIZE_OFFSET) == len(sample)
+        and _bytes_at(id(sample) + _BYTES_DATA_OFFSET, len(sample)).tobytes() == sample
+    )
+
+
+VALUE_LISTS_IN_PLACE = _check_object_layout()  # False: value lists are packed into a ByteColumn first
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Python face.
 
 _EMPTY_U8 = np.zeros(0, dtype=np.uint8)
@@ -427,17 +603,69 @@ def _sized(args: tuple[np.ndarray, ...]) -> tuple[int, int]:
     return size, max_delta
 
 
-def records_size(columns: RecordColumns) -> int:
-    """Exact bytes of the uncompressed records section of these columns."""
-    return _sized(_kernel_args(columns))[0]
+Records = RecordColumns | list  # a batch's records: columns, or a list of values (bytes or None)
 
 
-def encoded_size(columns: RecordColumns) -> int:
+class _Encoder(NamedTuple):
+    """What sizing found out about a batch's records, and how to write them."""
+
+    encode: Callable[[np.ndarray, int], int]  # encode(out, position) -> end of the records section
+    records_bytes: int  # exact size of the records section
+    record_count: int
+    max_delta: int  # largest timestamp delta
+    first_timestamp: int | None  # the first record's own timestamp (None: the batch's timestamp_ms)
+
+
+def _encoder(records: Records) -> _Encoder:
+    """Check and size ``records`` (ValueError / TypeError for bad ones)."""
+    if isinstance(records, list):
+        if not VALUE_LISTS_IN_PLACE:
+            return _encoder(RecordColumns(ByteColumn.from_list(records)))
+        return _list_encoder(records)
+    args = _kernel_args(records)
+    records_bytes, max_delta = _sized(args)
+    return _Encoder(
+        lambda out, position: int(_encode_records(out, position, *args)),
+        records_bytes,
+        records.values.item_count,
+        max_delta,
+        None if records.timestamps is None else int(args[-1][0]),
+    )
+
+
+def _list_encoder(values: list[bytes | None]) -> _Encoder:
+    count = len(values)
+    if count < 1:
+        raise ValueError(f"a record batch needs at least one record, got {count}")
+    bytes_type, none = id(bytes), id(None)
+    size, code = _list_records_size(id(values), count, bytes_type, none)
+    if code == _NOT_BYTES:
+        raise TypeError(f"values[{size}]: expected bytes or None, got {type(values[size]).__name__}")
+    if code == _TOO_LONG:
+        raise ValueError(f"record {size} encodes to more than {_MAX_INT32} bytes")
+    if size + HEADER_SIZE - LOG_OVERHEAD > _MAX_INT32:
+        raise ValueError(f"records section of {size} bytes is too large for one batch")
+
+    def encode(out: np.ndarray, position: int) -> int:
+        end = int(_encode_list(out, position, position + size, id(values), count, bytes_type, none))
+        if end != position + size:
+            raise ValueError(f"the list of {count} values changed while its batch was built")
+        return end
+
+    return _Encoder(encode, size, count, 0, None)
+
+
+def records_size(columns: Records) -> int:
+    """Exact bytes of the uncompressed records section of these columns (or list of values)."""
+    return _encoder(columns).records_bytes
+
+
+def encoded_size(columns: Records) -> int:
     """Exact bytes of the whole uncompressed batch (header included): what :func:`build_into` will write."""
     return HEADER_SIZE + records_size(columns)
 
 
-def max_encoded_size(columns: RecordColumns, compression: int = COMPRESSION_NONE) -> int:
+def max_encoded_size(columns: Records, compression: int = COMPRESSION_NONE) -> int:
     """Bytes to reserve for the batch: exact without compression, an upper bound with it."""
     return HEADER_SIZE + compress_bound(compression, records_size(columns))
 
@@ -484,7 +712,7 @@ def _attributes(compression: int, timestamp_type: int, is_transactional: bool, i
 def build_into(
     out: bytearray | memoryview | np.ndarray,
     position: int,
-    columns: RecordColumns,
+    columns: Records,
     *,
     base_offset: int = 0,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
@@ -502,14 +730,15 @@ def build_into(
 
     Returns the bytes written, or :data:`NO_SPACE` when the batch does not fit before the end of ``out``
     (then nothing in ``out`` was changed).  ``out`` is any writable byte buffer: a bytearray, a memoryview,
-    an mmap, a uint8 numpy array over shared memory.  ``timestamp_ms`` is every record's timestamp when
-    ``columns.timestamps`` is None (default: now); otherwise it is ignored.  Raises ValueError for
-    inconsistent columns or settings.
+    an mmap, a uint8 numpy array over shared memory.  ``columns`` may also be a ``list`` of values (bytes
+    or None: value-only records, read in place; see the module docstring).  ``timestamp_ms`` is every
+    record's timestamp when ``columns.timestamps`` is None (default: now); otherwise it is ignored.  Raises
+    ValueError for inconsistent columns or settings, TypeError for a list item that is not bytes or None.
     """
     array = _writable_u8(out)
     if position < 0 or position > array.size:
         raise ValueError(f"position {position} outside the {array.size}-byte buffer")
-    args, records_bytes, header = _plan(
+    encoder, header = _plan(
         columns,
         base_offset,
         partition_leader_epoch,
@@ -519,11 +748,11 @@ def build_into(
         timestamp_ms,
         _attributes(compression, timestamp_type, is_transactional, is_control),
     )
-    return _write(array, position, args, records_bytes, compression, compression_level, header)
+    return _write(array, position, encoder, compression, compression_level, header)
 
 
 def _plan(
-    columns: RecordColumns,
+    columns: Records,
     base_offset: int,
     partition_leader_epoch: int,
     producer_id: int,
@@ -531,15 +760,14 @@ def _plan(
     base_sequence: int,
     timestamp_ms: int | None,
     attributes: int,
-) -> tuple[tuple[np.ndarray, ...], int, tuple[int, ...]]:
-    """Check and size the columns: (kernel arguments, records section bytes, header fields)."""
-    args = _kernel_args(columns)
-    records_bytes, max_delta = _sized(args)
-    if columns.timestamps is not None:
-        base_timestamp = int(args[-1][0])
+) -> tuple[_Encoder, tuple[int, ...]]:
+    """Check and size the records: (their encoder, header fields)."""
+    encoder = _encoder(columns)
+    if encoder.first_timestamp is not None:
+        base_timestamp = encoder.first_timestamp
     else:
         base_timestamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    count = columns.values.item_count
+    count = encoder.record_count
     header = (
         base_offset,
         0,  # batchLength, filled in by _write
@@ -549,35 +777,35 @@ def _plan(
         attributes,
         count - 1,  # lastOffsetDelta
         base_timestamp,
-        base_timestamp + max_delta,  # maxTimestamp
+        base_timestamp + encoder.max_delta,  # maxTimestamp
         producer_id,
         producer_epoch,
         base_sequence,
         count,  # recordsCount
     )
-    return args, records_bytes, header
+    return encoder, header
 
 
 def _write(
     array: np.ndarray,
     position: int,
-    args: tuple[np.ndarray, ...],
-    records_bytes: int,
+    encoder: _Encoder,
     compression: int,
     compression_level: int | None,
     header: tuple[int, ...],
 ) -> int:
     """Encode (and compress) the records, then pack the header and write the CRC; NO_SPACE if too big."""
     room = array.size - position
+    records_bytes = encoder.records_bytes
     if compression == COMPRESSION_NONE:
         size = HEADER_SIZE + records_bytes
         if size > room:
             return NO_SPACE
-        end = _encode_records(array, position + HEADER_SIZE, *args)
+        end = encoder.encode(array, position + HEADER_SIZE)
         assert end == position + size, (end, position, size)
     else:
         scratch = np.empty(records_bytes, dtype=np.uint8)  # not _scratch(): build() may be using it
-        _encode_records(scratch, 0, *args)
+        encoder.encode(scratch, 0)
         packed = compress(compression, scratch.data, level=compression_level)
         size = HEADER_SIZE + len(packed)
         if size > room:
@@ -590,7 +818,7 @@ def _write(
 
 
 def build(
-    columns: RecordColumns,
+    columns: Records,
     *,
     base_offset: int = 0,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
@@ -605,7 +833,7 @@ def build(
     compression_level: int | None = None,
 ) -> bytes:
     """One complete batch as bytes; arguments as :func:`build_into`."""
-    args, records_bytes, header = _plan(
+    encoder, header = _plan(
         columns,
         base_offset,
         partition_leader_epoch,
@@ -615,8 +843,8 @@ def build(
         timestamp_ms,
         _attributes(compression, timestamp_type, is_transactional, is_control),
     )
-    out = _scratch(HEADER_SIZE + compress_bound(compression, records_bytes))
-    size = _write(out, 0, args, records_bytes, compression, compression_level, header)
+    out = _scratch(HEADER_SIZE + compress_bound(compression, encoder.records_bytes))
+    size = _write(out, 0, encoder, compression, compression_level, header)
     assert size > 0
     return out[:size].tobytes()
 

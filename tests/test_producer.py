@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -424,6 +425,54 @@ def test_threads_share_one_producer(appliance: Appliance) -> None:
     for thread, hs in handles.items():  # per key (one partition each): in send order
         offsets = [h.get(0).offset for h in hs]
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), thread
+
+
+def test_value_only_sends_race_sealing_threads_and_lose_nothing(appliance: Appliance) -> None:
+    """The per-record path takes no lock, only the append token: four threads send values while the timer
+    thread seals batches (linger.ms=0), a fifth thread flushes, and small batches fill all the time."""
+    producer = make_producer(appliance, batch_size=2048, linger_ms=0)
+    count = 4000
+    stop = threading.Event()
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch every few bytecodes: races show up
+
+    def send(thread: int) -> None:
+        for i in range(count):
+            producer.send("mix", b"v%d-%05d" % (thread, i))
+
+    def flush() -> None:
+        while not stop.is_set():
+            producer.flush(10)
+
+    senders = [threading.Thread(target=send, args=(t,)) for t in range(4)]
+    flusher = threading.Thread(target=flush)
+    try:
+        for thread in [*senders, flusher]:
+            thread.start()
+        for thread in senders:
+            thread.join()
+        stop.set()
+        flusher.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+        producer.close()
+    values = [r.value for r in log_records(appliance, "mix", 0) if r.value and r.value.startswith(b"v")]
+    assert len(values) == len(set(values)) == 4 * count
+    for sender in range(4):  # one partition: each thread's records in the order it sent them
+        mine = [v for v in values if v.startswith(b"v%d-" % sender)]
+        assert mine == sorted(mine)
+
+
+def test_a_callback_may_send_again(appliance: Appliance) -> None:
+    """Callbacks run under the producer's lock; a send from one (fast path or not) must not deadlock."""
+    with make_producer(appliance, linger_ms=1) as producer:
+        chained: list[Any] = []
+        first = producer.send("one", b"first", callback=lambda error, meta: chained.append(
+            (producer.send("one", b"from callback"), producer.send("one", b"keyed", key=b"k"))))
+        first.get(10)
+        producer.flush(10)
+        offsets = [handle.get(10).offset for handle in chained[0]]
+        assert [by_offset(appliance, "one", 0)[o].value for o in offsets] == [b"from callback", b"keyed"]
 
 
 def test_close_resolves_everything_and_refuses_more(appliance: Appliance) -> None:
