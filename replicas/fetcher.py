@@ -61,7 +61,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -82,6 +82,14 @@ from ipc.kafka import (
 from replicas.leader_connection import DEFAULT_REQUEST_TIMEOUT_MS, FetchInFlight, LeaderConnection, LeaderInfo
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
+from storage.batch_header import (
+    BATCH_LENGTH_OFFSET,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    BatchHeader,
+    check_batch,
+    parse_header,
+)
 from storage.batch_reader import iter_batches
 from storage.errors import CorruptRecordError, InvalidRecordError, ProtocolError, RequestTimeoutError
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log
@@ -485,7 +493,7 @@ class _Copier:
     """Appends the whole batches of one Fetch answer to the follower log, in the pieces they arrive in
     (``LeaderConnection.fetch`` hands them over while the rest is still coming).
 
-    Each piece: its batches are walked (magic, length, CRC: ``iter_batches``), those we already hold are
+    Each piece: its batches are walked (magic, length, CRC: :func:`_whole_batches`), those we already hold are
     skipped, the rest appended unchanged with one ``Log.append_as_follower`` (the headers just checked are
     not checked again).  A corrupt batch stops the copy: the whole batches before it are appended (they are
     the leader's, at their offsets), nothing from it on; a batch across our log end (the logs diverged)
@@ -504,14 +512,13 @@ class _Copier:
         if self.problem is not None:
             return 0
         log = self.fetcher.log
-        batches = iter_batches(records, where=self.where, allow_truncated_tail=True)
         start = end = -1
         used = 0
         headers = []
         try:
-            for position, header in batches:
-                if header.last_offset < self.fetch_offset:
-                    used = batches.position
+            for position, header in _whole_batches(records, self.where):
+                if header.base_offset + header.last_offset_delta < self.fetch_offset:
+                    used = position + header.batch_length + LOG_OVERHEAD
                     continue  # a batch we already hold
                 if (header.base_offset < self.fetch_offset and start < 0 and self.appended_bytes == 0
                         and log.log_start_offset == self.fetch_offset == log.log_end_offset):
@@ -526,7 +533,7 @@ class _Copier:
                     return 0
                 if start < 0:
                     start = position
-                end = batches.position
+                end = position + header.batch_length + LOG_OVERHEAD
                 headers.append(header)
         except CorruptRecordError as error:
             corrupt: CorruptRecordError | None = error
@@ -549,7 +556,7 @@ class _Copier:
             self.problem = (f"{corrupt}; nothing of this answer {done}", False)
             return used
         if final:
-            self.partial_tail_bytes = batches.truncated_tail_bytes
+            self.partial_tail_bytes = len(records) - used  # the whole batches were all used
         return used
 
 
@@ -562,16 +569,37 @@ class _FetchAhead(NamedTuple):
     sent: FetchInFlight
 
 
+def _whole_batches(records: memoryview, where: str) -> Iterator[tuple[int, BatchHeader]]:
+    """``(position, header)`` of each whole batch in ``records``, magic, length and CRC checked: the hot path
+    is ``check_batch`` (one unpack, one CRC call, no exception); at a batch it refuses, ``iter_batches``
+    takes over, which raises :class:`CorruptRecordError` saying why, or stops quietly at a partial batch
+    at the end (a Fetch answer may end in one)."""
+    position, size = 0, len(records)
+    while position < size:
+        header = check_batch(records, position, whole=False)
+        if isinstance(header, int):
+            yield from iter_batches(records, where=where, position=position, allow_truncated_tail=True)
+            return
+        yield position, header
+        position += header.batch_length + LOG_OVERHEAD
+
+
 def _next_offset_after(records: memoryview, offset: int) -> int:
-    """The offset after the last whole batch in ``records`` (headers only: the CRCs are checked when the
-    batches are appended), or ``offset`` if none ends past it or a header is malformed."""
-    batches = iter_batches(records, verify_crc=False, allow_truncated_tail=True)
-    try:
-        for _, header in batches:
-            offset = max(offset, header.last_offset + 1)
-    except CorruptRecordError:
-        pass  # the copier stops there and says why; nothing is fetched ahead past it
-    return offset
+    """The offset after the last whole batch in ``records``, or ``offset`` if none ends past it: a walk of the
+    batch lengths, then one header.  Nothing is checked here (the batches are, as they are appended): a length
+    that cannot be a batch's ends the walk, and a Fetch sent ahead for a wrong offset is never used."""
+    position, size, last = 0, len(records), -1
+    while size - position >= HEADER_SIZE:
+        length = int.from_bytes(records[position + BATCH_LENGTH_OFFSET:position + LOG_OVERHEAD], "big",
+                                signed=True)
+        if not HEADER_SIZE <= length + LOG_OVERHEAD <= size - position:
+            break
+        last = position
+        position += length + LOG_OVERHEAD
+    if last < 0:
+        return offset
+    header = parse_header(records, last)
+    return max(offset, header.base_offset + header.last_offset_delta + 1)
 
 
 class _LeaderUnreachable(Exception):

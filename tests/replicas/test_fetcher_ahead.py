@@ -34,9 +34,10 @@ from ipc.kafka import (
     Request,
     encode_response,
 )
-from replicas.fetcher import FetchPhase, PartitionFetcher
+from replicas.fetcher import FetchPhase, PartitionFetcher, _next_offset_after, _whole_batches
 from storage.batch_builder import build_batch
-from storage.errors import BrokerConnectionError, ProtocolError, RequestTimeoutError
+from storage.batch_reader import iter_batches
+from storage.errors import BrokerConnectionError, CorruptRecordError, ProtocolError, RequestTimeoutError
 from storage.log import Log
 
 __all__ = ["dirs"]  # the fixture, imported for these tests
@@ -227,3 +228,44 @@ def test_a_fetch_answer_with_the_wrong_correlation_id_is_refused() -> None:
         with pytest.raises(ProtocolError, match=r"response correlation id \d+, expected \d+"):
             conn.fetch(fetch_request(0), lambda v, final: 0)
         assert conn.closed
+
+
+# --- the two walks over an answer's records, against iter_batches ---------------------------------------
+
+def oracle_walk(records: bytes, *, verify_crc: bool) -> list[tuple[int, Any]]:
+    return list(iter_batches(records, verify_crc=verify_crc, allow_truncated_tail=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=0, max_size=6), cut=st.integers(0, 1 << 12),
+       flip=st.one_of(st.none(), st.tuples(st.integers(0, 1 << 12), st.integers(1, 255))),
+       tail=st.binary(max_size=80))
+def test_the_record_walks_agree_with_iter_batches(counts: list[int], cut: int,
+                                                  flip: tuple[int, int] | None, tail: bytes) -> None:
+    offset, whole = 0, b""
+    for count in counts:
+        whole += bytes(build_batch([b"r%d" % i for i in range(count)], base_offset=offset))
+        offset += count
+    cut_records = whole[:len(whole) - cut % (len(whole) + 1)]
+    expected = oracle_walk(cut_records, verify_crc=True)  # whole valid batches, then maybe a partial one
+    assert list(_whole_batches(memoryview(cut_records), "answer")) == expected
+    end = expected[-1][1].base_offset + expected[-1][1].last_offset_delta + 1 if expected else 0
+    assert _next_offset_after(memoryview(cut_records), 0) == end
+    assert _next_offset_after(memoryview(cut_records), end + 5) == end + 5
+    damaged = bytearray(whole + tail)
+    if flip is not None and damaged:
+        damaged[flip[0] % len(damaged)] ^= flip[1]
+    try:
+        oracle: list[tuple[int, Any]] | CorruptRecordError = oracle_walk(bytes(damaged), verify_crc=True)
+    except CorruptRecordError as error:
+        oracle = error
+    try:
+        walked: list[tuple[int, Any]] | CorruptRecordError = list(_whole_batches(memoryview(damaged),
+                                                                                 "buffer"))
+    except CorruptRecordError as error:
+        walked = error
+    if isinstance(oracle, CorruptRecordError):
+        assert isinstance(walked, CorruptRecordError) and str(walked) == str(oracle)
+    else:
+        assert walked == oracle
+    assert _next_offset_after(memoryview(damaged), 3) >= 3  # garbage never raises; it only ends the walk
