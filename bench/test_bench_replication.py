@@ -15,6 +15,11 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_replication.py --benchmark-en
   ``replica.fetch.max.bytes`` (1 MiB), once with 8 MiB.  Target >= 0.7.  A second limit is reported beside
   it: the same sendfile with the receiver also writing what it receives to a file (``os.write``, 8 MiB at a
   time, into a new file in another directory) -- the least a follower must do, since it keeps a copy.
+  Beside the rates, where the follower's time went (CPU figures hold up on a busy machine where rates do
+  not): its CPU time per GB copied, and per round the share of the wall time its thread was runnable but
+  not running (``/proc/self/task/<tid>/schedstat``: the machine was busy) or blocked (waiting for the
+  leader).  ``REPLICATION_BENCH_FETCH_AHEAD=0`` turns fetching ahead off (``FetcherConfig.pipeline_fetches``)
+  to measure one Fetch at a time.
 * ``test_acks_all_vs_acks_1``: ``appliance serve`` with two replicas on other directories
   (``appliance.replica.dirs``, each its own process following the broker's Unix listener), a topic of
   replication factor 3 with ``min.insync.replicas`` 2; a local ``appliance.Producer`` sends
@@ -37,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +65,7 @@ from storage.log_config import LogConfig
 REPO = Path(__file__).resolve().parent.parent
 MB = int(os.environ.get("REPLICATION_BENCH_MB", "256"))
 RECORDS = int(os.environ.get("REPLICATION_BENCH_RECORDS", "1000000"))
+FETCH_AHEAD = os.environ.get("REPLICATION_BENCH_FETCH_AHEAD", "1") != "0"
 RECORDS_PER_BATCH = 500
 VALUE_BYTES = 100
 TOPIC = "bench"
@@ -184,8 +191,24 @@ def sendfile_and_write(leader: Leader) -> tuple[int, float]:
     return received, elapsed
 
 
-def catch_up(leader: Leader, fetch_max_bytes: int) -> tuple[int, float]:
-    """Copy the whole partition into an empty follower log; (bytes copied, seconds)."""
+@dataclass
+class CatchUp:
+    copied_bytes: int
+    seconds: float
+    cpu_seconds: float  # this process (the fetcher's thread and anything it started)
+    runnable_seconds: float  # the fetcher's thread waiting for a CPU
+    blocked_seconds: float  # the fetcher's thread waiting for something else: the leader's bytes
+
+
+def _thread_schedstat() -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) of the calling thread."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        on_cpu, waiting, _ = f.read().split()
+    return int(on_cpu), int(waiting)
+
+
+def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
+    """Copy the whole partition into an empty follower log."""
     directory = leader.root / "follower" / f"{TOPIC}-0"
     shutil.rmtree(directory.parent, ignore_errors=True)
     with LeaderConnection.connect("127.0.0.1", leader.port) as conn:
@@ -193,19 +216,26 @@ def catch_up(leader: Leader, fetch_max_bytes: int) -> tuple[int, float]:
     assert info is not None
     log = Log.open(str(directory), LogConfig(segment_bytes=256 << 20), topic_partition=(TOPIC, 0))
     fetcher = PartitionFetcher(log, info, FetcherConfig(broker_id=1, replica_fetch_max_bytes=fetch_max_bytes,
-                                                        replica_fetch_wait_max_ms=100))
+                                                        replica_fetch_wait_max_ms=100,
+                                                        pipeline_fetches=FETCH_AHEAD))
     try:
+        on_cpu, waiting = _thread_schedstat()
+        cpu = time.process_time()
         started = time.perf_counter()
         while log.log_end_offset < leader.log_end_offset:
             outcome = fetcher.step()
             assert outcome.action in ("appended", "truncated", "empty"), outcome
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        on_cpu_after, waiting_after = _thread_schedstat()
         copied = log.size_bytes
     finally:
         fetcher.close()
         log.close()
     assert copied == leader.log_bytes
-    return copied, elapsed
+    runnable = (waiting_after - waiting) / 1e9
+    blocked = max(0.0, elapsed - (on_cpu_after - on_cpu) / 1e9 - runnable)
+    return CatchUp(copied, elapsed, cpu, runnable, blocked)
 
 
 @pytest.mark.parametrize("fetch_max_bytes", [1 << 20, 8 << 20], ids=["1MiB", "8MiB"])
@@ -216,29 +246,39 @@ def test_follower_catch_up_vs_sendfile(
     limits: list[float] = []
     writes: list[float] = []
     copies: list[float] = []
+    rounds: list[CatchUp] = []
 
     def run() -> None:
         sent, seconds = loopback_sendfile(leader.segments)
         limits.append(sent / seconds)
         written, seconds = sendfile_and_write(leader)
         writes.append(written / seconds)
-        copied, seconds = catch_up(leader, fetch_max_bytes)
-        copies.append(copied / seconds)
+        rounds.append(catch_up(leader, fetch_max_bytes))
+        copies.append(rounds[-1].copied_bytes / rounds[-1].seconds)
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
     ratio = statistics.median(c / s for c, s in zip(copies, limits, strict=True))
     ratios = sorted(c / s for c, s in zip(copies, limits, strict=True))
     write_ratio = statistics.median(c / w for c, w in zip(copies, writes, strict=True))
     copy, limit, write = statistics.median(copies), statistics.median(limits), statistics.median(writes)
+    cpu_s_per_gb = statistics.median(r.cpu_seconds / r.copied_bytes * 1e9 for r in rounds)
+    runnable_share = statistics.median(r.runnable_seconds / r.seconds for r in rounds)
+    blocked_share = statistics.median(r.blocked_seconds / r.seconds for r in rounds)
     benchmark.extra_info.update(catch_up_bytes_per_s=copy, sendfile_bytes_per_s=limit, ratio=ratio,
                                 sendfile_and_write_bytes_per_s=write, ratio_to_sendfile_and_write=write_ratio,
                                 target_ratio=CATCH_UP_TARGET, log_bytes=leader.log_bytes,
-                                replica_fetch_max_bytes=fetch_max_bytes)
+                                replica_fetch_max_bytes=fetch_max_bytes, fetch_ahead=FETCH_AHEAD,
+                                follower_cpu_s_per_gb=cpu_s_per_gb, follower_runnable_share=runnable_share,
+                                follower_blocked_share=blocked_share, load_average=os.getloadavg()[0])
     print(f"\nRESULT follower catch-up ({fetch_max_bytes >> 20} MiB fetches): median of {ROUNDS} "
           f"interleaved rounds: {copy / 1e9:.2f} GB/s vs plain loopback sendfile {limit / 1e9:.2f} GB/s, "
           f"ratio {ratio:.2f} (target {CATCH_UP_TARGET}; rounds {ratios[0]:.2f}..{ratios[-1]:.2f}); "
           f"vs sendfile + write to a file {write / 1e9:.2f} GB/s, ratio {write_ratio:.2f}; "
-          f"{leader.log_bytes / 1e6:.0f} MB per round, CRCs checked, appended to a log in another directory")
+          f"{leader.log_bytes / 1e6:.0f} MB per round, CRCs checked, appended to a log in another directory; "
+          f"follower CPU {cpu_s_per_gb:.2f} s/GB (its CPU alone allows {1 / cpu_s_per_gb:.2f} GB/s), "
+          f"runnable-not-running {runnable_share:.0%}, waiting for the leader {blocked_share:.0%} of the "
+          "time; "
+          f"fetch ahead {'on' if FETCH_AHEAD else 'off'}; load average {os.getloadavg()[0]:.2f}")
 
 
 # -- acks=all vs acks=1 -----------------------------------------------------------------------------------
