@@ -32,7 +32,6 @@ offset plus its index, computed only when asked for.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -146,56 +145,65 @@ def take_column(column: ByteColumn, indexes: np.ndarray) -> ByteColumn:
     return ByteColumn(out, out_offsets, nulls)
 
 
+_TOKEN_WAIT_LIMIT_S = 10.0  # a token not given back for this long is a bug, not contention
+
+
 class AppendToken:
     """Whoever holds this token may append records to a producer's open batches or seal them.
 
     Why not the producer's lock: an uncontended ``RLock`` acquire and release cost ~80 ns here, more than
     everything else ``send`` does for a record but the handle.  The token is one object in a one-item
-    list (:attr:`free`): ``free.pop()`` takes it and ``free.append(...)`` gives it back, each one C call
+    list (:attr:`free`): ``free.pop()`` takes it and ``free.append(None)`` gives it back, each one C call
     that CPython runs atomically (no other thread runs in between), ~20 ns together.
 
     * The per-record path (``Producer.send`` with a value only) takes it with ``free.pop()`` and never waits:
       if it is taken (``IndexError``) it goes the general way instead.  It holds it for a few bytecodes
-      (read the open batch, append the value, count the room), calls nothing that blocks or runs user
-      code, and gives it back.
+      (read the open batch, append the value, count the room) and gives it back.
     * Every other path that touches open batches (the general per-record path, sealing -- full, linger.ms,
-      flush, get, close -- and send_many) holds the producer's lock first and then enters the token with
-      ``with token:``, re-entrantly (a callback run under the lock may send again).  Entering waits only
-      for a per-record path on another thread to give the token back; the wait gives up the GIL
-      (``time.sleep(0)``) so that thread can run.
+      flush, get, close -- and send_many) holds the producer's lock first and then :meth:`take` s the token,
+      waiting only for a per-record path on another thread to give it back (a few bytecodes; the wait gives
+      up the GIL with ``time.sleep(0)`` so that thread runs), then :meth:`give` s it back.
 
     So a batch is sealed only while no ``send`` is between reading it and appending to it, and records are
-    appended only to open batches.  Lock order: producer lock, then token; nothing waits while holding the
-    token except for the token.
+    appended only to open batches.  Rules that keep the waits short and deadlock-free: lock order is
+    producer lock, then token; while holding the token nothing blocks, takes it again, or runs user code
+    (callbacks run under the producer's lock only, so a callback may send).
     """
 
-    __slots__ = ("_depth", "_owner", "free")
+    __slots__ = ("free",)
 
     def __init__(self) -> None:
         self.free: list[None] = [None]  # empty while someone holds the token
-        self._owner = 0  # thread ident of the ``with`` holder (0: none, or a per-record path)
-        self._depth = 0
 
-    def __enter__(self) -> None:
-        me = threading.get_ident()
-        if self._owner == me:
-            self._depth += 1
-            return
+    def take(self) -> None:
+        """Take the token (with the producer's lock held); waits while a ``send`` holds it."""
         free = self.free
+        try:
+            free.pop()
+            return
+        except IndexError:
+            pass
+        deadline = time.monotonic() + _TOKEN_WAIT_LIMIT_S
         while True:
+            time.sleep(0)  # a send() on another thread holds it for a few bytecodes: let it run
             try:
                 free.pop()
-                break
+                return
             except IndexError:
-                time.sleep(0)  # a send() on another thread holds it for a few bytecodes: let it run
-        self._owner = me
-        self._depth = 1
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"producer append token not given back for {_TOKEN_WAIT_LIMIT_S} s: a bug (taken "
+                        "twice by one thread, or held across a wait)"
+                    ) from None
+
+    def give(self) -> None:
+        self.free.append(None)
+
+    def __enter__(self) -> None:
+        self.take()
 
     def __exit__(self, *exc: object) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            self._owner = 0
-            self.free.append(None)
+        self.free.append(None)
 
 
 class ProducerBatch:

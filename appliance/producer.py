@@ -23,20 +23,19 @@ record, or on ``flush``/``get``.  Then the whole batch is encoded at once by ``s
 numba kernels straight into the ring frame (reserve -> build -> commit), with the producer id, epoch and
 the partition's next sequence number; a value-only batch is handed over as its list, whose values the
 builder reads where they lie (no ``b"".join``, no per-record ``len``): each value is copied once, into
-the ring.
-Records with keys, headers, timestamps, callbacks or an explicit partition take a longer path (a few
-hundred ns more); ``send_many`` hands whole columns (lists, 2-D arrays, buffer + offsets) to the builder
+the ring.  Records with keys, headers, timestamps, callbacks or an explicit partition take the general
+path (about 1 us more); ``send_many`` hands whole columns (lists, 2-D arrays, buffer + offsets) to the builder
 without ever creating one Python object per record.
 
 **Acks** are collected lazily, on the caller's thread, whenever the producer touches the ring anyway
 (publishing, ``flush``, ``get``): reading them costs two loads when none arrived.  One background thread
 (``appliance.linger_timer``), started with the first record, seals batches whose ``linger.ms`` ran out and,
 when the caller has gone quiet (2 ms) with batches in flight, collects their acks every millisecond so that
-callbacks run; it never touches a batch while the caller's thread does (both hold the producer's lock) and
-never sleeps on a ring semaphore.  (Polling acks from that thread every millisecond even while the caller
-sends measured the same throughput within noise; lazy collection keeps GIL hand-overs rare.)  A callback
-runs on whichever thread collected its ack: keep it short.  Waits (``get``, ``flush``) park on the ring's
-semaphore outside the lock, reading only the ring header, then collect under the lock.
+callbacks run; it never touches a batch while the caller's thread does (it holds the producer's lock, and the
+append token to seal) and never sleeps on a ring semaphore.  (Polling acks from that thread every millisecond
+even while the caller sends measured the same throughput within noise; lazy collection keeps GIL hand-overs
+rare.)  A callback runs on whichever thread collected its ack: keep it short.  Waits (``get``, ``flush``) park
+on the ring's semaphore outside the lock, reading only the ring header, then collect under the lock.
 
 **Order and exactly once.**  Records sent to one partition are appended in the order sent.  With
 ``enable.idempotence`` (the default with ``acks=all``) every batch carries the producer id, epoch and its
@@ -263,17 +262,27 @@ class Producer:
                 part = state.partitions[state.keys.partition(key)]
             payload = record_payload(value, key, headers)
             timestamped = timestamp is not None
+            token = self._token
+            free = token.free
             while True:
-                with self._token:
+                try:
+                    free.pop()  # (token.take() without a call, when nobody holds it)
+                except IndexError:
+                    token.take()
+                try:
                     batch = part.open if part is not None else state.sticky_batch
-                    fits = batch.room_bytes >= batch.needs(payload, timestamped)
-                    if fits or not batch.values:
-                        if not fits:  # larger than batch.size: alone in a batch, if max.request.size allows
-                            self._check_fits(state, state.partitions[batch.partition], payload, timestamped)
+                    if batch.room_bytes >= batch.needs(payload, timestamped):
                         if not batch.values:
                             self._first_record(state.partitions[batch.partition], batch)
                         index = batch.append(value, key, headers, timestamp, callback)
                         break
+                    if not batch.values:  # larger than batch.size: alone in a batch, within max.request.size
+                        self._check_fits(state, state.partitions[batch.partition], payload, timestamped)
+                        self._first_record(state.partitions[batch.partition], batch)
+                        index = batch.append(value, key, headers, timestamp, callback)
+                        break
+                finally:
+                    free.append(None)  # token.give()
                 self._make_room(state, state.partitions[batch.partition], payload, timestamped)
         return RecordHandle(batch, index)
 
@@ -711,13 +720,13 @@ class Producer:
             pass
         finally:
             with self._lock:
-                with self._token:  # no send() appends after this (their batches' callbacks run below)
+                with self._token:  # a send() racing close either appended already or sees it closed
                     self._closed = True
                     self._topics = {}
-                    for state in self._all_topics.values():
-                        for part in state.partitions:
-                            if part.open.values:
-                                self._seal(part)
+                for state in self._all_topics.values():
+                    for part in state.partitions:
+                        if part.open.values:
+                            self._seal(part)  # (its records fail below, callbacks outside the token)
                 for state in self._all_topics.values():
                     for part in state.partitions:
                         self._abandon(part)

@@ -12,7 +12,13 @@ Each benchmark stores in ``extra_info``:
 * ``page_cache_mb_per_s`` (bulk and 10 KiB runs): buffered ``os.write`` of 1 MiB chunks to a file in the same
   directory, the same volume, measured in the same run just before each round; ``ratio_to_page_cache``.
   Every probe and every timed round starts after ``os.sync()``, with no dirty pages, so both see the same
-  page-cache state (without it a probe run right after a round is throttled by that round's writeback).
+  page-cache state (without it a probe run right after a round is throttled by that round's writeback);
+* ``load_average_1min`` at the end of the rounds (others' work on this 2-core machine moves wall-clock
+  figures; the CPU figures per record move much less).
+
+Each test prints one ``RESULT`` line: the figure its target names, the target, and the CPU costs.  Shorter
+runs while iterating: ``PRODUCE_BENCH_SEND_RECORDS`` (default 2,000,000), ``PRODUCE_BENCH_LARGE_RECORDS``
+(default 60,000).
 
 Targets (issue 3): one producer, one partition, 100-byte records, acks=1, no compression: >= 2,000,000
 records/s through ``send()``, >= 5,000,000 through ``send_many()``; 10 KiB records at >= 0.7 of page-cache
@@ -43,11 +49,11 @@ from appliance.producer import Producer
 
 REPO = Path(__file__).resolve().parent.parent
 TOPICS = {"one": 1, "eight": 8, "large": 1, "large-many": 1}
-SEND_RECORDS = 2_000_000
+SEND_RECORDS = int(os.environ.get("PRODUCE_BENCH_SEND_RECORDS", "2000000"))
 SEND_MANY_RECORDS = 5_000_000
 VALUE_BYTES = 100
 LARGE_BYTES = 10 * 1024
-LARGE_RECORDS = 60_000  # ~600 MiB per run
+LARGE_RECORDS = int(os.environ.get("PRODUCE_BENCH_LARGE_RECORDS", "60000"))  # ~600 MiB per run
 PRODUCERS = 4
 PER_PRODUCER_RECORDS = 400_000
 
@@ -137,10 +143,19 @@ def _measure(benchmark: Any, run: Callable[[], None], records: int, payload_byte
         "producer_cpu_ns_per_record": round(producer_cpu / records, 1),
         "producer_bound_records_per_s": round(records * 1e9 / max(producer_cpu, 1)),
         "writer_cpu_ns_per_record": round(writer_cpu / records, 1),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
     benchmark.extra_info.update(info)
     print(f"\n{benchmark.name}: {info}")
     return info
+
+
+def _result(what: str, figure: str, target: str, info: dict[str, Any]) -> None:
+    print(f"\nRESULT {what}: {figure} (target {target}); producer CPU "
+          f"{info['producer_cpu_ns_per_record']} ns per record (alone: "
+          f"{info['producer_bound_records_per_s']:,} records/s), writer CPU "
+          f"{info['writer_cpu_ns_per_record']} ns per record, load average {info['load_average_1min']}",
+          file=sys.stderr)
 
 
 # -- one producer, one partition, 100-byte records, acks=1 ---------------------------------------------------
@@ -162,9 +177,11 @@ def test_send_100_byte_records_one_partition(benchmark: Any, server: Server) -> 
         producer.flush()
 
     try:
-        _measure(benchmark, run, count, count * VALUE_BYTES, server.writer_pids("one"))
+        info = _measure(benchmark, run, count, count * VALUE_BYTES, server.writer_pids("one"))
     finally:
         producer.close()
+    _result("send() 100 B, 1 producer, 1 partition, acks=1", f"{info['records_per_s']:,} records/s",
+            ">= 2,000,000 records/s", info)
 
 
 def test_send_many_100_byte_records_one_partition(benchmark: Any, server: Server) -> None:
@@ -193,6 +210,8 @@ def test_send_many_100_byte_records_one_partition(benchmark: Any, server: Server
     benchmark.extra_info["page_cache_bound_records_per_s"] = round(limit * 1e6 / (VALUE_BYTES + 9))
     print(f"page cache {limit:.0f} MB/s: at most {limit * 1e6 / (VALUE_BYTES + 9):,.0f} records/s of 109 "
           f"bytes; the log took {log_mb_per_s:.0f} MB/s")
+    _result("send_many() 100 B, 1 producer, 1 partition, acks=1", f"{info['records_per_s']:,} records/s",
+            ">= 5,000,000 records/s", info)
 
 
 # -- four producers, eight partitions ------------------------------------------------------------------------
@@ -293,3 +312,6 @@ def test_10_kib_records_against_page_cache_bandwidth(benchmark: Any, server: Ser
     benchmark.extra_info["page_cache_samples_mb_per_s"] = [round(x / 1e6) for x in probe.samples]
     benchmark.extra_info["ratio_to_page_cache"] = round(info["mb_per_s"] / limit, 3)
     print(f"page cache {limit:.0f} MB/s, ratio {info['mb_per_s'] / limit:.3f}")
+    _result(f"{path}() 10 KiB, 1 producer, 1 partition, acks=1",
+            f"{info['mb_per_s']} MB/s = {info['mb_per_s'] / limit:.3f} of page-cache write {limit:.0f} MB/s",
+            ">= 0.7 of page-cache write", info)
