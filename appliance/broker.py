@@ -34,6 +34,15 @@ with SASL/PLAIN (``appliance.cluster_auth``).
 other than ApiVersions, a frame over ``socket.request.max.bytes``: each closes that connection with one log
 line naming the peer and the reason.  An exception escaping a handler (a bug) is logged with its traceback
 and also closes only that connection.  Kafka does the same.
+
+**Out of descriptors.**  Connections must never take the descriptors the broker needs to serve them: opening
+a partition (its state page, its log's segment files) and a control call each take a few.  So the broker
+keeps :data:`DESCRIPTOR_RESERVE` descriptors (one in :data:`DESCRIPTOR_RESERVE_SHARE` of a small limit)
+below ``RLIMIT_NOFILE`` for that: a connection accepted at a
+descriptor number inside the reserve is served, but the listener pauses for :data:`ACCEPT_PAUSE_MS` (as
+after an ``accept`` that failed with EMFILE), and newer clients wait in the listen backlog until
+connections close.  (Without the reserve, a flood of connections left no descriptor to attach a partition's
+state page, and the partition was answered NOT_LEADER_OR_FOLLOWER until connections went away.)
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -89,6 +99,9 @@ log = logging.getLogger("appliance.broker")
 ACCEPT_BACKLOG = 1024
 ACCEPTS_PER_TURN = 64
 ACCEPT_PAUSE_MS = 100  # after accept() fails (out of descriptors), before trying again
+DESCRIPTOR_RESERVE = 16  # kept free for partition files, state pages and control calls (module docstring)
+DESCRIPTOR_RESERVE_SHARE = 8  # ... or one in this many of RLIMIT_NOFILE, if fewer (a tiny limit)
+RESERVE_LOG_INTERVAL_S = 10.0  # pauses for the reserve are logged at most this often
 CONTROL_TIMEOUT_S = 5.0  # a control call blocks the loop: never longer than this
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
 
@@ -135,6 +148,12 @@ class Broker:
         self._selector = selectors.DefaultSelector()
         self._listening: list[_Listening] = []
         self._paused: list[tuple[float, _Listening]] = []  # listeners not accepting until a time
+        # Descriptors are numbered lowest free first: an accepted socket numbered at or above this leaves
+        # fewer than DESCRIPTOR_RESERVE free.
+        limit = _descriptor_limit()
+        self._descriptor_reserve = min(DESCRIPTOR_RESERVE, limit // DESCRIPTOR_RESERVE_SHARE)
+        self._descriptor_ceiling = limit - self._descriptor_reserve
+        self._reserve_logged_s = -RESERVE_LOG_INTERVAL_S
         self._connections: dict[int, Connection] = {}
         self._scratch = memoryview(bytearray(1 << 20))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -177,8 +196,7 @@ class Broker:
                 return
             except OSError as e:  # EMFILE and friends: keep serving the connections we have, retry later
                 log.error("accept on %s: %s; not accepting for %d ms", listening.name, e, ACCEPT_PAUSE_MS)
-                self._selector.unregister(listening.sock)
-                self._paused.append((time.monotonic() + ACCEPT_PAUSE_MS / 1000.0, listening))
+                self._pause_accepting(listening)
                 return
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -189,6 +207,21 @@ class Broker:
             self._connections[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
             log.debug("%s: connected via %s", peer, listening.name)
+            if sock.fileno() >= self._descriptor_ceiling:
+                self._pause_accepting(listening)
+                if time.monotonic() < self._reserve_logged_s + RESERVE_LOG_INTERVAL_S:
+                    return
+                self._reserve_logged_s = time.monotonic()
+                log.warning("accept on %s: descriptor %d is within the reserve of %d below RLIMIT_NOFILE %d "
+                            "(kept for partition files); not accepting for %d ms", listening.name,
+                            sock.fileno(), self._descriptor_reserve,
+                            self._descriptor_ceiling + self._descriptor_reserve,
+                            ACCEPT_PAUSE_MS)  # fmt: skip
+                return
+
+    def _pause_accepting(self, listening: _Listening) -> None:
+        self._selector.unregister(listening.sock)
+        self._paused.append((time.monotonic() + ACCEPT_PAUSE_MS / 1000.0, listening))
 
     # -- the loop -----------------------------------------------------------------------------------------
 
@@ -215,9 +248,26 @@ class Broker:
 
     def _resume_accepting(self) -> None:
         now = time.monotonic()
-        for entry in [e for e in self._paused if e[0] <= now]:
+        due = [e for e in self._paused if e[0] <= now]
+        if not due:
+            return
+        spare = self._descriptors_to_spare()
+        if not spare:  # still inside the reserve: another pause
+            self._paused = [e for e in self._paused if e[0] > now]
+            self._paused += [(now + ACCEPT_PAUSE_MS / 1000.0, listening) for _, listening in due]
+            return
+        for entry in due:
             self._paused.remove(entry)
             self._selector.register(entry[1].sock, selectors.EVENT_READ, entry[1])
+
+    def _descriptors_to_spare(self) -> bool:
+        """Whether the lowest free descriptor is below the reserve (a probe: ``dup`` takes the lowest)."""
+        try:
+            probe = os.dup(self._wake_r)
+        except OSError:
+            return False
+        os.close(probe)
+        return probe < self._descriptor_ceiling
 
     def _turn(self, timeout_s: float | None) -> None:
         events = self._selector.select(timeout_s)
@@ -489,6 +539,12 @@ def _cluster_authorization_failed(api_key: int, body: Any) -> Any:
         OffsetForLeaderTopicResult(topic=t.topic, partitions=[
             EpochEndOffset(error_code=code, partition=p.partition) for p in t.partitions])
         for t in body.topics])  # fmt: skip
+
+
+def _descriptor_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (a very large number when unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 30
 
 
 def _log_configs(config: Config) -> Callable[[str], Any]:
