@@ -38,29 +38,26 @@ file cannot be swapped between finding and mapping it.
 **Any number of readers.**  Nothing here writes anything: the state page is only loaded, the files are
 opened ``O_RDONLY`` and mapped ``PROT_READ``.  Each reader has its own cursors and mappings.
 
-**Waiting for data** (:func:`wait_for_data`).  The state page has no doorbell for consumers (the writer does
-not know its readers, and a semaphore wakes one waiter), but the writer's append is a ``write`` to a file in
-the partition directory, and an inotify watch on that directory (``appliance.dir_watch``) is woken by that
-very system call, for any number of readers, without the writer doing anything.  So a reader:
+**Waiting for data** (:func:`wait_for_data`).  Whoever publishes a partition's high watermark (its writer, or
+the broker's replication layer) wakes every local reader sleeping on it, without knowing them: the readers
+sleep on the high-watermark word itself with a futex, and a publish wakes them when one of them stamped the
+state page as sleeping lately (the protocol is written down in ``ipc.state_page``).  So a reader:
 
-1. *spins* on the high-watermark word for ``spin_us`` (default 200 us) after it last saw data: at 100,000
-   records/s a consumer keeping up is still spinning when the next append lands.  (Not ``sched_yield``-ing:
-   on a loaded machine that hands the core to another task for a whole time slice, milliseconds.);
-2. then *sleeps in* ``select`` *on the watch*, for doubling times from 50 us up to 1 ms during the first
-   20 ms, then up to ``max_sleep_us`` (default 50 ms); a write ends the sleep at once and the reader spins
-   again for the high watermark, which the writer publishes right after its write.  The timeouts are for
-   high-watermark changes without a write (followers catching up on a replicated partition) and for
-   noticing a restarted appliance.
+1. *spins* on the high-watermark word for ``spin_us`` (default 50 us) after it last saw data: a publish
+   landing meanwhile costs no wake-up at all.  (Not ``sched_yield``-ing: on a loaded machine that hands the
+   core to another task for a whole time slice, milliseconds.)  Spinning longer buys little once the wake-up
+   is an event, and on a 2-core machine the spinning core is taken from the producer and the writer;
+2. then *sleeps on the futex* of every partition it waits for (``futex_waitv``, up to 128), at most
+   ``max_sleep_us`` (default 50 ms) at a time, to notice a restarted appliance (a new state page).
 
-The trade-off against the appliance's 1% idle budget: while data flows, a consumer uses a core (it would be
-decoding anyway); an idle one costs one wake-up per ``max_sleep_us`` (a wake-up is ~20-50 us of CPU on this
-kind of VM: the default 50 ms is ~0.1% of a core), yet sees a write within a wake-up's latency, not within
-``max_sleep_us``; a high watermark moving without a write more than 20 ms after the last one (a slow
-follower) is seen within ``max_sleep_us``.  Without inotify (not Linux, or ``fs.inotify.max_user_watches``
-exhausted) the sleeps are plain timers, and the first record after a quiet spell waits up to
-``max_sleep_us``.  Timer
-wake-ups on a busy 2-core VM may come milliseconds late, which is why the waits are on an event rather than
-on a short timer.
+The cost against the appliance's 1% idle budget: an idle reader wakes once per ``max_sleep_us`` (~20-50 us
+of CPU on this kind of VM: ~0.1% of a core at 50 ms); a publish wakes readers with one system call
+(~0.6 us) while they sleep.  Where ``futex_waitv`` is missing (Linux before 5.16, more than 128
+partitions), the reader falls back to an inotify watch on the partition directories
+(``appliance.dir_watch``): the writer's append is a ``write`` there, which ends the reader's ``select`` at
+once; the reader then spins for the high watermark, published right after the write, and keeps a timeout
+(doubling from 50 us to 1 ms during the first 20 ms of a pause, then up to ``max_sleep_us``) for
+high-watermark moves without a write.  Without inotify the sleeps are plain timers.
 """
 
 from __future__ import annotations
@@ -70,6 +67,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +75,8 @@ from appliance.dir_watch import DirectoryWatch, wait_any
 from appliance.metadata import META_DIR, TOPICS_FILE, TopicMetadata, read_topics
 from appliance.record_arrays import STOP_MAX_OFFSET, DecodedRun, decode_run
 from ipc.shm import ShmNames, shm_path
-from ipc.state_page import StatePage
+from ipc.state_page import StatePage, wait_for_high_watermarks
+from ipc.wakeup import FUTEX_WAITV_AVAILABLE, MAX_FUTEX_WAITERS
 from storage.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from storage.log_reader import LogReader
 
@@ -91,7 +90,7 @@ __all__ = [
     "wait_for_data",
 ]
 
-DEFAULT_SPIN_US = 200
+DEFAULT_SPIN_US = 50
 DEFAULT_MAX_SLEEP_US = 50_000
 _FIRST_SLEEP_US = 50
 _SHORT_SLEEP_US = 1000  # the longest sleep during the first _SHORT_IDLE_S of a pause
@@ -246,6 +245,11 @@ class LocalPartition:
         if inode != self._page_inode:
             self._attach_state_page(first=False)
 
+    @property
+    def state_page(self) -> StatePage | None:
+        """The partition's state page (None for an offline read)."""
+        return self._page
+
     # --- offsets --------------------------------------------------------------------------------------------
     def high_watermark(self) -> int:
         page = self._page
@@ -358,13 +362,41 @@ def wait_for_data(
     max_sleep_us: int = DEFAULT_MAX_SLEEP_US,
 ) -> bool:
     """Wait until one of ``(partition, position)`` has its high watermark above the position, at most
-    ``timeout_s``.  Spins ``spin_us``, then sleeps -- woken at once by a write to a partition's files -- for
-    doubling times up to 1 ms, and after 20 ms without data up to ``max_sleep_us`` (see the module doc).
+    ``timeout_s``.  Spins ``spin_us``, then sleeps on the high watermarks' futexes -- woken by the publish
+    -- at most ``max_sleep_us`` at a time; without futexes, on inotify watches (see the module doc).
     Returns whether data is there."""
     start = time.perf_counter()
     deadline = start + timeout_s
-    spin_until = quiet_since = start + spin_us / 1e6
+    spin_until = start + spin_us / 1e6
     checks = [(p.high_watermark, position) for p, position in partitions]
+    while True:
+        for high_watermark, position in checks:
+            if high_watermark() > position:
+                return True
+        now = time.perf_counter()
+        if now >= deadline or now >= spin_until:
+            break
+    if now >= deadline:
+        return False
+    if not (FUTEX_WAITV_AVAILABLE and 0 < len(partitions) <= MAX_FUTEX_WAITERS
+            and all(p.state_page is not None for p, _ in partitions)):
+        return _wait_on_watches(partitions, checks, deadline, spin_us, max_sleep_us)
+    while True:
+        for partition, _ in partitions:
+            partition.maybe_reattach()
+        pages = [(p.state_page, position) for p, position in partitions]
+        if wait_for_high_watermarks(pages, min(max_sleep_us / 1e6, deadline - now)):  # type: ignore[arg-type]
+            return True
+        now = time.perf_counter()
+        if now >= deadline:
+            return False
+
+
+def _wait_on_watches(partitions: Sequence[tuple[LocalPartition, int]], checks: list[tuple[Any, int]],
+                     deadline: float, spin_us: int, max_sleep_us: int) -> bool:
+    """The fallback without futexes: sleep on inotify watches of the partition directories (or timers)."""
+    quiet_since = time.perf_counter()
+    spin_until = quiet_since
     watches = [w for p, _ in partitions if (w := p.watch()) is not None]
     woken_by_writes = len(watches) == len(partitions)
     sleep_us = _FIRST_SLEEP_US

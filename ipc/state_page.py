@@ -57,7 +57,12 @@ Layout (one 4096-byte shared-memory object per partition, little-endian), ruled 
     |                      log_start_offset (i64)       @256        |  first offset still in the log;
     |                                                               |  published before segments go
     +---------------------------------------------------------------+
-    |                      padding                      @264..1023  |
+    |                      padding                      @264..319   |
+    +===============================================================+  line 5: ANY LOCAL READER (the one
+    |                      reader_sleep_ms (i64)        @320        |  shared line): monotonic_ms() when
+    |                                                               |  a reader last went to sleep on the HW
+    +---------------------------------------------------------------+
+    |                      padding                      @328..1023  |
     +===============================================================+  @1024: the REPLICA TABLE, written
     |          16 rows of REPLICA_ROW, one 64-byte line each        |  by the replica-state owner: one
     |                      @1024..2047                              |  row per follower (status only)
@@ -95,6 +100,28 @@ a seqlock: the writer makes ``epoch_seqlock`` odd, writes both, makes it even; a
 odd or changed under it.  A writer that dies mid-update leaves it odd: its successor's first write repairs it,
 and readers give up after :data:`SEQLOCK_READ_TIMEOUT_MS` with RequestTimeoutError.
 
+**Readers sleeping on the high watermark** (local consumers; any number, unknown to the publisher).  A reader
+with nothing to read sleeps on the low 32 bits of ``high_watermark`` with a futex (``ipc.wakeup``); whoever
+publishes the high watermark wakes them.  The one line with many writers, line 5, says whether anyone might
+sleep: its single word is a time, and every store of it is "a reader slept at about this time" (last
+store wins; a lost race still leaves a recent time).  The protocol (:func:`wait_for_high_watermarks`,
+:meth:`StatePage.high_watermark`'s setter)::
+
+    reader                                         publisher
+    1. reader_sleep_ms := now                      a. high_watermark := new
+    2. FULL FENCE                                  b. FULL FENCE
+    3. load high_watermark; above my position?     c. load reader_sleep_ms; within READER_WAKE_WINDOW_MS
+       then return (no sleep)                         of now?  then futex_wake(high_watermark's low half)
+    4. futex_wait(low half, the value loaded in 3,
+       at most READER_SLEEP_MAX_MS); go to 1
+
+No wakeup is lost: as with the doorbells, the fences make either the reader's load (3) see the new value
+or the publisher's load (c) see the stamp; a store landing between 3 and 4 makes the kernel's compare in 4
+fail, so the sleep ends at once.  A sleep lasts at most READER_SLEEP_MAX_MS before the reader stamps again,
+so a sleeping reader's stamp is never older than that plus its scheduling delay, well inside the window.
+The publisher pays one fence and one load per publish, plus one ``futex_wake`` (~0.6 us) while readers slept
+within the window; an idle system pays nothing.
+
 Setters are for the field's owner only; a second writer would break the "one writer per field" rule that
 makes lock-free reads correct, and nothing here can detect it.
 """
@@ -108,8 +135,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ipc.memory_order import load_int64, publish_int64
+from ipc.memory_order import full_fence, load_int64, publish_int64
 from ipc.shm import Permissions, SharedSegment, process_alive, process_start_ticks
+from ipc.wakeup import FUTEX_WAITV_AVAILABLE, MAX_FUTEX_WAITERS, futex_wait_any, futex_wake
 from storage.errors import CorruptRecordError, RequestTimeoutError
 
 __all__ = [
@@ -122,6 +150,7 @@ __all__ = [
     "ReplicaRow",
     "StatePage",
     "monotonic_ms",
+    "wait_for_high_watermarks",
 ]
 
 STATE_PAGE_BYTES = 4096
@@ -142,11 +171,12 @@ STATE_PAGE = np.dtype(
             "high_watermark", "committed_high_watermark", "isr_size", "min_insync_replicas", "replica_count",
             "epoch_seqlock", "leader_epoch", "epoch_start_offset",
             "log_start_offset",
+            "reader_sleep_ms",
             "replicas",
         ],
         "formats": ["<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8", "<i8",
-                    "<i8", "<i8", (REPLICA_ROW, (MAX_REPLICA_ROWS,))],
-        "offsets": [0, 4, 64, 72, 80, 88, 128, 136, 144, 152, 160, 192, 200, 208, 256, 1024],
+                    "<i8", "<i8", "<i8", (REPLICA_ROW, (MAX_REPLICA_ROWS,))],
+        "offsets": [0, 4, 64, 72, 80, 88, 128, 136, 144, 152, 160, 192, 200, 208, 256, 320, 1024],
         "itemsize": STATE_PAGE_BYTES,
     }
 )  # fmt: skip
@@ -154,6 +184,8 @@ STATE_MAGIC = 0x5453414C  # b"LAST" as a little-endian u32
 STATE_VERSION = 1
 NO_LEADER_EPOCH = -1
 SEQLOCK_READ_TIMEOUT_MS = 100
+READER_SLEEP_MAX_MS = 1000  # a reader sleeping on the high watermark stamps line 5 again at least this often
+READER_WAKE_WINDOW_MS = 5000  # a publisher wakes readers while a stamp is this recent
 
 
 def _word(field: str) -> int:
@@ -176,12 +208,14 @@ _EPOCH_SEQLOCK = _word("epoch_seqlock")
 _LEADER_EPOCH = _word("leader_epoch")
 _EPOCH_START_OFFSET = _word("epoch_start_offset")
 _LOG_START_OFFSET = _word("log_start_offset")
+_READER_SLEEP_MS = _word("reader_sleep_ms")
 
 _OWNER_LINES = {  # cache line -> the fields its one writer owns
     1: (_LOG_END_OFFSET, _WRITER_PID, _WRITER_START_TICKS, _WRITER_HEARTBEAT_MS),
     2: (_HIGH_WATERMARK, _COMMITTED_HIGH_WATERMARK, _ISR_SIZE, _MIN_INSYNC_REPLICAS, _REPLICA_COUNT),
     3: (_EPOCH_SEQLOCK, _LEADER_EPOCH, _EPOCH_START_OFFSET),
     4: (_LOG_START_OFFSET,),
+    5: (_READER_SLEEP_MS,),
 }
 for _line, _words in _OWNER_LINES.items():
     assert {word * 8 // 64 for word in _words} == {_line}
@@ -189,7 +223,7 @@ assert STATE_PAGE.fields is not None and REPLICA_ROW.fields is not None
 _REPLICAS_WORD = int(STATE_PAGE.fields["replicas"][1]) // 8
 _ROW_WORDS = REPLICA_ROW.itemsize // 8
 _ROW_FIELDS = {name: int(spec[1]) // 8 for name, spec in REPLICA_ROW.fields.items()}
-assert int(STATE_PAGE.fields["log_start_offset"][1]) + 8 <= _REPLICAS_WORD * 8
+assert int(STATE_PAGE.fields["reader_sleep_ms"][1]) + 8 <= _REPLICAS_WORD * 8
 assert _REPLICAS_WORD * 8 + MAX_REPLICA_ROWS * REPLICA_ROW.itemsize <= STATE_PAGE_BYTES
 
 
@@ -215,6 +249,9 @@ class StatePage:
         self._segment = segment
         self.name = segment.name
         self._words = segment.buf[:STATE_PAGE_BYTES].cast("q")
+        # the address of high_watermark's low 32 bits in this process (little-endian: its first 4 bytes),
+        # the word readers sleep on; valid while mapped
+        self._hw_address = int(np.frombuffer(segment.buf, np.uint8, 8, _HIGH_WATERMARK * 8).ctypes.data)
 
     @classmethod
     def create(cls, name: str, permissions: Permissions | None = None) -> StatePage:
@@ -271,7 +308,13 @@ class StatePage:
 
     @high_watermark.setter
     def high_watermark(self, offset: int) -> None:
-        publish_int64(self._words, _HIGH_WATERMARK, offset)
+        """Publish, then wake the readers sleeping on it, if any slept lately (module docstring)."""
+        words = self._words
+        publish_int64(words, _HIGH_WATERMARK, offset)
+        full_fence()
+        stamp = load_int64(words, _READER_SLEEP_MS)
+        if stamp and monotonic_ms() - stamp < READER_WAKE_WINDOW_MS:
+            futex_wake(self._hw_address)
 
     # -- replication (owner: the replica-state owner; see the module docstring) ----------------------------
 
@@ -444,3 +487,23 @@ class StatePage:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_for_high_watermarks(waits: Sequence[tuple[StatePage, int]], timeout_s: float) -> bool:
+    """Sleep until one ``(page, position)`` has its high watermark above ``position``, at most ``timeout_s``
+    (and at most :data:`READER_SLEEP_MAX_MS`: the caller loops); woken by the publisher's futex wake, see the
+    module docstring.  Returns whether one is above.  Needs ``ipc.wakeup.FUTEX_WAITV_AVAILABLE`` and at
+    most ``MAX_FUTEX_WAITERS`` pages; the pages must stay open meanwhile."""
+    assert FUTEX_WAITV_AVAILABLE and 0 < len(waits) <= MAX_FUTEX_WAITERS
+    now_ms = monotonic_ms()
+    for page, _ in waits:
+        publish_int64(page._words, _READER_SLEEP_MS, now_ms)
+    full_fence()
+    words = []
+    for page, position in waits:
+        high_watermark = load_int64(page._words, _HIGH_WATERMARK)
+        if high_watermark > position:
+            return True
+        words.append((page._hw_address, high_watermark))
+    futex_wait_any(words, min(timeout_s, READER_SLEEP_MAX_MS / 1000))
+    return any(load_int64(page._words, _HIGH_WATERMARK) > position for page, position in waits)

@@ -37,11 +37,28 @@ generations at a random 64-bit value, so a restarted sleeper never repeats the o
 Extra posts (a post arriving after a timeout already woke the sleeper) make a later sleep return at once; the
 sleeper then re-checks and sleeps again: harmless.  The timeout bounds every sleep, so a notifier that died
 between (a) and (c) delays, but never strands, a sleeper.  An idle process wakes only on its timeout.
+
+Futexes: waking any number of readers of one published word
+-----------------------------------------------------------
+A doorbell wakes one sleeper that the notifier knows.  The readers of a partition's high watermark (local
+consumers) are any number of processes the writer never hears of, so they sleep on the published word
+itself with the kernel's futex: :func:`futex_wait_any` sleeps until one of a few 32-bit words (the low half
+of each high watermark) differs from the value the sleeper last loaded -- the kernel compares it atomically
+with going to sleep, so a store made before the sleep starts ends it at once -- and the publisher calls
+:func:`futex_wake` on the word right after storing it, waking every sleeper in one system call.  The
+publisher skips that call while no reader has said recently that it sleeps (``ipc.state_page`` keeps the
+"a reader sleeps" stamp and writes that protocol down).  Shared (not process-private) futexes, so the word
+may be mapped at different addresses in each process.  ``futex_waitv`` (Linux 5.16) waits on up to 128
+words at once; where it is missing :data:`FUTEX_WAITV_AVAILABLE` is False and callers fall back to
+their own means (timed sleeps, inotify).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 
@@ -50,7 +67,17 @@ import posix_ipc
 from ipc.memory_order import full_fence, load_int64, publish_int64
 from ipc.shm import Permissions, create_semaphore, open_semaphore, unlink_semaphore
 
-__all__ = ["DEFAULT_SPIN_ITERATIONS", "Doorbell", "FlagSlot", "Notifier", "Waiter"]
+__all__ = [
+    "DEFAULT_SPIN_ITERATIONS",
+    "FUTEX_WAITV_AVAILABLE",
+    "MAX_FUTEX_WAITERS",
+    "Doorbell",
+    "FlagSlot",
+    "Notifier",
+    "Waiter",
+    "futex_wait_any",
+    "futex_wake",
+]
 
 DEFAULT_SPIN_ITERATIONS = 64  # checks before sleeping: ~10-50 us of spinning, then the semaphore
 _GENERATIONS = 1 << 62
@@ -170,3 +197,77 @@ class Notifier:
         """Drop the reference to the shared flag (before its mapping is closed)."""
         self._words = memoryview(bytearray(8)).cast("q")
         self._index = 0
+
+
+# -- futexes (Linux x86-64) ----------------------------------------------------------------------------------
+
+_SYS_FUTEX = 202
+_SYS_FUTEX_WAITV = 449
+_FUTEX_WAKE = 1  # shared: not FUTEX_PRIVATE_FLAG
+_FUTEX2_SIZE_U32 = 0x02
+_WAKE_ALL = 0x7FFFFFFF
+MAX_FUTEX_WAITERS = 128  # the kernel's FUTEX_WAITV_MAX
+
+
+class _FutexWaitv(ctypes.Structure):
+    """``struct futex_waitv`` of <linux/futex.h>: the expected value, the word's address, flags."""
+
+    _fields_ = [("val", ctypes.c_uint64), ("uaddr", ctypes.c_uint64), ("flags", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _load_syscall() -> Callable[..., int] | None:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "amd64"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    syscall: Callable[..., int] = libc.syscall
+    syscall.restype = ctypes.c_long  # type: ignore[attr-defined]
+    return syscall
+
+
+_syscall = _load_syscall()
+
+
+def _probe_waitv() -> bool:
+    """Whether this kernel has futex_waitv: a call with no words answers EINVAL, not ENOSYS."""
+    if _syscall is None:
+        return False
+    result = _syscall(ctypes.c_long(_SYS_FUTEX_WAITV), None, ctypes.c_uint(0), ctypes.c_uint(0), None,
+                      ctypes.c_int(time.CLOCK_MONOTONIC))
+    return not (result < 0 and ctypes.get_errno() == errno.ENOSYS)
+
+
+FUTEX_WAITV_AVAILABLE = _probe_waitv()
+
+
+def futex_wake(address: int) -> None:
+    """Wake every process sleeping in :func:`futex_wait_any` on the 32-bit word at ``address``."""
+    if _syscall is not None:
+        _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL)  # ~0.6 us
+
+
+def futex_wait_any(words: Sequence[tuple[int, int]], timeout_s: float) -> bool:
+    """Sleep until one of ``words`` -- (address of a 32-bit word in shared memory, the value last loaded
+    from it) -- holds another value or is woken, or ``timeout_s`` passes; False on the timeout.  A word that
+    differs already returns at once (True), as does a signal (True: the caller looks again either way).
+    At most :data:`MAX_FUTEX_WAITERS` words; needs :data:`FUTEX_WAITV_AVAILABLE`."""
+    assert _syscall is not None and FUTEX_WAITV_AVAILABLE, "futex_waitv is not available here"
+    count = len(words)
+    assert 0 < count <= MAX_FUTEX_WAITERS, count
+    vector = (_FutexWaitv * count)()
+    for slot, (address, expected) in zip(vector, words, strict=True):
+        slot.val = expected & 0xFFFFFFFF
+        slot.uaddr = address
+        slot.flags = _FUTEX2_SIZE_U32
+    deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + max(int(timeout_s * 1e9), 0)
+    timeout = _Timespec(deadline_ns // 1_000_000_000, deadline_ns % 1_000_000_000)
+    result = _syscall(ctypes.c_long(_SYS_FUTEX_WAITV), vector, ctypes.c_uint(count), ctypes.c_uint(0),
+                      ctypes.byref(timeout), ctypes.c_int(time.CLOCK_MONOTONIC))
+    return result >= 0 or ctypes.get_errno() != errno.ETIMEDOUT

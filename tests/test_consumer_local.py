@@ -370,8 +370,9 @@ def test_an_idle_poll_sleeps_rather_than_spins(written: WrittenPartition) -> Non
 
 
 def test_a_write_wakes_a_sleeping_poll_at_once(written: WrittenPartition) -> None:
-    """Past its spin, a waiting consumer sleeps up to appliance.poll.max.sleep.us (here 5 s) between looks
-    at the high watermark, but the writer's write to the segment wakes it (inotify) within milliseconds."""
+    """Past its spin, a waiting consumer sleeps up to appliance.poll.max.sleep.us (here 5 s; at most 1 s per
+    futex sleep) between looks at the high watermark, but the publish wakes it (the futex on the high
+    watermark; inotify on the segment's write where futexes are missing) within milliseconds."""
     written.append([b"x"])
     with local(written, **{"appliance.poll.max.sleep.us": 5_000_000}) as consumer:
         consumer.poll(timeout_ms=0)
@@ -382,7 +383,7 @@ def test_a_write_wakes_a_sleeping_poll_at_once(written: WrittenPartition) -> Non
         woke = time.monotonic() - started
         timer.join()
     assert [r.value for r in got] == [b"y"]
-    assert woke < 0.95, f"woke after {woke:.2f} s"  # its timer alone would wake it at ~1.04 s
+    assert woke < 0.95, f"woke after {woke:.2f} s"  # its timer alone would wake it at ~1 s
 
 
 def test_directory_watch_reports_writes_and_nothing_else(tmp_path) -> None:  # type: ignore[no-untyped-def]
