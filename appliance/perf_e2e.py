@@ -13,6 +13,13 @@ watermark, the consumer's wait strategy, all included.
 is sealed at once and goes to the ring; records sent meanwhile batch up behind it.  The producers warm up
 for half a second at the same rate before the clock starts, and the consumer reads their records (its
 decoding kernels load on the first ones); it is at the end of the log when the clock starts.
+
+**Where the time goes.**  When the appliance was started with ``APPLIANCE_PUBLISH_TRACE_DIR`` set
+(``appliance.publish_trace``), its writers note when each drain round began and when it published the high
+watermark; the run then splits every record's latency (single partition runs) into *send -> writer round*
+(the producer's batching and linger thread, the ring, the writer's wake-up), *round -> high watermark
+published* (validate, append, publish) and *published -> consumer holds it* (the consumer's wait strategy,
+its wake-up and decoding), each summarised like the total under ``extra.breakdown``.
 """
 
 from __future__ import annotations
@@ -29,13 +36,15 @@ from appliance.perf_limits import Limits, measure_limits
 from appliance.perf_produce import ProduceSettings, payload_pool, producer_settings
 from appliance.perf_server import Appliance
 from appliance.perf_stats import Progress, latency_summary, make_result
+from appliance.publish_trace import TRACE_DIR_ENV, read_traces, round_times
 from storage.errors import ApplianceError, ConfigError
 
-__all__ = ["run_e2e", "stamps_of"]
+__all__ = ["breakdown", "run_e2e", "stamps_of"]
 
 STAMP_BYTES = 8
 WARMUP_S = 0.5
 IDLE_TIMEOUT_S = 10.0
+TRACE_WAIT_S = 3.0  # a writer writes its trace after 100 ms idle
 BURST_S = 0.0002  # records due within this much time go out together
 
 
@@ -93,6 +102,20 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, ta
         pipe.close()
 
 
+def _cpu_ns(pids: list[int]) -> int:
+    """User + system CPU of ``pids`` (from /proc; 0 for one that is gone)."""
+    total = 0
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) * tick_ns
+    return total
+
+
 def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) -> None:
     """Consume the warm-up records (the decoding kernels load on the first records: up to half a second on a
     busy machine, which must not count), leaving the consumer at the end of the log."""
@@ -106,7 +129,8 @@ def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) ->
 
 
 def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, progress: bool = False,
-            bootstrap: str | None = None, keep_topic: bool = False) -> dict[str, Any]:
+            bootstrap: str | None = None, keep_topic: bool = False,
+            consumer_props: dict[str, Any] | None = None) -> dict[str, Any]:
     from appliance.consumer import Consumer
 
     if settings.record_size < STAMP_BYTES:
@@ -144,6 +168,7 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
             consumer_config.update({"bootstrap.servers": address, "fetch.max.wait.ms": 100})
         else:
             consumer_config["appliance.data.dir"] = str(app.data_dir)
+        consumer_config.update(consumer_props or {})
         return _measure(app, settings, topic, producer_config, consumer_config, tails, progress, notes,
                         started_at, Consumer)
     finally:
@@ -168,6 +193,7 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
     limits: Limits | None = None
     arrived = np.empty(records, dtype=np.int64)
     sent_at = np.empty(records, dtype=np.int64)
+    offsets = np.empty(records, dtype=np.int64)
     try:
         for index, count in enumerate(per):
             parent, child = context.Pipe()
@@ -186,6 +212,9 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
             os.sync()
         _drain(consumer, [app_end for app_end in app.end_offsets(topic)], assignment)
         line = Progress(records, settings.record_size, enabled=progress_enabled, label="e2e: ")
+        writers = app.writer_pids(topic)
+        writer_cpu = _cpu_ns(writers)
+        consumer_cpu = time.process_time_ns()
         for pipe in pipes:
             pipe.send("go")
         clock = time.monotonic_ns
@@ -204,8 +233,11 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
                 n = min(len(chunk), records - seen)
                 sent_at[seen : seen + n] = stamps_of(chunk)[:n]
                 arrived[seen : seen + n] = now
+                offsets[seen : seen + n] = chunk.offsets[:n]
                 seen += n
             line.update(seen)
+        consumer_cpu = time.process_time_ns() - consumer_cpu
+        writer_cpu = _cpu_ns(writers) - writer_cpu
         line.finish()
         outcomes = []
         for index, pipe in enumerate(pipes):
@@ -231,11 +263,42 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
         "offered_records_per_s": settings.throughput,
         "produce_seconds": round((max(o[2] for o in outcomes) - first_send) / 1e9, 4),
         "producer_cpu_ns_per_record": round(producer_cpu / records, 1),
+        "writer_cpu_ns_per_record": round(writer_cpu / records, 1),
+        "consumer_cpu_ns_per_record": round(consumer_cpu / records, 1),
         "consumer": "tcp" if "bootstrap.servers" in consumer_config else "local mmap",
         "linger_ms": settings.linger_ms,
     }
+    trace_dir = os.environ.get(TRACE_DIR_ENV)
+    if trace_dir and settings.partitions == 1:
+        extra["breakdown"] = breakdown(trace_dir, topic, 0, sent_at, arrived, offsets)
     if float(latencies.min()) < 0:
         notes.append("negative latencies: the stamps are not this host's CLOCK_MONOTONIC")
     return make_result("e2e", records=records, payload_bytes=records * settings.record_size, seconds=seconds,
                        latency=latency_summary(latencies, "produce-to-consume"), config=settings.as_json(),
                        limits=limits, primary_limit=None, extra=extra, notes=notes, started_at=started_at)
+
+
+def breakdown(trace_dir: str, topic: str, partition: int, sent_at: np.ndarray, arrived: np.ndarray,
+              offsets: np.ndarray) -> dict[str, Any]:
+    """Each record's latency split at its writer round (``appliance.publish_trace``): send -> round start,
+    round start -> high watermark published, published -> the consumer holds it."""
+    last = int(offsets.max())
+    deadline = time.monotonic() + TRACE_WAIT_S
+    while True:
+        rows = read_traces(trace_dir, topic, partition)
+        if (len(rows) and int(rows["end_offset"][-1]) > last) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    start, published = round_times(rows, offsets)
+    traced = start > 0
+    if not traced.any():
+        return {"note": f"no writer trace for {topic}-{partition} in {trace_dir}"}
+    return {
+        "traced_records": int(traced.sum()),
+        "rounds": int(np.unique(start[traced]).size),
+        "send_to_writer_round": latency_summary(start[traced] - sent_at[traced], "send -> writer round"),
+        "round_to_published": latency_summary(published[traced] - start[traced],
+                                              "writer round -> high watermark published"),
+        "published_to_consumer": latency_summary(arrived[traced] - published[traced],
+                                                 "published -> consumer holds it"),
+    }

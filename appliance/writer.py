@@ -70,6 +70,7 @@ from typing import Any, Final
 import numpy as np
 
 from appliance.control import LineDecoder, encode
+from appliance.publish_trace import PublishTrace
 from ipc.kafka.errors import ErrorCode
 from ipc.ring import Chunk, RingConsumer, RingFailedError, RingNames
 from ipc.state_page import StatePage
@@ -204,6 +205,7 @@ class PartitionWriter:
         self._stop_timeout_ms = _DEFAULT_STOP_TIMEOUT_MS
         self._next_retention_s = time.monotonic() + spec.retention_check_interval_ms / 1000
         self._closed = False
+        self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
@@ -258,6 +260,8 @@ class PartitionWriter:
                 self.producer_state.write_snapshot(self.spec.directory, self.log.log_end_offset)
             self.log.close(clean=clean)
         finally:
+            if self._trace is not None:
+                self._trace.flush()
             self.state_page.close()
             self._doorbell.close()
 
@@ -293,6 +297,8 @@ class PartitionWriter:
 
     def drain_round(self) -> int:
         """Peek every ring, validate, dedup, append once, publish offsets, ack; return the frames handled."""
+        if self._trace is not None:
+            self._trace.round_start_ns = time.monotonic_ns()
         chunks: list[tuple[_Ring, Chunk]] = []
         for ring in self.rings.values():
             if ring.failed:
@@ -441,6 +447,8 @@ class PartitionWriter:
         self.state_page.log_end_offset = end
         if self.spec.publish_high_watermark:
             self.state_page.high_watermark = end
+        if self._trace is not None:
+            self._trace.published(end)
 
     # -- duplicates a restart re-reads ----------------------------------------------------------------------
 
@@ -494,7 +502,8 @@ class PartitionWriter:
                 continue
             self._timers()
             flags = [ring.consumer.waiting_flag for ring in self.rings.values() if not ring.failed]
-            self._waiter.park(flags, self._has_work, interval_s)
+            if not self._waiter.park(flags, self._has_work, interval_s) and self._trace is not None:
+                self._trace.flush()  # idle: a benchmark's trace reaches its file between runs
         deadline = time.monotonic() + self._stop_timeout_ms / 1000
         while self.drain_round() and time.monotonic() < deadline:
             page.beat()
