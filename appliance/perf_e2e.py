@@ -14,6 +14,12 @@ is sealed at once and goes to the ring; records sent meanwhile batch up behind i
 for half a second at the same rate before the clock starts, and the consumer reads their records (its
 decoding kernels load on the first ones); it is at the end of the log when the clock starts.
 
+**Garbage collection.**  A full collection of a process holding numpy, numba and the appliance's modules
+takes 50-85 ms on this kind of machine (measured in the producer process), which alone puts a latency
+target of a millisecond out of reach; so, with ``freeze_gc`` (the default), the producer processes and this
+one collect once and ``gc.freeze()`` their long-lived heap before the clock starts, as a latency-sensitive
+application would (the appliance's own writers are forked from a frozen supervisor).
+
 **Where the time goes.**  When the appliance was started with ``APPLIANCE_PUBLISH_TRACE_DIR`` set
 (``appliance.publish_trace``), its writers note when each drain round began and when it published the high
 watermark; the run then splits every record's latency (single partition runs) into *send -> writer round*
@@ -24,6 +30,7 @@ its wake-up and decoding), each summarised like the total under ``extra.breakdow
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import time
@@ -82,7 +89,7 @@ def _paced_send(producer: Any, topic: str, tails: list[bytes], rate: float, reco
 
 
 def _producer_process(config: dict[str, object], topic: str, partitions: int, tails: list[bytes], rate: float,
-                      records: int, counters: Any, index: int, pipe: Any) -> None:
+                      records: int, counters: Any, index: int, pipe: Any, freeze_gc: bool) -> None:
     from appliance.producer import Producer
 
     try:
@@ -91,6 +98,9 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, ta
                 producer.send(topic, bytes(STAMP_BYTES) + tails[0], partition=partition)
             producer.flush()
             _paced_send(producer, topic, tails, rate, max(1, int(rate * WARMUP_S)))
+            if freeze_gc:
+                gc.collect()
+                gc.freeze()  # the long-lived heap out of the collector's sight (see the module doc)
             pipe.send(("ready", None))
             pipe.recv()
             cpu = time.process_time_ns()
@@ -130,7 +140,7 @@ def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) ->
 
 def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, progress: bool = False,
             bootstrap: str | None = None, keep_topic: bool = False,
-            consumer_props: dict[str, Any] | None = None) -> dict[str, Any]:
+            consumer_props: dict[str, Any] | None = None, freeze_gc: bool = True) -> dict[str, Any]:
     from appliance.consumer import Consumer
 
     if settings.record_size < STAMP_BYTES:
@@ -170,7 +180,7 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
             consumer_config["appliance.data.dir"] = str(app.data_dir)
         consumer_config.update(consumer_props or {})
         return _measure(app, settings, topic, producer_config, consumer_config, tails, progress, notes,
-                        started_at, Consumer)
+                        started_at, Consumer, freeze_gc)
     finally:
         if fresh and not keep_topic:
             app.delete_topic(topic)
@@ -178,7 +188,7 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
 
 def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_config: dict[str, object],
              consumer_config: dict[str, Any], tails: list[bytes], progress_enabled: bool, notes: list[str],
-             started_at: float, consumer_class: Any) -> dict[str, Any]:
+             started_at: float, consumer_class: Any, freeze_gc: bool) -> dict[str, Any]:
     records = settings.records
     per = [records // settings.producers + (1 if i < records % settings.producers else 0)
            for i in range(settings.producers)]
@@ -198,7 +208,8 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
         for index, count in enumerate(per):
             parent, child = context.Pipe()
             process = context.Process(target=_producer_process, daemon=True, args=(
-                producer_config, topic, settings.partitions, tails, rate, count, counters, index, child))
+                producer_config, topic, settings.partitions, tails, rate, count, counters, index, child,
+                freeze_gc))
             process.start()
             child.close()
             pipes.append(parent)
@@ -212,6 +223,9 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
             os.sync()
         _drain(consumer, [app_end for app_end in app.end_offsets(topic)], assignment)
         line = Progress(records, settings.record_size, enabled=progress_enabled, label="e2e: ")
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
         writers = app.writer_pids(topic)
         writer_cpu = _cpu_ns(writers)
         consumer_cpu = time.process_time_ns()
@@ -246,6 +260,8 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
                 raise ApplianceError(f"e2e producer process {index} failed: {payload}")
             outcomes.append(payload)
     finally:
+        if freeze_gc:
+            gc.unfreeze()
         consumer.close()
         if limits is not None:
             limits.remove_probe_files()
