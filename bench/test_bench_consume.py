@@ -32,7 +32,7 @@ end offset.  So the local benchmarks depend on nothing but storage and ipc.  The
   thread, ring, writer wake-up), round -> high watermark published (validate, append, publish), published
   -> consumer holds it (wake-up, decode).  CPU ns per record of producer, writer and consumer are printed
   too: on 2 cores the three processes share what other work leaves.  ``E2E_BENCH_LINGER_MS``,
-  ``E2E_BENCH_BATCH_SIZE`` vary the producer.
+  ``E2E_BENCH_BATCH_SIZE`` and ``E2E_BENCH_PRODUCER_PROPS`` (``key=value,...``) vary the producer.
 * ``test_local_latency_at_100k_per_s`` -- a storage-level figure, NOT the produce path: a forked process
   appends straight to a second partition's log at 100,000 records/s
   (each iteration of its loop appends the records that are due, as one batch, and publishes the high
@@ -405,6 +405,8 @@ def test_local_latency_at_100k_per_s(benchmark: BenchmarkFixture, bench_log: Ben
 E2E_SECONDS = float(os.environ.get("E2E_BENCH_SECONDS", "3"))
 E2E_LINGER_MS = int(os.environ.get("E2E_BENCH_LINGER_MS", "0"))
 E2E_BATCH_SIZE = int(os.environ["E2E_BENCH_BATCH_SIZE"]) if os.environ.get("E2E_BENCH_BATCH_SIZE") else None
+_PROPS = os.environ.get("E2E_BENCH_PRODUCER_PROPS", "")  # "key=value,key=value": any other producer setting
+E2E_PRODUCER_PROPS = tuple(tuple(item.split("=", 1)) for item in _PROPS.split(",") if "=" in item)
 _STAGES = ("send_to_writer_round", "round_to_published", "published_to_consumer")
 
 
@@ -437,7 +439,8 @@ def test_e2e_latency_at_100k_per_s(benchmark: BenchmarkFixture, traced_appliance
 
     settings = ProduceSettings(records=int(LATENCY_RATE_PER_S * E2E_SECONDS), record_size=VALUE_BYTES,
                                acks="1", linger_ms=E2E_LINGER_MS, batch_size=E2E_BATCH_SIZE,
-                               throughput=LATENCY_RATE_PER_S, measure_limits=False)
+                               throughput=LATENCY_RATE_PER_S, measure_limits=False,
+                               producer_props=E2E_PRODUCER_PROPS)  # type: ignore[arg-type]
     runs: list[dict[str, Any]] = []
     loads: list[float] = []
 
@@ -461,7 +464,8 @@ def test_e2e_latency_at_100k_per_s(benchmark: BenchmarkFixture, traced_appliance
         load_average_at_rounds=loads, load_average=os.getloadavg())
     shares = "; ".join(f"{stages[k]['kind']}: {_ms(stages[k])}" for k in _STAGES if k in stages)
     producer = f"Producer acks=1 linger.ms={E2E_LINGER_MS}" + (
-        "" if E2E_BATCH_SIZE is None else f" batch.size={E2E_BATCH_SIZE}")
+        "" if E2E_BATCH_SIZE is None else f" batch.size={E2E_BATCH_SIZE}") + "".join(
+        f" {key}={value}" for key, value in E2E_PRODUCER_PROPS)
     ratio = total["p99"] / LATENCY_TARGET_P99_MS
     print(f"\nRESULT produce-to-consume latency through appliance serve ({producer} -> ring -> writer -> "
           f"state page -> local Consumer), {LATENCY_RATE_PER_S:,} records/s for {E2E_SECONDS:g} s: "
