@@ -167,7 +167,10 @@ class AppendToken:
     So a batch is sealed only while no ``send`` is between reading it and appending to it, and records are
     appended only to open batches.  Rules that keep the waits short and deadlock-free: lock order is
     producer lock, then token; while holding the token nothing blocks, takes it again, or runs user code
-    (callbacks run under the producer's lock only, so a callback may send).
+    (callbacks run under the producer's lock only, so a callback may send).  What the token cannot allow: a
+    ``send`` from a signal handler or a finalizer (``__del__``) that interrupted a ``send`` on the same
+    thread (it would wait for itself: after 10 s it raises RuntimeError; with the old lock it went on and
+    could give two records one index).  Set a flag there and send from the loop.
     """
 
     __slots__ = ("free",)
@@ -192,8 +195,8 @@ class AppendToken:
             except IndexError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"producer append token not given back for {_TOKEN_WAIT_LIMIT_S} s: a bug (taken "
-                        "twice by one thread, or held across a wait)"
+                        f"producer append token not given back for {_TOKEN_WAIT_LIMIT_S} s: send() called "
+                        "from a signal handler or __del__ that interrupted send() on this thread?"
                     ) from None
 
     def give(self) -> None:
