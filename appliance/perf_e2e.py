@@ -305,7 +305,8 @@ def breakdown(trace_dir: str, topic: str, partition: int, sent_at: np.ndarray, a
         if (len(rows) and int(rows["end_offset"][-1]) > last) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    start, published = round_times(rows, offsets)
+    row = round_times(rows, offsets)
+    start, appending, published = row["round_start_ns"], row["append_start_ns"], row["published_ns"]
     traced = start > 0
     if not traced.any():
         return {"note": f"no writer trace for {topic}-{partition} in {trace_dir}"}
@@ -315,6 +316,10 @@ def breakdown(trace_dir: str, topic: str, partition: int, sent_at: np.ndarray, a
         "send_to_writer_round": latency_summary(start[traced] - sent_at[traced], "send -> writer round"),
         "round_to_published": latency_summary(published[traced] - start[traced],
                                               "writer round -> high watermark published"),
+        "round_to_append": latency_summary(appending[traced] - start[traced],
+                                           "of which round start -> append (peek, validate, dedup)"),
+        "append_to_published": latency_summary(published[traced] - appending[traced],
+                                               "of which append -> published (writev, index)"),
         "published_to_consumer": latency_summary(arrived[traced] - published[traced],
                                                  "published -> consumer holds it"),
     }

@@ -9,11 +9,12 @@ watermark); the consumer's wait and decode after the publish.  The first and las
 ``APPLIANCE_PUBLISH_TRACE_DIR`` set (a directory) when ``appliance serve`` starts, each writer keeps one row
 per round that appended something, in memory::
 
-    +-------------------------------+  TRACE_ROW, 24 bytes, little-endian
+    +-------------------------------+  TRACE_ROW, 32 bytes, little-endian
     | round_start_ns (i64)     @0   |  CLOCK_MONOTONIC when the drain round began (after its wake-up)
     | published_ns (i64)       @8   |  CLOCK_MONOTONIC right after the high watermark was stored
     | end_offset (i64)         @16  |  the log end offset published: the round holds offsets below it
-    +-------------------------------+
+    | append_start_ns (i64)    @24  |  CLOCK_MONOTONIC when the log append began (frames peeked,
+    +-------------------------------+  validated and deduplicated by then)
 
 and appends them to ``<dir>/<topic>-<partition>.<pid>.trace`` when it goes idle (a park that timed out),
 when its buffer is full and when it closes: never during a busy stretch, so the trace costs the round two
@@ -34,21 +35,23 @@ import numpy as np
 __all__ = ["TRACE_DIR_ENV", "TRACE_ROW", "PublishTrace", "read_traces", "round_times"]
 
 TRACE_DIR_ENV: Final = "APPLIANCE_PUBLISH_TRACE_DIR"
-TRACE_ROW: Final = np.dtype([("round_start_ns", "<i8"), ("published_ns", "<i8"), ("end_offset", "<i8")])
-assert TRACE_ROW.itemsize == 24
+TRACE_ROW: Final = np.dtype([("round_start_ns", "<i8"), ("published_ns", "<i8"), ("end_offset", "<i8"),
+                             ("append_start_ns", "<i8")])
+assert TRACE_ROW.itemsize == 32
 _ROWS: Final = 1 << 16
 
 
 class PublishTrace:
     """One writer's rows, flushed to its file in bulk.  :meth:`maybe_open` returns None when not tracing."""
 
-    __slots__ = ("_count", "_path", "_rows", "round_start_ns")
+    __slots__ = ("_count", "_path", "_rows", "append_start_ns", "round_start_ns")
 
     def __init__(self, path: str) -> None:
         self._path = path
         self._rows = np.zeros(_ROWS, dtype=TRACE_ROW)
         self._count = 0
         self.round_start_ns = 0
+        self.append_start_ns = 0
 
     @classmethod
     def maybe_open(cls, topic: str, partition: int) -> PublishTrace | None:
@@ -63,6 +66,7 @@ class PublishTrace:
         row["round_start_ns"] = self.round_start_ns
         row["published_ns"] = time.monotonic_ns()
         row["end_offset"] = end_offset
+        row["append_start_ns"] = self.append_start_ns
         self._count += 1
         if self._count == _ROWS:
             self.flush()
@@ -82,15 +86,13 @@ def read_traces(directory: str, topic: str, partition: int) -> np.ndarray:
     return rows[np.argsort(rows["end_offset"], kind="stable")]
 
 
-def round_times(rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(round_start_ns, published_ns) of the round that published each of ``offsets``; -1 where no traced
+def round_times(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The row (:data:`TRACE_ROW`) of the round that published each of ``offsets``; all -1 where no traced
     round holds the offset."""
+    out = np.full(len(offsets), -1, dtype=TRACE_ROW)
+    if len(rows) == 0:
+        return out
     index = np.searchsorted(rows["end_offset"], offsets, side="right")
     found = index < len(rows)
-    safe = np.minimum(index, max(len(rows) - 1, 0))
-    if len(rows) == 0:
-        minus = np.full(len(offsets), -1, dtype=np.int64)
-        return minus, minus.copy()
-    start = np.where(found, rows["round_start_ns"][safe], -1)
-    published = np.where(found, rows["published_ns"][safe], -1)
-    return start, published
+    out[found] = rows[index[found]]
+    return out

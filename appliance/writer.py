@@ -416,6 +416,8 @@ class PartitionWriter:
         writer's to rewrite: ``ipc/ring.py``) and writes them with one ``os.writev`` per segment touched:
         no copy.
         """
+        if self._trace is not None:
+            self._trace.append_start_ns = time.monotonic_ns()
         info = self.log.append_batches(pieces, headers, leader_epoch=self.spec.leader_epoch)
         end = info.last_offset + 1
         if end != expected_end:  # the log and this writer disagree about offsets: never ack a guess

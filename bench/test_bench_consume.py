@@ -407,7 +407,8 @@ E2E_LINGER_MS = int(os.environ.get("E2E_BENCH_LINGER_MS", "0"))
 E2E_BATCH_SIZE = int(os.environ["E2E_BENCH_BATCH_SIZE"]) if os.environ.get("E2E_BENCH_BATCH_SIZE") else None
 _PROPS = os.environ.get("E2E_BENCH_PRODUCER_PROPS", "")  # "key=value,key=value": any other producer setting
 E2E_PRODUCER_PROPS = tuple(tuple(item.split("=", 1)) for item in _PROPS.split(",") if "=" in item)
-_STAGES = ("send_to_writer_round", "round_to_published", "published_to_consumer")
+_STAGES = ("send_to_writer_round", "round_to_published", "round_to_append", "append_to_published",
+           "published_to_consumer")
 
 
 @pytest.fixture(scope="module")
