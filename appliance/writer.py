@@ -26,7 +26,9 @@ A writer whose channel reaches EOF (the supervisor died) stops as if told to.
    ``os.writev`` per segment touched (no copy, no second validation);
 4. publish the new log end offset in the state page (and the high watermark: while a partition has no
    followers, replication factor 1, the writer owns it and HW = LEO);
-5. acknowledge every frame (its result in the ring's ack slot) and only then release the ring space.
+5. acknowledge every frame (its result in the ring's ack slot) and only then release the ring space;
+6. wake the local consumers sleeping on the high watermark (``ipc.state_page``; last, because a woken
+   consumer often takes the writer's core at once).
 
 A writer killed anywhere loses nothing acknowledged: acks are written after the append, space is released
 after the acks.  A restarted writer reads the unreleased frames again.  Those it had appended are
@@ -370,6 +372,8 @@ class PartitionWriter:
             self._faults("acknowledged")
         for ring, chunk in chunks:
             ring.consumer.release(chunk.end_position)
+        if pieces and self.spec.publish_high_watermark:
+            self.state_page.wake_readers()  # local consumers sleeping on the high watermark (ipc.state_page)
         self.stats.rounds += 1
         self.stats.frames += frames
         return frames
@@ -447,8 +451,8 @@ class PartitionWriter:
     def _publish_offsets(self) -> None:
         end = self.log.log_end_offset
         self.state_page.log_end_offset = end
-        if self.spec.publish_high_watermark:
-            self.state_page.high_watermark = end
+        if self.spec.publish_high_watermark:  # readers are woken after the acks (end of drain_round)
+            self.state_page.set_high_watermark(end, wake_readers=False)
         if self._trace is not None:
             self._trace.published(end)
 

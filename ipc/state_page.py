@@ -119,8 +119,12 @@ No wakeup is lost: as with the doorbells, the fences make either the reader's lo
 or the publisher's load (c) see the stamp; a store landing between 3 and 4 makes the kernel's compare in 4
 fail, so the sleep ends at once.  A sleep lasts at most READER_SLEEP_MAX_MS before the reader stamps again,
 so a sleeping reader's stamp is never older than that plus its scheduling delay, well inside the window.
-The publisher pays one fence and one load per publish, plus one ``futex_wake`` (~0.6 us) while readers slept
-within the window; an idle system pays nothing.
+The publisher pays one fence and one load per publish, plus one ``futex_wake`` (~0.6 us of CPU) while
+readers slept within the window; an idle system pays nothing.  Steps b-c may come later than a
+(``set_high_watermark(offset, wake_readers=False)``, then ``wake_readers()``): the partition writer
+acknowledges its producers in between, because the woken reader often takes the writer's core at once
+(wake-up preemption: the call measured ~100 us of wall time on a busy 2-core VM).  A publisher that dies
+between a and c delays its readers by at most READER_SLEEP_MAX_MS; it never strands them.
 
 Setters are for the field's owner only; a second writer would break the "one writer per field" rule that
 makes lock-free reads correct, and nothing here can detect it.
@@ -309,10 +313,19 @@ class StatePage:
     @high_watermark.setter
     def high_watermark(self, offset: int) -> None:
         """Publish, then wake the readers sleeping on it, if any slept lately (module docstring)."""
-        words = self._words
-        publish_int64(words, _HIGH_WATERMARK, offset)
+        self.set_high_watermark(offset)
+
+    def set_high_watermark(self, offset: int, *, wake_readers: bool = True) -> None:
+        """Publish ``offset``; ``wake_readers=False`` leaves the wake-up to a later :meth:`wake_readers` (a
+        woken reader may take the publisher's core at once: a writer acknowledges its producers first)."""
+        publish_int64(self._words, _HIGH_WATERMARK, offset)
+        if wake_readers:
+            self.wake_readers()
+
+    def wake_readers(self) -> None:
+        """Steps b and c of the publisher's side (module docstring): after the high watermark was stored."""
         full_fence()
-        stamp = load_int64(words, _READER_SLEEP_MS)
+        stamp = load_int64(self._words, _READER_SLEEP_MS)
         if stamp and monotonic_ms() - stamp < READER_WAKE_WINDOW_MS:
             futex_wake(self._hw_address)
 
