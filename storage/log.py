@@ -29,7 +29,11 @@ nothing is recomputed and a writable buffer is never copied), and the bytes go t
 one ``os.write`` per segment touched.  The active segment rolls before a batch when it would pass
 ``segment.bytes``, when ``segment.ms`` has passed since its first batch's timestamp, when an index is full,
 or when the batch's offsets do not fit its int32 relative offsets.  Replicas use
-:meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs.
+:meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs.  The common append (one batch,
+in the epoch already recorded, no roll rule near) takes a hot path: the active segment keeps an *append
+budget*, one limit per roll rule, and ``LogSegment.append_batch`` writes within it or returns ``NEEDS_ROLL``
+having written nothing, and the general path decides.  With ``preallocate`` (the default) the active
+segment's blocks are reserved ahead of the appends without changing its size (``storage.segment``).
 
 **Durability.**  Appends stay in the page cache.  ``flush.messages``/``flush.ms`` (default: never) fsync
 the log; a rolled segment is fsynced in a background thread; :meth:`Log.close` fsyncs everything.  After

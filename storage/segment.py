@@ -7,7 +7,15 @@ A segment holds consecutive record batches, byte for byte as producers built the
 appended with one ``os.write`` per append call, or one ``os.writev`` of the batches' own buffers (ring
 memory: no copy; ``IOV_MAX`` buffers per call); nothing is fsynced per append (the page cache holds it;
 :meth:`LogSegment.flush` is ``fdatasync``).  After the bytes are written, the sparse indexes get their
-entries, so an index entry never points at bytes that are not in the file yet.
+entries, so an index entry never points at bytes that are not in the file yet.  The common append of one
+batch goes through :meth:`LogSegment.append_batch`, which checks an *append budget* kept up to date as it
+goes (bytes, offsets, timestamps and index entries left before a roll rule could fire) instead of the
+rules themselves.
+
+Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
+appends with ``fallocate(FALLOC_FL_KEEP_SIZE)`` (:func:`reservation_end` says how far), so the file's size,
+and everything a reader sees, stays the data's; ext4 then skips its per-page block reservation on each
+write.  The unused reservation is given back on seal and close (``ftruncate`` to the file's own size).
 
 Index rule (Kafka's, applied per batch in order, identically by the live append and by the rebuild in
 ``storage.batch_scan.plan_index_entries``): remember the batch with the largest max timestamp so far; if more
