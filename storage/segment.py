@@ -620,7 +620,7 @@ class LogSegment:
         """Give back the blocks reserved past the end of the data (roll, close).  ``ftruncate`` to the file's
         own size frees them (checked on ext4 and tmpfs); the size, the bytes and the mtime (retention of
         segments without timestamps reads it) stay as they were."""
-        if self.append_fd >= 0:  # (also a crash's leftover, whatever _reserved_end says)
+        if self.append_fd >= 0 and self.config.preallocate:  # (also a crash's leftover, on tmpfs too)
             st = os.fstat(self.append_fd)
             if st.st_blocks * 512 > st.st_size:
                 os.ftruncate(self.append_fd, st.st_size)
