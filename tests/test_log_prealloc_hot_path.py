@@ -48,6 +48,7 @@ def _shape(log: Log) -> list[tuple[int, int, int, int, bool]]:
     return [(s.base_offset, s.size_bytes, s.next_offset, s.max_timestamp, s.is_active) for s in log.segments]
 
 
+@pytest.mark.slow  # 4-8 s: 80 examples of up to 60 appends into two logs
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs, plan=steps, timestamps=st.booleans())
 def test_hot_path_decides_as_the_general_path(config: LogConfig, plan: list[tuple[int, int, int, str, int]],
