@@ -875,14 +875,15 @@ def _lock(directory: str, name: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        holder = os.pread(fd, 32, 0).decode(errors="replace").partition("\n")[0].strip() or "unknown"
         os.close(fd)
         raise LogLockedError(
             f"partition {name}: log directory {directory} is already open for writing by process {holder} "
             f"(flock on {path}); a log has exactly one writer"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    pid = f"{os.getpid()}\n".encode()
+    os.pwrite(fd, pid, 0)
+    os.ftruncate(fd, len(pid))  # after the write: a file truncated to 0 is flushed by ext4 on close (~30 µs)
     return fd
 
 
