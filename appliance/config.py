@@ -411,6 +411,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("flush.ms", "flush_ms", LONG_MAX, _int(0),
        "fsync the log when the oldest unflushed record is this old (default: never)", "log.flush.interval.ms",
        topic=True),
+    _s("preallocate", "preallocate", True, _bool,
+       "reserve the active segment's disk blocks ahead of the appends (fallocate, keeping the file size; "
+       "given back on roll and close). Kafka's default is false: see docs/storage.md for why it is on here",
+       "log.preallocate", topic=True),
     _s("max.message.bytes", "max_message_bytes", 1_048_588, _int(0, INT_MAX),
        "largest record batch accepted (after compression)", "message.max.bytes", topic=True),
     _s("message.timestamp.type", "message_timestamp_type", "CreateTime", _choice(TIMESTAMP_TYPES),
@@ -513,6 +517,7 @@ class TopicConfig:
     retention_bytes: int
     flush_messages: int
     flush_ms: int
+    preallocate: bool
     max_message_bytes: int
     message_timestamp_type: str
     cleanup_policy: tuple[str, ...]
@@ -544,6 +549,7 @@ class Config:
     retention_bytes: int
     flush_messages: int
     flush_ms: int
+    preallocate: bool
     max_message_bytes: int
     message_timestamp_type: str
     cleanup_policy: tuple[str, ...]
@@ -614,6 +620,7 @@ class Config:
             retention_bytes=t.retention_bytes,
             flush_messages=t.flush_messages,
             flush_ms=t.flush_ms,
+            preallocate=t.preallocate,
             max_message_bytes=t.max_message_bytes,
         )
 
