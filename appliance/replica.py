@@ -48,7 +48,6 @@ which truncates what the new leader never had.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import selectors
@@ -65,22 +64,24 @@ from typing import Any, Final
 from appliance import sdnotify
 from appliance.cluster_auth import read_cluster_secret, replica_credentials
 from appliance.config import Config, ConfigError
-from appliance.control import ServerConnection, error_response, ok_response
+from appliance.control import ControlServer, error_response, ok_response
 from appliance.metadata import MetadataStore, TopicMetadata
 from appliance.proctitle import set_proctitle
 from appliance.replica_leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory
+from appliance.supervisor import lock_log_dirs
 from ipc.kafka.errors import ErrorCode
+from ipc.shm import Permissions
 from ipc.state_page import monotonic_ms
 from replicas.fetcher import FetcherConfig, FetchPhase, PartitionFetcher
 from replicas.replica_state import PersistedReplicaState, write_replica_state
-from storage.errors import ApplianceError, ProtocolError
+from storage.errors import ApplianceError
 from storage.log import Log
 
 __all__ = ["ReplicaNode", "child_specs", "replica_child", "replica_node_ids", "run_replica"]
 
-_LOCK_FILE: Final = ".appliance.lock"  # the supervisor's: one appliance or replica per data dir
 _STATUS_INTERVAL_S: Final = 5.0
 _JOIN_TIMEOUT_S: Final = 10.0
+_REPLY_FLUSH_S: Final = 5.0  # how long a control reply queued at stop may wait for its reader
 
 _log = logging.getLogger("appliance.replica")
 
@@ -121,9 +122,7 @@ class ReplicaNode:
         self._directory: LeaderDirectory | None = None
         self._followed: dict[tuple[str, int], _Followed] = {}
         self._selector: selectors.BaseSelector | None = None
-        self._listener: socket.socket | None = None
-        self._connections: dict[int, ServerConnection] = {}
-        self._next_connection = 0
+        self._control: ControlServer | None = None
         self._wakeup_r, self._wakeup_w = socket.socketpair()
         self._stop = threading.Event()
         self._view_seen: ClusterView | None = None
@@ -173,9 +172,7 @@ class ReplicaNode:
 
     def _start(self) -> None:
         config = self.config
-        for directory in config.log_dirs:
-            os.makedirs(directory, exist_ok=True)
-            self._lock(os.path.join(directory, _LOCK_FILE), f"log dir {directory}")
+        self._lock_fds = lock_log_dirs(config.log_dirs)
         self._secret = read_cluster_secret(config.cluster_secret_file)
         self._store = MetadataStore.open(config.log_dirs)
         self._directory = LeaderDirectory(self.leaders, node_id=self.node_id,
@@ -196,43 +193,13 @@ class ReplicaNode:
         _log.info("%s", text)
         sdnotify.ready(text)
 
-    def _lock(self, path: str, what: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise ApplianceError(f"{what} is in use by another appliance (pid {holder}, lock {path})") \
-                from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fds.append(fd)
-
     def _bind_control_socket(self) -> None:
-        path = self.config.control_socket
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.exists(path):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(path)
-            except OSError:
-                os.unlink(path)
-            else:
-                raise ApplianceError(f"control socket {path} is in use by another appliance")
-            finally:
-                probe.close()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o777 & ~self.config.shm_mode)
-        try:
-            listener.bind(path)
-        finally:
-            os.umask(old_umask)
-        listener.listen(16)
-        listener.setblocking(False)
-        self._listener = listener
         assert self._selector is not None
-        self._selector.register(listener, selectors.EVENT_READ, "listener")
+        # appliance.shm.group makes the mode 0660, but the socket file keeps this process's group
+        self._control = ControlServer.bind(
+            self.config.control_socket, self._selector, lambda _connection, message: self._handle(message),
+            permissions=Permissions(mode=self.config.shm_mode), backlog=16, log=_log,
+        )
 
     def _loop(self) -> None:
         selector = self._selector
@@ -241,16 +208,14 @@ class ReplicaNode:
         next_watchdog = time.monotonic()
         while not self._stop.is_set():
             for key, events in selector.select(0.25):
-                if key.data == "listener":
-                    self._accept()
-                elif key.data == "wakeup":
+                if key.data == "wakeup":
                     try:
                         while self._wakeup_r.recv(4096):
                             pass
                     except BlockingIOError:
                         pass
-                else:
-                    self._serve(key.data, events)
+                elif self._control is not None:
+                    self._control.on_event(key, events)
                 if self._stop.is_set():
                     break
             if self._stop.is_set():
@@ -382,38 +347,6 @@ class ReplicaNode:
                   topic.name)
 
     # -- the control socket ---------------------------------------------------------------------------------
-
-    def _accept(self) -> None:
-        assert self._listener is not None and self._selector is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:
-                _log.warning("control socket accept failed: %s", e)
-                return
-            self._next_connection += 1
-            connection = ServerConnection(sock, self._next_connection)
-            self._connections[connection.id] = connection
-            self._selector.register(sock, selectors.EVENT_READ, connection)
-
-    def _serve(self, connection: ServerConnection, events: int) -> None:
-        assert self._selector is not None
-        try:
-            messages, closed = connection.receive()
-        except ProtocolError as e:
-            connection.send(error_response(ErrorCode.INVALID_REQUEST, str(e)))
-            closed, messages = True, []
-        for message in messages:
-            connection.send(self._handle(message))
-            connection.sock.setblocking(True)  # replies are small: finish them before the next request
-            connection.flush()
-            connection.sock.setblocking(False)
-        if closed:
-            self._selector.unregister(connection.sock)
-            self._connections.pop(connection.id, None)
-            connection.close()
 
     def _handle(self, message: Mapping[str, Any]) -> dict[str, Any]:
         op = message.get("op")
@@ -573,16 +506,9 @@ class ReplicaNode:
         self._followed.clear()
         if self._refresher is not None:
             self._refresher.join(_JOIN_TIMEOUT_S)
-        for connection in list(self._connections.values()):
-            connection.close()
-        self._connections.clear()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-            try:
-                os.unlink(self.config.control_socket)
-            except FileNotFoundError:
-                pass
+        if self._control is not None:
+            self._control.close(flush_s=_REPLY_FLUSH_S)  # the answer to promote goes out before the exec
+            self._control = None
         if self._selector is not None:
             self._selector.close()
             self._selector = None

@@ -71,7 +71,14 @@ from typing import Any, Final
 
 from appliance import sdnotify
 from appliance.config import Config, ConfigError, add_config_arguments, check_topic_name, config_from_args
-from appliance.control import ControlClient, ServerConnection, encode, error_response, ok_response
+from appliance.control import (
+    ControlClient,
+    ControlServer,
+    ServerConnection,
+    encode,
+    error_response,
+    ok_response,
+)
 from appliance.metadata import META_DIR, MetadataStore, TopicExistsError, TopicMetadata, assign_replicas
 from appliance.proctitle import set_proctitle
 from appliance.writer import WriterSpec, writer_main
@@ -83,7 +90,7 @@ from ipc.state_page import StatePage, monotonic_ms
 from ipc.wakeup import Doorbell
 from replicas.leader_epochs import begin_leader_epoch
 from replicas.replica_state import read_replica_state
-from storage.errors import ApplianceError, LogLockedError, ProtocolError, UnknownTopicOrPartitionError
+from storage.errors import ApplianceError, LogLockedError, UnknownTopicOrPartitionError
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.producer_state import ProducerIdBlockAllocator
@@ -93,6 +100,8 @@ __all__ = [
     "ChildContext",
     "ChildSpec",
     "Supervisor",
+    "lock_file",
+    "lock_log_dirs",
     "main",
     "shm_names_for",
     "unique_memory_bytes",
@@ -120,6 +129,37 @@ _MAX_RESTART_DELAY_S: Final = 10.0
 _PR_SET_PDEATHSIG: Final = 1
 
 _log = logging.getLogger("appliance.supervisor")
+
+
+def lock_file(path: str, what: str) -> int:
+    """Lock ``path`` (created 0600) for this process and write its pid there; the descriptor holds the lock.
+
+    ApplianceError naming the holder's pid when another process holds it (``what``: what the lock guards).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ApplianceError(f"{what} is in use by another appliance (pid {holder}, lock {path})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def lock_log_dirs(log_dirs: Sequence[str]) -> list[int]:
+    """Create every log dir and lock it (:func:`lock_file`): one appliance or replica per data dir."""
+    fds: list[int] = []
+    try:
+        for directory in log_dirs:
+            os.makedirs(directory, exist_ok=True)
+            fds.append(lock_file(os.path.join(directory, _LOCK_FILE), f"log dir {directory}"))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
 
 
 def shm_names_for(config: Config) -> ShmNames:
@@ -253,10 +293,6 @@ class _RingRecord:
     detaching: bool = False
 
 
-class _StartError(Exception):
-    """Start-up cannot go on; the message says why (already logged context)."""
-
-
 # -- the supervisor ------------------------------------------------------------------------------------------
 
 
@@ -277,12 +313,10 @@ class Supervisor:
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._extras: dict[str, tuple[ChildSpec, _Child]] = {}
         self._children_by_pid: dict[int, _Child] = {}
-        self._connections: dict[int, ServerConnection] = {}
         self._rings: dict[str, _RingRecord] = {}
-        self._next_connection = 0
         self._next_session = 0
         self._selector: selectors.BaseSelector | None = None
-        self._listener: socket.socket | None = None
+        self._control: ControlServer | None = None
         self._wakeup_r: socket.socket | None = None
         self._wakeup_w: socket.socket | None = None
         self._stop_requested = False
@@ -303,7 +337,7 @@ class Supervisor:
         try:
             try:
                 self._start()
-            except (ApplianceError, OSError, _StartError) as exc:
+            except (ApplianceError, OSError) as exc:
                 _log.error("start-up failed: %s", exc)
                 return 1
             self._loop()
@@ -325,11 +359,9 @@ class Supervisor:
         self._wakeup_w.setblocking(False)
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("wakeup", None))
         self._install_signals()  # a SIGTERM during a long recovery stops the start-up cleanly
-        for directory in config.log_dirs:
-            os.makedirs(directory, exist_ok=True)
-            self._lock(os.path.join(directory, _LOCK_FILE), f"log dir {directory}")
-        self._lock(str(self._instance_lock_path), f"instance {config.instance_id} (shared memory "
-                   f"{self.names.prefix}*)")  # fmt: skip
+        self._lock_fds += lock_log_dirs(config.log_dirs)
+        instance = f"instance {config.instance_id} (shared memory {self.names.prefix}*)"
+        self._lock_fds.append(lock_file(str(self._instance_lock_path), instance))
         self._instance_locked = True
         removed = reclaim(self.names.instance)
         if removed:
@@ -369,18 +401,6 @@ class Supervisor:
             self._spawn_extra(spec, child)
         self._next_memory_s = time.monotonic() + _MEMORY_REPORT_AFTER_S
         self._maybe_ready()
-
-    def _lock(self, path: str, what: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise _StartError(f"{what} is in use by another appliance (pid {holder}, lock {path})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fds.append(fd)
 
     def _check_replication(self, name: str, replication_factor: int) -> None:
         if not 1 <= replication_factor <= MAX_REPLICATION_FACTOR:
@@ -495,32 +515,11 @@ class Supervisor:
         )
 
     def _bind_control_socket(self) -> None:
-        path = self.config.control_socket
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.exists(path):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(path)
-            except OSError:
-                os.unlink(path)  # a previous run's leftover
-            else:
-                raise _StartError(f"control socket {path} is in use by another appliance")
-            finally:
-                probe.close()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o777 & ~self.permissions.mode)
-        try:
-            listener.bind(path)
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, self.permissions.mode)
-        if self.permissions.gid is not None:
-            os.chown(path, -1, self.permissions.gid)
-        listener.listen(128)
-        listener.setblocking(False)
-        self._listener = listener
         assert self._selector is not None
-        self._selector.register(listener, selectors.EVENT_READ, ("listener", None))
+        self._control = ControlServer.bind(
+            self.config.control_socket, self._selector, self._handle,
+            permissions=self.permissions, backlog=128, log=_log, on_close=self._connection_closed,
+        )
 
     # -- children -----------------------------------------------------------------------------------------
 
@@ -560,11 +559,11 @@ class Supervisor:
             os._exit(1)  # the supervisor died before the line above
         if self._selector is not None:
             self._selector.close()
-        for sock in (self._listener, self._wakeup_r, self._wakeup_w):
+        for sock in (self._wakeup_r, self._wakeup_w):
             if sock is not None:
                 sock.close()
-        for connection in self._connections.values():
-            connection.close()
+        if self._control is not None:
+            self._control.close_in_child()
         for child in self._all_children():
             if child.channel is not None and child.channel.fileno() not in keep:
                 child.channel.close()
@@ -707,13 +706,11 @@ class Supervisor:
         selector = self._selector
         assert selector is not None
         while not self._stop_requested:
-            for key, _ in selector.select(self._timeout()):
+            for key, events in selector.select(self._timeout()):
+                if self._control is not None and self._control.on_event(key, events):
+                    continue
                 kind, data = key.data
-                if kind == "listener":
-                    self._accept()
-                elif kind == "connection":
-                    self._serve(data, key.events)
-                elif kind == "writer":
+                if kind == "writer":
                     self._read_writer(data)
                 elif kind == "ready":
                     self._child_ready(data)
@@ -876,50 +873,7 @@ class Supervisor:
 
     # -- the control socket -------------------------------------------------------------------------------
 
-    def _accept(self) -> None:
-        assert self._listener is not None and self._selector is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                _log.warning("control socket accept failed: %s", exc)
-                return
-            self._next_connection += 1
-            connection = ServerConnection(sock, self._next_connection)
-            self._connections[connection.id] = connection
-            self._selector.register(sock, selectors.EVENT_READ, ("connection", connection))
-
-    def _serve(self, connection: ServerConnection, events: int) -> None:
-        if events & selectors.EVENT_WRITE and connection.flush():
-            self._watch(connection)
-        if not events & selectors.EVENT_READ:
-            return
-        try:
-            messages, closed = connection.receive()
-        except ProtocolError as exc:
-            _log.warning("control connection %d (pid %d): %s; closing it", connection.id, connection.peer_pid,
-                         exc)  # fmt: skip
-            connection.send(error_response(ErrorCode.INVALID_REQUEST, str(exc)))
-            self._close_connection(connection)
-            return
-        for message in messages:
-            connection.send(self._handle(connection, message))
-        if closed:
-            self._close_connection(connection)
-        else:
-            self._watch(connection)
-
-    def _watch(self, connection: ServerConnection) -> None:
-        assert self._selector is not None
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if connection.wants_write else 0)
-        self._selector.modify(connection.sock, events, ("connection", connection))
-
-    def _close_connection(self, connection: ServerConnection) -> None:
-        self._unregister(connection.sock)
-        self._connections.pop(connection.id, None)
-        connection.close()
+    def _connection_closed(self, connection: ServerConnection) -> None:
         for record in [r for r in self._rings.values() if r.connection == connection.id]:
             self._detach(record)
 
@@ -1161,7 +1115,7 @@ class Supervisor:
             uss_bytes=unique_memory_bytes(os.getpid()),
             children=children,
             rings=len(self._rings),
-            connections=len(self._connections),
+            connections=len(self._control.connections) if self._control is not None else 0,
         )
 
     def _op_replica_status(
@@ -1238,14 +1192,8 @@ class Supervisor:
         if self._selector is not None:
             self._notify(sdnotify.stopping, "stopping: draining rings")
             _log.info("stopping: draining %d rings of %d partitions", len(self._rings), len(self._partitions))
-        if self._listener is not None:
-            self._unregister(self._listener)
-            self._listener.close()
-            self._listener = None
-            try:
-                os.unlink(self.config.control_socket)
-            except FileNotFoundError:
-                pass
+        if self._control is not None:
+            self._control.stop_accepting()
         timeout_ms = self.config.shutdown_timeout_ms
         extras = [child for _, child in self._extras.values()]
         for _, child in self._extras.values():
@@ -1263,10 +1211,8 @@ class Supervisor:
         parts = list(self._partitions.values())
         if parts and not self._stop_writers(parts, timeout_ms):
             self._exit_code = 1
-        for connection in list(self._connections.values()):
-            self._unregister(connection.sock)
-            connection.close()
-        self._connections.clear()
+        if self._control is not None:
+            self._control.close()
         for record in self._rings.values():
             unlink_ring(record.names)
         self._rings.clear()
