@@ -55,8 +55,7 @@ from storage.batch_header import (
     TIMESTAMP_TYPE_MASK,
     compute_crc,
 )
-from storage.batch_reader import RecordAccessors, decode_batch, decode_headers
-from storage.batch_reader import _decode_records as _decode_records_kernel  # storage's record kernel
+from storage.batch_reader import RecordAccessors, decode_batch, decode_headers, decode_records
 from storage.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from storage.errors import CorruptRecordError
 
@@ -254,7 +253,7 @@ def _decode_run(
         count = table[row, COL_RECORDS_COUNT]
         attributes = table[row, COL_ATTRIBUTES]
         log_append_time = attributes & TIMESTAMP_TYPE_MASK != 0
-        code, where, index = _decode_records_kernel(
+        code, where, index = decode_records(
             buf[start:stop],
             count,
             table[row, COL_BASE_OFFSET],

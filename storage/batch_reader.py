@@ -60,6 +60,7 @@ __all__ = [
     "RecordAccessors",
     "decode_batch",
     "decode_headers",
+    "decode_records",
     "iter_batches",
     "iter_records",
     "records_data",
@@ -240,7 +241,7 @@ def iter_records(
 
 
 def _iter_records(view: bytes, position: int, header: BatchHeader, where: str) -> Iterator[Record]:
-    """The Python twin of ``_decode_records``: same checks, same codes, same error positions, but lazy."""
+    """The Python twin of ``decode_records``: same checks, same codes, same error positions, but lazy."""
     end = len(view)
     log_append_time = header.timestamp_type == 1
     at = 0
@@ -318,7 +319,7 @@ def _nullable(view: bytes | memoryview, at: int, limit: int) -> tuple[bytes | No
 # ---------------------------------------------------------------------------------------------------------
 # Level 3: a whole batch into arrays, with numba.
 
-# Named negative codes of _decode_records (also used by the Python decoder above).
+# Named negative codes of decode_records (also used by the Python decoder above).
 TRUNCATED = VARINT_TRUNCATED  # a varint runs past its record
 # VARINT_TOO_LONG (from storage.varint): a varint longer than its type allows
 NEGATIVE_LENGTH = -3  # a length below -1 (or below 0 where null is not allowed)
@@ -376,7 +377,7 @@ def _skip_nullable(data: np.ndarray, at: int, limit: int) -> tuple[int, int, int
 
 
 @numba.njit(cache=True)
-def _decode_records(
+def decode_records(
     data: np.ndarray,
     count: int,
     base_offset: int,
@@ -394,7 +395,8 @@ def _decode_records(
 ) -> tuple[int, int, int]:
     """Decode ``count`` records from ``data`` into the output arrays: ``(code, error position, record)``.
 
-    ``code`` is 0 on success, else a named negative code; positions index ``data``.
+    ``data`` is a batch's records section; each output array holds at least ``count`` entries.  ``code`` is 0
+    on success, else one of :data:`BAD_RECORD_CODES`; positions index ``data``.
     """
     end = data.size
     at = 0
@@ -575,7 +577,7 @@ def decode_batch(
     value_lengths = np.empty(slots, dtype=np.int32)
     header_positions = np.empty(slots, dtype=np.int64)
     header_counts = np.empty(slots, dtype=np.int32)
-    code, at, index = _decode_records(
+    code, at, index = decode_records(
         data,
         count,
         header.base_offset,

@@ -261,8 +261,8 @@ def test_kernels_and_their_python_twins_agree(spec: dict[str, object]) -> None:
     header = parse_header(batch)
     data = batch_reader.records_data(batch, 0, header)
     assert _kernel_outputs(
-        batch_reader._decode_records, data, header, header.records_count
-    ) == _kernel_outputs(batch_reader._decode_records.py_func, data, header, header.records_count)
+        batch_reader.decode_records, data, header, header.records_count
+    ) == _kernel_outputs(batch_reader.decode_records.py_func, data, header, header.records_count)
 
 
 # ---------------------------------------------------------------------------------------------------------
