@@ -195,10 +195,10 @@ class ReplicaNode:
 
     def _bind_control_socket(self) -> None:
         assert self._selector is not None
-        # appliance.shm.group makes the mode 0660, but the socket file keeps this process's group
+        # as the supervisor's: 0600, or 0660 and chown'ed to appliance.shm.group when one is configured
         self._control = ControlServer.bind(
             self.config.control_socket, self._selector, lambda _connection, message: self._handle(message),
-            permissions=Permissions(mode=self.config.shm_mode), backlog=16, log=_log,
+            permissions=Permissions(mode=self.config.shm_mode, gid=self.config.shm_gid), backlog=16, log=_log,
         )
 
     def _loop(self) -> None:
