@@ -244,19 +244,18 @@ class RingPublisher(Generic[T]):
         if ring.acked_seq <= self.in_flight[0][0]:
             ring.check_failed()
             return 0
-        first, results = ring.poll_acks()
+        first, results = ring.poll_ack_list()
         in_flight = self.in_flight
-        completed = self.completed
-        count = 0
-        for i, result in enumerate(results.tolist()):
-            seq, token = in_flight[0]
-            if seq != first + i:
-                raise CorruptRecordError(
-                    f"ring {self.name}: ack for frame {first + i}, expected frame {seq} next"
-                )
-            in_flight.popleft()
-            completed.append((token, result))
-            count += 1
+        count = len(results)
+        if in_flight[0][0] != first or count > len(in_flight):
+            raise CorruptRecordError(
+                f"ring {self.name}: acks for frames {first}..{first + count - 1}, expected frame "
+                f"{in_flight[0][0]} next and at most {len(in_flight)} acks"
+            )
+        popleft = in_flight.popleft
+        append = self.completed.append
+        for result in results:
+            append((popleft()[1], result))
         self.last_ack_ns = time.monotonic_ns()
         return count
 

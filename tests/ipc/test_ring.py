@@ -32,6 +32,7 @@ from ipc.ring import (
     warm_up,
 )
 from ipc.ring_layout import (
+    ACK_SEQ_WORD,
     FRAME_ALIGNMENT,
     FRAME_HEADER_BYTES,
     FRAME_SEQ_OFFSET,
@@ -43,10 +44,12 @@ from ipc.ring_layout import (
     RING_FAILED_BAD_PADDING,
     RING_FAILED_BAD_SEQ,
     RING_FAILED_BAD_TYPE,
+    RingMemory,
     align_frame,
     max_body_bytes,
 )
 from ipc.ring_scan import (
+    ACK_WORDS_PER_SLOT,
     SCAN_BAD_LENGTH,
     SCAN_BAD_PADDING,
     SCAN_BAD_SEQ,
@@ -246,6 +249,49 @@ def test_acks_come_back_in_order_with_their_results() -> None:
         first, results = producer.poll_acks()
         assert (first, results.tolist()) == (0, [100, -2, 102, 103])
         assert producer.poll_acks()[0] == 4
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chunks=st.lists(st.integers(1, 48), min_size=1, max_size=12), polls=st.data())
+def test_acks_read_a_few_or_many_at_a_time_match_an_oracle(chunks: list[int], polls: st.DataObject) -> None:
+    """Acks are read as ints from the slots when few arrived, with numpy when many did: both agree with
+    what the writer answered, in order, across the wrap of the slot array."""
+    with ring_pair(capacity_bytes=65536, ack_slots=48) as (producer, consumer, _):
+        answered: list[int] = []
+        received: list[int] = []
+        for count in chunks:
+            for _ in range(count):
+                producer.send(body_for(producer.next_seq, 24))
+            chunk = consumer.peek()
+            assert chunk is not None and chunk.count == count
+            results = [(chunk.first_seq + i) * 7 - 3 * (i % 2) for i in range(count)]
+            consumer.complete(chunk, results)
+            answered += results
+            if polls.draw(st.booleans()):
+                first, got = producer.poll_ack_list()
+                assert first == len(received)
+                received += got
+        first, got = producer.poll_ack_list()
+        assert first == len(received) and received + got == answered
+        assert producer.poll_ack_list() == (len(answered), [])
+        assert producer.poll_acks()[1].size == 0
+
+
+@pytest.mark.parametrize("count", [3, 40])  # read with the loop, with numpy
+def test_an_ack_slot_holding_another_frame_is_reported(count: int) -> None:
+    with ring_pair(capacity_bytes=65536, ack_slots=48) as (producer, consumer, _):
+        for _ in range(count):
+            producer.send(body_for(producer.next_seq, 8))
+        chunk = consumer.peek()
+        assert chunk is not None
+        consumer.complete(chunk, list(range(count)))
+        slots = RingMemory(producer.name)
+        try:
+            slots.acks[(count - 1) * ACK_WORDS_PER_SLOT + ACK_SEQ_WORD] = 999  # the last frame's slot
+        finally:
+            slots.close()
+        with pytest.raises(CorruptRecordError, match=f"slot for frame {count - 1} holds frame 999"):
+            producer.poll_ack_list()
 
 
 def test_a_restarted_consumer_may_ack_again_with_the_same_result() -> None:
