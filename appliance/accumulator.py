@@ -24,6 +24,9 @@ Life of a batch (``state``)::
                                                                                                    │
                          DONE  <── ack: base offset, or an error (then ``error``) ─────────────────┘
 
+("linger.ms passed" seals a batch only once its partition can take it: an in-flight slot free, nothing
+queued ahead; until then records keep joining it.  See ``appliance.producer``.)
+
 A batch's ``base_sequence`` (idempotent producers) is given when it is first published and kept for ever:
 a retry publishes the very same records with the very same sequence, which the writer recognises.
 Handles (:class:`RecordHandle`, :class:`BulkHandle`) point at batches; a record's offset is its batch's base

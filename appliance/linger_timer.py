@@ -3,16 +3,17 @@
 Theory of operation
 -------------------
 The producer's caller thread does almost everything (appending, sealing full batches, publishing, reading
-acks).  What it cannot do is act when it is not called: seal a batch whose ``linger.ms`` ran out, or read
-the acks of batches in flight so that callbacks run while the caller is busy elsewhere.  A
+acks).  What it cannot do is act when it is not called: seal a batch whose ``linger.ms`` ran out, read the
+acks of batches in flight so that callbacks run while the caller is busy elsewhere, or publish a batch held
+back for lack of an in-flight slot as soon as an ack frees one.  A
 :class:`RoundTimer` does that: its thread takes the producer's lock, calls ``round(now_ns)``, which does the
 work and returns when it wants to run next (monotonic ns; -1: only when poked), and sleeps until then.
 
 Waking it early: :meth:`RoundTimer.wake_by` (called with the producer's lock held) pokes the thread when the
 new deadline is earlier than the one it planned.  The plan is written under the same lock the caller
 holds, and a poke is a flag kept until the thread looks, so a poke that arrives between the round and the
-sleep is not lost.  The thread starts with the first deadline, so a producer that never lingers a batch
-never has one.  It never sleeps on a ring's semaphore: only the caller's thread does.
+sleep is not lost.  The thread starts with the first deadline (the producer's first batch), so a producer
+that never sends never has one.  It never sleeps on a ring's semaphore: only the caller's thread does.
 """
 
 from __future__ import annotations

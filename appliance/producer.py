@@ -27,15 +27,24 @@ the ring.  Records with keys, headers, timestamps, callbacks or an explicit part
 path (about 1 us more); ``send_many`` hands whole columns (lists, 2-D arrays, buffer + offsets) to the builder
 without ever creating one Python object per record.
 
-**Acks** are collected lazily, on the caller's thread, whenever the producer touches the ring anyway
-(publishing, ``flush``, ``get``): reading them costs two loads when none arrived.  One background thread
-(``appliance.linger_timer``), started with the first record, seals batches whose ``linger.ms`` ran out and,
-when the caller has gone quiet (2 ms) with batches in flight, collects their acks every millisecond so that
-callbacks run; it never touches a batch while the caller's thread does (it holds the producer's lock, and the
-append token to seal) and never sleeps on a ring semaphore.  (Polling acks from that thread every millisecond
-even while the caller sends measured the same throughput within noise; lazy collection keeps GIL hand-overs
-rare.)  A callback runs on whichever thread collected its ack: keep it short.  Waits (``get``, ``flush``) park
-on the ring's semaphore outside the lock, reading only the ring header, then collect under the lock.
+**Acks** are collected on the caller's thread whenever the producer touches the ring anyway (publishing,
+``flush``, ``get``), and always before a publish that finds every in-flight slot taken: reading them costs two
+loads when none arrived, ~1 us for a few.  One background thread (``appliance.linger_timer``), started with
+the first batch, seals batches whose ``linger.ms`` ran out and, while batches are in flight, collects their
+acks every millisecond (every 0.2 ms while a batch waits for a slot), so that callbacks run and queued
+batches go as soon as a slot frees, whatever the caller does; it never touches a batch while the caller's
+thread does (it holds the producer's lock, and the append token to seal) and never sleeps on a ring
+semaphore.  A callback runs on whichever thread collected its ack: keep it short.  Waits (``get``,
+``flush``) park on the ring's semaphore outside the lock, reading only the ring header, then collect under
+the lock.
+
+**Sealing and max.in.flight.**  A batch is sealed when it is full, when ``flush``/``get`` asks for it, or
+when its ``linger.ms`` ran out *and* its partition can take it now (an in-flight slot free, nothing queued
+ahead of it): while every slot is taken the open batch keeps gathering records and goes, larger, with the
+first ack that frees a slot (Kafka's accumulator does the same), instead of queueing many small batches
+that then drain one ack at a time.  ``linger.ms=0`` means "as soon as possible": the record that opens a
+batch seals and publishes it on the caller's thread when a slot is free (no hand-over to the timer thread);
+the records sent while no slot is free gather behind it.
 
 **Order and exactly once.**  Records sent to one partition are appended in the order sent.  With
 ``enable.idempotence`` (the default with ``acks=all``) every batch carries the producer id, epoch and its
@@ -137,8 +146,9 @@ _new_handle = object.__new__
 _WAIT_SLICE_MS = 50  # a caller's wait parks on a ring semaphore at most this long before re-checking
 _PUBLISH_SLICE_MS = 200  # a blocked publish checks this often whether the supervisor is still there
 _SILENCE_NS = 250_000_000  # no ack for this long with frames in flight: is the supervisor still there?
-_IDLE_NS = 2_000_000  # the caller counts as quiet (the timer thread collects acks) after 2 ms
+_IDLE_NS = 2_000_000  # the caller counts as quiet (may have lost its supervisor) after 2 ms
 _ACK_POLL_NS = 1_000_000  # the timer thread's ack polling period while batches are in flight
+_HELD_POLL_NS = 200_000  # ... while batches wait for an in-flight slot (every ack lets one go)
 
 class _Topic:
     __slots__ = ("batch_room", "keys", "max_message_bytes", "name", "partitions", "sticky", "sticky_batch")
@@ -181,6 +191,7 @@ class Producer:
         self._closed = False
         self._last_activity_ns = time.monotonic_ns()
         linger_ns = self.config.linger_ms * 1_000_000
+        self._send_at_once = linger_ns == 0  # linger.ms=0: a batch goes as soon as it can (see _send_now)
         self._timer = RoundTimer(self._lock, lambda now: self._timer_round(now, linger_ns),
                                  "appliance-producer-linger")
         try:
@@ -284,6 +295,8 @@ class Producer:
                 finally:
                     free.append(None)  # token.give()
                 self._make_room(state, state.partitions[batch.partition], payload, timestamped)
+            if index == 0 and self._send_at_once:
+                self._send_now(state.partitions[batch.partition])
         return RecordHandle(batch, index)
 
     def _topic(self, name: str) -> _Topic:
@@ -313,10 +326,44 @@ class Producer:
         return ProducerBatch(self, topic.name, partition, topic.batch_room)
 
     def _first_record(self, part: PartitionQueue, batch: ProducerBatch) -> None:
-        """A batch gets its first record: start its linger clock, make sure the timer thread will seal it."""
+        """A batch gets its first record: start its linger clock, make sure the timer thread will seal it
+        (at linger.ms=0 the caller tries first, see :meth:`_send_now`; the timer only for a batch held)."""
         batch.started()
         self._lingering[part] = None
-        self._timer.wake_by(batch.first_append_ns + self.config.linger_ms * 1_000_000)
+        if not self._send_at_once:
+            self._timer.wake_by(batch.first_append_ns + self.config.linger_ms * 1_000_000)
+
+    def _send_now(self, part: PartitionQueue) -> None:
+        """linger.ms=0, on the caller's thread: seal the open batch of ``part`` and publish it if it can go
+        at once (an in-flight slot free after collecting acks, nothing queued ahead of it); otherwise it
+        stays open, gathering records, until the timer thread sees a slot free (Kafka: linger.ms=0 sends
+        as soon as possible, and records batch up while the partition cannot take more)."""
+        if part.open.values and self._can_publish(part):
+            self._seal(part)
+            try:
+                self._publish_pending(part, 0)
+            except BackPressureError:
+                pass  # the ring is full of bytes: it stays queued, the timer publishes it when it can
+        # the timer thread collects the acks (callbacks run while the caller is away) and lets held ones go
+        self._timer.wake_by(time.monotonic_ns() + (_HELD_POLL_NS if part.sealed or part.open.values
+                                                   else _ACK_POLL_NS))
+
+    def _can_publish(self, part: PartitionQueue) -> bool:
+        """A batch of ``part`` sealed now would be published at once: nothing is queued ahead of it, no
+        recovery or retry back-off holds the partition, and an in-flight slot is free (acks collected
+        first when none is)."""
+        if part.sealed or part.recovering or part.not_before_ns > time.monotonic_ns():
+            return False
+        return self._in_flight_room(part)
+
+    def _in_flight_room(self, part: PartitionQueue) -> bool:
+        """Fewer than max.in.flight batches of ``part`` await acks, after collecting those that arrived."""
+        channel = part.channel
+        if channel is None or not channel.track_acks or len(channel.in_flight) < self.config.max_in_flight:
+            return True
+        self._collect(part)
+        channel = part.channel
+        return channel is None or len(channel.in_flight) < self.config.max_in_flight
 
     def _make_room(self, state: _Topic, part: PartitionQueue, payload_bytes: int, timestamped: bool) -> None:
         """A record of ``payload_bytes`` does not fit the open batch of ``part``: seal it (unless a flush or
@@ -357,16 +404,22 @@ class Producer:
 
     # -- publishing -----------------------------------------------------------------------------------------
 
-    def _publish_pending(self, part: PartitionQueue, timeout_ms: int) -> None:
+    def _publish_pending(self, part: PartitionQueue, timeout_ms: int, *, caller: bool = True) -> None:
         """Publish the sealed batches of ``part`` in order (waiting up to ``timeout_ms`` for room), then
         collect the acks that arrived.  BackPressureError: the first unpublished batch stays queued.
+        Whenever all in-flight slots are taken, the acks that arrived are collected before publishing (or
+        waiting); with ``timeout_ms`` 0, what finds no slot free then stays queued, without an error.
 
         Waits are cut in slices; between two, a supervisor that went away is noticed and reconnected to
         (a full ring nobody drains any more is not back-pressure but a restart)."""
-        now = self._last_activity_ns = time.monotonic_ns()
+        now = time.monotonic_ns()
+        if caller:
+            self._last_activity_ns = now
         deadline_ns = now + timeout_ms * 1_000_000
         ring_failures = 0
         while (batch := part.next_to_publish()) is not None:
+            if not self._in_flight_room(part) and timeout_ms <= 0:
+                return  # (acks were collected)
             try:
                 self._publish(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
             except RingFailedError as exc:
@@ -672,34 +725,42 @@ class Producer:
         return False
 
     def _timer_round(self, now: int, linger_ns: int) -> int:
-        """Seal lingering batches, publish what can go without blocking, collect acks if the caller is
-        quiet; return when to wake next (-1: when woken)."""
-        while self._lingering:
-            part = next(iter(self._lingering))
-            batch = part.open
-            if now < batch.first_append_ns + linger_ns:
-                break
-            self._seal(part)
+        """Collect acks, publish what can go without blocking, seal the lingering batches whose partition
+        can take them; return when to wake next (-1: when woken).
+
+        Acks are collected in every round while batches are in flight, whatever the caller does: a slot
+        freed is a queued batch that can go.  A batch whose linger.ms ran out stays open while its
+        partition cannot take it (every in-flight slot taken, batches queued ahead of it): records keep
+        joining it, and it goes, as one larger batch, with the first round that finds a slot."""
         quiet = now - self._last_activity_ns > _IDLE_NS
         if quiet and self._silent(now) and not self._route.alive():
             self._reconnect()
+        held = False
         for part in list(self._publishing):
             try:
+                self._collect(part)
                 if part.sealed and not part.recovering:
-                    try:
-                        self._publish_pending(part, 0)
-                    except BackPressureError:
-                        pass
-                if quiet:
-                    self._collect(part)
+                    self._publish_pending(part, 0, caller=False)
+                held = held or (bool(part.sealed) and not part.recovering)
             except ApplianceError:
                 pass  # reported to the caller through the batches (or on its next call)
-        self._expire(now)
         next_wake = -1
-        if self._lingering:
-            next_wake = next(iter(self._lingering)).open.first_append_ns + linger_ns
-        if self._publishing:
-            poll_at = max(now + _ACK_POLL_NS, self._last_activity_ns + _IDLE_NS)
+        for part in list(self._lingering):  # oldest first
+            batch = part.open
+            if now < batch.first_append_ns + linger_ns:
+                next_wake = batch.first_append_ns + linger_ns
+                break
+            try:
+                if not self._can_publish(part):
+                    held = True
+                    continue
+                self._seal(part)
+                self._publish_pending(part, 0, caller=False)
+            except ApplianceError:
+                pass
+        self._expire(now)
+        if self._publishing or held:
+            poll_at = now + (_HELD_POLL_NS if held else _ACK_POLL_NS)
             next_wake = poll_at if next_wake < 0 else min(next_wake, poll_at)
         return next_wake
 

@@ -44,7 +44,7 @@ from storage.errors import (
 
 TOPICS = ("topics.rt.partitions=3", "topics.one.partitions=1", "topics.bulk.partitions=4",
           "topics.acks.partitions=1", "topics.dup.partitions=1", "topics.threads.partitions=2",
-          "topics.raw.partitions=1", "topics.mix.partitions=1")  # fmt: skip
+          "topics.raw.partitions=1", "topics.mix.partitions=1", "topics.race.partitions=1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -406,6 +406,20 @@ def test_linger_publishes_and_callbacks_run_without_further_calls(appliance: App
         producer.close()
 
 
+def test_linger_zero_publishes_on_the_callers_thread(appliance: Appliance) -> None:
+    """linger.ms=0: the record that opens a batch goes into the ring before send() returns (no hand-over to
+    the timer thread), and its callback runs with no further call."""
+    done = threading.Event()
+    producer = make_producer(appliance, linger_ms=0)
+    try:
+        handle = producer.send("one", b"at once", callback=lambda error, meta: done.set())
+        assert "published" in repr(handle) or handle.done(), repr(handle)
+        assert done.wait(10), "the timer thread collected the ack"
+        assert by_offset(appliance, "one", 0)[handle.get(0).offset].value == b"at once"
+    finally:
+        producer.close()
+
+
 def test_threads_share_one_producer(appliance: Appliance) -> None:
     producer = make_producer(appliance, batch_size=8192)
     handles: dict[int, list[Any]] = {}
@@ -438,7 +452,7 @@ def test_value_only_sends_race_sealing_threads_and_lose_nothing(appliance: Appli
 
     def send(thread: int) -> None:
         for i in range(count):
-            producer.send("mix", b"v%d-%05d" % (thread, i))
+            producer.send("race", b"v%d-%05d" % (thread, i))
 
     def flush() -> None:
         while not stop.is_set():
@@ -456,7 +470,7 @@ def test_value_only_sends_race_sealing_threads_and_lose_nothing(appliance: Appli
     finally:
         sys.setswitchinterval(switch_interval)
         producer.close()
-    values = [r.value for r in log_records(appliance, "mix", 0) if r.value and r.value.startswith(b"v")]
+    values = [r.value for r in log_records(appliance, "race", 0) if r.value and r.value.startswith(b"v")]
     assert len(values) == len(set(values)) == 4 * count
     for sender in range(4):  # one partition: each thread's records in the order it sent them
         mine = [v for v in values if v.startswith(b"v%d-" % sender)]
@@ -535,6 +549,32 @@ def _writer_pid(serve: Appliance, topic: str) -> int:
         client.close()
 
 
+def test_records_sent_while_every_slot_is_taken_gather_in_one_batch(small_rings: Appliance) -> None:
+    """While max.in.flight batches await acks the open batch is not sealed when linger.ms runs out: records
+    keep joining it, and once acks free a slot it goes as one batch, without any call from the sender."""
+    writer = _writer_pid(small_rings, "slow")
+    producer = make_producer(small_rings, linger_ms=0, max_in_flight_requests_per_connection=2,
+                             batch_size=60_000)
+    before = len(log_records(small_rings, "slow", 0))
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        handles = [producer.send("slow", b"early-%d" % i) for i in range(2)]  # one batch each, at once
+        time.sleep(0.05)
+        for group in range(2):
+            handles += [producer.send("slow", b"held-%02d" % i) for i in range(group * 20, group * 20 + 20)]
+            time.sleep(0.03)  # the timer thread runs many rounds meanwhile: still one open batch
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    try:
+        records = wait_for_records(small_rings, "slow", 0, before + 42)[before:]
+        assert [r.value for r in records] == [b"early-0", b"early-1"] + [b"held-%02d" % i for i in range(40)]
+        counts = [parse_header(b).records_count for b in small_rings.batches("slow", 0)]
+        assert counts[-3:] == [1, 1, 40], counts
+        assert all(h.get(5).offset == records[0].offset + i for i, h in enumerate(handles))
+    finally:
+        producer.close()
+
+
 @pytest.mark.slow
 def test_a_stopped_writer_means_back_pressure_then_time_outs(small_rings: Appliance) -> None:
     writer = _writer_pid(small_rings, "slow")
@@ -548,7 +588,9 @@ def test_a_stopped_writer_means_back_pressure_then_time_outs(small_rings: Applia
                 started = time.monotonic()
                 accepted.append(producer.send("slow", b"%06d" % i + bytes(500)))
         assert time.monotonic() - started >= 0.29, "blocked for max.block.ms first"
-        assert 50 < len(accepted) < 100_000, "the ring filled"
+        # linger.ms=0: the first records go alone, as soon as sent, until max.in.flight batches await acks;
+        # then they gather in one open batch until it is full, whose publish blocks
+        assert 5 < len(accepted) < 100_000, "max.in.flight batches awaiting acks, one more full"
         with pytest.raises(RequestTimeoutError, match=r"within 0\.2 s"):
             accepted[0].get(timeout=0.2)
         time.sleep(1.6)
