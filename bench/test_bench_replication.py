@@ -123,6 +123,7 @@ class Leader:
     log_bytes: int
     log_end_offset: int
     root: Path
+    session_id: int  # of the appliance's processes (supervisor, broker, writers)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,7 @@ def leader() -> Iterator[Leader]:
     try:
         wait_ready(str(data / ".appliance.sock"), str(data / ".broker.sock"))
         segments = sorted(str(p) for p in (data / f"{TOPIC}-0").glob("*.log"))
-        yield Leader(port, segments, size, end, root)
+        yield Leader(port, segments, size, end, root, process.pid)
     finally:
         stop(process)
         shutil.rmtree(root, ignore_errors=True)
@@ -198,6 +199,24 @@ class CatchUp:
     cpu_seconds: float  # this process (the fetcher's thread and anything it started)
     runnable_seconds: float  # the fetcher's thread waiting for a CPU
     blocked_seconds: float  # the fetcher's thread waiting for something else: the leader's bytes
+    leader_cpu_seconds: float  # the leader appliance's processes (its broker serving the fetches, mostly)
+
+
+def session_cpu_seconds(session_id: int) -> float:
+    """CPU time (user + system) of the live processes of a session, from ``/proc/<pid>/stat``."""
+    ticks = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is fields[0]
+        if int(fields[3]) == session_id:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _thread_schedstat() -> tuple[int, int]:
@@ -219,6 +238,7 @@ def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
                                                         replica_fetch_wait_max_ms=100,
                                                         pipeline_fetches=FETCH_AHEAD))
     try:
+        leader_cpu = session_cpu_seconds(leader.session_id)
         on_cpu, waiting = _thread_schedstat()
         cpu = time.process_time()
         started = time.perf_counter()
@@ -228,6 +248,7 @@ def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
         on_cpu_after, waiting_after = _thread_schedstat()
+        leader_cpu = session_cpu_seconds(leader.session_id) - leader_cpu
         copied = log.size_bytes
     finally:
         fetcher.close()
@@ -235,7 +256,7 @@ def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
     assert copied == leader.log_bytes
     runnable = (waiting_after - waiting) / 1e9
     blocked = max(0.0, elapsed - (on_cpu_after - on_cpu) / 1e9 - runnable)
-    return CatchUp(copied, elapsed, cpu, runnable, blocked)
+    return CatchUp(copied, elapsed, cpu, runnable, blocked, leader_cpu)
 
 
 @pytest.mark.parametrize("fetch_max_bytes", [1 << 20, 8 << 20], ids=["1MiB", "8MiB"])
@@ -262,13 +283,15 @@ def test_follower_catch_up_vs_sendfile(
     write_ratio = statistics.median(c / w for c, w in zip(copies, writes, strict=True))
     copy, limit, write = statistics.median(copies), statistics.median(limits), statistics.median(writes)
     cpu_s_per_gb = statistics.median(r.cpu_seconds / r.copied_bytes * 1e9 for r in rounds)
+    leader_s_per_gb = statistics.median(r.leader_cpu_seconds / r.copied_bytes * 1e9 for r in rounds)
     runnable_share = statistics.median(r.runnable_seconds / r.seconds for r in rounds)
     blocked_share = statistics.median(r.blocked_seconds / r.seconds for r in rounds)
     benchmark.extra_info.update(catch_up_bytes_per_s=copy, sendfile_bytes_per_s=limit, ratio=ratio,
                                 sendfile_and_write_bytes_per_s=write, ratio_to_sendfile_and_write=write_ratio,
                                 target_ratio=CATCH_UP_TARGET, log_bytes=leader.log_bytes,
                                 replica_fetch_max_bytes=fetch_max_bytes, fetch_ahead=FETCH_AHEAD,
-                                follower_cpu_s_per_gb=cpu_s_per_gb, follower_runnable_share=runnable_share,
+                                follower_cpu_s_per_gb=cpu_s_per_gb, leader_cpu_s_per_gb=leader_s_per_gb,
+                                follower_runnable_share=runnable_share,
                                 follower_blocked_share=blocked_share, load_average=os.getloadavg()[0])
     print(f"\nRESULT follower catch-up ({fetch_max_bytes >> 20} MiB fetches): median of {ROUNDS} "
           f"interleaved rounds: {copy / 1e9:.2f} GB/s vs plain loopback sendfile {limit / 1e9:.2f} GB/s, "
@@ -276,6 +299,7 @@ def test_follower_catch_up_vs_sendfile(
           f"vs sendfile + write to a file {write / 1e9:.2f} GB/s, ratio {write_ratio:.2f}; "
           f"{leader.log_bytes / 1e6:.0f} MB per round, CRCs checked, appended to a log in another directory; "
           f"follower CPU {cpu_s_per_gb:.2f} s/GB (its CPU alone allows {1 / cpu_s_per_gb:.2f} GB/s), "
+          f"leader appliance CPU {leader_s_per_gb:.2f} s/GB, "
           f"runnable-not-running {runnable_share:.0%}, waiting for the leader {blocked_share:.0%} of the "
           "time; "
           f"fetch ahead {'on' if FETCH_AHEAD else 'off'}; load average {os.getloadavg()[0]:.2f}")

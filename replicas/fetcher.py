@@ -65,6 +65,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+import crc32c
+import numpy as np
+
 from ipc.kafka import (
     ErrorCode,
     FetchPartition,
@@ -83,6 +86,7 @@ from replicas.leader_connection import DEFAULT_REQUEST_TIMEOUT_MS, FetchInFlight
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
 from storage.batch_header import (
+    ATTRIBUTES_OFFSET,
     BATCH_LENGTH_OFFSET,
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -91,6 +95,7 @@ from storage.batch_header import (
     parse_header,
 )
 from storage.batch_reader import iter_batches
+from storage.batch_scan import END, FULL, TRUNCATED, BatchArrays, walk_batches
 from storage.errors import CorruptRecordError, InvalidRecordError, ProtocolError, RequestTimeoutError
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log
 
@@ -108,6 +113,7 @@ _REFRESH_ERRORS: Final = frozenset({
     ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
 })
 
+_WALK_BATCHES: Final = 1024  # batches per walk_batches call while copying an answer
 LeaderSource = Callable[[], LeaderInfo | None]
 
 _log = logging.getLogger(__name__)
@@ -178,6 +184,8 @@ class PartitionFetcher:
         self._high_watermark = max(log.log_start_offset, min(known, log.log_end_offset))
         self._checkpointed_high_watermark = self._high_watermark
         self._last_checkpoint_ms = self._clock_ms()
+        # walk_batches' output (positions, sizes, base and last offsets, max timestamps, epochs, CRCs)
+        self._walk_arrays = tuple(np.empty(_WALK_BATCHES, dtype=np.int64) for _ in range(7))
 
     # --- what callers read ----------------------------------------------------------------------------------
     @property
@@ -511,12 +519,58 @@ class _Copier:
     def consume(self, records: memoryview, final: bool) -> int:
         if self.problem is not None:
             return 0
+        used = self._consume_walked(records) if len(records) >= HEADER_SIZE else -1
+        if used == len(records) or self.problem is not None:
+            return used
+        return self._consume_checked(records, final, max(used, 0))  # from the first batch not walked
+
+    def _consume_walked(self, records: memoryview) -> int:
+        """The plain case in few Python steps: whole batches from our log end on, walked by one kernel call
+        (``walk_batches``: magic, lengths, counts, offsets moving forward from our log end), their CRCs
+        checked in one loop, appended with one ``Log.append_walked_as_follower``.  Returns the bytes used
+        (whole batches; a partial batch or a refused one at the end is left for :meth:`_consume_checked`,
+        which says why), or -1 with nothing appended when the answer is not plain from its first batch on
+        (batches we hold, a gap, a bad CRC...): then :meth:`_consume_checked` takes the whole piece."""
+        log = self.fetcher.log
+        arrays = self.fetcher._walk_arrays
+        array = np.frombuffer(records, dtype=np.uint8)
+        size = len(array)
+        used = 0
+        while True:
+            fetch_offset = self.fetch_offset
+            if fetch_offset != log.log_end_offset:
+                return used if used else -1
+            count, stop, code = walk_batches(array, used, size, fetch_offset, fetch_offset, *arrays)
+            if count == 0 or (code != END and code != FULL and code != TRUNCATED):
+                return used if used else -1
+            positions = arrays[0][:count]
+            sizes = arrays[1][:count]
+            if _crc_mismatch(records, positions.tolist(), sizes.tolist(), arrays[6][:count].tolist()):
+                return used if used else -1
+            batches = BatchArrays(positions - used if used else positions, sizes, arrays[2][:count],
+                                  arrays[3][:count], arrays[4][:count], arrays[5][:count], arrays[6][:count])
+            try:
+                info = log.append_walked_as_follower(records[used:stop], batches)
+            except InvalidRecordError as error:
+                self.problem = (f"{error}; truncating again", True)
+                return used
+            self.appended_bytes += stop - used
+            self.fetch_offset = info.last_offset + 1
+            used = stop
+            if self.fetcher._on_log_end_offset is not None:
+                self.fetcher._on_log_end_offset(self.fetch_offset)
+            if code != FULL or used == size:
+                return used
+
+    def _consume_checked(self, records: memoryview, final: bool, first: int = 0) -> int:
+        """Batch by batch from position ``first`` (a header tuple per batch, one ``check_batch`` each):
+        every case, said why when it is not the plain one."""
         log = self.fetcher.log
         start = end = -1
-        used = 0
+        used = first
         headers = []
         try:
-            for position, header in _whole_batches(records, self.where):
+            for position, header in _whole_batches(records, self.where, first):
                 if header.base_offset + header.last_offset_delta < self.fetch_offset:
                     used = position + header.batch_length + LOG_OVERHEAD
                     continue  # a batch we already hold
@@ -569,12 +623,12 @@ class _FetchAhead(NamedTuple):
     sent: FetchInFlight
 
 
-def _whole_batches(records: memoryview, where: str) -> Iterator[tuple[int, BatchHeader]]:
+def _whole_batches(records: memoryview, where: str, position: int = 0) -> Iterator[tuple[int, BatchHeader]]:
     """``(position, header)`` of each whole batch in ``records``, magic, length and CRC checked: the hot path
     is ``check_batch`` (one unpack, one CRC call, no exception); at a batch it refuses, ``iter_batches``
     takes over, which raises :class:`CorruptRecordError` saying why, or stops quietly at a partial batch
     at the end (a Fetch answer may end in one)."""
-    position, size = 0, len(records)
+    size = len(records)
     while position < size:
         header = check_batch(records, position, whole=False)
         if isinstance(header, int):
@@ -582,6 +636,15 @@ def _whole_batches(records: memoryview, where: str) -> Iterator[tuple[int, Batch
             return
         yield position, header
         position += header.batch_length + LOG_OVERHEAD
+
+
+def _crc_mismatch(records: memoryview, positions: list[int], sizes: list[int], stored: list[int]) -> bool:
+    """Whether any batch's stored CRC-32C differs from the one computed over its bytes."""
+    checksum = crc32c.crc32c
+    for position, size, crc in zip(positions, sizes, stored, strict=True):
+        if checksum(records[position + ATTRIBUTES_OFFSET:position + size]) != crc:
+            return True
+    return False
 
 
 def _next_offset_after(records: memoryview, offset: int) -> int:

@@ -262,7 +262,8 @@ class IndexFile:
         if count <= 0:
             return
         at = self.entries * self.entry.size
-        self._populate(at)
+        if at + count * self.entry.size > self._populated:  # as append: fault ahead once per chunk
+            self._populate(at)
         self._array[at : at + count * self.entry.size] = np.frombuffer(data, dtype=np.uint8,
                                                                        count=count * self.entry.size)
         self.entries += count

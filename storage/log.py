@@ -57,17 +57,21 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Final, NamedTuple
 
+import numpy as np
+
 from storage.batch_header import (
     BASE_OFFSET_OFFSET,
     BATCH_HEADER,
     BATCH_LENGTH_OFFSET,
     LOG_OVERHEAD,
     PARTITION_LEADER_EPOCH_OFFSET,
+    RECORDS_COUNT_OFFSET,
     BatchHeader,
     check_batch,
     stamp,
     validate_batch,
 )
+from storage.batch_scan import BatchArrays
 from storage.checkpoints import (
     LeaderEpochCache,
     fsync_directory,
@@ -134,6 +138,10 @@ _STAMP_RUN: Final = struct.Struct(BATCH_HEADER.format[:4])
 assert BatchHeader._fields[:3] == ("base_offset", "batch_length", "partition_leader_epoch")
 assert (BASE_OFFSET_OFFSET, BATCH_LENGTH_OFFSET, _STAMP_RUN.size) == (0, 8, PARTITION_LEADER_EPOCH_OFFSET + 4)
 _pack_stamp = _STAMP_RUN.pack_into
+_RECORDS_COUNT_BYTES: Final = np.arange(RECORDS_COUNT_OFFSET, RECORDS_COUNT_OFFSET + 4)  # recordsCount
+_BIG_INT32: Final = np.dtype(">i4")
+_unpack_records_count = struct.Struct(">i").unpack_from  # at RECORDS_COUNT_OFFSET
+_PLANNED_APPEND_BATCHES: Final = 64  # append_walked_as_follower: from this many batches on, one kernel call
 _time_ns = time.time_ns
 
 _log = logging.getLogger(__name__)
@@ -538,6 +546,84 @@ class Log:
             if epoch >= 0 and epoch != self._epochs.latest_epoch:
                 self._epochs.assign(epoch, header.base_offset)
         return self._write((view,), position, batches, records)
+
+    def append_walked_as_follower(self, buf: bytes | bytearray | memoryview,
+                                  batches: BatchArrays) -> AppendInfo:
+        """:meth:`append_as_follower` for batches described by arrays instead of headers: the lean path of a
+        follower copying many batches at once (no Python per batch: one kernel plans the index entries).
+
+        ``batches``: what ``storage.batch_scan.walk_batches(np.frombuffer(buf, np.uint8), 0, len(buf),
+        s, self.log_end_offset, ...)`` returned for these very bytes (any ``s``), at least one row, the first
+        at position 0, the last ending at ``len(buf)`` -- so offsets move forward from the log end -- with
+        every stored CRC checked by the caller.  **The log trusts them** beyond the first base offset and
+        the total length, which it checks (:class:`InvalidRecordError`; then nothing was appended).  Same
+        effects as :meth:`append_as_follower`: epochs recorded, rolls, indexes, flushes.
+        """
+        self._check_writable()
+        view = _byte_view(buf)
+        count = len(batches.positions)
+        if count == 0 or batches.positions[0] != 0 or int(batches.positions[-1] + batches.sizes[-1]) != len(
+                view):
+            raise InvalidRecordError(f"{self._where}: follower append: the walked batches do not cover the "
+                                     f"buffer of {len(view)} bytes ({count} batches)")
+        expected = self.log_end_offset
+        first_base = int(batches.base_offsets[0])
+        if first_base != expected:
+            raise InvalidRecordError(
+                f"partition {self.name}: follower append: the first record batch has base offset "
+                f"{first_base}, expected the log end offset {expected}"
+            )
+        epochs = batches.epochs
+        first_epoch = int(epochs[0])
+        if (first_epoch != self._epochs.latest_epoch and first_epoch >= 0) or (
+                count > 1 and not (epochs == first_epoch).all()):
+            for epoch, base in zip(epochs.tolist(), batches.base_offsets.tolist(), strict=True):
+                if epoch >= 0 and epoch != self._epochs.latest_epoch:
+                    self._epochs.assign(epoch, base)
+        if count < _PLANNED_APPEND_BATCHES:  # a few batches: Python per batch costs less than numpy per call
+            positions = batches.positions.tolist()
+            records = sum(_unpack_records_count(view, position + RECORDS_COUNT_OFFSET)[0]
+                          for position in positions)
+            rows = list(zip(batches.base_offsets.tolist(), batches.last_offsets.tolist(),
+                            batches.sizes.tolist(), batches.max_timestamps.tolist(), strict=True))
+            return self._write((view,), len(view), rows, records)
+        return self._write_planned(view, batches, records=int(
+            np.frombuffer(view, dtype=np.uint8)[batches.positions[:, None] + _RECORDS_COUNT_BYTES]
+            .view(_BIG_INT32).sum()))
+
+    def _write_planned(self, view: memoryview, batches: BatchArrays, *, records: int) -> AppendInfo:
+        """:meth:`_write` for many batches given as arrays: the index entries planned by one kernel call
+        (``LogSegment.append_walked``) where everything fits the active segment."""
+        positions, sizes, base_offsets, last_offsets, max_timestamps, _, _ = batches
+        count = len(positions)
+        now_ms = _time_ns() // 1_000_000
+        config = self.config
+        segment = self._segments[-1]
+        top = int(max_timestamps.argmax())
+        max_timestamp = int(max_timestamps[top])
+        first, last = int(base_offsets[0]), int(last_offsets[-1])
+        offset_of_max = int(last_offsets[top]) if max_timestamp > -1 else first - 1
+        max_timestamp = max(max_timestamp, -1)
+        size_bytes = len(view)
+        size = segment.size_bytes
+        rolling = segment.rolling_timestamp
+        if not (  # as _write: everything fits the active segment, which has aged less than segment.ms
+            0 < size <= config.segment_bytes - size_bytes
+            and last - segment.base_offset <= INT32_MAX
+            and segment.index_room() >= count
+            and (max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms)
+            <= config.segment_ms
+        ):
+            rows = list(zip(base_offsets.tolist(), last_offsets.tolist(), sizes.tolist(),
+                            max_timestamps.tolist(), strict=True))
+            return self._write((view,), size_bytes, rows, records)
+        position = segment.append_walked((view,), size_bytes, positions, sizes, last_offsets, max_timestamps)
+        self._unflushed_records += records
+        if self._unflushed_records >= self._flush_messages or (
+                self._flush_timed and time.monotonic() >= self._flush_due_s):
+            self.flush()
+        return _new_tuple(AppendInfo, (first, last, now_ms, max_timestamp, offset_of_max, count, records,
+                                       position, segment.base_offset, size_bytes))
 
     def _validate(self, view: memoryview, max_batch_bytes: int | None = None, *,
                   first: BatchHeader | int | None = None) -> list[BatchHeader]:

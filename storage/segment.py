@@ -46,7 +46,7 @@ from typing import Final, NamedTuple, TypeAlias
 import numpy as np
 
 from storage.batch_header import BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader
-from storage.batch_scan import SegmentScan, describe, scan_segment
+from storage.batch_scan import SegmentScan, describe, plan_index_entries, scan_segment
 from storage.errors import CorruptRecordError
 from storage.index_file import IndexFile
 from storage.log_config import INT32_MAX, LogConfig
@@ -588,6 +588,38 @@ class LogSegment:
         self.bytes_since_last_index_entry = since
         self.size_bytes = position
         self.next_offset = batches[-1][1] + 1
+        self.refresh_append_budget()
+        return start
+
+    def append_walked(self, parts: Sequence[BatchBuffer], size_bytes: int, positions: np.ndarray,
+                      sizes: np.ndarray, last_offsets: np.ndarray, max_timestamps: np.ndarray) -> int:
+        """:meth:`append_parts` for many batches described by arrays (``storage.batch_scan.walk_batches``'
+        output: int64, one row per batch, ``positions`` relative to the first batch); the index entries come
+        from one ``plan_index_entries`` call (the same rule, no Python per batch).  Returns the position
+        written at."""
+        count = len(positions)
+        start = self.size_bytes
+        if start + size_bytes > self._reserved_end and self._preallocate:
+            self._reserve_ahead(start + size_bytes)
+        write_fully(self.append_fd, parts, size_bytes)
+        time_index = self.time_index
+        state = np.array([self.bytes_since_last_index_entry, self.max_timestamp, self.offset_of_max_timestamp,
+                          time_index.last_timestamp], dtype=np.int64)
+        out = np.empty((4, count), dtype=np.int64)
+        n_index, n_time = plan_index_entries(positions + start if start else positions, sizes, last_offsets,
+                                             max_timestamps, count, self.base_offset,
+                                             self.config.index_interval_bytes, state, out[0], out[1], out[2],
+                                             out[3])
+        if n_index:
+            self.offset_index.append_many(out[0, :n_index], out[1, :n_index])
+        if n_time:
+            time_index.append_many(out[2, :n_time], out[3, :n_time])
+        if start == 0:
+            self.rolling_timestamp = int(max_timestamps[0])
+        since, self.max_timestamp, self.offset_of_max_timestamp, _ = state.tolist()
+        self.bytes_since_last_index_entry = since
+        self.size_bytes = start + size_bytes
+        self.next_offset = int(last_offsets[-1]) + 1
         self.refresh_append_budget()
         return start
 
