@@ -5,7 +5,8 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_replication.py --benchmark-en
 * ``test_follower_catch_up_vs_sendfile``: the leader is a real ``appliance serve`` (its own process tree;
   the topic has replication factor 2, so its broker serves the follower as replica-state owner) whose
   partition log was written beforehand (``REPLICATION_BENCH_MB``, default 256 MB of 100-byte records in
-  batches of 500).  The follower is a :class:`replicas.fetcher.PartitionFetcher` -- the code ``appliance
+  batches of ``REPLICATION_BENCH_RECORDS_PER_BATCH``, default 500: ~55 KB; 150 makes ~16 KB, Kafka's default
+  ``batch.size``).  The follower is a :class:`replicas.fetcher.PartitionFetcher` -- the code ``appliance
   replica`` runs per partition -- in this process, over loopback TCP, into an empty log in another
   directory: Fetch with its replica id from its log end offset, the leader answers with ``sendfile`` from the
   segment files, every batch's CRC is checked, the batches are appended unchanged.  Bytes/s of log copied,
@@ -18,8 +19,9 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_replication.py --benchmark-en
   Beside the rates, where the follower's time went (CPU figures hold up on a busy machine where rates do
   not): its CPU time per GB copied, and per round the share of the wall time its thread was runnable but
   not running (``/proc/self/task/<tid>/schedstat``: the machine was busy) or blocked (waiting for the
-  leader).  ``REPLICATION_BENCH_FETCH_AHEAD=0`` turns fetching ahead off (``FetcherConfig.pipeline_fetches``)
-  to measure one Fetch at a time.
+  leader).  And the CPU time per GB of the leader appliance's processes (its broker serving the fetches,
+  mostly; plain ``sendfile`` costs its sender ~0.2 s/GB).  ``REPLICATION_BENCH_FETCH_AHEAD=0`` turns
+  fetching ahead off (``FetcherConfig.pipeline_fetches``) to measure one Fetch at a time.
 * ``test_acks_all_vs_acks_1``: ``appliance serve`` with two replicas on other directories
   (``appliance.replica.dirs``, each its own process following the broker's Unix listener), a topic of
   replication factor 3 with ``min.insync.replicas`` 2; a local ``appliance.Producer`` sends
@@ -66,7 +68,7 @@ REPO = Path(__file__).resolve().parent.parent
 MB = int(os.environ.get("REPLICATION_BENCH_MB", "256"))
 RECORDS = int(os.environ.get("REPLICATION_BENCH_RECORDS", "1000000"))
 FETCH_AHEAD = os.environ.get("REPLICATION_BENCH_FETCH_AHEAD", "1") != "0"
-RECORDS_PER_BATCH = 500
+RECORDS_PER_BATCH = int(os.environ.get("REPLICATION_BENCH_RECORDS_PER_BATCH", "500"))  # 500: ~55 KB batches
 VALUE_BYTES = 100
 TOPIC = "bench"
 CATCH_UP_TARGET = 0.7
