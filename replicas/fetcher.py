@@ -17,11 +17,13 @@ Two phases::
 * **Fetching**: Fetch with ``replica_id`` = our broker id, ``fetch_offset`` = our log end offset and
   ``current_leader_epoch`` = the epoch we believe in (a leader in another epoch fences us).  The leader
   long-polls (``max_wait_ms``) when we are caught up.  The response's records are walked batch by batch
-  (``storage.batch_reader.iter_batches``: magic, length, CRC; a partial batch at the end is normal and left
-  for the next fetch) and appended unchanged with ``Log.append_as_follower``: the leader's offsets, epochs
-  and bytes.  A bad batch appends nothing of the response and is fetched again after a back-off.
-  Our high watermark becomes ``max(ours, min(leader's, our log end))``: it never goes backwards except when
-  a truncation cuts below it.
+  (``storage.batch_header.check_batch``, then ``storage.batch_reader.iter_batches`` where one is refused:
+  magic, length, CRC; a partial batch at the end is normal and left for the next fetch) and appended
+  unchanged with ``Log.append_as_follower``: the leader's offsets, epochs and bytes.  A piece of 100 or more
+  small batches is walked by one ``storage.batch_scan.walk_batches`` call instead, its CRCs checked in one
+  loop, and appended with ``Log.append_walked_as_follower`` (see ``_Copier``).  A bad batch appends nothing of
+  the response and is fetched again after a back-off. Our high watermark becomes ``max(ours, min(leader's, our
+  log end))``: it never goes backwards except when a truncation cuts below it.
 
 **Fetching ahead** (``pipeline_fetches``).  While catching up, the leader would sit idle while we check and
 append the tail of each answer, and we would wait for its next answer after that.  So once an answer has
@@ -504,9 +506,11 @@ class _Copier:
 
     Each piece: its batches are walked (magic, length, CRC: :func:`_whole_batches`), those we already hold are
     skipped, the rest appended unchanged with one ``Log.append_as_follower`` (the headers just checked are
-    not checked again).  A corrupt batch stops the copy: the whole batches before it are appended (they are
-    the leader's, at their offsets), nothing from it on; a batch across our log end (the logs diverged)
-    stops it too.  ``problem`` says why (and whether to truncate first); the answer is fetched again.
+    not checked again).  A piece of many small batches that starts at our log end takes the lean path
+    first (:meth:`_consume_walked`); whatever it leaves goes the batch-by-batch way, which says why.  A
+    corrupt batch stops the copy: the whole batches before it are appended (they are the leader's, at their
+    offsets), nothing from it on; a batch across our log end (the logs diverged) stops it too.  ``problem``
+    says why (and whether to truncate first); the answer is fetched again.
     """
 
     def __init__(self, fetcher: PartitionFetcher, where: str, fetch_offset: int) -> None:

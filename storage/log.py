@@ -29,11 +29,12 @@ nothing is recomputed and a writable buffer is never copied), and the bytes go t
 one ``os.write`` per segment touched.  The active segment rolls before a batch when it would pass
 ``segment.bytes``, when ``segment.ms`` has passed since its first batch's timestamp, when an index is full,
 or when the batch's offsets do not fit its int32 relative offsets.  Replicas use
-:meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs.  The common append (one batch,
-in the epoch already recorded, no roll rule near) takes a hot path: the active segment keeps an *append
-budget*, one limit per roll rule, and ``LogSegment.append_batch`` writes within it or returns ``NEEDS_ROLL``
-having written nothing, and the general path decides.  With ``preallocate`` (the default) the active
-segment's blocks are reserved ahead of the appends without changing its size (``storage.segment``).
+:meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for batches a
+follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).  The common
+append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the active segment
+keeps an *append budget*, one limit per roll rule, and ``LogSegment.append_batch`` writes within it or returns
+``NEEDS_ROLL`` having written nothing, and the general path decides.  With ``preallocate`` (the default) the
+active segment's blocks are reserved ahead of the appends without changing its size (``storage.segment``).
 
 **Durability.**  Appends stay in the page cache.  ``flush.messages``/``flush.ms`` (default: never) fsync
 the log; a rolled segment is fsynced in a background thread; :meth:`Log.close` fsyncs everything.  After
@@ -550,7 +551,8 @@ class Log:
     def append_walked_as_follower(self, buf: bytes | bytearray | memoryview,
                                   batches: BatchArrays) -> AppendInfo:
         """:meth:`append_as_follower` for batches described by arrays instead of headers: the lean path of a
-        follower copying many batches at once (no Python per batch: one kernel plans the index entries).
+        follower copying many small batches at once (no header tuples; from 64 batches on no Python per
+        batch at all: one ``plan_index_entries`` call gives the index entries, ``LogSegment.append_walked``).
 
         ``batches``: what ``storage.batch_scan.walk_batches(np.frombuffer(buf, np.uint8), 0, len(buf),
         s, self.log_end_offset, ...)`` returned for these very bytes (any ``s``), at least one row, the first
