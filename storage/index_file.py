@@ -28,7 +28,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Final
+from typing import ClassVar, Final, Self
 
 import numba
 import numpy as np
@@ -36,6 +36,7 @@ import numpy as np
 __all__ = [
     "NOT_FOUND",
     "IndexFile",
+    "SegmentIndex",
     "count_used_entries",
     "index_search",
     "index_search_many",
@@ -326,3 +327,51 @@ def _replace_file(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+class SegmentIndex:
+    """What a segment's offset index and time index share: one :class:`IndexFile` of ``ENTRY``-sized
+    entries, the segment's base offset, and how they are opened, counted and closed.  The subclasses hold
+    what differs: the entry's meaning, lookups and sanity rules."""
+
+    __slots__ = ("base_offset", "file")
+    ENTRY: ClassVar[struct.Struct]
+
+    def __init__(self, file: IndexFile, base_offset: int) -> None:
+        self.file = file
+        self.base_offset = base_offset
+
+    @classmethod
+    def open_active(cls, path: str, base_offset: int, *, max_bytes: int, entries: int = 0) -> Self:
+        """The active segment's index, mapped read-write at ``max_bytes`` (the writer's)."""
+        return cls(IndexFile.open_active(path, cls.ENTRY, max_bytes=max_bytes, entries=entries), base_offset)
+
+    @classmethod
+    def open_closed(cls, path: str, base_offset: int) -> Self:
+        """A closed segment's index, mapped read-only (the writer's)."""
+        return cls(IndexFile.open_closed(path, cls.ENTRY), base_offset)
+
+    @classmethod
+    def open_view(cls, path: str, base_offset: int) -> Self:
+        """A reader's view of any segment's index (entries counted on demand)."""
+        return cls(IndexFile.open_view(path, cls.ENTRY), base_offset)
+
+    @classmethod
+    def _write_closed(cls, path: str, base_offset: int, encoded: bytes) -> Self:
+        return cls(IndexFile.write_closed(path, cls.ENTRY, encoded), base_offset)
+
+    @property
+    def entries(self) -> int:
+        return self.file.used_entries()
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def trim(self) -> None:
+        self.file.trim()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def delete(self) -> None:
+        self.file.delete()

@@ -28,7 +28,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from storage.index_file import NOT_FOUND, IndexFile, index_search, index_search_many
+from storage.index_file import NOT_FOUND, SegmentIndex, index_search, index_search_many
 
 __all__ = ["OFFSET_INDEX_DTYPE", "OFFSET_INDEX_ENTRY", "IndexEntry", "OffsetIndex"]
 
@@ -46,37 +46,16 @@ class IndexEntry(NamedTuple):
     position: int
 
 
-class OffsetIndex:
+class OffsetIndex(SegmentIndex):
     """One segment's ``.index``: append (writer), lookup by offset or position, sanity check."""
 
-    __slots__ = ("base_offset", "file")
-
-    def __init__(self, file: IndexFile, base_offset: int) -> None:
-        self.file = file
-        self.base_offset = base_offset
-
-    @classmethod
-    def open_active(cls, path: str, base_offset: int, *, max_bytes: int, entries: int = 0) -> OffsetIndex:
-        return cls(IndexFile.open_active(path, OFFSET_INDEX_ENTRY, max_bytes=max_bytes, entries=entries),
-                   base_offset)
-
-    @classmethod
-    def open_closed(cls, path: str, base_offset: int) -> OffsetIndex:
-        return cls(IndexFile.open_closed(path, OFFSET_INDEX_ENTRY), base_offset)
-
-    @classmethod
-    def open_view(cls, path: str, base_offset: int) -> OffsetIndex:
-        return cls(IndexFile.open_view(path, OFFSET_INDEX_ENTRY), base_offset)
+    __slots__ = ()
+    ENTRY = OFFSET_INDEX_ENTRY
 
     @classmethod
     def write_closed(cls, path: str, base_offset: int, relative_offsets: np.ndarray,
                      positions: np.ndarray) -> OffsetIndex:
-        return cls(IndexFile.write_closed(path, OFFSET_INDEX_ENTRY, encode(relative_offsets, positions)),
-                   base_offset)
-
-    @property
-    def entries(self) -> int:
-        return self.file.used_entries()
+        return cls._write_closed(path, base_offset, encode(relative_offsets, positions))
 
     def is_full(self) -> bool:
         return self.file.is_full()
@@ -150,18 +129,6 @@ class OffsetIndex:
         if next_offset_limit is not None and self.base_offset + int(relative[-1]) >= next_offset_limit:
             return f"last offset {self.base_offset + int(relative[-1])} is not below {next_offset_limit}"
         return None
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def trim(self) -> None:
-        self.file.trim()
-
-    def close(self) -> None:
-        self.file.close()
-
-    def delete(self) -> None:
-        self.file.delete()
 
 
 def encode(relative_offsets: np.ndarray, positions: np.ndarray) -> bytes:

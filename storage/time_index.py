@@ -29,7 +29,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from storage.index_file import NOT_FOUND, IndexFile, index_search
+from storage.index_file import NOT_FOUND, IndexFile, SegmentIndex, index_search
 
 __all__ = ["NO_TIMESTAMP", "TIME_INDEX_DTYPE", "TIME_INDEX_ENTRY", "TimeIndex", "TimestampOffset"]
 
@@ -48,40 +48,22 @@ class TimestampOffset(NamedTuple):
     offset: int  # absolute
 
 
-class TimeIndex:
+class TimeIndex(SegmentIndex):
     """One segment's ``.timeindex``: maybe_append (writer), lookup by timestamp, sanity check."""
 
-    __slots__ = ("base_offset", "file", "last_timestamp")
+    __slots__ = ("last_timestamp",)
+    ENTRY = TIME_INDEX_ENTRY
 
     def __init__(self, file: IndexFile, base_offset: int) -> None:
-        self.file = file
-        self.base_offset = base_offset
+        super().__init__(file, base_offset)
         self.last_timestamp = NO_TIMESTAMP  # of the last entry; maintained by the writer
         if file.entries > 0:
             self.last_timestamp = file.entry_at(file.entries - 1)[0]
 
     @classmethod
-    def open_active(cls, path: str, base_offset: int, *, max_bytes: int, entries: int = 0) -> TimeIndex:
-        return cls(IndexFile.open_active(path, TIME_INDEX_ENTRY, max_bytes=max_bytes, entries=entries),
-                   base_offset)
-
-    @classmethod
-    def open_closed(cls, path: str, base_offset: int) -> TimeIndex:
-        return cls(IndexFile.open_closed(path, TIME_INDEX_ENTRY), base_offset)
-
-    @classmethod
-    def open_view(cls, path: str, base_offset: int) -> TimeIndex:
-        return cls(IndexFile.open_view(path, TIME_INDEX_ENTRY), base_offset)
-
-    @classmethod
     def write_closed(cls, path: str, base_offset: int, timestamps: np.ndarray,
                      relative_offsets: np.ndarray) -> TimeIndex:
-        return cls(IndexFile.write_closed(path, TIME_INDEX_ENTRY, encode(timestamps, relative_offsets)),
-                   base_offset)
-
-    @property
-    def entries(self) -> int:
-        return self.file.used_entries()
+        return cls._write_closed(path, base_offset, encode(timestamps, relative_offsets))
 
     def is_full(self) -> bool:
         """Full when only the slot reserved for the entry written at roll/close is left."""
@@ -147,18 +129,6 @@ class TimeIndex:
         if next_offset_limit is not None and self.base_offset + int(relative[-1]) >= next_offset_limit:
             return f"last offset {self.base_offset + int(relative[-1])} is not below {next_offset_limit}"
         return None
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def trim(self) -> None:
-        self.file.trim()
-
-    def close(self) -> None:
-        self.file.close()
-
-    def delete(self) -> None:
-        self.file.delete()
 
 
 def encode(timestamps: np.ndarray, relative_offsets: np.ndarray) -> bytes:
