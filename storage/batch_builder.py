@@ -15,13 +15,10 @@ position (the producer's shared-memory ring): :func:`build_into` returns the byt
 :data:`NO_SPACE` (negative, nothing written) when it would not fit.  With compression the records are encoded
 into a scratch buffer, compressed, and then copied in; :func:`max_encoded_size` bounds the result.
 
-**Value lists.**  The producer's per-record path gathers values in a plain Python list of ``bytes``.
-Packing such a list into a column first (``b"".join`` and one ``len`` per record) costs ~35 ns per 100-byte
-record and, for large values, a second full copy through freshly allocated memory.  So :func:`build_into`
-and :func:`build` also take the list itself (value-only records: null keys, no headers, the batch's
-timestamp): two more kernels, ``_list_records_size`` and ``_encode_list``, read each value where CPython
-keeps it (the object layout is declared and checked below), and every value is copied exactly once, into
-the batch.
+**Value lists.**  :func:`build_into` and :func:`build` also take a plain Python list of ``bytes`` (or None)
+values, the producer's per-record path: value-only records (null keys, no headers, the batch's timestamp)
+read where CPython keeps them by the kernels of ``storage.value_lists``, every value copied exactly once,
+into the batch.
 
 Each record, as Kafka's DefaultRecord lays it out (all integers zig-zag varints, see ``storage.varint``)::
 
@@ -39,17 +36,13 @@ Each record, as Kafka's DefaultRecord lays it out (all integers zig-zag varints,
 
 from __future__ import annotations
 
-import ctypes
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import intrinsic, overload
 
 from storage.batch_header import (
     BATCH_HEADER,
@@ -67,6 +60,8 @@ from storage.batch_header import (
     write_crc,
 )
 from storage.compression import SUPPORTED_CODECS, codec_name, compress, compress_bound
+from storage.record_encoding import MAX_INT32, OK, RECORD_ATTRIBUTES, TOO_LONG, copy_bytes
+from storage.value_lists import VALUE_LISTS_IN_PLACE, encode_value_list, value_list_records_size
 from storage.varint import size_of_varint, write_varint
 
 __all__ = [
@@ -86,18 +81,13 @@ __all__ = [
 ]
 
 NO_SPACE = -1  # build_into: the batch does not fit between position and the end of the buffer
-RECORD_ATTRIBUTES = 0  # the per-record attributes byte; Kafka defines no bits in it
 
-_MAX_INT32 = (1 << 31) - 1
 _TIMESTAMP_LIMIT = 1 << 62  # |timestamp| bound so deltas cannot overflow int64
 
-# Named negative codes of _records_size (caller's columns are inconsistent).
-_OK = 0
+# Named negative codes of _records_size (caller's columns are inconsistent), besides TOO_LONG.
 _BAD_OFFSETS = -2  # offsets decrease, start below 0 or end past the data
-_TOO_LONG = -3  # one byte string longer than an int32 length can say
 _BAD_HEADER_INDEX = -4  # header offsets decrease or point past the header columns
 _BAD_TIMESTAMP = -5  # a timestamp outside +-2**62 ms
-_NOT_BYTES = -6  # a value list item that is neither exactly bytes nor None
 _COLUMN_NAMES = ("keys", "values", "header keys", "header values", "header offsets", "timestamps")
 
 
@@ -184,7 +174,7 @@ def _check_column(data_len: int, offsets: np.ndarray) -> int:
         return 0
     for i in range(offsets.size - 1):
         length = offsets[i + 1] - offsets[i]
-        if length < 0 or length > _MAX_INT32:
+        if length < 0 or length > MAX_INT32:
             return i + 1
     if offsets[offsets.size - 1] > data_len:
         return offsets.size - 1
@@ -276,22 +266,10 @@ def _records_size(
                     body += size_of_varint(length) + length
         else:
             body += 1
-        if body > _MAX_INT32:
-            return i, 0, _TOO_LONG, 1
+        if body > MAX_INT32:
+            return i, 0, TOO_LONG, 1
         total += size_of_varint(body) + body
-    return total, max_delta, _OK, -1
-
-
-@numba.njit(cache=True, inline="always")
-def _copy(out: np.ndarray, position: int, data: np.ndarray, start: int, end: int) -> int:
-    """Copy ``data[start:end]`` to ``out[position:]``; return the position after it.
-
-    A plain loop with unsigned indexes: numba skips the negative-index wraparound test for them, so LLVM
-    vectorizes the copy (slice assignment, or signed indexes, run 10-15x slower on 100-byte records).
-    """
-    for k in range(end - start):
-        out[np.uint64(position + k)] = data[np.uint64(start + k)]
-    return position + end - start
+    return total, max_delta, OK, -1
 
 
 @numba.njit(cache=True)
@@ -346,185 +324,24 @@ def _encode_records(
         position = write_varint(out, position, i)
         position = write_varint(out, position, key_length)
         if not key_null:
-            position = _copy(out, position, key_data, key_offsets[i], key_offsets[i + 1])
+            position = copy_bytes(out, position, key_data, key_offsets[i], key_offsets[i + 1])
         position = write_varint(out, position, value_length)
         if not value_null:
-            position = _copy(out, position, value_data, value_offsets[i], value_offsets[i + 1])
+            position = copy_bytes(out, position, value_data, value_offsets[i], value_offsets[i + 1])
         position = write_varint(out, position, last - first)
         for h in range(first, last):
             start = header_key_offsets[h]
             end = header_key_offsets[h + 1]
             position = write_varint(out, position, end - start)
-            position = _copy(out, position, header_key_data, start, end)
+            position = copy_bytes(out, position, header_key_data, start, end)
             if has_header_value_nulls and header_value_nulls[h]:
                 position = write_varint(out, position, -1)
             else:
                 start = header_value_offsets[h]
                 end = header_value_offsets[h + 1]
                 position = write_varint(out, position, end - start)
-                position = _copy(out, position, header_value_data, start, end)
+                position = copy_bytes(out, position, header_value_data, start, end)
     return position
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Value lists: records read where CPython keeps them.
-#
-# ``id(obj)`` is the object's address in CPython.  The two objects the kernels read, on a 64-bit build::
-#
-#     PyListObject (the values)                    PyBytesObject (one value)
-#     +0   ob_refcnt   int64                       +0   ob_refcnt   int64
-#     +8   ob_type     pointer                     +8   ob_type     pointer: id(bytes), checked per item
-#     +16  ob_size     int64: items                +16  ob_size     int64: length in bytes
-#     +24  ob_item     pointer to ob_size          +24  ob_shash    int64: cached hash
-#                      item pointers               +32  ob_sval     the bytes
-#     +32  allocated   int64
-#
-# The offsets are derived from the interpreter's own sizes (the object header ends where ``ob_size``
-# begins; ``ob_item`` follows the variable-size header; ``bytes.__basicsize__`` counts the one byte of
-# ``ob_sval`` it declares) and checked against real objects at import.  Where anything disagrees (another
-# interpreter or build), :data:`VALUE_LISTS_IN_PLACE` is False and a list is packed into a ByteColumn first.
-# Why the reads are safe: the caller's list keeps every item alive and unmoved (CPython never moves an
-# object); the kernels run holding the GIL, so no thread changes the list meanwhile; an item's type pointer
-# is checked to be exactly ``bytes`` (or the item to be None) before any other field of it is read.
-
-_TYPE_OFFSET = object.__basicsize__ - ctypes.sizeof(ctypes.c_void_p)  # ob_type ends the object header
-_SIZE_OFFSET = object.__basicsize__  # ob_size follows the object header
-_LIST_ITEMS_OFFSET = tuple.__basicsize__  # a tuple is the variable-size header and its inline items
-_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # ob_sval: the basic size counts its first byte
-# The addresses of ``bytes`` and ``None`` change from process to process (they live in the interpreter's
-# image): the kernels take them as arguments, never as globals frozen into their on-disk cache.
-
-
-@intrinsic
-def _int64_pointer(typingctx: Any, address: Any) -> Any:
-    sig = types.CPointer(types.int64)(types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-@intrinsic
-def _uint8_pointer(typingctx: Any, address: Any) -> Any:
-    sig = types.CPointer(types.uint8)(types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-def _int64_at(address: int) -> int:
-    """The int64 stored at ``address`` (a compiled load in a kernel; ctypes in the ``py_func`` twins)."""
-    return int(ctypes.c_int64.from_address(address).value)
-
-
-def _bytes_at(address: int, size: int) -> np.ndarray:
-    """``size`` (> 0) bytes at ``address`` as a uint8 array viewing that memory (no copy)."""
-    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
-
-
-@overload(_int64_at, inline="always")
-def _int64_at_overload(address: Any) -> Any:
-    def impl(address: Any) -> Any:  # pragma: no cover - compiled
-        return _int64_pointer(address)[0]  # type: ignore[call-arg]
-
-    return impl
-
-
-@overload(_bytes_at, inline="always")
-def _bytes_at_overload(address: Any, size: Any) -> Any:
-    def impl(address: Any, size: Any) -> Any:  # pragma: no cover - compiled
-        return numba.carray(_uint8_pointer(address), size)  # type: ignore[call-arg]
-
-    return impl
-
-
-@numba.njit(cache=True, inline="always")
-def _value_length(item: int, bytes_type: int, none: int) -> int:
-    """The length of a value list item: -1 for None (at ``none``), -2 for anything not exactly bytes
-    (whose type object is at ``bytes_type``)."""
-    if item == none:
-        return -1
-    if _int64_at(item + _TYPE_OFFSET) != bytes_type:
-        return -2
-    return _int64_at(item + _SIZE_OFFSET)
-
-
-@numba.njit(cache=True)
-def _list_records_size(list_address: int, count: int, bytes_type: int, none: int) -> tuple[int, int]:
-    """Check and size the first ``count`` items of the list at ``list_address``: ``(records section bytes,
-    _OK)``, or ``(index of the bad item, code)``."""
-    if count > _int64_at(list_address + _SIZE_OFFSET):
-        return count, _NOT_BYTES
-    items = _int64_at(list_address + _LIST_ITEMS_OFFSET)
-    total = 0
-    for i in range(count):
-        length = _value_length(_int64_at(items + 8 * i), bytes_type, none)
-        if length == -2:
-            return i, _NOT_BYTES
-        # attributes, timestampDelta 0, keyLength -1, headerCount 0: one byte each
-        body = 4 + size_of_varint(i) + size_of_varint(length) + max(length, 0)
-        if body > _MAX_INT32:
-            return i, _TOO_LONG
-        total += size_of_varint(body) + body
-    return total, _OK
-
-
-@numba.njit(cache=True)
-def _encode_list(out: np.ndarray, position: int, limit: int, list_address: int, count: int, bytes_type: int,
-                 none: int) -> int:
-    """Write the records section of the first ``count`` items of a value list, sized by
-    ``_list_records_size`` to end at ``limit`` (<= ``out.size``), at ``position``; return its end.
-
-    Checks again what it reads (a list changed since it was sized) and never writes at or past ``limit``:
-    then it returns -1 and the caller raises.
-    """
-    if count > _int64_at(list_address + _SIZE_OFFSET) or limit > out.size:
-        return -1
-    items = _int64_at(list_address + _LIST_ITEMS_OFFSET)
-    for i in range(count):
-        item = _int64_at(items + 8 * i)
-        length = _value_length(item, bytes_type, none)
-        if length == -2:
-            return -1
-        body = 4 + size_of_varint(i) + size_of_varint(length) + max(length, 0)
-        if position + size_of_varint(body) + body > limit:
-            return -1
-        position = write_varint(out, position, body)
-        out[position] = RECORD_ATTRIBUTES
-        out[position + 1] = 0  # timestampDelta
-        position = write_varint(out, position + 2, i)
-        out[position] = 1  # keyLength -1 (zig-zag)
-        position = write_varint(out, position + 1, length)
-        if length > 0:
-            position = _copy(out, position, _bytes_at(item + _BYTES_DATA_OFFSET, length), 0, length)
-        out[position] = 0  # headerCount
-        position += 1
-    return position
-
-
-def _check_object_layout() -> bool:
-    """Do real objects sit where the declared offsets say?  (Read with ctypes: nothing compiled yet.)"""
-    if sys.implementation.name != "cpython" or ctypes.sizeof(ctypes.c_void_p) != 8:
-        return False
-    if not getattr(sys, "_is_gil_enabled", lambda: True)():
-        return False
-    sample = bytes(range(7, 40))
-    items = [sample, None]
-    item_pointers = _int64_at(id(items) + _LIST_ITEMS_OFFSET)
-    return (
-        _int64_at(id(items) + _SIZE_OFFSET) == 2
-        and _int64_at(item_pointers) == id(sample)
-        and _int64_at(item_pointers + 8) == id(None)
-        and _int64_at(id(sample) + _TYPE_OFFSET) == id(bytes)
-        and _int64_at(id(sample) + _SIZE_OFFSET) == len(sample)
-        and _bytes_at(id(sample) + _BYTES_DATA_OFFSET, len(sample)).tobytes() == sample
-    )
-
-
-VALUE_LISTS_IN_PLACE = _check_object_layout()  # False: value lists are packed into a ByteColumn first
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -590,15 +407,15 @@ def _sized(args: tuple[np.ndarray, ...]) -> tuple[int, int]:
     if code == _BAD_OFFSETS:
         raise ValueError(
             f"{_COLUMN_NAMES[column]}: offsets entry {size} is negative, below the entry before it, past the "
-            f"end of the data, or more than {_MAX_INT32} bytes after the entry before it"
+            f"end of the data, or more than {MAX_INT32} bytes after the entry before it"
         )
     if code == _BAD_HEADER_INDEX:
         raise ValueError(f"header offsets: entry {size} decreases or points past the header columns")
     if code == _BAD_TIMESTAMP:
         raise ValueError(f"timestamps: entry {size} is outside +-2**62 ms")
-    if code == _TOO_LONG:
-        raise ValueError(f"record {size} encodes to more than {_MAX_INT32} bytes")
-    if size + HEADER_SIZE - LOG_OVERHEAD > _MAX_INT32:
+    if code == TOO_LONG:
+        raise ValueError(f"record {size} encodes to more than {MAX_INT32} bytes")
+    if size + HEADER_SIZE - LOG_OVERHEAD > MAX_INT32:
         raise ValueError(f"records section of {size} bytes is too large for one batch")
     return size, max_delta
 
@@ -634,25 +451,11 @@ def _encoder(records: Records) -> _Encoder:
 
 
 def _list_encoder(values: list[bytes | None]) -> _Encoder:
+    size = value_list_records_size(values)
     count = len(values)
-    if count < 1:
-        raise ValueError(f"a record batch needs at least one record, got {count}")
-    bytes_type, none = id(bytes), id(None)
-    size, code = _list_records_size(id(values), count, bytes_type, none)
-    if code == _NOT_BYTES:
-        raise TypeError(f"values[{size}]: expected bytes or None, got {type(values[size]).__name__}")
-    if code == _TOO_LONG:
-        raise ValueError(f"record {size} encodes to more than {_MAX_INT32} bytes")
-    if size + HEADER_SIZE - LOG_OVERHEAD > _MAX_INT32:
-        raise ValueError(f"records section of {size} bytes is too large for one batch")
-
-    def encode(out: np.ndarray, position: int) -> int:
-        end = int(_encode_list(out, position, position + size, id(values), count, bytes_type, none))
-        if end != position + size:
-            raise ValueError(f"the list of {count} values changed while its batch was built")
-        return end
-
-    return _Encoder(encode, size, count, 0, None)
+    return _Encoder(
+        lambda out, position: encode_value_list(out, position, values, count, size), size, count, 0, None
+    )
 
 
 def records_size(columns: Records) -> int:

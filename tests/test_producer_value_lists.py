@@ -1,4 +1,4 @@
-"""The builder's value-list path (``storage.batch_builder``: a list of bytes read where CPython keeps them),
+"""The builder's value-list path (``storage.value_lists``: a list of bytes read where CPython keeps them),
 which every ``Producer.send`` batch goes through: the same bytes as the column path, against a decoded
 list oracle; the kernels against their pure-Python twins; bad items and changed lists refused without a
 byte written past the frame."""
@@ -12,10 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import batch_builder
+from storage import value_lists as kernels
 from storage.batch_builder import (
     NO_SPACE,
-    VALUE_LISTS_IN_PLACE,
     ByteColumn,
     RecordColumns,
     build,
@@ -25,6 +24,7 @@ from storage.batch_builder import (
 from storage.batch_header import HEADER_SIZE, parse_header, validate_batch
 from storage.batch_reader import iter_records
 from storage.compression import COMPRESSION_GZIP, COMPRESSION_NONE, COMPRESSION_ZSTD
+from storage.value_lists import VALUE_LISTS_IN_PLACE
 
 value_lists = st.lists(st.one_of(st.none(), st.binary(max_size=300)), min_size=1, max_size=60)
 HEADER_FIELDS: dict[str, Any] = {"producer_id": 7, "producer_epoch": 2, "base_sequence": 40,
@@ -70,13 +70,13 @@ def test_build_into_writes_exactly_the_batch_or_nothing(values: list[bytes | Non
 @given(value_lists)
 def test_the_list_kernels_and_their_python_twins_agree(values: list[bytes | None]) -> None:
     args = (id(values), len(values), id(bytes), id(None))
-    size, code = batch_builder._list_records_size(*args)
-    assert (size, code) == batch_builder._list_records_size.py_func(*args)
+    size, code = kernels._list_records_size(*args)
+    assert (size, code) == kernels._list_records_size.py_func(*args)
     assert code == 0 and size == records_size(_columns(values))
     compiled = np.zeros(size + 8, np.uint8)
     twin = np.zeros(size + 8, np.uint8)
-    assert batch_builder._encode_list(compiled, 3, 3 + size, *args) == 3 + size
-    assert batch_builder._encode_list.py_func(twin, 3, 3 + size, *args) == 3 + size
+    assert kernels._encode_list(compiled, 3, 3 + size, *args) == 3 + size
+    assert kernels._encode_list.py_func(twin, 3, 3 + size, *args) == 3 + size
     assert compiled.tobytes() == twin.tobytes()
     assert compiled[3 : 3 + size].tobytes() == build(values, timestamp_ms=0)[HEADER_SIZE:]
 
@@ -85,7 +85,7 @@ def test_the_list_kernels_and_their_python_twins_agree(values: list[bytes | None
 def test_the_encoder_never_writes_at_or_past_its_limit(kernel: str) -> None:
     """A list that changed after it was sized (longer values, fewer items, an item no longer bytes) makes
     the encoder stop with -1 instead of writing past the room it was given."""
-    encode = batch_builder._encode_list if kernel == "compiled" else batch_builder._encode_list.py_func
+    encode = kernels._encode_list if kernel == "compiled" else kernels._encode_list.py_func
     values: list[object] = [b"a" * 50, b"b" * 50, b"c" * 50]
     size = records_size(_columns(values[:2]))  # type: ignore[arg-type]
     out = np.full(size + 100, 0xEE, np.uint8)

@@ -1,0 +1,32 @@
+"""What both record encoders share: the per-record constants, their error codes, and the byte copy.
+
+``storage.batch_builder`` encodes records from columns and ``storage.value_lists`` from a list of
+``bytes`` read in place; both write Kafka's DefaultRecord (the layout is in ``batch_builder``'s docstring)
+with the pieces below, so each is declared once.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["MAX_INT32", "OK", "RECORD_ATTRIBUTES", "TOO_LONG", "copy_bytes"]
+
+RECORD_ATTRIBUTES = 0  # the per-record attributes byte; Kafka defines no bits in it
+MAX_INT32 = (1 << 31) - 1  # the largest length an int32 (or a varint length) can say
+
+# Named codes the sizing kernels of both encoders return.
+OK = 0
+TOO_LONG = -3  # one byte string longer than an int32 length can say
+
+
+@numba.njit(cache=True, inline="always")
+def copy_bytes(out: np.ndarray, position: int, data: np.ndarray, start: int, end: int) -> int:
+    """Copy ``data[start:end]`` to ``out[position:]``; return the position after it.
+
+    A plain loop with unsigned indexes: numba skips the negative-index wraparound test for them, so LLVM
+    vectorizes the copy (slice assignment, or signed indexes, run 10-15x slower on 100-byte records).
+    """
+    for k in range(end - start):
+        out[np.uint64(position + k)] = data[np.uint64(start + k)]
+    return position + end - start
