@@ -42,7 +42,7 @@ from storage.log import RECOVERY_POINT_CHECKPOINT_FILE, Log
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
 from storage.offset_index import OffsetIndex
-from storage.segment import reservation_end, reserve_blocks
+from storage.preallocate import reservation_end, reserve_blocks
 
 BATCH_BYTES = 64 * 1024
 APPEND_MIB = int(os.environ.get("LOG_BENCH_APPEND_MIB", "32"))

@@ -13,9 +13,9 @@ goes (bytes, offsets, timestamps and index entries left before a roll rule could
 rules themselves.
 
 Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
-appends with ``fallocate(FALLOC_FL_KEEP_SIZE)`` (:func:`reservation_end` says how far), so the file's size,
-and everything a reader sees, stays the data's; ext4 then skips its per-page block reservation on each
-write.  The unused reservation is given back on seal and close (``ftruncate`` to the file's own size).
+appends with ``fallocate(FALLOC_FL_KEEP_SIZE)`` (``storage.preallocate``: how far, and the binding), so the
+file's size, and everything a reader sees, stays the data's; ext4 then skips its per-page block reservation
+on each write.  The unused reservation is given back on seal and close (``ftruncate`` to the file's own size).
 
 Index rule (Kafka's, applied per batch in order, identically by the live append and by the rebuild in
 ``storage.batch_scan.plan_index_entries``): remember the batch with the largest max timestamp so far; if more
@@ -34,12 +34,10 @@ header it points at, and a wrong one (stale, torn) falls back to walking from po
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
 
@@ -51,6 +49,7 @@ from storage.errors import CorruptRecordError
 from storage.index_file import IndexFile
 from storage.log_config import INT32_MAX, LogConfig
 from storage.offset_index import OFFSET_INDEX_ENTRY, OffsetIndex
+from storage.preallocate import preallocation_helps, reservation_end, reserve_blocks
 from storage.time_index import NO_TIMESTAMP, TIME_INDEX_ENTRY, TimeIndex
 
 __all__ = [
@@ -58,16 +57,12 @@ __all__ = [
     "IOV_MAX",
     "LOG_SUFFIX",
     "NEEDS_ROLL",
-    "PREALLOCATE_MAX_AHEAD_BYTES",
-    "PREALLOCATE_MIN_AHEAD_BYTES",
     "TIME_INDEX_SUFFIX",
     "BatchBuffer",
     "FetchSlice",
     "LogSegment",
     "OffsetAndTimestamp",
     "parse_segment_name",
-    "reservation_end",
-    "reserve_blocks",
     "segment_path",
     "write_fully",
 ]
@@ -81,68 +76,7 @@ IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names el
 BatchBuffer: TypeAlias = "memoryview | bytes | bytearray"  # 1-D bytes (format "B"): len() counts bytes
 NEEDS_ROLL: Final = -1  # append_batch: the batch does not fit without a roll check; nothing was written
 _NO_LIMIT: Final = -(2**64)  # an append budget limit no int64 field is ever below or at
-PREALLOCATE_MIN_AHEAD_BYTES: Final = 1024 * 1024  # log.preallocate: reserve ahead as much as the segment
-PREALLOCATE_MAX_AHEAD_BYTES: Final = 32 * 1024 * 1024  # holds, within these bounds (see reservation_end)
-_FALLOC_FL_KEEP_SIZE: Final = 0x01  # <linux/falloc.h>: reserve blocks, leave the file size alone
-_MEMORY_FILE_SYSTEMS: Final = frozenset({0x01021994, 0x858458F6})  # statfs f_type of tmpfs, ramfs
 _log = logging.getLogger(__name__)
-
-
-def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function = getattr(libc, "fallocate64", None) or libc.fallocate
-    except (OSError, AttributeError):  # not glibc/musl on Linux
-        return None
-    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    function.restype = ctypes.c_int
-    return function
-
-
-def _libc_fstatfs_type() -> Callable[[int], int] | None:
-    try:
-        fstatfs = ctypes.CDLL(None, use_errno=True).fstatfs
-    except (OSError, AttributeError):
-        return None
-
-    def file_system_type(fd: int) -> int:
-        buf = ctypes.create_string_buffer(256)  # struct statfs; f_type (a C long) comes first
-        return ctypes.c_long.from_buffer(buf).value if fstatfs(fd, buf) == 0 else -1
-
-    return file_system_type
-
-
-_fallocate = _libc_fallocate()
-_file_system_type = _libc_fstatfs_type()
-
-
-def reservation_end(size_bytes: int, end: int, segment_bytes: int) -> int:
-    """``log.preallocate``'s schedule: with ``size_bytes`` in the segment and a write to reach ``end``,
-    reserve blocks through ``end`` and as far again beyond the data as the segment already holds, from
-    :data:`PREALLOCATE_MIN_AHEAD_BYTES` to :data:`PREALLOCATE_MAX_AHEAD_BYTES` (an idle partition reserves
-    little, a busy one one ``fallocate`` per 32 MiB); never past ``segment.bytes`` unless one batch is."""
-    ahead = min(max(size_bytes, PREALLOCATE_MIN_AHEAD_BYTES), PREALLOCATE_MAX_AHEAD_BYTES)
-    return min(max(end, size_bytes + ahead), max(end, segment_bytes))
-
-
-def preallocation_helps(fd: int) -> bool:
-    """False on a memory file system (tmpfs, ramfs): reserving there allocates and zeroes the pages a
-    write would allocate anyway, and holds memory; it saves nothing."""
-    return _file_system_type is None or _file_system_type(fd) not in _MEMORY_FILE_SYSTEMS
-
-
-def reserve_blocks(fd: int, position: int, length_bytes: int) -> int:
-    """Reserve disk blocks for bytes ``[position, position + length_bytes)`` of ``fd`` without changing the
-    file's size: ``fallocate(2)`` with ``FALLOC_FL_KEEP_SIZE`` (Python has no ``os.fallocate``, and
-    ``os.posix_fallocate`` grows the file, which readers would see).  Returns 0, or the errno saying why not
-    (``ENOSPC``; ``EOPNOTSUPP`` where the file system cannot; ``ENOSYS`` without a C library to ask)."""
-    if _fallocate is None:
-        return errno.ENOSYS
-    while _fallocate(fd, _FALLOC_FL_KEEP_SIZE, position, length_bytes) != 0:
-        error = ctypes.get_errno()
-        if error != errno.EINTR:
-            return error
-    return 0
 
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
@@ -637,7 +571,7 @@ class LogSegment:
         self._index_room = self.index_room()
 
     def _reserve_ahead(self, end: int) -> None:
-        """``log.preallocate``: reserve blocks through ``end`` and beyond (:func:`reservation_end`).  Where
+        """``log.preallocate``: reserve blocks through ``end`` and beyond (``reservation_end``).  Where
         that fails (a full disk, a file system without ``fallocate``) or would not help (tmpfs), this
         segment stops preallocating and its writes go on as without."""
         new_end = reservation_end(self.size_bytes, end, self.config.segment_bytes)

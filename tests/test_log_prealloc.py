@@ -17,7 +17,7 @@ from storage.errors import ConfigError
 from storage.log import RECOVERY_POINT_CHECKPOINT_FILE, Log
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
-from storage.segment import (
+from storage.preallocate import (
     PREALLOCATE_MAX_AHEAD_BYTES,
     PREALLOCATE_MIN_AHEAD_BYTES,
     preallocation_helps,
