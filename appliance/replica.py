@@ -64,7 +64,8 @@ from typing import Any, Final
 from appliance import sdnotify
 from appliance.cluster_auth import read_cluster_secret, replica_credentials
 from appliance.config import Config, ConfigError
-from appliance.control import ControlServer, error_response, ok_response
+from appliance.control import error_response, ok_response
+from appliance.control_server import ControlServer
 from appliance.metadata import MetadataStore, TopicMetadata
 from appliance.proctitle import set_proctitle
 from appliance.replica_leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory

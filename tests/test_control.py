@@ -23,12 +23,12 @@ from appliance.control import (
     ControlClient,
     ControlError,
     LineDecoder,
-    ServerConnection,
     encode,
     error_response,
     ok_response,
     raise_for_error,
 )
+from appliance.control_server import ServerConnection
 from appliance.metadata import TopicExistsError
 from ipc.kafka.errors import ErrorCode
 from storage.errors import ConfigError, ProtocolError, RequestTimeoutError, UnknownTopicOrPartitionError

@@ -1,4 +1,5 @@
-"""``appliance.control.ControlServer`` on a real Unix socket, driven by a real selector loop in a thread.
+"""``appliance.control_server.ControlServer`` on a real Unix socket, driven by a real selector loop in a
+thread.
 
 The supervisor and the replica process both serve their control socket with it; their own tests exercise
 the ops.  Here: the socket's permissions, refusing a second server, replies larger than the socket buffer,
@@ -20,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from appliance.control import ControlClient, ControlServer, LineDecoder, ServerConnection, encode, ok_response
+from appliance.control import ControlClient, LineDecoder, encode, ok_response
+from appliance.control_server import ControlServer, ServerConnection
 from ipc.kafka.errors import ErrorCode
 from ipc.shm import Permissions
 from storage.errors import ApplianceError
