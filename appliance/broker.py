@@ -20,13 +20,29 @@ is read (one ``recv``), its complete frames are handled in order while it may ha
 ``appliance.broker_connection``: one parked request at a time per connection, back-pressure on unsent
 bytes), and its queued response bytes are sent when it is writable.  Then held requests are polled: Fetch
 requests waiting for records (``appliance.fetch_session``) and Produce requests waiting for the partition
-writer's acknowledgement.  While any request is held, ``select`` wakes every millisecond to poll them; when
-none is, it sleeps until a socket is ready.
+writer's acknowledgement.
+
+**Waking on the writers' news.**  The offsets a held request waits for live in the partition state pages,
+written by the partition writers (and, for replicated partitions, by this loop).  The supervisor hands every
+writer and the broker one eventfd (``ChildContext.broker_wake_fd``); a writer adds one to it after each
+round that did work (new log end offset / high watermark, acknowledgements, ring space).  While the broker
+holds a Fetch or leads a replicated partition, that eventfd is in its selector: a writer's round wakes the
+loop, which drains the counter and re-checks held fetches and the replication timer.  Otherwise it is left
+out of the selector (the writers' additions just accumulate), so local producing costs the broker nothing.
+No wake-up is lost: a writer publishes, then adds; the broker drains the counter (only while it is in the
+selector) before the turn's re-checks.  So a round added before the drain is seen by the re-check, and one
+added after it leaves the counter non-zero -- readable at the next ``select``, or as soon as the eventfd is
+put back in the selector.
+So between events the loop sleeps until the nearest of: a held fetch's ``max_wait_ms`` deadline, the next
+ISR check (``LeaderReplication.next_timer_ms``), and :data:`FALLBACK_TICK_MS` -- a conservative re-check so
+that a wake-up missed by a bug can only delay, never stall, an answer.  Two cases still poll every
+:data:`~appliance.fetch_session.POLL_INTERVAL_MS`: a held Produce request (ring acks, acks=all commits and
+their timeouts; short-lived), and a broker built without the eventfd (``wake_fd=-1``, a broker run outside
+``appliance serve``).  With nothing held and nothing replicated it sleeps until a socket is ready.
 
 **Replication.**  The broker is the replica-state owner of the replicated partitions it leads
 (``appliance.broker_replication``): follower fetches (``replica_id >= 0``) feed the ISR and the high
-watermark, every turn runs its timer (LEO moves, ISR shrinks, acks=all waiters), and while any replicated
-partition is led the loop wakes every :data:`~appliance.fetch_session.POLL_INTERVAL_MS`.  With
+watermark, and every turn runs its timer (LEO moves, ISR shrinks, acks=all waiters).  With
 ``appliance.cluster.secret.file`` set, replica requests are served only on connections that authenticated
 with SASL/PLAIN (``appliance.cluster_auth``).
 
@@ -90,6 +106,7 @@ from ipc.kafka import (
     maybe_unsupported_version_reply,
 )
 from ipc.shm import ShmNames
+from ipc.state_page import monotonic_ms
 from storage.errors import ConfigError, ProtocolError
 
 __all__ = ["Broker", "broker_child", "child_spec", "run_broker"]
@@ -104,6 +121,8 @@ DESCRIPTOR_RESERVE_SHARE = 8  # ... or one in this many of RLIMIT_NOFILE, if few
 RESERVE_LOG_INTERVAL_S = 10.0  # pauses for the reserve are logged at most this often
 CONTROL_TIMEOUT_S = 5.0  # a control call blocks the loop: never longer than this
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
+FALLBACK_TICK_MS = 100  # longest sleep while a fetch is held or a replicated partition led (module docstring)
+_WRITERS = "writers"  # selector data of the writers' wake-up eventfd
 
 
 class _Listening:
@@ -126,7 +145,10 @@ class Broker:
         cluster: Cluster,
         *,
         produce: ProduceService | None = None,
+        wake_fd: int = -1,
     ) -> None:
+        """``wake_fd``: the eventfd the partition writers add to after each round (-1: none, poll instead);
+        the broker reads it but does not own it (not closed here)."""
         for listener in config.listeners:
             if listener.name != "PLAINTEXT":
                 raise ConfigError(
@@ -158,6 +180,8 @@ class Broker:
         self._scratch = memoryview(bytearray(1 << 20))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._writers_fd = wake_fd
+        self._writers_watched = False  # the writers' eventfd is in the selector
         self._stopping = False
         self.addresses: dict[str, tuple[str, int] | str] = {}  # listener name -> bound address
 
@@ -240,11 +264,36 @@ class Broker:
             os.write(self._wake_w, b"x")
 
     def _timeout_s(self) -> float | None:
-        if self.fetches.waiting or self.produce.pending or len(self.replication):
+        """How long the next ``select`` may sleep (module docstring, "Waking on the writers' news")."""
+        interested = bool(self.fetches.waiting or len(self.replication))
+        if self._writers_fd >= 0:
+            self._watch_writers(interested)
+        if self.produce.pending or (interested and self._writers_fd < 0):
             return POLL_INTERVAL_MS / 1000.0
+        now_s = time.monotonic()
+        timeout_s: float | None = None
+        if interested:
+            timeout_s = FALLBACK_TICK_MS / 1000.0
+            deadline_ms = self.fetches.next_deadline_ms()
+            if deadline_ms is not None:
+                timeout_s = min(timeout_s, deadline_ms / 1000.0 - now_s)
+            timer_ms = self.replication.next_timer_ms()
+            if timer_ms is not None:
+                timeout_s = min(timeout_s, (timer_ms - monotonic_ms()) / 1000.0)
         if self._paused:
-            return max(0.0, min(at for at, _ in self._paused) - time.monotonic())
-        return None
+            paused_s = min(at for at, _ in self._paused) - now_s
+            timeout_s = paused_s if timeout_s is None else min(timeout_s, paused_s)
+        return None if timeout_s is None else max(0.0, timeout_s)
+
+    def _watch_writers(self, interested: bool) -> None:
+        """Put the writers' eventfd in the selector while someone waits for their news, else take it out."""
+        if interested == self._writers_watched:
+            return
+        if interested:
+            self._selector.register(self._writers_fd, selectors.EVENT_READ, _WRITERS)
+        else:
+            self._selector.unregister(self._writers_fd)
+        self._writers_watched = interested
 
     def _resume_accepting(self) -> None:
         now = time.monotonic()
@@ -279,6 +328,9 @@ class Broker:
                 self._on_ready(data, mask)
             elif isinstance(data, _Listening):
                 self._accept(data)
+            elif data is _WRITERS:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._writers_fd)  # the re-checks below run every turn
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
@@ -518,6 +570,8 @@ class Broker:
         self.replication.close()
         self.table.close()
         self.ctx.cluster.close()
+        if self._writers_watched:
+            self._watch_writers(False)  # the eventfd is the supervisor's: left open
         self._selector.close()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
@@ -618,11 +672,13 @@ def run_broker(
     *,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     stop_on_sigint: bool = True,
+    wake_fd: int = -1,
 ) -> int:
     """The broker process's main: bind, serve until SIGTERM (and SIGINT), return the exit code.
 
     ``cluster`` defaults to a new connection to the supervisor's control socket.  ``on_ready`` is called
-    with the bound addresses once every listener is open.  The process title is "appliance: broker"."""
+    with the bound addresses once every listener is open; ``wake_fd`` is the writers' wake-up eventfd
+    (:class:`Broker`).  The process title is "appliance: broker"."""
     from appliance.proctitle import set_proctitle
 
     set_proctitle("appliance: broker")
@@ -630,7 +686,7 @@ def run_broker(
         from appliance.broker_control import ControlCluster
 
         cluster = ControlCluster.connect(config)
-    broker = Broker(config, cluster)
+    broker = Broker(config, cluster, wake_fd=wake_fd)
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
     if stop_on_sigint:
         signal.signal(signal.SIGINT, lambda *_: broker.stop())
@@ -662,7 +718,8 @@ def broker_child(context: Any) -> int:
     config: Config = context.config
     try:
         cluster = ControlCluster(context.connect(timeout_s=CONTROL_TIMEOUT_S))
-        return run_broker(config, cluster, on_ready=lambda _: context.ready(), stop_on_sigint=False)
+        return run_broker(config, cluster, on_ready=lambda _: context.ready(), stop_on_sigint=False,
+                          wake_fd=context.broker_wake_fd)
     except ConfigError as e:
         log.error("broker not started: %s", e)
         return 1

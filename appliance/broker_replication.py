@@ -18,7 +18,9 @@ here: their writer publishes HW = LEO itself (``WriterSpec.publish_high_watermar
 * :meth:`FollowerLink.answered` once a follower's partition was read: which HW that answer carries;
 * :meth:`LeaderReplication.tick` every turn of the broker loop: the LEO in the state page moved (with an
   ISR of one the HW follows it only here), the ISR shrinks on a timer (every :data:`SHRINK_CHECKS_PER_LAG`
-  -th of ``replica.lag.time.max.ms``), acks=all waiters expire, the HW is checkpointed;
+  -th of ``replica.lag.time.max.ms``), acks=all waiters expire, the HW is checkpointed.  The loop turns when
+  a writer's round wakes it (a new LEO), when a follower fetches, and by :meth:`next_timer_ms` (the next ISR
+  check); acks=all waiters hold a Produce request, which keeps the loop polling until they are answered;
 * :meth:`LeaderReplication.append_error` before an acks=all Produce is handed to the writer, and
   :meth:`LeaderReplication.await_commit` once the writer acknowledged it; :meth:`take_completed` returns
   the waiters released since (NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT).
@@ -288,6 +290,11 @@ class LeaderReplication:
         return None if rp is None else rp.state.isr
 
     # -- the timer ------------------------------------------------------------------------------------------
+
+    def next_timer_ms(self) -> int | None:
+        """When :meth:`tick` next has timed work (an ISR check), on :func:`~ipc.state_page.monotonic_ms`;
+        None if no replicated partition is led here."""
+        return min((rp.next_shrink_ms for rp in self._partitions.values()), default=None)
 
     def tick(self) -> None:
         """LEO moves, ISR shrinks, expired acks=all waiters, HW checkpoints (every turn of the loop)."""

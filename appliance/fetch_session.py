@@ -25,11 +25,13 @@ large, so a consumer can make progress; a later partition whose first batch does
 
 **Long poll.**  Kafka answers at once if ``max_wait_ms <= 0``, if any partition has an error, or if at least
 ``min_bytes`` are ready; otherwise it holds the request until ``min_bytes`` are ready or ``max_wait_ms`` has
-passed.  :class:`FetchWaiters` holds such requests.  Nothing tells the broker that a high watermark moved --
-the partition writer publishes it in shared memory and wakes only its own producers -- so the broker polls
-the state pages of the partitions someone waits on, every :data:`POLL_INTERVAL_MS`, and only while someone
-waits (an idle broker sleeps in ``select`` with no timeout).  Reading a state page is one load per
-partition; a held request is only re-read when one of its partitions' watermark moved.
+passed.  :class:`FetchWaiters` holds such requests.  The partition writers publish the offsets in shared
+memory and then add to the broker's wake-up eventfd, which the broker selects on while someone waits
+(``appliance.broker``, "Waking on the writers' news"); each turn of its loop then re-checks the state pages
+of the partitions someone waits on (:meth:`FetchWaiters.poll`), and sleeps at most until the nearest
+deadline (:meth:`FetchWaiters.next_deadline_ms`).  A broker without that eventfd polls every
+:data:`POLL_INTERVAL_MS` instead.  Reading a state page is one load per partition; a held request is only
+re-read when one of its partitions' watermark moved.
 
 **Sessions (KIP-227).**  The broker keeps no fetch sessions: it answers ``session_id`` 0, which tells the
 client that no session was created, so it keeps sending full requests (``session_epoch`` 0 or -1).  A
@@ -81,7 +83,7 @@ __all__ = [
 
 log = logging.getLogger("appliance.broker")
 
-POLL_INTERVAL_MS = 1  # state-page polling period while a fetch is held
+POLL_INTERVAL_MS = 1  # state-page polling period while a fetch is held (a broker without the wake-up eventfd)
 NO_SESSION_ID = 0
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1

@@ -202,6 +202,7 @@ class ChildContext:
     shm_names: ShmNames
     metadata_path: str  # <first log dir>/meta/topics.json (read with appliance.metadata.read_topics)
     ready_fd: int  # write end of the readiness pipe (-1: the supervisor does not wait)
+    broker_wake_fd: int = -1  # the eventfd writers add to after each round (appliance.broker selects on it)
 
     def connect(self, timeout_s: float = 30.0) -> ControlClient:
         """A control connection (metadata, create_topic, init_producer_id, attach ...)."""
@@ -319,6 +320,7 @@ class Supervisor:
         self._control: ControlServer | None = None
         self._wakeup_r: socket.socket | None = None
         self._wakeup_w: socket.socket | None = None
+        self._broker_wake_fd = -1  # an eventfd every writer adds to after a round, the broker selects on
         self._stop_requested = False
         self._ready_sent = False
         self._status_text = ""
@@ -358,6 +360,8 @@ class Supervisor:
         self._wakeup_r.setblocking(False)
         self._wakeup_w.setblocking(False)
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("wakeup", None))
+        # Inherited by every forked child (CLOEXEC only acts on exec): writers add to it, the broker reads it.
+        self._broker_wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._install_signals()  # a SIGTERM during a long recovery stops the start-up cleanly
         self._lock_fds += lock_log_dirs(config.log_dirs)
         instance = f"instance {config.instance_id} (shared memory {self.names.prefix}*)"
@@ -471,6 +475,7 @@ class Supervisor:
             state_page=page_name,
             doorbell=doorbell_name,
             publish_high_watermark=topic.replication_factor == 1,
+            broker_wake_fd=self._broker_wake_fd,
             retention_check_interval_ms=config.retention_check_interval_ms,
             retention_enabled="delete" in effective.cleanup_policy,
         )
@@ -606,7 +611,7 @@ class Supervisor:
         ready_r, ready_w = (-1, -1)
         if spec.wait_ready and not self._ready_sent:
             ready_r, ready_w = os.pipe()
-        context = ChildContext(self.config, self.names, self._metadata_path(), ready_w)
+        context = ChildContext(self.config, self.names, self._metadata_path(), ready_w, self._broker_wake_fd)
         title = spec.title or f"appliance: {spec.name}"
         pid = self._fork(title, lambda: spec.target(context), (ready_w,))
         if ready_w >= 0:
@@ -1231,6 +1236,9 @@ class Supervisor:
             for sock in (self._wakeup_r, self._wakeup_w):
                 if sock is not None:
                     sock.close()
+            if self._broker_wake_fd >= 0:
+                os.close(self._broker_wake_fd)
+                self._broker_wake_fd = -1
             _log.info("stopped in %.0f ms", (time.monotonic() - started) * 1000)
         if self._instance_locked:
             try:

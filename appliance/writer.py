@@ -28,7 +28,10 @@ A writer whose channel reaches EOF (the supervisor died) stops as if told to.
    followers, replication factor 1, the writer owns it and HW = LEO);
 5. acknowledge every frame (its result in the ring's ack slot) and only then release the ring space;
 6. wake the local consumers sleeping on the high watermark (``ipc.state_page``; last, because a woken
-   consumer often takes the writer's core at once).
+   consumer often takes the writer's core at once), and the broker: one ``eventfd_write`` on the
+   appliance's broker wake-up eventfd (``WriterSpec.broker_wake_fd``), which the broker watches in its
+   ``select`` while it holds a Fetch or leads a replicated partition (``appliance.broker``), so a held fetch
+   and the high watermark of a partition whose followers are in sync move without the broker polling.
 
 A writer killed anywhere loses nothing acknowledged: acks are written after the append, space is released
 after the acks.  A restarted writer reads the unreleased frames again.  Those it had appended are
@@ -59,6 +62,7 @@ at most about one segment's headers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -130,6 +134,7 @@ class WriterSpec:
     retention_enabled: bool = True  # cleanup.policy includes delete
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
     peek_bytes: int = DEFAULT_PEEK_BYTES
+    broker_wake_fd: int = -1  # the broker's wake-up eventfd, added to after each round with work (-1: none)
 
     @property
     def name(self) -> str:
@@ -374,6 +379,8 @@ class PartitionWriter:
             ring.consumer.release(chunk.end_position)
         if pieces and self.spec.publish_high_watermark:
             self.state_page.wake_readers()  # local consumers sleeping on the high watermark (ipc.state_page)
+        if self.spec.broker_wake_fd >= 0:
+            _wake_broker(self.spec.broker_wake_fd)  # new LEO/HW, acks, ring space: the broker re-checks
         self.stats.rounds += 1
         self.stats.frames += frames
         return frames
@@ -615,6 +622,13 @@ def _headers(log: Log, offset: int, *, max_offset: int | None = None) -> Iterato
         return
     for batch in log.batches(start, max_offset=max_offset):
         yield parse_header(batch)
+
+
+def _wake_broker(fd: int) -> None:
+    """Add one to the broker's wake-up eventfd (non-blocking; a counter already at its maximum, or a
+    descriptor gone, is not this writer's problem: the broker's fallback tick re-checks anyway)."""
+    with contextlib.suppress(OSError):
+        os.eventfd_write(fd, 1)
 
 
 def _published_records(consumer: RingConsumer) -> int:
