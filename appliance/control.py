@@ -53,7 +53,7 @@ import socket
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from appliance.metadata import TopicExistsError
 from ipc.kafka.errors import ErrorCode
@@ -520,22 +520,3 @@ class ControlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# -- transitional: the server side moved to appliance.control_server -----------------------------------------
-# appliance/supervisor.py still imports ControlServer and ServerConnection from here until its import line
-# moves (edits are in progress in that file).  Resolved on first use: control_server imports this module.
-# Remove this section once nothing imports these names from appliance.control.
-
-if TYPE_CHECKING:
-    from appliance.control_server import ControlServer, Handler, ServerConnection  # noqa: F401
-
-_MOVED_TO_CONTROL_SERVER: Final = frozenset({"ControlServer", "Handler", "ServerConnection"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_CONTROL_SERVER:
-        from appliance import control_server
-
-        return getattr(control_server, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -71,14 +71,8 @@ from typing import Any, Final
 
 from appliance import sdnotify
 from appliance.config import Config, ConfigError, add_config_arguments, check_topic_name, config_from_args
-from appliance.control import (
-    ControlClient,
-    ControlServer,
-    ServerConnection,
-    encode,
-    error_response,
-    ok_response,
-)
+from appliance.control import ControlClient, encode, error_response, ok_response
+from appliance.control_server import ControlServer, ServerConnection
 from appliance.metadata import META_DIR, MetadataStore, TopicExistsError, TopicMetadata, assign_replicas
 from appliance.proctitle import set_proctitle
 from appliance.writer import WriterSpec, writer_main
