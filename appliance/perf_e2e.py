@@ -42,7 +42,7 @@ import numpy as np
 from appliance.perf_limits import Limits, measure_limits
 from appliance.perf_produce import ProduceSettings, payload_pool, producer_settings
 from appliance.perf_server import Appliance
-from appliance.perf_stats import Progress, latency_summary, make_result
+from appliance.perf_stats import Progress, latency_summary, make_result, process_cpu_ns
 from appliance.publish_trace import TRACE_DIR_ENV, read_traces, round_times
 from storage.errors import ApplianceError, ConfigError
 
@@ -110,20 +110,6 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, ta
         pipe.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         pipe.close()
-
-
-def _cpu_ns(pids: list[int]) -> int:
-    """User + system CPU of ``pids`` (from /proc; 0 for one that is gone)."""
-    total = 0
-    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as file:
-                fields = file.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) * tick_ns
-    return total
 
 
 def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) -> None:
@@ -227,7 +213,7 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
             gc.collect()
             gc.freeze()
         writers = app.writer_pids(topic)
-        writer_cpu = _cpu_ns(writers)
+        writer_cpu = process_cpu_ns(writers, missing_ok=True)
         consumer_cpu = time.process_time_ns()
         for pipe in pipes:
             pipe.send("go")
@@ -251,7 +237,7 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
                 seen += n
             line.update(seen)
         consumer_cpu = time.process_time_ns() - consumer_cpu
-        writer_cpu = _cpu_ns(writers) - writer_cpu
+        writer_cpu = process_cpu_ns(writers, missing_ok=True) - writer_cpu
         line.finish()
         outcomes = []
         for index, pipe in enumerate(pipes):

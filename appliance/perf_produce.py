@@ -36,7 +36,7 @@ import numpy as np
 
 from appliance.perf_limits import MIB, Limits, measure_limits
 from appliance.perf_server import Appliance
-from appliance.perf_stats import Progress, latency_summary, make_result, profiled
+from appliance.perf_stats import Progress, latency_summary, make_result, process_cpu_ns, profiled
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["ProduceSettings", "TcpProducerUnavailable", "log_line_payloads", "payload_pool", "produce_into",
@@ -424,15 +424,6 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, po
         pipe.close()
 
 
-def _cpu_ns(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return 0
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
@@ -485,7 +476,7 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
             try:
                 _warm_up(producer, topic, settings.partitions, pool, warmup, settings.api)
                 limits = _limits(app, settings)
-                writer_cpu = sum(_cpu_ns(pid) for pid in writer_pids)
+                writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
                 progress.restart()
                 with profiled(settings.profile):
                     outcomes.append(produce_into(
@@ -496,7 +487,7 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
         else:
             limits, writer_cpu = _run_processes(app, settings, topic, config, pool, per_producer, warmup,
                                                 rate, batch_bytes, progress, outcomes, writer_pids)
-        writer_cpu = sum(_cpu_ns(pid) for pid in writer_pids) - writer_cpu
+        writer_cpu = process_cpu_ns(writer_pids, missing_ok=True) - writer_cpu
     finally:
         progress.finish()
         if limits is not None:
@@ -580,7 +571,7 @@ def _run_processes(app: Appliance, settings: ProduceSettings, topic: str, config
             if kind != "ready":
                 raise ApplianceError(f"producer process {index} failed while warming up: {payload}")
         limits = _limits(app, settings)
-        writer_cpu = sum(_cpu_ns(pid) for pid in writer_pids)
+        writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
         progress.restart()
         for pipe in pipes:
             pipe.send("go")

@@ -36,15 +36,34 @@ import platform
 import pstats
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
 
 from appliance.perf_limits import MB, Limits
 
-__all__ = ["LATENCY_KEYS", "RESULT_KEYS", "Progress", "latency_summary", "make_result", "profile_report",
-           "profiled", "summary_line", "write_json"]
+__all__ = ["LATENCY_KEYS", "RESULT_KEYS", "Progress", "latency_summary", "make_result", "process_cpu_ns",
+           "profile_report", "profiled", "summary_line", "write_json"]
+
+def process_cpu_ns(pids: Iterable[int], *, missing_ok: bool = False) -> int:
+    """User + system CPU time of the processes ``pids`` (all their threads), in ns, from ``/proc/PID/stat``.
+
+    A process that is gone raises FileNotFoundError, or counts 0 with ``missing_ok`` (a run's processes may
+    end before the last reading)."""
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+        except (FileNotFoundError, ProcessLookupError):
+            if missing_ok:
+                continue
+            raise
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks * tick_ns
+
 
 RESULT_KEYS = ("command", "records", "bytes", "seconds", "records_per_s", "mb_per_s", "latency_ms", "config",
                "limits", "ratios", "primary_limit", "extra", "notes", "started_at", "host")

@@ -45,6 +45,7 @@ import pytest
 
 from appliance.control import ControlClient
 from appliance.perf_limits import PageCacheProbe
+from appliance.perf_stats import process_cpu_ns
 from appliance.producer import Producer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,12 +108,6 @@ def server() -> Iterator[Server]:
         serve.close()
 
 
-def _cpu_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
 def _measure(benchmark: Any, run: Callable[[], None], records: int, payload_bytes: int,
              writer_pids: list[int], rounds: int = 3,
              before: Callable[[], None] | None = None) -> dict[str, float]:
@@ -124,12 +119,12 @@ def _measure(benchmark: Any, run: Callable[[], None], records: int, payload_byte
         if before is not None:
             before()
         os.sync()  # every round starts with no dirty pages (the last round's log, a probe's file)
-        writers = sum(_cpu_ns(pid) for pid in writer_pids)
+        writers = process_cpu_ns(writer_pids)
         cpu = time.process_time_ns()
         start = time.perf_counter()
         run()
         wall = time.perf_counter() - start
-        writer_cpu = sum(_cpu_ns(pid) for pid in writer_pids) - writers
+        writer_cpu = process_cpu_ns(writer_pids) - writers
         samples.append((wall, time.process_time_ns() - cpu, writer_cpu))
 
     enabled = not getattr(benchmark, "disabled", False)
@@ -253,7 +248,7 @@ def test_send_four_producers_eight_partitions(benchmark: Any, server: Server) ->
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         os.sync()
-        writer_cpu = sum(_cpu_ns(pid) for pid in writers)
+        writer_cpu = process_cpu_ns(writers)
         start = time.perf_counter()
         for proc in procs:
             assert proc.stdin is not None
@@ -267,7 +262,7 @@ def test_send_four_producers_eight_partitions(benchmark: Any, server: Server) ->
             "records_per_s": round(total / wall),
             "mb_per_s": round(total * VALUE_BYTES / wall / 1e6, 1),
             "producer_cpu_ns_per_record": round(producer_cpu / total, 1),
-            "writer_cpu_ns_per_record": round((sum(_cpu_ns(pid) for pid in writers) - writer_cpu) / total, 1),
+            "writer_cpu_ns_per_record": round((process_cpu_ns(writers) - writer_cpu) / total, 1),
         })
 
     enabled = not getattr(benchmark, "disabled", False)

@@ -47,6 +47,7 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from appliance.perf_stats import process_cpu_ns
 from appliance.producer import Producer
 from appliance.writer import PartitionWriter, WriterSpec
 from bench.test_bench_produce import Server
@@ -188,12 +189,6 @@ def test_drain_round_vs_os_write(benchmark: BenchmarkFixture, partition: Partiti
           file=sys.stderr)  # fmt: skip
 
 
-def _cpu_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
 class SameBytesProbe:
     """Page-cache write bandwidth right now: buffered ``os.write`` of the very bytes the round sends (the
     producer's 10 KiB rows, 1 MiB at a time, from memory that is not cache-resident, as ring frames are not)
@@ -248,7 +243,7 @@ def test_10_kib_records_end_to_end_vs_page_cache(benchmark: BenchmarkFixture, ap
         def one_round() -> None:
             before, before_cpu = probe.measure()
             os.sync()
-            writer_cpu = _cpu_ns(writer_pid)
+            writer_cpu = process_cpu_ns([writer_pid])
             cpu = time.process_time_ns()
             start = time.perf_counter()
             if api == "send":
@@ -260,7 +255,7 @@ def test_10_kib_records_end_to_end_vs_page_cache(benchmark: BenchmarkFixture, ap
             producer.flush()
             wall = time.perf_counter() - start
             producer_cpu = time.process_time_ns() - cpu
-            writer_cpu = _cpu_ns(writer_pid) - writer_cpu
+            writer_cpu = process_cpu_ns([writer_pid]) - writer_cpu
             after, after_cpu = probe.measure()
             rate = volume / wall / 1e6
             probe_cpu = min(before_cpu, after_cpu)

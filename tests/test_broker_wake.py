@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from appliance.perf_stats import process_cpu_ns
+
 kafka = pytest.importorskip("kafka")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,11 +103,6 @@ def _child_pid(parent: int, title: str) -> int:
     raise AssertionError(f"no child {title!r} of {parent}")
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def _producer(running: _Running) -> Any:
     return kafka.KafkaProducer(bootstrap_servers=running.bootstrap, acks="all", request_timeout_ms=60_000,
                                retries=100, retry_backoff_ms=100)  # fmt: skip
@@ -134,9 +131,9 @@ def test_an_idle_replicated_appliance_broker_sleeps(appliance: _Running) -> None
         producer.close()
     broker = _child_pid(appliance.process.pid, "appliance: broker")
     time.sleep(SETTLE_SECONDS)  # connections close, start-up work ends, the followers park their fetches
-    before = _cpu_s(broker)
+    before = process_cpu_ns([broker]) / 1e9
     time.sleep(IDLE_SECONDS)
-    used_s = _cpu_s(broker) - before
+    used_s = process_cpu_ns([broker]) / 1e9 - before
     assert used_s < IDLE_BROKER_CPU_SHARE * IDLE_SECONDS, f"{used_s:.3f} s of CPU in {IDLE_SECONDS} s idle"
 
 
