@@ -232,12 +232,14 @@ def _wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return
-        if not _group_has_live_members(pgid):
+        if not group_has_live_members(pgid):
             return
         time.sleep(0.02)
 
 
-def _group_has_live_members(pgid: int) -> bool:
+def group_has_live_members(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member that is not a zombie (members of a dead parent may be
+    zombies for a moment)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue

@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from replication_cluster import group_has_live_members
+
 from appliance.config import Config
 from appliance.control import Attachment, ControlClient
 from appliance.supervisor import ChildContext, ChildSpec
@@ -199,19 +201,7 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    # members may be zombies of a dead parent for a moment; count only live ones
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+    return group_has_live_members(pgid)
 
 
 def cpu_ticks(pid: int) -> int:
