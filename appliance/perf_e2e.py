@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from appliance.perf_limits import Limits, measure_limits
-from appliance.perf_produce import ProduceSettings, payload_pool, producer_settings
+from appliance.perf_produce import ProduceSettings, payload_pool, producer_settings, start_ready_processes
 from appliance.perf_server import Appliance
 from appliance.perf_stats import Progress, latency_summary, make_result, process_cpu_ns
 from appliance.publish_trace import TRACE_DIR_ENV, read_traces, round_times
@@ -184,26 +184,17 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
     consumer = consumer_class(consumer_config)
     assignment = [(topic, p) for p in range(settings.partitions)]
     consumer.assign(assignment)
-    pipes = []
-    processes = []
+    pipes: list[Any] = []
+    processes: list[Any] = []
     limits: Limits | None = None
     arrived = np.empty(records, dtype=np.int64)
     sent_at = np.empty(records, dtype=np.int64)
     offsets = np.empty(records, dtype=np.int64)
     try:
-        for index, count in enumerate(per):
-            parent, child = context.Pipe()
-            process = context.Process(target=_producer_process, daemon=True, args=(
-                producer_config, topic, settings.partitions, tails, rate, count, counters, index, child,
-                freeze_gc))
-            process.start()
-            child.close()
-            pipes.append(parent)
-            processes.append(process)
-        for index, pipe in enumerate(pipes):
-            kind, payload = pipe.recv()
-            if kind != "ready":
-                raise ApplianceError(f"e2e producer process {index} failed while warming up: {payload}")
+        start_ready_processes(context, _producer_process, [
+            (producer_config, topic, settings.partitions, tails, rate, count, counters, index)
+            for index, count in enumerate(per)
+        ], (freeze_gc,), pipes, processes, "e2e producer process")
         if settings.measure_limits:
             limits = measure_limits(app.data_dir, records * settings.record_size)
             os.sync()

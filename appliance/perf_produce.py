@@ -545,31 +545,41 @@ def _limits(app: Appliance, settings: ProduceSettings) -> Limits | None:
     return limits
 
 
+def start_ready_processes(context: Any, target: Callable[..., None], arguments: Sequence[tuple[Any, ...]],
+                          trailing: tuple[Any, ...], pipes: list[Any], processes: list[Any],
+                          what: str) -> None:
+    """Start one daemon process per tuple of ``arguments``, called as ``target(*arguments[i], child_end,
+    *trailing)`` with the child end of a pipe, and wait until each sends ``("ready", _)`` on it.  The parent
+    ends and the processes go into the caller's ``pipes`` and ``processes`` as they start, so the caller's
+    clean-up reaches every one even when a later one fails.  ApplianceError names the one that failed while
+    warming up."""
+    for args in arguments:
+        parent, child = context.Pipe()
+        process = context.Process(target=target, args=(*args, child, *trailing), daemon=True)
+        process.start()
+        child.close()
+        pipes.append(parent)
+        processes.append(process)
+    for index, pipe in enumerate(pipes):
+        kind, payload = pipe.recv()
+        if kind != "ready":
+            raise ApplianceError(f"{what} {index} failed while warming up: {payload}")
+
+
 def _run_processes(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str, object],
                    pool: np.ndarray, per_producer: Sequence[int], warmup: int, rate: float, batch_bytes: int,
                    progress: Progress, outcomes: list[ProducerOutcome], writer_pids: list[int]
                    ) -> tuple[Limits | None, int]:
     context = multiprocessing.get_context("fork")
     counters = context.RawArray("q", settings.producers)
-    pipes = []
-    processes = []
+    pipes: list[Any] = []
+    processes: list[Any] = []
     limits: Limits | None = None
     try:
-        for index, count in enumerate(per_producer):
-            parent, child = context.Pipe()
-            process = context.Process(
-                target=_producer_process,
-                args=(config, topic, settings.partitions, pool, count, warmup, settings.api, rate,
-                      batch_bytes, counters, index, child, settings.profile),
-                daemon=True)
-            process.start()
-            child.close()
-            pipes.append(parent)
-            processes.append(process)
-        for index, pipe in enumerate(pipes):
-            kind, payload = pipe.recv()
-            if kind != "ready":
-                raise ApplianceError(f"producer process {index} failed while warming up: {payload}")
+        start_ready_processes(context, _producer_process, [
+            (config, topic, settings.partitions, pool, count, warmup, settings.api, rate, batch_bytes,
+             counters, index) for index, count in enumerate(per_producer)
+        ], (settings.profile,), pipes, processes, "producer process")
         limits = _limits(app, settings)
         writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
         progress.restart()
