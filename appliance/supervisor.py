@@ -1163,7 +1163,7 @@ class Supervisor:
                             pass  # "detached" replies: the rings go anyway
                     except (BlockingIOError, OSError):
                         pass
-            time.sleep(0.005)
+            self._serve_control_for(0.005)
             self._reap()
         for child in children:
             if child.pid:
@@ -1178,6 +1178,25 @@ class Supervisor:
             time.sleep(0.005)
             self._reap()
         return clean
+
+    def _serve_control_for(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` while still answering control requests (metadata, status; the ops that
+        change state refuse while stopping): a child that asks for metadata as it stops must not wait out
+        its control timeout on us."""
+        selector = self._selector
+        if selector is None or self._control is None:
+            time.sleep(timeout_s)
+            return
+        for key, events in selector.select(timeout_s):
+            if self._control.on_event(key, events):
+                continue
+            kind, data = key.data
+            if kind == "writer":
+                self._read_writer(data)
+            elif kind == "ready":
+                self._child_ready(data)
+            else:
+                self._drain_wakeup()
 
     def _release_partition(self, part: _Partition) -> None:
         part.page.close()

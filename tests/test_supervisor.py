@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from test_supervisor_harness import Appliance, RawProducer, cpu_ticks, logged_sequences
+from test_supervisor_harness import Appliance, RawProducer, _title, cpu_ticks, logged_sequences
 
 from appliance.control import ControlError
 from appliance.metadata import TopicExistsError
@@ -384,3 +384,30 @@ def test_a_writer_that_stops_beating_is_killed_and_restarted(appliances: list[Ap
         assert producer.ring.wait_acks(0, 5000)
         producer.close()
     assert serve.stop() == 0
+
+
+def test_control_requests_are_answered_while_the_supervisor_waits_for_its_children_to_stop(
+    appliances: list[Appliance],
+) -> None:
+    """A child that asks for metadata as it stops must not wait out its control timeout: the supervisor
+    answers on the open connections while it waits for its children, and refuses what would change state."""
+    serve = Appliance(None, "topics.t.partitions=1")
+    appliances.append(serve)
+    serve.start()
+    (broker,) = [pid for pid in serve.children() if _title(pid) == "appliance: broker"]
+    client = serve.client()
+    try:
+        assert "t" in client.metadata(["t"]).topics  # accepted (the backlog goes with the socket)
+        os.kill(broker, signal.SIGSTOP)  # alive, but deaf to SIGTERM: the supervisor waits for it
+        serve.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        serve.wait_for("STOPPING=1", timeout_s=10)
+        started = time.monotonic()
+        assert "t" in client.metadata(["t"]).topics
+        assert time.monotonic() - started < 2.0
+        with pytest.raises(ControlError, match="stopping"):
+            client.create_topic("late", partitions=1)
+        assert serve.process.poll() is None  # type: ignore[union-attr]  # still waiting for the broker
+    finally:
+        client.close()
+        os.kill(broker, signal.SIGCONT)
+    assert serve.process.wait(30) == 0  # type: ignore[union-attr]
