@@ -10,7 +10,18 @@ Why these three
 * **page-cache write** (buffered ``os.write`` of 1 MiB chunks to a new file): what a partition writer's append
   costs at best.  The *same byte volume* as the run it is compared with, because the figure drops several-fold
   once the kernel's dirty-page limit is reached (``vm.dirty_ratio``): a short probe against a long run would
-  flatter the probe.  Every probe starts after ``os.sync()``, as the runs compared with it should.
+  flatter the probe.  Every probe starts after ``os.sync()``, as the runs compared with it should.  Given the
+  run's payload (``source``: the rows it sends), the probe writes *those bytes in that order*; without, one
+  1 MiB buffer over and over, which stays in the CPU cache and costs ~0.2 ns of CPU per byte against ~0.3
+  for bytes that come from memory (that alone made a probe ~1.4x faster than a run could ever be).
+* **before and after** (:func:`limits_with_probe`): a produce run is bracketed by two probes of its volume,
+  one right before it (nothing but ``os.sync()`` between) and one right after; the limit is the *faster* of
+  the two, both samples and their CPU per byte are reported.  On a virtual machine the figure depends on
+  which pages the kernel hands out: a page freed a moment ago is still backed by the host (~0.2 ns of CPU
+  per byte written), one the guest has handed back (free page reporting, every few seconds) faults on the
+  host first (~2.5 ns per byte, ~300-400 MB/s).  One probe long before a run (after other probes freed or
+  took memory) measures a different machine than the run meets; a probe on each side shows the swing, and
+  the probe's CPU per byte says which kind of pages it got.
 * **loopback sendfile** (``os.sendfile`` of a file in the page cache from a forked process to this one over
   TCP on 127.0.0.1, received into a reused 8 MiB buffer): what a broker fetch or a follower's catch-up can do
   at best on this host.
@@ -21,7 +32,8 @@ is over (:class:`PageCacheProbe`): a run writing into pages a probe just freed i
 round.
 
 Public face: :func:`memcpy_bytes_per_s`, :func:`mapped_copy_bytes_per_s`, :class:`PageCacheProbe`,
-:func:`loopback_sendfile`, :func:`measure_limits` and the :class:`Limits` it returns.
+:func:`loopback_sendfile`, :func:`measure_limits` / :func:`limits_with_probe` and the :class:`Limits` they
+return.
 """
 
 from __future__ import annotations
@@ -41,10 +53,12 @@ import numpy as np
 __all__ = [
     "Limits",
     "PageCacheProbe",
+    "limits_with_probe",
     "loopback_sendfile",
     "mapped_copy_bytes_per_s",
     "measure_limits",
     "memcpy_bytes_per_s",
+    "probe_volume_bytes",
 ]
 
 MIB = 1 << 20
@@ -110,23 +124,28 @@ def _copy_out_seconds(mappings: Sequence[mmap.mmap], rounds: int) -> float:
 
 
 class PageCacheProbe:
-    """Buffered 1 MiB ``os.write`` of ``volume_bytes`` to a new file in ``directory`` (put it next to the
-    logs: the same file system): the page-cache write bandwidth at that moment.
+    """Buffered ``os.write`` of ``volume_bytes`` in ~1 MiB chunks to a new file in ``directory`` (put it next
+    to the logs: the same file system): the page-cache write bandwidth at that moment.
 
-    :meth:`measure` may be called several times (say before each round); files are kept until
+    ``source``: the rows a run sends (a 2-D ``uint8`` array, one record per row); the probe then writes
+    ``volume_bytes`` of those rows, from the first, cycled as the run cycles them, whole rows per chunk: the
+    same bytes from the same memory.  Without it, one random 1 MiB buffer is written over and over (cache
+    resident: a kinder limit than any run of ``volume_bytes`` distinct bytes can meet).
+
+    :meth:`measure` may be called several times (before and after a run); files are kept until
     :meth:`remove`, after the runs compared with them, so that neither writes into pages the other just freed
     (on a virtual machine a freshly freed page is several times cheaper than one the host has not backed)."""
 
-    def __init__(self, directory: str | os.PathLike[str], volume_bytes: int) -> None:
+    def __init__(self, directory: str | os.PathLike[str], volume_bytes: int,
+                 source: np.ndarray | None = None) -> None:
         self.directory = Path(directory)
-        self.chunks = max(int(volume_bytes) // CHUNK_BYTES, 1)
-        self.chunk = np.random.default_rng(1).integers(0, 256, CHUNK_BYTES, dtype=np.uint8).tobytes()
+        self.source = "run payload" if source is not None else "one 1 MiB buffer"
+        self.chunks: list[memoryview] = (_cycled_chunks(source, volume_bytes) if source is not None
+                                         else _repeated_chunk(volume_bytes))
+        self.volume_bytes = sum(len(chunk) for chunk in self.chunks)
         self.samples: list[float] = []  # bytes per second, one per measure()
+        self.cpu_ns_per_byte: list[float] = []  # this process's CPU time per byte, one per measure()
         self.paths: list[Path] = []
-
-    @property
-    def volume_bytes(self) -> int:
-        return self.chunks * CHUNK_BYTES
 
     def measure(self, *, sync: bool = True) -> float:
         """One probe (after ``os.sync()`` unless ``sync`` is false); bytes per second."""
@@ -137,14 +156,17 @@ class PageCacheProbe:
         self.paths.append(path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
         try:
+            cpu = time.process_time_ns()
             started = time.perf_counter()
-            for _ in range(self.chunks):
-                os.write(fd, self.chunk)
+            for chunk in self.chunks:
+                os.write(fd, chunk)
             elapsed = time.perf_counter() - started
+            cpu = time.process_time_ns() - cpu
         finally:
             os.close(fd)
         rate = self.volume_bytes / elapsed
         self.samples.append(rate)
+        self.cpu_ns_per_byte.append(cpu / self.volume_bytes)
         return rate
 
     @property
@@ -155,6 +177,13 @@ class PageCacheProbe:
         return sorted(self.samples)[len(self.samples) // 2]
 
     @property
+    def fastest_bytes_per_s(self) -> float:
+        """The fastest sample so far: the limit a run bracketed by probes is held against."""
+        if not self.samples:
+            raise ValueError("PageCacheProbe: measure() was never called")
+        return max(self.samples)
+
+    @property
     def mb_per_s(self) -> float:
         """The median of the samples so far, in MB/s (10^6 bytes)."""
         return self.bytes_per_s / MB
@@ -162,6 +191,31 @@ class PageCacheProbe:
     def remove(self) -> None:
         for path in self.paths:
             path.unlink(missing_ok=True)
+
+
+def _repeated_chunk(volume_bytes: int) -> list[memoryview]:
+    chunk = memoryview(np.random.default_rng(1).integers(0, 256, CHUNK_BYTES, dtype=np.uint8).tobytes())
+    return [chunk] * max(int(volume_bytes) // CHUNK_BYTES, 1)
+
+
+def _cycled_chunks(rows: np.ndarray, volume_bytes: int) -> list[memoryview]:
+    """``volume_bytes`` (whole rows, at least one) of ``rows`` from the first, cycled, in chunks of whole
+    rows of about 1 MiB; views of ``rows``, no copy."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or rows.dtype != np.uint8 or not rows.flags.c_contiguous or rows.size == 0:
+        raise ValueError(f"PageCacheProbe source: expected a non-empty C-contiguous 2-D uint8 array, got "
+                         f"{rows.dtype} of shape {rows.shape}")
+    count, width = rows.shape
+    left = max(int(volume_bytes) // width, 1)
+    step = max(1, CHUNK_BYTES // width)
+    chunks = []
+    position = 0
+    while left:
+        take = min(step, count - position, left)
+        chunks.append(rows[position : position + take].reshape(-1).data)
+        left -= take
+        position = (position + take) % count
+    return chunks
 
 
 def _send_files(files: Sequence[tuple[str, int]], port_pipe: Any) -> None:
@@ -226,7 +280,9 @@ def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int
 
 @dataclass
 class Limits:
-    """The three limits of one run, in bytes per second, and what was probed."""
+    """The three limits of one run, in bytes per second, and what was probed.
+    ``page_cache_write_bytes_per_s`` is the fastest page-cache sample (one, or the two around a run:
+    ``page_cache_samples_bytes_per_s``, in the order taken)."""
 
     memcpy_bytes_per_s: float
     page_cache_write_bytes_per_s: float
@@ -235,6 +291,9 @@ class Limits:
     sendfile_probe_bytes: int
     memcpy_probe_bytes: int
     probe: PageCacheProbe | None = field(default=None, repr=False)
+    page_cache_samples_bytes_per_s: list[float] = field(default_factory=list)
+    page_cache_probe_cpu_ns_per_byte: list[float] = field(default_factory=list)
+    page_cache_probe_source: str = "one 1 MiB buffer"
 
     def ratios(self, bytes_per_s: float) -> dict[str, float]:
         """``bytes_per_s`` as a share of each limit."""
@@ -244,7 +303,7 @@ class Limits:
             "loopback_sendfile": round(bytes_per_s / self.loopback_sendfile_bytes_per_s, 4),
         }
 
-    def as_json(self) -> dict[str, float | int]:
+    def as_json(self) -> dict[str, Any]:
         return {
             "memcpy_mb_per_s": round(self.memcpy_bytes_per_s / MB, 1),
             "page_cache_write_mb_per_s": round(self.page_cache_write_bytes_per_s / MB, 1),
@@ -252,39 +311,63 @@ class Limits:
             "page_cache_probe_bytes": self.page_cache_probe_bytes,
             "sendfile_probe_bytes": self.sendfile_probe_bytes,
             "memcpy_probe_bytes": self.memcpy_probe_bytes,
+            "page_cache_write_samples_mb_per_s": [round(x / MB, 1)
+                                                  for x in self.page_cache_samples_bytes_per_s],
+            "page_cache_probe_cpu_ns_per_byte": [round(x, 3) for x in self.page_cache_probe_cpu_ns_per_byte],
+            "page_cache_probe_source": self.page_cache_probe_source,
         }
 
     def describe(self) -> str:
+        samples = ""
+        if len(self.page_cache_samples_bytes_per_s) > 1:
+            samples = "; samples " + " / ".join(f"{x / MB:,.0f}" for x in self.page_cache_samples_bytes_per_s)
         return (f"limits: memcpy {self.memcpy_bytes_per_s / MB:,.0f} MB/s, page-cache write "
                 f"{self.page_cache_write_bytes_per_s / MB:,.0f} MB/s "
-                f"({self.page_cache_probe_bytes / MB:,.0f} MB), "
+                f"({self.page_cache_probe_bytes / MB:,.0f} MB{samples}), "
                 f"loopback sendfile {self.loopback_sendfile_bytes_per_s / MB:,.0f} MB/s")
 
     def remove_probe_files(self) -> None:
-        """Delete the page-cache probe's file (after the run compared with it)."""
+        """Delete the page-cache probe's files (after the run compared with them)."""
         if self.probe is not None:
             self.probe.remove()
+
+
+def limits_with_probe(probe: PageCacheProbe, volume_bytes: int, *,
+                      sendfile_cap_bytes: int = DEFAULT_SENDFILE_CAP_BYTES) -> Limits:
+    """The three limits around ``probe``, which has measured at least once (before a run; after it too when
+    bracketing one): page-cache write = its fastest sample; ``sendfile`` of its last file (at most
+    ``sendfile_cap_bytes``); memcpy of a working set of ``volume_bytes`` (at least 16 MiB, at most 256 MiB).
+    The probe's files stay until :meth:`Limits.remove_probe_files`."""
+    sent, seconds = loopback_sendfile(probe.paths[-1:], max_bytes=max(sendfile_cap_bytes, CHUNK_BYTES))
+    memcpy_bytes = min(max(int(volume_bytes), MIN_PROBE_BYTES), DEFAULT_MEMCPY_WORKING_SET_BYTES)
+    memcpy = memcpy_bytes_per_s(memcpy_bytes)
+    return Limits(memcpy_bytes_per_s=memcpy, page_cache_write_bytes_per_s=probe.fastest_bytes_per_s,
+                  loopback_sendfile_bytes_per_s=sent / seconds, page_cache_probe_bytes=probe.volume_bytes,
+                  sendfile_probe_bytes=sent, memcpy_probe_bytes=memcpy_bytes, probe=probe,
+                  page_cache_samples_bytes_per_s=list(probe.samples),
+                  page_cache_probe_cpu_ns_per_byte=list(probe.cpu_ns_per_byte),
+                  page_cache_probe_source=probe.source)
+
+
+def probe_volume_bytes(volume_bytes: int, page_cache_cap_bytes: int = DEFAULT_PAGE_CACHE_CAP_BYTES) -> int:
+    """The page-cache probe's volume for a run moving ``volume_bytes``: that, at least 16 MiB, at most
+    ``page_cache_cap_bytes``."""
+    return min(max(int(volume_bytes), MIN_PROBE_BYTES), page_cache_cap_bytes)
 
 
 def measure_limits(directory: str | os.PathLike[str], volume_bytes: int, *,
                    page_cache_cap_bytes: int = DEFAULT_PAGE_CACHE_CAP_BYTES,
                    sendfile_cap_bytes: int = DEFAULT_SENDFILE_CAP_BYTES) -> Limits:
-    """All three limits for a run moving ``volume_bytes``: a page-cache probe of that volume (at least
-    16 MiB, at most ``page_cache_cap_bytes``) in ``directory``; ``sendfile`` of that probe file (at most
-    ``sendfile_cap_bytes`` of it); memcpy of a working set of up to 256 MiB.
+    """All three limits for a run moving ``volume_bytes``, measured before it: a page-cache probe of that
+    volume (:func:`probe_volume_bytes`) in ``directory``, then :func:`limits_with_probe`.  (``appliance bench
+    produce`` brackets its run with probes instead.)
 
     The probe's file stays until :meth:`Limits.remove_probe_files` -- call it after the run.  Needs free
     space for the probe in ``directory``."""
-    volume = min(max(int(volume_bytes), MIN_PROBE_BYTES), page_cache_cap_bytes)
-    probe = PageCacheProbe(directory, volume)
+    probe = PageCacheProbe(directory, probe_volume_bytes(volume_bytes, page_cache_cap_bytes))
     try:
-        page_cache = probe.measure()
-        sent, seconds = loopback_sendfile(probe.paths[-1:], max_bytes=max(sendfile_cap_bytes, CHUNK_BYTES))
-        memcpy_bytes = min(max(int(volume_bytes), MIN_PROBE_BYTES), DEFAULT_MEMCPY_WORKING_SET_BYTES)
-        memcpy = memcpy_bytes_per_s(memcpy_bytes)
+        probe.measure()
+        return limits_with_probe(probe, volume_bytes, sendfile_cap_bytes=sendfile_cap_bytes)
     except BaseException:
         probe.remove()
         raise
-    return Limits(memcpy_bytes_per_s=memcpy, page_cache_write_bytes_per_s=page_cache,
-                  loopback_sendfile_bytes_per_s=sent / seconds, page_cache_probe_bytes=probe.volume_bytes,
-                  sendfile_probe_bytes=sent, memcpy_probe_bytes=memcpy_bytes, probe=probe)

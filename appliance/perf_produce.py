@@ -18,8 +18,18 @@ What one run does
    ``send_many`` call carries a callback; its latency is the time from the call to the callback (the record's
    batch acknowledged by the partition writer: appended to the log).  The clock stops when the last producer's
    ``flush()`` returns.
-5. The limits (``appliance.perf_limits``) are measured while the producers are ready and idle, for the payload
-   volume of the run; this path is held against the page-cache write bandwidth.
+5. The limits (``appliance.perf_limits``): the page-cache write bandwidth is probed *right before and right
+   after* the timed part, each time for the run's volume and with the run's own bytes (the pool's rows from
+   the first, cycled as the producers send them), into a new file in the data directory (the log's file
+   system), after ``os.sync()`` as the run itself; the probe files stay until the run is over.  The run is
+   held against the faster of the two (``ratios.page_cache_write``); ``extra.page_cache_probes`` gives both
+   samples, the ratio to each and to their mean, and the CPU per byte of the probe, the producers and the
+   writers (a probe near 0.2 ns/B got pages the host still backs, one near 2.5 ns/B pages it must fault in
+   first: on a virtual machine that, not the appliance, moves the figure tenfold).  memcpy and loopback
+   ``sendfile`` are measured after the second probe, so nothing but ``os.sync()`` separates a probe from the
+   run.  (Until 2026-11-22 one probe of a single cache-resident 1 MiB buffer ran ~2 s before the run, with
+   ``sendfile`` and a 2 x 256 MiB memcpy in between: that limit was ~1.4x kinder than writing the run's
+   bytes, and it and the run drew on different pages; see docs/performance.md, issue 3.)
 6. Afterwards the records in the log are counted (log end offsets): a lost or duplicated record is reported.
 """
 
@@ -34,13 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from appliance.perf_limits import MIB, Limits, measure_limits
+from appliance.perf_limits import MIB, Limits, PageCacheProbe, limits_with_probe, probe_volume_bytes
 from appliance.perf_server import Appliance
 from appliance.perf_stats import Progress, latency_summary, make_result, process_cpu_ns, profiled
 from storage.errors import ApplianceError, ConfigError
 
-__all__ = ["ProduceSettings", "TcpProducerUnavailable", "log_line_payloads", "payload_pool", "produce_into",
-           "producer_settings", "run_produce", "tcp_producer_status"]
+__all__ = ["ProduceSettings", "TcpProducerUnavailable", "log_line_payloads", "payload_pool", "probe_report",
+           "produce_into", "producer_settings", "run_produce", "tcp_producer_status"]
 
 POOL_BYTES = 8 * MIB  # distinct payload bytes per run (more for small records, see payload_pool)
 POOL_MAX_RECORDS = 200_000
@@ -469,29 +479,31 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
     progress = Progress(settings.records, settings.record_size, enabled=progress_enabled)
     outcomes: list[ProducerOutcome] = []
     limits: Limits | None = None
+    probe = _probe(app, settings, pool)
     writer_pids = app.writer_pids(topic)
     try:
         if settings.producers == 1:
             producer = open_producer(config)
             try:
                 _warm_up(producer, topic, settings.partitions, pool, warmup, settings.api)
-                limits = _limits(app, settings)
+                _probe_before(probe)
                 writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
                 progress.restart()
                 with profiled(settings.profile):
                     outcomes.append(produce_into(
                         producer, topic, pool, per_producer[0], api=settings.api, rate_per_s=rate,
                         batch_bytes=batch_bytes, counter=progress.update))
+                writer_cpu = process_cpu_ns(writer_pids, missing_ok=True) - writer_cpu
             finally:
                 producer.close(timeout=60)
         else:
-            limits, writer_cpu = _run_processes(app, settings, topic, config, pool, per_producer, warmup,
-                                                rate, batch_bytes, progress, outcomes, writer_pids)
-        writer_cpu = process_cpu_ns(writer_pids, missing_ok=True) - writer_cpu
+            writer_cpu = _run_processes(settings, topic, config, pool, per_producer, warmup, rate,
+                                        batch_bytes, progress, outcomes, writer_pids, probe)
+        limits = _probe_after(probe, settings)
     finally:
         progress.finish()
-        if limits is not None:
-            limits.remove_probe_files()
+        if probe is not None:
+            probe.remove()
     records = sum(o.records for o in outcomes)
     payload = sum(o.payload_bytes for o in outcomes)
     seconds = (max(o.end_ns for o in outcomes) - min(o.start_ns for o in outcomes)) / 1e9
@@ -528,21 +540,66 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
     if settings.acks == "all" and replication_factor == 1:
         notes.append("acks=all on a topic without followers: the writer acknowledges after the append, as "
                      "for acks=1 (`appliance bench replicate` compares the two with followers)")
+    payload_bytes_per_s = payload / max(seconds, 1e-9)
+    extra["producer_cpu_ns_per_byte"] = round(cpu / max(payload, 1), 3)
+    extra["writer_cpu_ns_per_byte"] = round(writer_cpu / max(payload, 1), 3)
     if limits is not None:
         page_cache = limits.page_cache_write_bytes_per_s
         extra["log_ratio_to_page_cache_write"] = round(log_mb_per_s * 1e6 / page_cache, 4)
+        extra["page_cache_probes"] = probe_report(limits, payload_bytes_per_s, cpu, writer_cpu, payload)
     return make_result(command, records=records, payload_bytes=payload, seconds=seconds,
                        latency=latency_summary(latencies, "send-to-ack"), config=settings.as_json(),
                        limits=limits, primary_limit="page_cache_write", extra=extra, notes=notes,
                        started_at=started_at)
 
 
-def _limits(app: Appliance, settings: ProduceSettings) -> Limits | None:
+def _probe(app: Appliance, settings: ProduceSettings, pool: np.ndarray) -> PageCacheProbe | None:
+    """The page-cache probe of a run: its volume, its payload rows, the data directory; None without
+    limits."""
     if not settings.measure_limits:
         return None
-    limits = measure_limits(app.data_dir, settings.records * settings.record_size)
-    os.sync()  # the run starts as the probe did: no dirty pages
-    return limits
+    return PageCacheProbe(app.data_dir, probe_volume_bytes(settings.records * settings.record_size), pool)
+
+
+def _probe_before(probe: PageCacheProbe | None) -> None:
+    """The probe right before the timed part; then ``os.sync()``: the run starts as the probe did, with no
+    dirty pages."""
+    if probe is not None:
+        probe.measure()
+        os.sync()
+
+
+def _probe_after(probe: PageCacheProbe | None, settings: ProduceSettings) -> Limits | None:
+    """The probe right after the timed part (after ``os.sync()``, as the others), then memcpy and
+    ``sendfile``: the run's :class:`Limits`, page-cache write being the faster probe."""
+    if probe is None:
+        return None
+    probe.measure()
+    return limits_with_probe(probe, settings.records * settings.record_size)
+
+
+def probe_report(limits: Limits, bytes_per_s: float, producer_cpu_ns: int, writer_cpu_ns: int,
+                 payload_bytes: int) -> dict[str, Any]:
+    """``extra.page_cache_probes`` of a run moving ``bytes_per_s`` (payload) between two probes: both
+    samples (MB/s), the run's ratio to the faster (the headline ``ratios.page_cache_write``), to each and
+    to their mean, the probes' CPU per byte, and ``cpu_bound_ratio``: the cheaper probe's CPU per byte over
+    the costlier side's (producers' or writers') -- the ratio the run would reach with a core for each
+    side and nothing else running, which others' load on a shared machine does not move."""
+    samples = limits.page_cache_samples_bytes_per_s
+    side_ns_per_byte = max(max(producer_cpu_ns, writer_cpu_ns) / max(payload_bytes, 1), 1e-9)
+    report: dict[str, Any] = {
+        "source": limits.page_cache_probe_source,
+        "volume_bytes": limits.page_cache_probe_bytes,
+        "samples_mb_per_s": [round(x / 1e6, 1) for x in samples],
+        "cpu_ns_per_byte": [round(x, 3) for x in limits.page_cache_probe_cpu_ns_per_byte],
+        "ratio_to_faster": round(bytes_per_s / max(samples), 4),
+        "ratio_to_mean": round(bytes_per_s / (sum(samples) / len(samples)), 4),
+        "cpu_bound_ratio": round(min(limits.page_cache_probe_cpu_ns_per_byte) / side_ns_per_byte, 4),
+    }
+    if len(samples) == 2:
+        report["ratio_to_before"] = round(bytes_per_s / samples[0], 4)
+        report["ratio_to_after"] = round(bytes_per_s / samples[1], 4)
+    return report
 
 
 def start_ready_processes(context: Any, target: Callable[..., None], arguments: Sequence[tuple[Any, ...]],
@@ -566,21 +623,22 @@ def start_ready_processes(context: Any, target: Callable[..., None], arguments: 
             raise ApplianceError(f"{what} {index} failed while warming up: {payload}")
 
 
-def _run_processes(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str, object],
-                   pool: np.ndarray, per_producer: Sequence[int], warmup: int, rate: float, batch_bytes: int,
-                   progress: Progress, outcomes: list[ProducerOutcome], writer_pids: list[int]
-                   ) -> tuple[Limits | None, int]:
+def _run_processes(settings: ProduceSettings, topic: str, config: dict[str, object], pool: np.ndarray,
+                   per_producer: Sequence[int], warmup: int, rate: float, batch_bytes: int,
+                   progress: Progress, outcomes: list[ProducerOutcome], writer_pids: list[int],
+                   probe: PageCacheProbe | None) -> int:
+    """K producer processes: start and warm up each, probe, go, collect their outcomes; the writers' CPU
+    time (ns) while they produced."""
     context = multiprocessing.get_context("fork")
     counters = context.RawArray("q", settings.producers)
     pipes: list[Any] = []
     processes: list[Any] = []
-    limits: Limits | None = None
     try:
         start_ready_processes(context, _producer_process, [
             (config, topic, settings.partitions, pool, count, warmup, settings.api, rate, batch_bytes,
              counters, index) for index, count in enumerate(per_producer)
         ], (settings.profile,), pipes, processes, "producer process")
-        limits = _limits(app, settings)
+        _probe_before(probe)
         writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
         progress.restart()
         for pipe in pipes:
@@ -595,11 +653,7 @@ def _run_processes(app: Appliance, settings: ProduceSettings, topic: str, config
                     outcomes.append(payload)
                     del waiting[index]
             progress.update(sum(counters))
-        return limits, writer_cpu
-    except BaseException:
-        if limits is not None:
-            limits.remove_probe_files()
-        raise
+        return process_cpu_ns(writer_pids, missing_ok=True) - writer_cpu
     finally:
         for process in processes:
             process.join(60)

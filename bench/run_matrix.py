@@ -26,6 +26,17 @@ with the others at the baseline (100 B, 1 partition, 1 producer, acks=1, none, `
 Every produce run moves about 640 MB (at most 2,000,000 and at least 5,000 records), so a run takes a second
 or more whatever its record size.  One ``appliance serve`` (started here, in a temporary directory) serves the
 matrix; each run gets a fresh topic, deleted afterwards.
+
+The page-cache ratio (the 10 KiB targets, the "x page cache" column) is ``appliance bench produce``'s: the
+page-cache write bandwidth is probed right before AND right after each run, with the run's own bytes (its
+payload pool, cycled as the producer sends it), for the run's volume, into a new file in the appliance's data
+directory (the log's file system), each after ``os.sync()`` as the run; the run is held against the faster of
+its two probes (``bench/test_bench_writer.py``'s and ``bench/test_bench_produce.py``'s 10 KiB benches do the
+same, through the same ``appliance.perf_limits.PageCacheProbe``).  Each target round logs both probe samples,
+their CPU per byte (~0.2-0.3 ns: pages the host still backs; ~2.5 ns: pages it must fault in first, which
+moves the figure tenfold on this virtual machine) and ``cpu_bound_ratio`` (the cheaper probe's CPU per byte
+over the costlier of producer and writer: what the run would reach with a core each, which others' load does
+not move).  The results file keeps them under ``extra.page_cache_probes``.
 """
 
 from __future__ import annotations
@@ -148,9 +159,23 @@ def target_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
             if result is None:
                 continue
             log(f"  {result['records_per_s']:,.0f} records/s, {result['ratios']['page_cache_write']:.3f} of "
-                f"page-cache write")
+                f"page-cache write{_probes(result)}")
             rows.append(_row(result, "target"))
     return rows
+
+
+def _probes(result: dict[str, Any]) -> str:
+    """The page-cache probes of a produce run, for the log: both samples, their CPU per byte, the ratio to
+    their mean and the CPU-bound ratio."""
+    extra = result.get("extra", {})
+    probes = extra.get("page_cache_probes")
+    if not probes:
+        return ""
+    samples = " / ".join(f"{x:,.0f}" for x in probes["samples_mb_per_s"])
+    cpu = " / ".join(f"{x:.2f}" for x in probes["cpu_ns_per_byte"])
+    return (f" (probes before / after {samples} MB/s at {cpu} ns/B of CPU; to their mean "
+            f"{probes['ratio_to_mean']:.3f}; CPU-bound {probes['cpu_bound_ratio']:.3f}; producer "
+            f"{extra['producer_cpu_ns_per_byte']:.2f}, writer {extra['writer_cpu_ns_per_byte']:.2f} ns/B)")
 
 
 def e2e_target_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
@@ -399,7 +424,8 @@ def update_doc(results: dict[str, Any], images: list[str], command: str) -> None
             f"the start, a median of {results['host']['loadavg_1m_median_of_runs']:.1f} at the end of the "
             f"runs (2 means both cores busy).", ""]
     if med:
-        body.append(f"Limits (medians of the probes run next to each produce run): memcpy "
+        body.append(f"Limits (medians over the produce runs; page-cache write is the faster of the two "
+                    f"probes right before and right after each run, with its bytes): memcpy "
                     f"{med['memcpy_mb_per_s']:,.0f} MB/s, page-cache write "
                     f"{med['page_cache_write_mb_per_s']:,.0f} MB/s, loopback sendfile "
                     f"{med['loopback_sendfile_mb_per_s']:,.0f} MB/s.")

@@ -19,13 +19,16 @@ Frames: idempotent batches, ``WRITER_BENCH_MIB`` MiB per round (default 64), in 
 ``test_10_kib_records_end_to_end_vs_page_cache``: a real ``appliance serve`` (its writer process appending),
 one ``Producer``, 10 KiB records, acks=1, from the first record to the last ack: ``send_many`` of a 2-D array,
 and ``send`` of each record (``bytes`` made before the round) in a plain loop.  The
-page-cache probe (:class:`SameBytesProbe`: buffered 1 MiB ``os.write`` of the same bytes to a new file in the
-data directory, after ``os.sync()``) runs right before AND right after every round, so a swing of the page
-cache during the round shows up; the round is held against the faster of its two probes
-(``ratio_to_faster_probe``, conservative) and their mean.  On a shared 2-core machine the wall-clock ratio
-also measures whoever else runs; the CPU cost ratio does not: ``cpu_ratio_probe_to_writer`` is the probe's
-CPU time per byte (the kernel's buffered write of those bytes) over the writer process's (everything it does
-per byte: peek, CRC, idempotence, stamp, writev, acks), 1.0 being a writer that costs no more than the write.
+page-cache probe (``appliance.perf_limits.PageCacheProbe`` with the round's rows as its source: buffered
+``os.write`` of the same bytes, ~1 MiB at a time, to a new file in the data directory, after ``os.sync()``)
+runs right before AND right after every round, so a swing of the page cache during the round shows up; the
+round is held against the faster of its two probes (``ratio_to_faster_probe``, conservative) and their mean.
+``appliance bench produce`` (the ``make bench`` matrix) measures the same way with the same class.  On a
+shared 2-core machine the wall-clock ratio also measures whoever else runs; the CPU cost ratios do not:
+``cpu_ratio_probe_to_writer`` is the probe's CPU time per byte (the kernel's buffered write of those bytes)
+over the writer process's (everything it does per byte: peek, CRC, idempotence, stamp, writev, acks), 1.0
+being a writer that costs no more than the write; ``cpu_bound_ratio`` divides by the costlier of writer and
+producer: the ratio the round would reach with a core for each.
 ``E2E_BENCH_RECORDS`` records per round (default 30,000, ~300 MiB), ``E2E_BENCH_ROUNDS`` rounds (default 5).
 
 Each test prints a ``RESULT`` line and stores its figures in ``extra_info``.
@@ -47,6 +50,7 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from appliance.perf_limits import PageCacheProbe
 from appliance.perf_stats import process_cpu_ns
 from appliance.producer import Producer
 from appliance.writer import PartitionWriter, WriterSpec
@@ -189,41 +193,6 @@ def test_drain_round_vs_os_write(benchmark: BenchmarkFixture, partition: Partiti
           file=sys.stderr)  # fmt: skip
 
 
-class SameBytesProbe:
-    """Page-cache write bandwidth right now: buffered ``os.write`` of the very bytes the round sends (the
-    producer's 10 KiB rows, 1 MiB at a time, from memory that is not cache-resident, as ring frames are not)
-    to a new file next to the logs, after ``os.sync()``.  Files are kept until :meth:`remove` (after every
-    round), so no probe or round writes into pages another just freed."""
-
-    def __init__(self, directory: Path, rows: np.ndarray) -> None:
-        self.directory = directory
-        step = max(1, (1 << 20) // rows.shape[1])
-        self.chunks = [rows[i : i + step] for i in range(0, rows.shape[0], step)]
-        self.volume = rows.nbytes
-        self.paths: list[Path] = []
-
-    def measure(self) -> tuple[float, float]:
-        """One probe: MB/s, and CPU ns per byte (this process: the kernel's copy and page-cache work)."""
-        os.sync()
-        path = self.directory / f"same-bytes-probe-{len(self.paths)}"
-        self.paths.append(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            cpu = time.process_time_ns()
-            start = time.perf_counter()
-            for chunk in self.chunks:
-                os.write(fd, chunk)
-            elapsed = time.perf_counter() - start
-            cpu = time.process_time_ns() - cpu
-        finally:
-            os.close(fd)
-        return self.volume / elapsed / 1e6, cpu / self.volume
-
-    def remove(self) -> None:
-        for path in self.paths:
-            path.unlink(missing_ok=True)
-
-
 @pytest.mark.parametrize("api", ["send_many", "send"])
 def test_10_kib_records_end_to_end_vs_page_cache(benchmark: BenchmarkFixture, api: str) -> None:
     server = Server()
@@ -237,11 +206,12 @@ def test_10_kib_records_end_to_end_vs_page_cache(benchmark: BenchmarkFixture, ap
         producer.flush()
         writer_pid = server.writer_pids(topic)[0]
         volume = E2E_RECORDS * RECORD_BYTES
-        probe = SameBytesProbe(server.data, rows)
+        probe = PageCacheProbe(server.data, volume, rows)
         rounds: list[dict[str, float]] = []
 
         def one_round() -> None:
-            before, before_cpu = probe.measure()
+            before = probe.measure() / 1e6
+            before_cpu = probe.cpu_ns_per_byte[-1]
             os.sync()
             writer_cpu = process_cpu_ns([writer_pid])
             cpu = time.process_time_ns()
@@ -256,7 +226,8 @@ def test_10_kib_records_end_to_end_vs_page_cache(benchmark: BenchmarkFixture, ap
             wall = time.perf_counter() - start
             producer_cpu = time.process_time_ns() - cpu
             writer_cpu = process_cpu_ns([writer_pid]) - writer_cpu
-            after, after_cpu = probe.measure()
+            after = probe.measure() / 1e6
+            after_cpu = probe.cpu_ns_per_byte[-1]
             rate = volume / wall / 1e6
             probe_cpu = min(before_cpu, after_cpu)
             rounds.append({"mb_per_s": rate, "probe_before": before, "probe_after": after,
@@ -266,6 +237,7 @@ def test_10_kib_records_end_to_end_vs_page_cache(benchmark: BenchmarkFixture, ap
                            "producer_cpu_ns_per_byte": producer_cpu / volume,
                            "probe_cpu_ns_per_byte": probe_cpu,
                            "cpu_ratio_probe_to_writer": probe_cpu / (writer_cpu / volume),
+                           "cpu_bound_ratio": probe_cpu / max(writer_cpu / volume, producer_cpu / volume),
                            "load_average_1min": os.getloadavg()[0]})  # fmt: skip
 
         benchmark.pedantic(one_round, rounds=E2E_ROUNDS, iterations=1, warmup_rounds=0)
