@@ -29,7 +29,7 @@ class RolledSegmentFlusher:
         self._name = name
         self._queue: queue.Queue[tuple[int, tuple[str, ...], int] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None  # set by the thread; raise_error() raises and clears it
 
     def submit(self, fd: int, index_paths: tuple[str, ...], upto_offset: int) -> None:
         """fsync ``fd`` (a dup the flusher closes) and the index files; then recovery point = upto_offset."""
@@ -46,7 +46,7 @@ class RolledSegmentFlusher:
                     return
                 fd, index_paths, upto_offset = item
                 try:
-                    if self._error is None:
+                    if self.error is None:
                         os.fdatasync(fd)
                         for path in index_paths:
                             with contextlib.suppress(FileNotFoundError):
@@ -57,7 +57,7 @@ class RolledSegmentFlusher:
                                     os.close(index_fd)
                         self._on_flushed(upto_offset)
                 except BaseException as error:  # re-raised by the writer's next call
-                    self._error = error
+                    self.error = error
                 finally:
                     os.close(fd)
             finally:
@@ -70,8 +70,8 @@ class RolledSegmentFlusher:
         self.raise_error()
 
     def raise_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
+        if self.error is not None:
+            error, self.error = self.error, None
             raise error
 
     def stop(self) -> None:

@@ -128,7 +128,7 @@ class IndexFile:
     :meth:`used_entries` re-counts on demand.
     """
 
-    __slots__ = ("_array", "_mm", "_populated", "entries", "entry", "max_entries", "path", "writable")
+    __slots__ = ("_array", "_populated", "entries", "entry", "max_entries", "mm", "path", "writable")
 
     def __init__(self, path: str, entry: struct.Struct, *, writable: bool) -> None:
         self.path = path
@@ -136,7 +136,7 @@ class IndexFile:
         self.writable = writable
         self.entries = 0
         self.max_entries = 0
-        self._mm: mmap.mmap | None = None
+        self.mm: mmap.mmap | None = None  # the mapping (None while the file is empty)
         self._array: np.ndarray = np.zeros(0, dtype=np.uint8)
         self._populated = 0  # bytes from the start of the mapping pre-faulted for writing
 
@@ -202,12 +202,12 @@ class IndexFile:
 
     def _map(self, fd: int, size: int, *, writable: bool) -> None:
         if size == 0:
-            self._mm = None
+            self.mm = None
             self._array = np.zeros(0, dtype=np.uint8)
             return
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        self._mm = mmap.mmap(fd, size, access=access)
-        self._array = np.frombuffer(self._mm, dtype=np.uint8)
+        self.mm = mmap.mmap(fd, size, access=access)
+        self._array = np.frombuffer(self.mm, dtype=np.uint8)
 
     # --- reading -----------------------------------------------------------------------------------------
     @property
@@ -241,18 +241,26 @@ class IndexFile:
         at = self.entries * entry.size
         if at + entry.size > self._populated:
             self._populate(at)
-        entry.pack_into(self._mm, at, first, second)  # type: ignore[arg-type]
+        entry.pack_into(self.mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
+
+    def prefaulted_entries_left(self) -> int:
+        """How many more entries fit in the pages already faulted in for writing (0 if not writable): the
+        log's hot path packs that many straight into :attr:`mm` at ``entries * entry.size`` (then adds one
+        to ``entries``) without going through :meth:`append`."""
+        if not self.writable or self.mm is None:
+            return 0
+        return min(self.max_entries, self._populated // self.entry.size) - self.entries
 
     def _populate(self, start: int) -> None:
         """Pre-fault the pages from ``start`` to ``start + _POPULATE_BYTES`` for writing (see above)."""
         end = min(self.mapped_bytes, start + _POPULATE_BYTES)
         begin = start - start % mmap.PAGESIZE
-        if self._mm is None or not self.writable or end <= begin:
+        if self.mm is None or not self.writable or end <= begin:
             return
         if _populate_supported[0]:
             try:
-                self._mm.madvise(_MADV_POPULATE_WRITE, begin, end - begin)
+                self.mm.madvise(_MADV_POPULATE_WRITE, begin, end - begin)
             except OSError:  # an older kernel: fault page by page instead
                 _populate_supported[0] = False
         self._populated = end
@@ -282,7 +290,7 @@ class IndexFile:
 
     def _zero_from(self, start: int, stop: int | None = None) -> None:
         end = self.max_entries if stop is None else stop
-        if self._mm is not None and end > start:
+        if self.mm is not None and end > start:
             self._array[start * self.entry.size : end * self.entry.size] = 0
 
     def trim(self) -> None:
@@ -299,14 +307,14 @@ class IndexFile:
         self.writable = False
 
     def flush(self) -> None:
-        if self._mm is not None and self.writable:
-            self._mm.flush()
+        if self.mm is not None and self.writable:
+            self.mm.flush()
 
     def close(self) -> None:
         self._array = np.zeros(0, dtype=np.uint8)  # drop the exported buffer before closing the map
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
 
     def delete(self) -> None:
         self.close()

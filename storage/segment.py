@@ -8,9 +8,10 @@ appended with one ``os.write`` per append call, or one ``os.writev`` of the batc
 memory: no copy; ``IOV_MAX`` buffers per call); nothing is fsynced per append (the page cache holds it;
 :meth:`LogSegment.flush` is ``fdatasync``).  After the bytes are written, the sparse indexes get their
 entries, so an index entry never points at bytes that are not in the file yet.  The common append of one
-batch goes through :meth:`LogSegment.append_batch`, which checks an *append budget* kept up to date as it
-goes (bytes, offsets, timestamps and index entries left before a roll rule could fire) instead of the
-rules themselves.
+batch (``Log.append_batches``' hot path, written flat in the log: see there why) checks the segment's
+*append budget* instead of the roll rules themselves: bytes, offsets, timestamps and index entries left
+before a roll rule could fire (:meth:`LogSegment.refresh_append_budget`); it writes the batch, indexes it
+by the rule below and keeps the budget current as it goes.
 
 Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
 appends with ``fallocate(FALLOC_FL_KEEP_SIZE)`` (``storage.preallocate``: how far, and the binding), so the
@@ -56,7 +57,6 @@ __all__ = [
     "INDEX_SUFFIX",
     "IOV_MAX",
     "LOG_SUFFIX",
-    "NEEDS_ROLL",
     "TIME_INDEX_SUFFIX",
     "BatchBuffer",
     "FetchSlice",
@@ -65,6 +65,7 @@ __all__ = [
     "parse_segment_name",
     "segment_path",
     "write_fully",
+    "write_rest",
 ]
 
 LOG_SUFFIX: Final = ".log"
@@ -74,7 +75,6 @@ _NAME_DIGITS: Final = 20
 _CHUNK_BYTES: Final = 16 * 1024  # pread size when walking small batches
 IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024  # buffers per writev
 BatchBuffer: TypeAlias = "memoryview | bytes | bytearray"  # 1-D bytes (format "B"): len() counts bytes
-NEEDS_ROLL: Final = -1  # append_batch: the batch does not fit without a roll check; nothing was written
 _NO_LIMIT: Final = -(2**64)  # an append budget limit no int64 field is ever below or at
 _log = logging.getLogger(__name__)
 
@@ -98,21 +98,21 @@ def write_fully(fd: int, parts: Sequence[BatchBuffer], size_bytes: int) -> None:
     if len(parts) == 1:
         written = os.write(fd, parts[0])
         if written < size_bytes:
-            _write_rest(fd, parts, written)
+            write_rest(fd, parts, written)
         return
     if len(parts) <= IOV_MAX:
         written = os.writev(fd, parts)
         if written < size_bytes:
-            _write_rest(fd, parts, written)
+            write_rest(fd, parts, written)
         return
     for first in range(0, len(parts), IOV_MAX):
         group = parts[first : first + IOV_MAX]
         written = os.writev(fd, group)
         if written < sum(len(part) for part in group):
-            _write_rest(fd, group, written)
+            write_rest(fd, group, written)
 
 
-def _write_rest(fd: int, parts: Sequence[BatchBuffer], written: int) -> None:
+def write_rest(fd: int, parts: Sequence[BatchBuffer], written: int) -> None:
     """Finish a short write: the bytes of ``parts`` after the first ``written``."""
     for part in parts:
         view = memoryview(part).cast("B")
@@ -228,13 +228,14 @@ class LogSegment:
         self.time_index: TimeIndex = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY,
                                                          writable=False), base_offset)
         self.index_identity: tuple[int, int] = (0, 0)  # (inode, size) of .index when a view mapped it
-        # The append budget (see append_batch), recomputed by refresh_append_budget after every change
-        # but append_batch's own: what a batch may take without the log looking at rolling at all.
-        self._room_bytes = -1  # bytes before segment.bytes; -1: closed or empty (the log decides)
-        self._last_offset_limit = base_offset + INT32_MAX  # relative offsets are int32
-        self._timestamp_limit = _NO_LIMIT  # a batch max timestamp above it may be due for segment.ms
-        self._index_room = 0  # index entries that fit (a lower bound)
-        self._index_interval_bytes = config.index_interval_bytes
+        # The append budget: what one batch may take with no roll rule able to fire, so the log's hot path
+        # (Log.append_batches) checks these instead of the rules.  refresh_append_budget recomputes it after
+        # every change but the hot path's own, which keeps room_bytes and index_entries_left current.
+        self.room_bytes = -1  # bytes before segment.bytes (or the reservation); -1: closed or empty
+        self.last_offset_limit = base_offset + INT32_MAX  # relative offsets are int32
+        self.timestamp_limit = _NO_LIMIT  # a batch max timestamp above it may be due for segment.ms
+        self.index_entries_left = 0  # index entries that fit, in pages already faulted in (a lower bound)
+        self.index_interval_bytes = config.index_interval_bytes
         # log.preallocate: while active, blocks are reserved (KEEP_SIZE) up to _reserved_end
         self._preallocate = config.preallocate  # False also after a failed fallocate, or on tmpfs
         self._reserved_end = 0
@@ -445,41 +446,6 @@ class LogSegment:
         return self.append_fd >= 0
 
     # --- writing (the log's single writer) -----------------------------------------------------------------
-    def append_batch(self, buf: BatchBuffer, last_offset: int, size_bytes: int, max_timestamp: int) -> int:
-        """The hot path: write one stamped batch (``size_bytes == len(buf)``) and index it, if it fits the
-        *append budget*; returns the position written at, or :data:`NEEDS_ROLL` (nothing written).
-
-        The budget is what the active segment can take with no roll rule able to fire: bytes left before
-        ``segment.bytes``, the int32 relative-offset limit, the last max timestamp before ``segment.ms``
-        and the index entries left.  An empty segment, one whose first batch had no timestamp (its age
-        decides, which needs the clock) and a closed one have no budget: the log's general path
-        (:meth:`append_parts` after its own roll checks) serves them, then :meth:`refresh_append_budget`.
-        """
-        room = self._room_bytes - size_bytes
-        index_due = self.bytes_since_last_index_entry > self._index_interval_bytes
-        if (room < 0 or last_offset > self._last_offset_limit or max_timestamp > self._timestamp_limit
-                or (index_due and self._index_room <= 0)):
-            return NEEDS_ROLL
-        written = os.write(self.append_fd, buf)
-        if written != size_bytes:
-            _write_rest(self.append_fd, (buf,), written)
-        position = self.size_bytes
-        if max_timestamp > self.max_timestamp:
-            self.max_timestamp = max_timestamp
-            self.offset_of_max_timestamp = last_offset
-        if index_due:  # the same rule as append_parts, after the bytes are in the file
-            self.offset_index.file.append(last_offset - self.base_offset, position)
-            if self.max_timestamp > self.time_index.last_timestamp:
-                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
-            self._index_room -= 1  # a time entry only comes with an offset entry: min(room) drops by <= 1
-            self.bytes_since_last_index_entry = size_bytes
-        else:
-            self.bytes_since_last_index_entry += size_bytes
-        self.size_bytes = position + size_bytes
-        self._room_bytes = room
-        self.next_offset = last_offset + 1
-        return position
-
     def append(self, data: BatchBuffer, batches: Sequence[tuple[int, int, int, int]]) -> int:
         """Write ``data`` (whole batches) with one ``os.write``: :meth:`append_parts` with one part."""
         return self.append_parts((data,), len(data), batches)
@@ -558,17 +524,20 @@ class LogSegment:
         return start
 
     def refresh_append_budget(self) -> None:
-        """Recompute the budget of :meth:`append_batch` from the segment's state (after any change to it
-        but :meth:`append_batch`'s own, which keeps the budget up to date as it goes)."""
+        """Recompute the append budget from the segment's state (after any change to it but the log's hot
+        path's own, which keeps the budget up to date as it goes).  A closed segment, an empty one and one
+        whose first batch had no timestamp (its age decides, which needs the clock) get none: the log's
+        general path (:meth:`append_parts` after its own roll checks) serves them."""
         config = self.config
         size = self.size_bytes
         limit = config.segment_bytes
         if self._preallocate and self._reserved_end < limit:
             limit = self._reserved_end  # past it append_parts reserves the next chunk first
-        self._room_bytes = limit - size if size > 0 and self.append_fd >= 0 else -1
+        self.room_bytes = limit - size if size > 0 and self.append_fd >= 0 else -1
         rolling = self.rolling_timestamp
-        self._timestamp_limit = rolling + config.segment_ms if rolling >= 0 else _NO_LIMIT
-        self._index_room = self.index_room()
+        self.timestamp_limit = rolling + config.segment_ms if rolling >= 0 else _NO_LIMIT
+        # past the faulted-in pages of .index, IndexFile.append (the general path) faults in the next ones
+        self.index_entries_left = min(self.index_room(), self.offset_index.file.prefaulted_entries_left())
 
     def _reserve_ahead(self, end: int) -> None:
         """``log.preallocate``: reserve blocks through ``end`` and beyond (``reservation_end``).  Where
@@ -654,7 +623,7 @@ class LogSegment:
         self._release_reserved()
         os.close(self.append_fd)
         self.append_fd = -1
-        self._room_bytes = -1
+        self.room_bytes = -1
 
     def flush(self) -> None:
         """fdatasync the ``.log``; msync (active) or fsync (trimmed) the indexes."""
@@ -681,7 +650,7 @@ class LogSegment:
             if fd >= 0:
                 os.close(fd)
         self.append_fd = self.read_fd = -1
-        self._room_bytes = -1
+        self.room_bytes = -1
 
     def delete(self) -> None:
         """Close and unlink the three files (a reader's open descriptors keep working on the old inodes)."""
