@@ -256,12 +256,24 @@ class KafkaConnection:
     def send(self, body: Struct, *, version: int | None = None, timeout_ms: int | None = None) -> int:
         """Send a request without waiting; return its correlation id.  ``timeout_ms`` (default
         ``request_timeout_ms``) bounds the wait for its response."""
-        sock = self._live_socket()
+        self._live_socket()
         spec = api_for_request(body)
         api_version = self.version_for(spec.api_key) if version is None else version
+        client_id = self.client_id
+        return self.send_encoded(
+            lambda correlation_id: encode_request(RequestHeader(spec.api_key, api_version, correlation_id,
+                                                                client_id), body),
+            spec.api_key, api_version, timeout_ms=timeout_ms)
+
+    def send_encoded(self, encode: Callable[[int], bytes | bytearray], api_key: int, api_version: int, *,
+                     timeout_ms: int | None = None) -> int:
+        """:meth:`send` for a caller that encodes the request itself: ``encode(correlation_id)`` returns the
+        whole frame (size prefix included) of an ``api_key`` request at ``api_version`` -- a follower patches
+        the offsets into a Fetch it encoded once (``replicas.leader_connection``)."""
+        sock = self._live_socket()
         self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         correlation_id = self._correlation_id
-        frame = encode_request(RequestHeader(spec.api_key, api_version, correlation_id, self.client_id), body)
+        frame = encode(correlation_id)
         timeout_s = (self.request_timeout_ms if timeout_ms is None else timeout_ms) / 1000
         deadline = time.monotonic() + timeout_s
         try:
@@ -270,16 +282,16 @@ class KafkaConnection:
         except TimeoutError:
             self._fail()
             raise RequestTimeoutError(
-                f"broker {self.address}: {spec.name} request (correlation id {correlation_id}) not sent "
-                f"within {timeout_s * 1000:.0f} ms"
+                f"broker {self.address}: {APIS[api_key].name} request (correlation id {correlation_id}) not "
+                f"sent within {timeout_s * 1000:.0f} ms"
             ) from None
         except OSError as exc:
             self._fail()
             raise BrokerConnectionError(
-                f"broker {self.address}: sending {spec.name} (correlation id {correlation_id}) failed: "
-                f"{exc.strerror or exc}"
+                f"broker {self.address}: sending {APIS[api_key].name} (correlation id {correlation_id}) "
+                f"failed: {exc.strerror or exc}"
             ) from None
-        self._pending.append(_Pending(correlation_id, spec.api_key, api_version, deadline))
+        self._pending.append(_Pending(correlation_id, api_key, api_version, deadline))
         return correlation_id
 
     def receive(self, wait_ms: float | None = None, *, on_body: BodyObserver | None = None) -> Any:
