@@ -72,9 +72,6 @@ import numpy as np
 
 from ipc.kafka import (
     ErrorCode,
-    FetchPartition,
-    FetchRequest,
-    FetchTopic,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsTopic,
@@ -84,7 +81,13 @@ from ipc.kafka import (
     Struct,
     error_name,
 )
-from replicas.leader_connection import DEFAULT_REQUEST_TIMEOUT_MS, FetchInFlight, LeaderConnection, LeaderInfo
+from replicas.leader_connection import (
+    DEFAULT_REQUEST_TIMEOUT_MS,
+    FetchInFlight,
+    FollowerFetch,
+    LeaderConnection,
+    LeaderInfo,
+)
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
 from storage.batch_header import (
@@ -187,6 +190,8 @@ class PartitionFetcher:
         self._high_watermark = max(log.log_start_offset, min(known, log.log_end_offset))
         self._checkpointed_high_watermark = self._high_watermark
         self._last_checkpoint_ms = self._clock_ms()
+        self._fetch_template: FollowerFetch | None = None
+        self._fetch_timeout_ms = config.request_timeout_ms + config.replica_fetch_wait_max_ms
         # walk_batches' output (positions, sizes, base and last offsets, max timestamps, epochs, CRCs)
         self._walk_arrays = tuple(np.empty(_WALK_BATCHES, dtype=np.int64) for _ in range(7))
 
@@ -356,21 +361,20 @@ class PartitionFetcher:
             self._on_log_end_offset(log.log_end_offset)
 
     # --- fetching -------------------------------------------------------------------------------------------
-    def _fetch_request(self, leader: LeaderInfo, fetch_offset: int) -> FetchRequest:
-        config = self.config
-        return FetchRequest(
-            replica_id=config.broker_id, max_wait_ms=config.replica_fetch_wait_max_ms,
-            min_bytes=config.replica_fetch_min_bytes, max_bytes=config.replica_fetch_max_bytes,
-            isolation_level=0, session_id=0, session_epoch=-1,
-            topics=[FetchTopic(topic=self.topic, partitions=[FetchPartition(
-                partition=self.partition, current_leader_epoch=leader.leader_epoch, fetch_offset=fetch_offset,
-                log_start_offset=self.log.log_start_offset,
-                partition_max_bytes=config.replica_fetch_max_bytes)])],
-        )
+    def _follower_fetch(self, leader: LeaderInfo) -> FollowerFetch:
+        """Our Fetch to ``leader`` but for its offsets (encoded once per value: ``send_follower_fetch``)."""
+        fetch = self._fetch_template
+        if fetch is None or fetch.current_leader_epoch != leader.leader_epoch:
+            config = self.config
+            fetch = self._fetch_template = FollowerFetch(
+                replica_id=config.broker_id, topic=self.topic, partition=self.partition,
+                current_leader_epoch=leader.leader_epoch, max_wait_ms=config.replica_fetch_wait_max_ms,
+                min_bytes=config.replica_fetch_min_bytes, max_bytes=config.replica_fetch_max_bytes)
+        return fetch
 
     def _send_fetch(self, conn: LeaderConnection, leader: LeaderInfo, fetch_offset: int) -> FetchInFlight:
-        timeout_ms = self.config.request_timeout_ms + self.config.replica_fetch_wait_max_ms
-        return conn.send_fetch(self._fetch_request(leader, fetch_offset), timeout_ms=timeout_ms)
+        return conn.send_follower_fetch(self._follower_fetch(leader), fetch_offset, self.log.log_start_offset,
+                                        timeout_ms=self._fetch_timeout_ms)
 
     def _fetch(self, conn: LeaderConnection, leader: LeaderInfo) -> StepOutcome:
         config = self.config
