@@ -27,9 +27,13 @@ What one run does
    writers (a probe near 0.2 ns/B got pages the host still backs, one near 2.5 ns/B pages it must fault in
    first: on a virtual machine that, not the appliance, moves the figure tenfold).  memcpy and loopback
    ``sendfile`` are measured after the second probe, so nothing but ``os.sync()`` separates a probe from the
-   run.  (Until 2026-11-22 one probe of a single cache-resident 1 MiB buffer ran ~2 s before the run, with
-   ``sendfile`` and a 2 x 256 MiB memcpy in between: that limit was ~1.4x kinder than writing the run's
-   bytes, and it and the run drew on different pages; see docs/performance.md, issue 3.)
+   run.  ``recycle_pages`` (the matrix sets it for records of 10 KiB and more): right before each probe and
+   the run, as much memory as it will write is touched and freed (``perf_limits.recycle_pages``), so all
+   three write into pages the host backs, as a long-running appliance's page cache does; without it, which
+   kind each gets depends on what was freed how long before (the tenfold swings).  (Until 2026-11-22 one
+   probe of a single cache-resident 1 MiB buffer ran ~2 s before the run, with ``sendfile`` and a 2 x 256
+   MiB memcpy in between: that limit was ~1.4x kinder than writing the run's bytes, and it and the run drew
+   on different pages; see docs/performance.md, issue 3.)
 6. Afterwards the records in the log are counted (log end offsets): a lost or duplicated record is reported.
 """
 
@@ -44,7 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from appliance.perf_limits import MIB, Limits, PageCacheProbe, limits_with_probe, probe_volume_bytes
+from appliance.perf_limits import (
+    MIB,
+    Limits,
+    PageCacheProbe,
+    limits_with_probe,
+    probe_volume_bytes,
+    recycle_pages,
+)
 from appliance.perf_server import Appliance
 from appliance.perf_stats import Progress, latency_summary, make_result, process_cpu_ns, profiled
 from storage.errors import ApplianceError, ConfigError
@@ -78,6 +89,7 @@ class ProduceSettings:
     producer_props: tuple[tuple[str, str], ...] = ()
     warmup_records: int | None = None  # None: min(records / 10, 50,000) per producer
     measure_limits: bool = True
+    recycle_pages: bool = False  # the probes and the run each start right after perf_limits.recycle_pages
     profile: str | None = None  # cProfile the timed part of each producer into this file (.<pid> for K > 1)
 
     def __post_init__(self) -> None:
@@ -486,7 +498,7 @@ def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str
             producer = open_producer(config)
             try:
                 _warm_up(producer, topic, settings.partitions, pool, warmup, settings.api)
-                _probe_before(probe)
+                _probe_before(probe, settings)
                 writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
                 progress.restart()
                 with profiled(settings.profile):
@@ -558,15 +570,18 @@ def _probe(app: Appliance, settings: ProduceSettings, pool: np.ndarray) -> PageC
     limits."""
     if not settings.measure_limits:
         return None
-    return PageCacheProbe(app.data_dir, probe_volume_bytes(settings.records * settings.record_size), pool)
+    return PageCacheProbe(app.data_dir, probe_volume_bytes(settings.records * settings.record_size), pool,
+                          recycle=settings.recycle_pages)
 
 
-def _probe_before(probe: PageCacheProbe | None) -> None:
-    """The probe right before the timed part; then ``os.sync()``: the run starts as the probe did, with no
-    dirty pages."""
+def _probe_before(probe: PageCacheProbe | None, settings: ProduceSettings) -> None:
+    """The probe right before the timed part; then ``os.sync()`` (and ``recycle_pages`` of the run's
+    volume, as before each probe, when the settings say so): the run starts as the probe did."""
     if probe is not None:
         probe.measure()
         os.sync()
+    if settings.recycle_pages:
+        recycle_pages(settings.records * settings.record_size)
 
 
 def _probe_after(probe: PageCacheProbe | None, settings: ProduceSettings) -> Limits | None:
@@ -638,7 +653,7 @@ def _run_processes(settings: ProduceSettings, topic: str, config: dict[str, obje
             (config, topic, settings.partitions, pool, count, warmup, settings.api, rate, batch_bytes,
              counters, index) for index, count in enumerate(per_producer)
         ], (settings.profile,), pipes, processes, "producer process")
-        _probe_before(probe)
+        _probe_before(probe, settings)
         writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
         progress.restart()
         for pipe in pipes:

@@ -12,7 +12,8 @@ Each benchmark stores in ``extra_info``:
 * ``page_cache_mb_per_s`` (bulk 100 B run): buffered ``os.write`` of 1 MiB chunks to a file in the same
   directory, the same volume, measured in the same run just before each round.  The 10 KiB runs use
   ``appliance bench produce``'s method (``appliance.perf_limits.PageCacheProbe`` with the round's rows as
-  its source): a probe of the round's own bytes right before AND right after each round, the round held
+  its source, ``recycle=True``): a probe of the round's own bytes right before AND right after each round
+  (each probe and the round starting right after ``perf_limits.recycle_pages``), the round held
   against the faster (``ratio_to_faster_probe``), both samples and their CPU per byte kept, and
   ``cpu_bound_ratio`` (the cheaper probe's CPU per byte over the costlier of producer and writer).
   Every probe and every timed round starts after ``os.sync()``, with no dirty pages, so both see the same
@@ -48,7 +49,7 @@ import numpy as np
 import pytest
 
 from appliance.control import ControlClient
-from appliance.perf_limits import PageCacheProbe
+from appliance.perf_limits import PageCacheProbe, recycle_pages
 from appliance.perf_stats import process_cpu_ns
 from appliance.producer import Producer
 
@@ -294,7 +295,7 @@ def test_10_kib_records_against_page_cache_bandwidth(benchmark: Any, server: Ser
     rows = np.frombuffer(np.random.default_rng(3).bytes(count * LARGE_BYTES), np.uint8).reshape(count, -1)
     values = [bytes(row) for row in rows] if path == "send" else []
     producer.send_many(topic, rows[:500]).get(60)
-    probe = PageCacheProbe(server.data, count * LARGE_BYTES, rows)
+    probe = PageCacheProbe(server.data, count * LARGE_BYTES, rows, recycle=True)
 
     def run() -> None:
         if path == "send":
@@ -308,6 +309,7 @@ def test_10_kib_records_against_page_cache_bandwidth(benchmark: Any, server: Ser
     def probe_then_sync() -> None:
         probe.measure()
         os.sync()  # the round starts as the probe did, with no dirty pages
+        recycle_pages(count * LARGE_BYTES)  # and right after recycle_pages, as each probe
 
     def probe_after() -> None:
         probe.measure()

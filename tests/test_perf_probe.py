@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.perf_limits import CHUNK_BYTES, PageCacheProbe, limits_with_probe, probe_volume_bytes
+from appliance.perf_limits import (
+    CHUNK_BYTES,
+    PageCacheProbe,
+    limits_with_probe,
+    probe_volume_bytes,
+    recycle_pages,
+)
 from appliance.perf_produce import probe_report
 
 
@@ -83,3 +89,12 @@ def test_probe_volume_is_the_runs_within_bounds() -> None:
     assert probe_volume_bytes(640_000_000) == 640_000_000
     assert probe_volume_bytes(1000) == 16 << 20
     assert probe_volume_bytes(10 << 30, page_cache_cap_bytes=4 << 30) == 4 << 30
+
+
+def test_a_recycling_probe_writes_the_same_bytes(tmp_path: Path) -> None:
+    rows = _rows(5, 4096)
+    probe = PageCacheProbe(tmp_path, 12 * 4096, rows, recycle=True)
+    probe.measure(sync=False)
+    assert probe.paths[0].read_bytes() == b"".join(rows[i % 5].tobytes() for i in range(12))
+    probe.remove()
+    recycle_pages(1 << 20)  # touches and frees memory; nothing to see but that it returns
