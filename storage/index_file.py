@@ -47,8 +47,10 @@ NOT_FOUND: Final = -1  # kernel code: no entry has a key <= target (or the index
 
 # Write-faulting the pages of a sparse mapped file one at a time, as appends reach them, costs a block
 # reservation and an inode update each, and on a busy ext4 journal each can stall for milliseconds.  The
-# writer pre-faults the next _POPULATE_BYTES at once instead (MADV_POPULATE_WRITE, Linux >= 5.14; data is
-# not touched), so an append only ever writes to a page that is already mapped writable.
+# writer pre-faults pages ahead in chunks instead (MADV_POPULATE_WRITE, Linux >= 5.14; data is not touched),
+# so an append only ever writes to a page that is already mapped writable.  A chunk is as large as what the
+# file already holds, from one page to _POPULATE_BYTES: a new or quiet segment's index holds (and unmaps on
+# roll or close) a page or two, not 256 KiB, and a busy one still faults once per 256 KiB.
 _MADV_POPULATE_WRITE: Final = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _POPULATE_BYTES: Final = 256 * 1024
 _populate_supported = [True]
@@ -253,8 +255,9 @@ class IndexFile:
         return min(self.max_entries, self._populated // self.entry.size) - self.entries
 
     def _populate(self, start: int) -> None:
-        """Pre-fault the pages from ``start`` to ``start + _POPULATE_BYTES`` for writing (see above)."""
-        end = min(self.mapped_bytes, start + _POPULATE_BYTES)
+        """Pre-fault the pages from ``start`` for writing, as many bytes as ``start`` (one page at least,
+        ``_POPULATE_BYTES`` at most; see above)."""
+        end = min(self.mapped_bytes, start + min(max(start, mmap.PAGESIZE), _POPULATE_BYTES))
         begin = start - start % mmap.PAGESIZE
         if self.mm is None or not self.writable or end <= begin:
             return
