@@ -44,7 +44,8 @@ from storage.errors import (
 
 TOPICS = ("topics.rt.partitions=3", "topics.one.partitions=1", "topics.bulk.partitions=4",
           "topics.acks.partitions=1", "topics.dup.partitions=1", "topics.threads.partitions=2",
-          "topics.raw.partitions=1", "topics.mix.partitions=1", "topics.race.partitions=1")  # fmt: skip
+          "topics.raw.partitions=1", "topics.mix.partitions=1", "topics.race.partitions=1",
+          "topics.linger.partitions=2")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -416,6 +417,43 @@ def test_linger_zero_publishes_on_the_callers_thread(appliance: Appliance) -> No
         assert "published" in repr(handle) or handle.done(), repr(handle)
         assert done.wait(10), "the timer thread collected the ack"
         assert by_offset(appliance, "one", 0)[handle.get(0).offset].value == b"at once"
+    finally:
+        producer.close()
+
+
+def test_after_a_steady_linger_zero_stream_stops_every_callback_runs_without_further_calls(
+        appliance: Appliance) -> None:
+    """While the caller publishes (and so collects acks) itself, the timer thread looks only every 10 ms;
+    once the caller stops, the last acks are still collected and their callbacks run, with no further
+    call."""
+    done: list[int] = []
+    last = threading.Event()
+    producer = make_producer(appliance, linger_ms=0)
+    try:
+        count = 3000
+        for i in range(count):
+            producer.send("linger", b"steady %d" % i,
+                          callback=lambda error, meta, i=i: (done.append(i), i == count - 1 and last.set()))
+            if i % 20 == 19:
+                time.sleep(0.0002)  # bursts, like a paced sender
+        assert last.wait(10), f"{len(done)} of {count} callbacks ran"
+        assert sorted(done) == list(range(count))
+    finally:
+        producer.close()
+
+
+def test_a_lingering_batch_goes_on_time_while_another_partition_streams(appliance: Appliance) -> None:
+    """The timer thread's looks that a busy caller spares still wake it when a linger.ms runs out."""
+    producer = make_producer(appliance, linger_ms=30, batch_size=1000)
+    try:
+        lingering = producer.send("linger", b"waits 30 ms", partition=1)
+        start = time.monotonic()
+        while "open" in repr(lingering) and time.monotonic() - start < 5:
+            producer.send("linger", b"x" * 600, partition=0)  # fills a batch: the one before it goes now
+            time.sleep(0.0002)
+        sealed_after_s = time.monotonic() - start
+        assert 0.03 <= sealed_after_s < 0.09, "sealed when its linger.ms ran out (not at a 100 ms full round)"
+        assert lingering.get(10).offset >= 0
     finally:
         producer.close()
 
