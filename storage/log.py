@@ -452,6 +452,8 @@ class Log:
             segment = self._segments[-1]
             size = header[_BATCH_LENGTH] + LOG_OVERHEAD
             room = segment.room_bytes - size
+            if room < 0 and segment.extend_reservation(size):  # (once per reserved chunk: up to 32 MiB)
+                room = segment.room_bytes - size
             base = segment.next_offset
             last = base + header[_LAST_OFFSET_DELTA]
             max_timestamp = header[_MAX_TIMESTAMP]

@@ -539,6 +539,19 @@ class LogSegment:
         # past the faulted-in pages of .index, IndexFile.append (the general path) faults in the next ones
         self.index_entries_left = min(self.index_room(), self.offset_index.file.prefaulted_entries_left())
 
+    def extend_reservation(self, size_bytes: int) -> bool:
+        """The log's hot path, for a batch of ``size_bytes`` beyond ``room_bytes``: when only the blocks
+        reserved ahead (``preallocate``) stand in its way, reserve the next chunk (as :meth:`append_parts`
+        would) and recompute the budget.  Returns whether the batch now fits ``room_bytes``; False, with
+        nothing done, for a closed or empty segment and for a batch that would pass ``segment.bytes``."""
+        end = self.size_bytes + size_bytes
+        if (self.room_bytes < 0 or not self._preallocate or end <= self._reserved_end
+                or end > self.config.segment_bytes):
+            return False
+        self._reserve_ahead(end)
+        self.refresh_append_budget()
+        return self.room_bytes >= size_bytes
+
     def _reserve_ahead(self, end: int) -> None:
         """``log.preallocate``: reserve blocks through ``end`` and beyond (``reservation_end``).  Where
         that fails (a full disk, a file system without ``fallocate``) or would not help (tmpfs), this
