@@ -456,12 +456,13 @@ def test_e2e_latency_at_100k_per_s(benchmark: BenchmarkFixture, traced_appliance
     extra = median["extra"]
     stages = extra.get("breakdown", {})
     cpu = {k: extra[f"{k}_cpu_ns_per_record"] for k in ("producer", "writer", "consumer")}
+    wakes = extra.get("wakeups_per_s", {})
     benchmark.extra_info.update(
         rate_per_s=LATENCY_RATE_PER_S, records=settings.records, linger_ms=E2E_LINGER_MS,
         batch_size=E2E_BATCH_SIZE, p50_ms=total["p50"], p99_ms=total["p99"], p999_ms=total["p99_9"],
         max_ms=total["max"], rounds_p99_ms=rounds_p99, target_p99_ms=LATENCY_TARGET_P99_MS,
         ratio_p99_to_target=total["p99"] / LATENCY_TARGET_P99_MS,
-        breakdown={k: stages[k] for k in _STAGES if k in stages}, cpu_ns_per_record=cpu,
+        breakdown={k: stages[k] for k in _STAGES if k in stages}, cpu_ns_per_record=cpu, wakeups_per_s=wakes,
         load_average_at_rounds=loads, load_average=os.getloadavg())
     shares = "; ".join(f"{stages[k]['kind']}: {_ms(stages[k])}" for k in _STAGES if k in stages)
     producer = f"Producer acks=1 linger.ms={E2E_LINGER_MS}" + (
@@ -473,6 +474,7 @@ def test_e2e_latency_at_100k_per_s(benchmark: BenchmarkFixture, traced_appliance
           f"{_ms(total)}, max {total['max']:.2f} ms (target p99 <= {LATENCY_TARGET_P99_MS} ms: {ratio:.2f}x; "
           f"median of 3 rounds, p99 of each: {rounds_p99}); where the time goes: "
           f"{shares or 'no writer trace'}; CPU per record: producer {cpu['producer']:.0f} ns, writer "
-          f"{cpu['writer']:.0f} ns, consumer {cpu['consumer']:.0f} ns (load average at the rounds "
+          f"{cpu['writer']:.0f} ns, consumer {cpu['consumer']:.0f} ns; wake-ups/s: "
+          f"{', '.join(f'{k} {v:,}' for k, v in wakes.items())} (load average at the rounds "
           f"{[round(x, 2) for x in loads]}, now {_load()}: a 2-core machine shared with other work moves the "
           "tail by milliseconds)")
