@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -120,6 +121,7 @@ _REFRESH_ERRORS: Final = frozenset({
 
 _WALK_BATCHES: Final = 1024  # batches per walk_batches call while copying an answer
 _WALK_FROM_BATCHES: Final = 100  # a piece that holds this many batches the size of its first is walked
+_BATCH_LENGTH: Final = struct.Struct(">i")  # the batch length field (at BATCH_LENGTH_OFFSET): int32
 LeaderSource = Callable[[], LeaderInfo | None]
 
 _log = logging.getLogger(__name__)
@@ -669,9 +671,9 @@ def _next_offset_after(records: memoryview, offset: int) -> int:
     batch lengths, then one header.  Nothing is checked here (the batches are, as they are appended): a length
     that cannot be a batch's ends the walk, and a Fetch sent ahead for a wrong offset is never used."""
     position, size, last = 0, len(records), -1
+    unpack_length = _BATCH_LENGTH.unpack_from
     while size - position >= HEADER_SIZE:
-        length = int.from_bytes(records[position + BATCH_LENGTH_OFFSET:position + LOG_OVERHEAD], "big",
-                                signed=True)
+        (length,) = unpack_length(records, position + BATCH_LENGTH_OFFSET)
         if not HEADER_SIZE <= length + LOG_OVERHEAD <= size - position:
             break
         last = position
