@@ -62,6 +62,7 @@ high-watermark moves without a write.  Without inotify the sleeps are plain time
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import time
@@ -150,24 +151,68 @@ def list_local_partitions(source: LocalSource, topic: str) -> list[int]:
     return sorted(found)
 
 
-class _Mapping:
-    """A segment file mapped read-only, re-mapped as it grows."""
+_PAGE_BYTES = mmap.PAGESIZE
+_MAP_HEADROOM_BYTES = 64 << 20  # mapped past a growing file's end, so that it is not re-mapped per read
 
-    __slots__ = ("array", "base_offset", "fd", "mapped_bytes", "path")
+
+def _libc_mmap() -> tuple[Any, Any]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    map_, unmap = libc.mmap, libc.munmap
+    map_.restype, map_.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                    ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    unmap.restype, unmap.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+    return map_, unmap
+
+
+_MMAP, _MUNMAP = _libc_mmap()
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _FileMap:
+    """``length_bytes`` of a file mapped read-only and shared, possibly past the file's end (Python's
+    ``mmap`` refuses that).  Pages past the end become readable as the file grows; touching one beyond it
+    raises SIGBUS, so readers stay below the size ``fstat`` gave them.  Unmapped when the last numpy array
+    over it goes (``np.asarray(self)`` makes one whose base is this object)."""
+
+    __slots__ = ("__array_interface__", "_address", "_length_bytes")
+
+    def __init__(self, fd: int, length_bytes: int) -> None:
+        address = _MMAP(None, length_bytes, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            code = ctypes.get_errno()
+            raise OSError(code, f"mmap of {length_bytes} bytes: {os.strerror(code)}")
+        self._address, self._length_bytes = address, length_bytes
+        self.__array_interface__ = {"shape": (length_bytes,), "typestr": "|u1", "data": (address, True),
+                                    "version": 3}
+
+    def __del__(self) -> None:
+        _MUNMAP(self._address, self._length_bytes)
+
+
+class _Mapping:
+    """A segment file mapped read-only with room to grow: one ``mmap`` per ``_MAP_HEADROOM_BYTES`` (or
+    doubling) of growth instead of one per read of a file being appended to (a map, the unmap of the
+    previous one and its page faults again cost 10-20 us of CPU on a VM, each read)."""
+
+    __slots__ = ("_whole", "array", "base_offset", "fd", "mapped_bytes", "path")
 
     def __init__(self, path: str, fd: int, base_offset: int) -> None:
         self.path = path
         self.fd = fd  # our own descriptor (dup of the reader's): the inode stays ours while mapped
         self.base_offset = base_offset
-        self.mapped_bytes = 0
-        self.array = np.empty(0, dtype=np.uint8)
+        self.mapped_bytes = 0  # the file's size at the last look: the readable part of the mapping
+        self._whole = np.empty(0, dtype=np.uint8)  # the whole mapping, past the file's end
+        self.array = self._whole  # the file's bytes up to mapped_bytes (a view of the mapping)
 
     def ensure(self) -> int:
-        """Map the whole file as it is now if it grew; return the mapped size."""
+        """Take the file's size now if it grew (mapping it again only past the mapping's end); return the
+        readable size."""
         size = os.fstat(self.fd).st_size
         if size > self.mapped_bytes:
-            mapping = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
-            self.array = np.frombuffer(mapping, dtype=np.uint8)  # keeps the mapping alive while referenced
+            if size > len(self._whole):
+                length = -(-max(size * 2, size + _MAP_HEADROOM_BYTES) // _PAGE_BYTES) * _PAGE_BYTES
+                self._whole = np.asarray(_FileMap(self.fd, length))  # keeps the mapping while referenced
+            self.array = self._whole[:size]
             self.mapped_bytes = size
         return self.mapped_bytes
 
@@ -175,7 +220,7 @@ class _Mapping:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self.array = np.empty(0, dtype=np.uint8)  # the mmap goes with the last array over it
+        self._whole = self.array = np.empty(0, dtype=np.uint8)  # the map goes with the last array over it
 
 
 class LocalPartition:

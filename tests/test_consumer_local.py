@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from test_consumer_helpers import Rec, WrittenPartition, as_recs
 
 from appliance.consumer import Consumer, TopicPartition
 from appliance.dir_watch import DirectoryWatch, wait_any
+from appliance.local_fetch import _FileMap
 from ipc.state_page import StatePage
 from storage.batch_header import COMPRESSION_NONE, COMPRESSION_ZSTD
 from storage.errors import (
@@ -117,8 +117,40 @@ def test_array_api_returns_views_of_the_segment_mapping(written: WrittenPartitio
         base = chunk.data
         while isinstance(base, np.ndarray) and base.base is not None:
             base = base.base
-        assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+        assert isinstance(base, _FileMap)  # mapped past the file's end: not re-mapped per read
         assert not chunk.data.flags.writeable
+        segment = written.log.active_segment.log_path
+        with open(segment, "rb") as f:
+            assert np.asarray(base)[:64].tobytes() == f.read(64)  # the segment's own bytes
+
+
+def test_a_growing_segment_is_read_through_one_mapping_until_it_outgrows_it(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The segment is mapped past its end: appends are read through the same mapping (no re-map per read);
+    once the file outgrows it, it is mapped again, and the chunks handed out before stay readable."""
+    import appliance.local_fetch as local_fetch
+
+    monkeypatch.setattr(local_fetch, "_MAP_HEADROOM_BYTES", 8192)
+    part = WrittenPartition(str(tmp_path), config=LogConfig(segment_bytes=1 << 20))
+    try:
+        with local(part) as consumer:
+            maps: list[object] = []
+            kept = []
+            for round_ in range(12):
+                part.append([b"r%d-%d" % (round_, i) + b"x" * 200 for i in range(10)])
+                chunks = consumer.poll_batch(timeout_ms=100)
+                assert [c.value(i) for c in chunks for i in range(len(c))] == \
+                    [b"r%d-%d" % (round_, i) + b"x" * 200 for i in range(10)]
+                base = chunks[0].data
+                while isinstance(base, np.ndarray) and base.base is not None:
+                    base = base.base
+                if not maps or maps[-1] is not base:
+                    maps.append(base)
+                kept.append(chunks[0])
+            assert 2 <= len(maps) < 12  # ~24 KB appended: mapped again a few times, not once per read
+            assert kept[0].value(0) == b"r0-0" + b"x" * 200  # an older mapping lives while referenced
+    finally:
+        part.close()
 
 
 # --------------------------------------------------------------------------------------- the high watermark
