@@ -83,17 +83,18 @@ def wakeups(pids: list[int]) -> int:
 
 
 def _paced_send(producer: Any, topic: str, tails: list[bytes], rate: float, records: int,
-                counters: Any = None, index: int = 0) -> tuple[int, int, int]:
+                counters: Any = None, index: int = 0, burst_s: float = BURST_S) -> tuple[int, int, int]:
     """Send ``records`` stamped records at ``rate``/s; (records, first send ns, last flush ns).
 
     Paced like ``appliance.perf_produce``'s throttle (and Kafka's ThroughputThrottler, whose bursts are
-    2 ms): the records due within ``BURST_S`` go out back to back, each stamped as it is handed to
-    ``send``, then the thread sleeps until the next burst is due.  (Sleeping until each single record is
-    due -- ~10 us apart at 100,000/s -- cost this process 3.4 us of CPU per record here, in ~100,000
-    ``time.sleep`` calls a second of 20-50 us of CPU each, a third of a core taken from the appliance.)"""
+    2 ms): the records due within ``burst_s`` (default ``BURST_S``) go out back to back, each stamped as
+    it is handed to ``send``, then the thread sleeps until the next burst is due.  (Sleeping until each
+    single record was due -- ~10 us apart at 100,000/s -- cost this process 3.4 us of CPU per record
+    here, in ~100,000 ``time.sleep`` calls a second of 20-50 us of CPU each: a third of a core taken from
+    the appliance.)"""
     clock = time.monotonic_ns
     send = producer.send
-    burst = max(1, int(rate * BURST_S))
+    burst = max(1, int(rate * burst_s))
     period = 1e9 / rate
     count = len(tails)
     start = clock()
@@ -113,7 +114,8 @@ def _paced_send(producer: Any, topic: str, tails: list[bytes], rate: float, reco
 
 
 def _producer_process(config: dict[str, object], topic: str, partitions: int, tails: list[bytes], rate: float,
-                      records: int, counters: Any, index: int, pipe: Any, freeze_gc: bool) -> None:
+                      records: int, counters: Any, index: int, pipe: Any, freeze_gc: bool,
+                      burst_s: float) -> None:
     from appliance.producer import Producer
 
     try:
@@ -121,7 +123,7 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, ta
             for partition in range(partitions):
                 producer.send(topic, bytes(STAMP_BYTES) + tails[0], partition=partition)
             producer.flush()
-            _paced_send(producer, topic, tails, rate, max(1, int(rate * WARMUP_S)))
+            _paced_send(producer, topic, tails, rate, max(1, int(rate * WARMUP_S)), burst_s=burst_s)
             if freeze_gc:
                 gc.collect()
                 gc.freeze()  # the long-lived heap out of the collector's sight (see the module doc)
@@ -129,7 +131,7 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, ta
             pipe.recv()
             cpu = time.process_time_ns()
             switches = wakeups([os.getpid()])
-            outcome = _paced_send(producer, topic, tails, rate, records, counters, index)
+            outcome = _paced_send(producer, topic, tails, rate, records, counters, index, burst_s)
             pipe.send(("done", (*outcome, time.process_time_ns() - cpu, wakeups([os.getpid()]) - switches)))
     except BaseException as exc:
         pipe.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -151,7 +153,10 @@ def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) ->
 
 def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, progress: bool = False,
             bootstrap: str | None = None, keep_topic: bool = False,
-            consumer_props: dict[str, Any] | None = None, freeze_gc: bool = True) -> dict[str, Any]:
+            consumer_props: dict[str, Any] | None = None, freeze_gc: bool = True,
+            burst_s: float = BURST_S) -> dict[str, Any]:
+    """Run the e2e latency measurement (see the module doc); ``burst_s``: the producers send the records
+    due within this much time back to back, then sleep (``_paced_send``)."""
     from appliance.consumer import Consumer
 
     if settings.record_size < STAMP_BYTES:
@@ -191,7 +196,7 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
             consumer_config["appliance.data.dir"] = str(app.data_dir)
         consumer_config.update(consumer_props or {})
         return _measure(app, settings, topic, producer_config, consumer_config, tails, progress, notes,
-                        started_at, Consumer, freeze_gc)
+                        started_at, Consumer, freeze_gc, burst_s)
     finally:
         if fresh and not keep_topic:
             app.delete_topic(topic)
@@ -199,7 +204,7 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
 
 def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_config: dict[str, object],
              consumer_config: dict[str, Any], tails: list[bytes], progress_enabled: bool, notes: list[str],
-             started_at: float, consumer_class: Any, freeze_gc: bool) -> dict[str, Any]:
+             started_at: float, consumer_class: Any, freeze_gc: bool, burst_s: float) -> dict[str, Any]:
     records = settings.records
     per = [records // settings.producers + (1 if i < records % settings.producers else 0)
            for i in range(settings.producers)]
@@ -219,7 +224,7 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
         start_ready_processes(context, _producer_process, [
             (producer_config, topic, settings.partitions, tails, rate, count, counters, index)
             for index, count in enumerate(per)
-        ], (freeze_gc,), pipes, processes, "e2e producer process")
+        ], (freeze_gc, burst_s), pipes, processes, "e2e producer process")
         if settings.measure_limits:
             limits = measure_limits(app.data_dir, records * settings.record_size)
             os.sync()
@@ -292,6 +297,7 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
                           "consumer": round(consumer_wakeups / seconds)},
         "consumer": "tcp" if "bootstrap.servers" in consumer_config else "local mmap",
         "linger_ms": settings.linger_ms,
+        "burst_ms": burst_s * 1000,
     }
     trace_dir = os.environ.get(TRACE_DIR_ENV)
     if trace_dir and settings.partitions == 1:
