@@ -12,8 +12,9 @@ Why these three
   once the kernel's dirty-page limit is reached (``vm.dirty_ratio``): a short probe against a long run would
   flatter the probe.  Every probe starts after ``os.sync()``, as the runs compared with it should.  Given the
   run's payload (``source``: the rows it sends), the probe writes *those bytes in that order*; without, one
-  1 MiB buffer over and over, which stays in the CPU cache and costs ~0.2 ns of CPU per byte against ~0.3
-  for bytes that come from memory (that alone made a probe ~1.4x faster than a run could ever be).
+  1 MiB buffer over and over, which stays in the CPU cache and costs ~0.2 ns of CPU per byte against ~0.23
+  for an 8 MiB payload pool cycled and ~0.3 for distinct bytes read from memory once (up to 1.4x kinder
+  than the bytes a run moves).
 * **before and after** (:func:`limits_with_probe`): a produce run is bracketed by two probes of its volume,
   one right before it (nothing but ``os.sync()`` between) and one right after; the limit is the *faster* of
   the two, both samples and their CPU per byte are reported.  On a virtual machine the figure depends on
