@@ -402,7 +402,9 @@ class Log:
         :class:`InvalidRecordError` for one larger than ``max.message.bytes``, :class:`NotLeaderError` for an
         epoch older than the latest recorded; then nothing was appended.
         """
-        view = _byte_view(buf)
+        view = memoryview(buf)
+        if view.readonly or view.ndim != 1 or view.format != "B":
+            view = _byte_view(view)
         max_batch_bytes = self.config.max_message_bytes
         first = check_batch(view, 0, whole=False)
         if not isinstance(first, int) and first[_BATCH_LENGTH] + LOG_OVERHEAD == len(view) <= max_batch_bytes:
