@@ -119,6 +119,10 @@ def _produce_options(parser: argparse.ArgumentParser, *, records: int | None) ->
                         help="any other producer setting (Kafka's name)")
     parser.add_argument("--warmup-records", type=_count, default=None,
                         help="untimed records per producer first (default: records/10, at most 50,000)")
+    parser.add_argument("--recycle-pages", action="store_true",
+                        help="touch and free the volume about to be written before each page-cache "
+                             "probe and the run, so all three write into pages the host backs (make bench "
+                             "does this from 10 KiB records up; see docs/performance.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,6 +191,7 @@ def _settings(args: argparse.Namespace) -> Any:
         payload=args.payload, transport=transport, topic=args.topic,
         producer_props=tuple(args.producer_prop), warmup_records=args.warmup_records,
         measure_limits=not args.no_limits, profile=getattr(args, "profile", None),
+        recycle_pages=args.recycle_pages,
     )
 
 
