@@ -20,9 +20,12 @@ file cannot be swapped between finding and mapping it.
 
 **The writer changes files under us**, and each change is safe:
 
-* *append*: the active segment grows past the mapped length; it is mapped again (the file's size now),
-  which is cheap (``mmap`` is O(1); pages come from the page cache).  Old mappings are released when the
-  last array over them is garbage-collected, never under a caller's feet.
+* *append*: the active segment grows.  It is mapped past its end (64 MiB, or its size again, of headroom;
+  pages past the end become readable as the file grows), and a read takes the file's size with ``fstat``
+  and reads below it, so a growing segment is mapped again only when it outgrows the mapping (mapping it
+  on every read that found it grown -- the map, the previous one's unmap, the page faults again -- cost
+  ~10 us of CPU per read on a VM, ~1 us now).  Old mappings are released when the last array over them is
+  garbage-collected, never under a caller's feet.
 * *roll*: the cursor reaches the end of a segment while the HW is still ahead; the data is in the next
   segment: relocate through the LogReader (its directory listing refreshes on the mtime change).
 * *retention* deletes old segments: a mapping of a deleted file stays valid (the inode lives on while
