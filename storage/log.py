@@ -510,9 +510,9 @@ class Log:
         batches: list[tuple[int, int, int, int]] = []
         records = total = 0
         for view, header in zip(views, headers, strict=True):
-            stamp(view, 0, next_offset, leader_epoch)
-            last = next_offset + header[_LAST_OFFSET_DELTA]
             size = header[_BATCH_LENGTH] + LOG_OVERHEAD
+            _pack_stamp(view, 0, next_offset, size - LOG_OVERHEAD, leader_epoch)  # as stamp(), in one pack
+            last = next_offset + header[_LAST_OFFSET_DELTA]
             batches.append((next_offset, last, size, header[_MAX_TIMESTAMP]))
             records += header[_RECORDS_COUNT]
             total += size
