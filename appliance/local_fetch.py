@@ -326,6 +326,9 @@ class LocalPartition:
         watermark, about ``max_bytes`` of them (at least one batch).  Empty when nothing is readable yet.
         Raises OffsetOutOfRangeError below the log start offset or above the log end offset."""
         high_watermark = self.high_watermark()
+        if high_watermark <= offset <= self.log_end_offset():
+            return _EMPTY  # nothing readable yet, and in range (the log start offset is at most the HW): no
+            # look at the disk, which the reader's log start offset takes (a stat), on a consumer's every wait
         start = self._reader.log_start_offset
         if offset < start or (offset > self.log_end_offset() and offset > self._reader.log_end_offset):
             raise self._out_of_range(offset, start)  # (the disk is asked only on the cold path)
