@@ -181,6 +181,8 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
 
     * ``append``: ``Log.append`` of one batch per call (validates: magic, length, CRC; stamp; write; index);
     * ``append_batches``: ``Log.append_batches`` of one already-validated batch per call (stamp; write);
+    * ``append_batches x16``: ``append_batches`` of 16 already-validated batches per call (one ``os.writev``
+      of 1 MiB: how the partition writer appends the batches of a drained round);
     * ``check+append_batches x16``: the partition writer's path: ``check_batch`` of each of 16 batches laid
       out in one array (as frames in a ring), then one ``append_batches`` (one ``os.writev`` of 1 MiB);
     * ``append_batches no-prealloc``: ``append_batches`` with ``preallocate=False`` (the default
@@ -189,7 +191,8 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
       the same 16 batches as one contiguous MiB (the comparison for the x16 path); ``write+crc``: crc32c of
       the batch, then its write (what any append that validates must at least do); ``write prealloc``:
       ``os.write`` into a file whose blocks are reserved the way the log reserves them (same chunk, the
-      ``fallocate`` timed): the stronger baseline, the same file-system help the log gets.
+      ``fallocate`` timed): the stronger baseline, the same file-system help the log gets; ``write 1MiB
+      prealloc``: the same with 1 MiB writes (the baseline of ``append_batches x16``).
 
     The first RESULT line gives the issue's figures (target >= 0.9 of ``write``), the same ratios against
     ``write prealloc``, the ratios in this thread's CPU time (``*_cpu``: what other jobs on the machine
@@ -239,6 +242,13 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
             append_batches(one_view, one_header, leader_epoch=0)
         log.close(clean=False)
 
+    def append_batches_x16_round() -> None:
+        log = the_log()
+        append_batches = log.append_batches
+        for _ in range(count // group):
+            append_batches(frames, headers, leader_epoch=0)  # type: ignore[arg-type]
+        log.close(clean=False)
+
     def writer_path_round() -> None:
         log = the_log()
         append_batches = log.append_batches
@@ -265,19 +275,21 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
             os.close(fd)
         return run
 
-    def write_prealloc_round() -> None:
-        fd = state["fd"]
-        assert isinstance(fd, int)
-        view = memoryview(batch)
-        reserved = 0
-        for i in range(count):
-            if (i + 1) * BATCH_BYTES > reserved:  # as the log does, when the next write needs more
-                end = reservation_end(i * BATCH_BYTES, (i + 1) * BATCH_BYTES, LogConfig().segment_bytes)
-                reserve_blocks(fd, reserved, end - reserved)  # (where unsupported: a plain write)
-                reserved = end
-            os.write(fd, view)
-        os.ftruncate(fd, count * BATCH_BYTES)  # the log releases what is left on close
-        os.close(fd)
+    def write_prealloc_round(chunk: memoryview) -> Callable[[], None]:
+        def run() -> None:
+            fd = state["fd"]
+            assert isinstance(fd, int)
+            size = len(chunk)
+            reserved = 0
+            for i in range(count * BATCH_BYTES // size):
+                if (i + 1) * size > reserved:  # as the log does, when the next write needs more
+                    end = reservation_end(i * size, (i + 1) * size, LogConfig().segment_bytes)
+                    reserve_blocks(fd, reserved, end - reserved)  # (where unsupported: a plain write)
+                    reserved = end
+                os.write(fd, chunk)
+            os.ftruncate(fd, count * BATCH_BYTES)  # the log releases what is left on close
+            os.close(fd)
+        return run
 
     def write_mib_round() -> None:
         fd = state["fd"]
@@ -289,12 +301,14 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
     variants: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
         "append": (fresh_log, append_round),
         "append_batches": (fresh_log, append_batches_round),
+        "append_batches x16": (fresh_log, append_batches_x16_round),
         "check+append_batches x16": (fresh_log, writer_path_round),
         "append_batches no-prealloc": (fresh_log_no_prealloc, append_batches_round),
         "write": (fresh_file, write_round(False)),
         "write 1MiB": (fresh_file, write_mib_round),
         "write+crc": (fresh_file, write_round(True)),
-        "write prealloc": (fresh_file, write_prealloc_round),
+        "write prealloc": (fresh_file, write_prealloc_round(memoryview(batch))),
+        "write 1MiB prealloc": (fresh_file, write_prealloc_round(memoryview(ring))),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}  # this thread's CPU time: robust to load
@@ -315,6 +329,7 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
     # cancels out
     paired = {k: statistics.median(w / a for w, a in zip(samples[base], samples[k], strict=True))
               for k, base in (("append", "write"), ("append_batches", "write"),
+                              ("append_batches x16", "write 1MiB"),
                               ("check+append_batches x16", "write 1MiB"))}
     size = count * BATCH_BYTES
     headline = {
@@ -323,6 +338,10 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
         "append_vs_prealloc_write": median["write prealloc"] / median["append"],
         "append_batches_vs_prealloc_write": median["write prealloc"] / median["append_batches"],
         "append_batches_no_prealloc": median["write"] / median["append_batches no-prealloc"],
+        # 16 batches per call (one writev of 1 MiB, as the partition writer appends a drained round) against
+        # the same MiB written at once, into a plain new file and into equally reserved blocks
+        "append_batches_x16": median["write 1MiB"] / median["append_batches x16"],
+        "append_batches_x16_vs_prealloc_write": median["write 1MiB prealloc"] / median["append_batches x16"],
         "append_cpu": statistics.median(cpu["write"]) / statistics.median(cpu["append"]),
         "append_batches_cpu": statistics.median(cpu["write"]) / statistics.median(cpu["append_batches"]),
         # call by call against a write into blocks reserved alike, 10th percentiles (robust to other jobs;
@@ -339,6 +358,10 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
         "ratio_append_to_os_write_plus_crc": median["write+crc"] / median["append"],
         "ratio_append_batches_to_os_write": median["write"] / median["append_batches"],
         "ratio_append_batches_to_os_write_paired": paired["append_batches"],
+        "ratio_append_batches_x16_to_os_write_1MiB": headline["append_batches_x16"],
+        "ratio_append_batches_x16_to_os_write_1MiB_paired": paired["append_batches x16"],
+        "ratio_append_batches_x16_to_os_write_1MiB_prealloc":
+            headline["append_batches_x16_vs_prealloc_write"],
         "ratio_writer_path_x16_to_os_write_1MiB": median["write 1MiB"] / median["check+append_batches x16"],
         "ratio_writer_path_x16_to_os_write_1MiB_paired": paired["check+append_batches x16"],
         "ratio_writer_path_x16_to_os_write_64KiB": median["write"] / median["check+append_batches x16"],
