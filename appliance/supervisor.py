@@ -705,19 +705,24 @@ class Supervisor:
         selector = self._selector
         assert selector is not None
         while not self._stop_requested:
-            for key, events in selector.select(self._timeout()):
-                if self._control is not None and self._control.on_event(key, events):
-                    continue
-                kind, data = key.data
-                if kind == "writer":
-                    self._read_writer(data)
-                elif kind == "ready":
-                    self._child_ready(data)
-                else:
-                    self._drain_wakeup()
+            self._serve_events(selector, self._timeout())
             self._reap()
             self._restart_due()
             self._timers()
+
+    def _serve_events(self, selector: selectors.BaseSelector, timeout_s: float) -> None:
+        """One wait of up to ``timeout_s``, then serve what is ready: control connections, writers' channels,
+        children reporting ready, the signal wake-up."""
+        for key, events in selector.select(timeout_s):
+            if self._control is not None and self._control.on_event(key, events):
+                continue
+            kind, data = key.data
+            if kind == "writer":
+                self._read_writer(data)
+            elif kind == "ready":
+                self._child_ready(data)
+            else:
+                self._drain_wakeup()
 
     def _timeout(self) -> float:
         now = time.monotonic()
@@ -1183,20 +1188,10 @@ class Supervisor:
         """Wait up to ``timeout_s`` while still answering control requests (metadata, status; the ops that
         change state refuse while stopping): a child that asks for metadata as it stops must not wait out
         its control timeout on us."""
-        selector = self._selector
-        if selector is None or self._control is None:
+        if self._selector is None:
             time.sleep(timeout_s)
-            return
-        for key, events in selector.select(timeout_s):
-            if self._control.on_event(key, events):
-                continue
-            kind, data = key.data
-            if kind == "writer":
-                self._read_writer(data)
-            elif kind == "ready":
-                self._child_ready(data)
-            else:
-                self._drain_wakeup()
+        else:
+            self._serve_events(self._selector, timeout_s)
 
     def _release_partition(self, part: _Partition) -> None:
         part.page.close()
