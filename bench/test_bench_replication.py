@@ -331,6 +331,7 @@ def test_follower_catch_up_vs_sendfile(
                                 sendfile_crc_write_bytes_per_s=write, ratio_to_sendfile_crc_write=write_ratio,
                                 sendfile_crc_write_ratio_to_sendfile=floor_ratio,
                                 sendfile_crc_write_cpu_s_per_gb=floor_s_per_gb,
+                                follower_cpu_bound_ratio=1e9 / cpu_s_per_gb / limit,
                                 target_ratio=CATCH_UP_TARGET, log_bytes=leader.log_bytes,
                                 replica_fetch_max_bytes=fetch_max_bytes, fetch_ahead=FETCH_AHEAD,
                                 follower_cpu_s_per_gb=cpu_s_per_gb, leader_cpu_s_per_gb=leader_s_per_gb,
@@ -343,7 +344,9 @@ def test_follower_catch_up_vs_sendfile(
           f"CRC-32C, write to a file) {write / 1e9:.2f} GB/s, ratio {write_ratio:.2f} -- which itself "
           f"reached {floor_ratio:.2f} of plain sendfile at {floor_s_per_gb:.2f} s/GB of receiving CPU; "
           f"{leader.log_bytes / 1e6:.0f} MB per round, CRCs checked, appended to a log in another directory; "
-          f"follower CPU {cpu_s_per_gb:.2f} s/GB (its CPU alone allows {1 / cpu_s_per_gb:.2f} GB/s), "
+          f"follower CPU {cpu_s_per_gb:.2f} s/GB (its CPU alone allows {1 / cpu_s_per_gb:.2f} GB/s, "
+          f"{1e9 / cpu_s_per_gb / limit:.2f} of plain sendfile; the least a follower does "
+          f"{1e9 / floor_s_per_gb / limit:.2f}), "
           f"leader appliance CPU {leader_s_per_gb:.2f} s/GB, "
           f"runnable-not-running {runnable_share:.0%}, waiting for the leader {blocked_share:.0%} of the "
           "time; "
