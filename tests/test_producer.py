@@ -45,7 +45,7 @@ from storage.errors import (
 TOPICS = ("topics.rt.partitions=3", "topics.one.partitions=1", "topics.bulk.partitions=4",
           "topics.acks.partitions=1", "topics.dup.partitions=1", "topics.threads.partitions=2",
           "topics.raw.partitions=1", "topics.mix.partitions=1", "topics.race.partitions=1",
-          "topics.linger.partitions=2")  # fmt: skip
+          "topics.linger.partitions=2", "topics.burst.partitions=1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -454,6 +454,28 @@ def test_a_lingering_batch_goes_on_time_while_another_partition_streams(applianc
         sealed_after_s = time.monotonic() - start
         assert 0.03 <= sealed_after_s < 0.09, "sealed when its linger.ms ran out (not at a 100 ms full round)"
         assert lingering.get(10).offset >= 0
+    finally:
+        producer.close()
+
+
+def test_linger_zero_a_burst_behind_an_in_flight_batch_goes_as_one_batch(appliance: Appliance) -> None:
+    """linger.ms=0: the first record of a burst goes at once, alone; the records sent while it is in flight
+    gather in one batch that the timer thread publishes within a fraction of a millisecond (not one batch
+    per record while in-flight slots are free), in order, every record acknowledged."""
+    producer = make_producer(appliance, linger_ms=0)
+    try:
+        for burst in range(3):
+            before = len(appliance.batches("burst", 0))
+            handles = [producer.send("burst", b"b%d-%03d" % (burst, i)) for i in range(200)]
+            start = time.monotonic()
+            last = handles[-1].get(10)
+            assert time.monotonic() - start < 1.0
+            counts = [parse_header(b).records_count for b in appliance.batches("burst", 0)[before:]]
+            assert sum(counts) == 200 and counts[0] == 1 and max(counts) >= 100 and len(counts) <= 10, counts
+            offsets = [h.get(0).offset for h in handles]
+            assert offsets == list(range(offsets[0], offsets[0] + 200)) and last.offset == offsets[-1]
+        values = [r.value for r in log_records(appliance, "burst", 0)]
+        assert values == [b"b%d-%03d" % (burst, i) for burst in range(3) for i in range(200)]
     finally:
         producer.close()
 
