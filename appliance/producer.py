@@ -52,7 +52,12 @@ batch, which the timer thread publishes at its next look (within 0.2 ms, a slot 
 sends what is ready and lets records batch up while it is busy.  Publishing from the caller whenever one
 of the five slots was free made a burst of sends one batch per record while the writer acknowledged each
 within a publish's time (~15 us): each batch then costs a round in the producer, the writer and the
-consumer (measured at 100,000 records/s sent in 2 ms bursts: 14% less CPU, p50 0.65 -> 0.55 ms).
+consumer (measured at 100,000 records/s sent in 2 ms bursts: 14% less CPU, p50 0.65 -> 0.55 ms).  And
+while records stream (a batch opened within 1 ms of the previous one) the caller does not publish the
+first record of a batch alone: it wakes the timer thread at once, which publishes the batch with the
+records sent by the time it runs -- one batch per burst instead of the first record alone and then the
+rest (at 100,000 records/s in 0.2 ms bursts: p99 1.17-1.67 -> 0.84-0.90 ms, p50 0.33-0.36 -> 0.31-0.32
+ms, 3 alternating pairs at load ~1.3).
 
 **Order and exactly once.**  Records sent to one partition are appended in the order sent.  With
 ``enable.idempotence`` (the default with ``acks=all``) every batch carries the producer id, epoch and its
@@ -159,6 +164,7 @@ _ACK_POLL_NS = 1_000_000  # the timer thread's ack polling period while batches 
 _HELD_POLL_NS = 200_000  # ... while batches wait for an in-flight slot (every ack lets one go)
 _ACTIVE_POLL_NS = 10_000_000  # ... while the caller itself publishes (and collects acks) every poll period
 _FULL_ROUND_NS = 100_000_000  # a full round (delivery.timeout.ms, a supervisor gone) at least this often
+_STREAM_NS = 1_000_000  # linger.ms=0: a batch opened within this of the previous one goes by the timer thread
 _CALLER_MAX_IN_FLIGHT = 1  # linger.ms=0: the caller publishes at once only while no batch is in flight
 
 class _Topic:
@@ -201,6 +207,7 @@ class Producer:
         self._publishing: dict[PartitionQueue, None] = {}  # partitions with batches sealed or in flight
         self._closed = False
         self._last_activity_ns = time.monotonic_ns()
+        self._opened_ns = 0  # when send() last opened a batch at linger.ms=0 (monotonic ns; see _send_now)
         self._next_full_round_ns = 0  # the timer thread's next round that does everything (see _timer_round)
         linger_ns = self.config.linger_ms * 1_000_000
         self._send_at_once = linger_ns == 0  # linger.ms=0: a batch goes as soon as it can (see _send_now)
@@ -346,10 +353,17 @@ class Producer:
             self._timer.wake_by(batch.first_append_ns + self.config.linger_ms * 1_000_000)
 
     def _send_now(self, part: PartitionQueue) -> None:
-        """linger.ms=0, on the caller's thread: seal the open batch of ``part`` and publish it if it can go
-        at once (none of the partition's batches in flight after collecting acks, nothing queued ahead of
-        it); otherwise it stays open, gathering records, until the timer thread's next look (Kafka:
-        linger.ms=0 sends as soon as possible, and records batch up while the sender is busy)."""
+        """linger.ms=0: a record opened a batch of ``part``.  In a stream (the previous batch was opened
+        less than _STREAM_NS ago) the timer thread is woken at once and publishes the batch when it runs,
+        with the records sent meanwhile (Kafka's sender thread, woken by the first record of a batch, does
+        the same).  After a pause, the caller seals and publishes it itself if it can go at once (none of
+        the partition's batches in flight after collecting acks, nothing queued ahead of it); otherwise it
+        stays open, gathering records, until the timer thread's next look."""
+        now = time.monotonic_ns()
+        streaming, self._opened_ns = now - self._opened_ns < _STREAM_NS, now
+        if streaming and part.open.values:
+            self._timer.wake_by(now)  # it publishes the batch with what gathered by the time it runs
+            return
         if part.open.values and self._can_publish(part, _CALLER_MAX_IN_FLIGHT):
             self._seal(part)
             try:

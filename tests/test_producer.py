@@ -45,7 +45,8 @@ from storage.errors import (
 TOPICS = ("topics.rt.partitions=3", "topics.one.partitions=1", "topics.bulk.partitions=4",
           "topics.acks.partitions=1", "topics.dup.partitions=1", "topics.threads.partitions=2",
           "topics.raw.partitions=1", "topics.mix.partitions=1", "topics.race.partitions=1",
-          "topics.linger.partitions=2", "topics.burst.partitions=1")  # fmt: skip
+          "topics.linger.partitions=2", "topics.burst.partitions=1",
+          "topics.stream.partitions=1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -476,6 +477,31 @@ def test_linger_zero_a_burst_behind_an_in_flight_batch_goes_as_one_batch(applian
             assert offsets == list(range(offsets[0], offsets[0] + 200)) and last.offset == offsets[-1]
         values = [r.value for r in log_records(appliance, "burst", 0)]
         assert values == [b"b%d-%03d" % (burst, i) for burst in range(3) for i in range(200)]
+    finally:
+        producer.close()
+
+
+def test_linger_zero_paced_bursts_go_one_batch_each_not_their_first_record_alone(
+        appliance: Appliance) -> None:
+    """linger.ms=0 while records stream (bursts 0.3 ms apart): the record that opens a batch wakes the timer
+    thread, which publishes it with the rest of its burst -- about one batch per burst -- and a record
+    after a pause still goes at once from the caller."""
+    producer = make_producer(appliance, linger_ms=0)
+    try:
+        before = len(appliance.batches("stream", 0))
+        bursts = 50
+        for burst in range(bursts):
+            for i in range(20):
+                producer.send("stream", b"s%02d-%02d" % (burst, i))
+            time.sleep(0.0003)
+        producer.flush()
+        counts = [parse_header(b).records_count for b in appliance.batches("stream", 0)[before:]]
+        assert sum(counts) == bursts * 20
+        assert len(counts) <= bursts * 1.5 and counts.count(1) <= bursts // 5, counts
+        time.sleep(0.01)  # a pause: the next record is not part of a stream
+        alone = producer.send("stream", b"after a pause")
+        assert "published" in repr(alone) or alone.done(), repr(alone)
+        assert alone.get(10).offset >= 0
     finally:
         producer.close()
 
