@@ -9,7 +9,10 @@ Two measurements (issue 5's benchmarks):
    directory -- copies the whole log, from empty until its log end offsets equal the leader's.  Bytes/s of log
    copied, against a plain loopback ``sendfile`` of the same segment files measured in the same run (the
    ``loopback_sendfile`` limit of this command).  ``replica.fetch.max.bytes`` is Kafka's 1 MiB unless
-   ``--producer-prop replica.fetch.max.bytes=N`` says otherwise.
+   ``--producer-prop replica.fetch.max.bytes=N`` says otherwise.  With ``--recycle-pages`` the follower starts
+   right after ``perf_limits.recycle_pages`` of the log's size (the ``sendfile`` limit writes no page cache
+   at all, so on a virtual machine that hands free pages back to its host, a follower writing into pages the
+   host must fault in first pays ~2.5 ns per byte the limit never pays; ``make bench`` sets it).
 
 2. **acks=all vs acks=1.**  Two produce runs of ``--records`` records (``appliance bench produce``'s path),
    one per setting, to one topic with ``--followers`` followers (replication factor followers + 1,
@@ -17,7 +20,8 @@ Two measurements (issue 5's benchmarks):
    processes of the appliance used (``appliance.replica.dirs``); when it has fewer, a second appliance with
    that many replica dirs is started for these two runs.  When no follower joins (replication not built or
    broken in this tree), both runs go to a topic without followers and the output says so: the ratio then
-   compares a path with itself.
+   compares a path with itself.  With ``--recycle-pages`` each run starts right after ``recycle_pages`` of
+   what the leader and its followers will write.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.perf_consume import fill_topic
-from appliance.perf_limits import Limits, loopback_sendfile, measure_limits
+from appliance.perf_limits import Limits, loopback_sendfile, measure_limits, recycle_pages
 from appliance.perf_produce import ProduceSettings, run_produce
 from appliance.perf_server import Appliance, topic_name
 from appliance.perf_stats import Progress, latency_summary, make_result, profiled
@@ -210,6 +214,8 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
             limits.loopback_sendfile_bytes_per_s = sent / seconds
             limits.sendfile_probe_bytes = sent
             os.sync()
+        if settings.recycle_pages:  # the follower writes the log's size into its own page cache
+            recycle_pages(log_bytes)
         line = Progress(settings.records, settings.record_size, enabled=progress, label="catch-up: ")
         seconds, copied, records, follower_cpu = catch_up(app, topic, fetch_max_bytes, line, settings.profile)
         line.finish()
@@ -271,7 +277,9 @@ def _acks_comparison(app: Appliance, settings: ProduceSettings, followers: int, 
         for acks in ("1", "all"):
             props = (*settings.producer_props, ("delivery.timeout.ms", "30000"))
             run_settings = replace(settings, acks=acks, topic=topic, measure_limits=False, profile=None,
-                                   producer_props=props)
+                                   producer_props=props, recycle_pages=False)
+            if settings.recycle_pages:  # the leader and every follower write the run's volume
+                recycle_pages(settings.records * settings.record_size * (1 + (followers if topic else 0)))
             result = run_produce(target if topic is not None and target is not None else app, run_settings)
             runs[acks] = {"records_per_s": result["records_per_s"], "mb_per_s": result["mb_per_s"],
                           "latency_ms": result["latency_ms"], "errors": result["extra"]["errors"],

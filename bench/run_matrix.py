@@ -39,7 +39,9 @@ over the costlier of producer and writer: what the run would reach with a core e
 not move).  The results file keeps them under ``extra.page_cache_probes``.  For records of 10 KiB and more
 (``RECYCLE_FROM_BYTES``: the page-cache runs) the two probes and the run each start right after
 ``perf_limits.recycle_pages`` of their volume, so all three write into pages the host backs (what a
-long-running appliance's page cache meets) instead of whichever kind what was freed before them left.
+long-running appliance's page cache meets) instead of whichever kind what was freed before them left.  The
+replicate run does the same before the follower's catch-up and before each of its acks runs (the followers
+write into their page cache what the ``sendfile`` limit never writes).
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ def replicate_run(app: Appliance, quick: bool, log: Any) -> dict[str, Any] | Non
     records = 50_000 if quick else 500_000
     log(f"replicate {records:,} x 1 KiB (catch-up), then acks=1 vs acks=all")
     result: dict[str, Any] | None = attempt(log, "replicate", lambda: run_replicate(
-        app, ProduceSettings(records=records, record_size=1024), followers=2))
+        app, ProduceSettings(records=records, record_size=1024, recycle_pages=True), followers=2))
     if result is None:
         return None
     log(f"  catch-up {result['mb_per_s']:,.1f} MB/s = {result['ratios']['loopback_sendfile']:.3f} of "
