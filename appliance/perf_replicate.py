@@ -2,7 +2,9 @@
 
 Two measurements (issue 5's benchmarks):
 
-1. **Catch-up.**  A topic is filled with ``--records`` records (``send_many``, untimed).  Then a follower --
+1. **Catch-up.**  A topic is filled with ``--records`` records (``send_many``, untimed), in batches as a
+   producer streaming records makes them: every one ``batch.size`` full (each ``send_many`` call is the
+   records one batch holds, see :func:`fill_full_batches`).  Then a follower --
    a forked process running ``replicas.fetcher.PartitionFetcher`` per partition, the very code ``appliance
    replica`` runs: Fetch with its replica id from its log end offset, the leader's broker answers with
    ``sendfile`` from the segment files, CRCs checked, ``Log.append_as_follower`` into its own log in another
@@ -13,6 +15,19 @@ Two measurements (issue 5's benchmarks):
    right after ``perf_limits.recycle_pages`` of the log's size (the ``sendfile`` limit writes no page cache
    at all, so on a virtual machine that hands free pages back to its host, a follower writing into pages the
    host must fault in first pays ~2.5 ns per byte the limit never pays; ``make bench`` sets it).
+   The leader's batches are counted in the output (``leader_batches``, ``leader_batch_bytes_median``).
+
+   Why full batches: the topic used to be filled by calls of ``batch.size // record size`` records (1024
+   of 1 KiB), of which one ``batch.size`` batch holds 1011, so the log alternated batches of 1,045,371
+   and 13,490 bytes.  A 1 MiB Fetch takes whole batches up to 1 MiB, so every second Fetch carried one
+   13 KB batch: twice the fetches, and the leader's turnaround (~0.3-0.4 ms a Fetch: wake, read,
+   ``sendfile``) bared once more per MiB, since fetching ahead overlaps it only with the append of the
+   answer before.  On 500,000 x 1 KiB records, this forked follower, ``--recycle-pages``, 3 alternating
+   rounds (load ~1.8): that log 0.38-0.62 of ``sendfile``, blocked 17-24% of the time, 0.65-0.73 s of CPU
+   per GB; full batches of the same records 0.66-0.81, blocked 3-6%, 0.50-0.55 s/GB.  A producer streaming
+   records fills each batch; ``bench/test_bench_replication.py`` writes ~55 KB batches, nineteen to a
+   1 MiB Fetch.  The output gives the follower's shares of the time runnable but not running (a busy
+   machine) and blocked (waiting for the leader), from ``/proc/self/task/<tid>/schedstat``.
 
 2. **acks=all vs acks=1.**  Two produce runs of ``--records`` records (``appliance bench produce``'s path),
    one per setting, to one topic with ``--followers`` followers (replication factor followers + 1,
@@ -29,24 +44,76 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import statistics
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from appliance.perf_consume import fill_topic
+from appliance.accumulator import RECORD_ESTIMATE_BYTES
 from appliance.perf_limits import Limits, loopback_sendfile, measure_limits, recycle_pages
-from appliance.perf_produce import ProduceSettings, run_produce
+from appliance.perf_produce import ProduceSettings, payload_pool, produce_into, producer_settings, run_produce
 from appliance.perf_server import Appliance, topic_name
 from appliance.perf_stats import Progress, latency_summary, make_result, profiled
+from storage.batch_header import BATCH_LENGTH_OFFSET, LOG_OVERHEAD
 from storage.errors import ApplianceError
+from storage.log_config import LogConfig
 
-__all__ = ["catch_up", "replica_children", "replicated_topic", "run_replicate"]
+__all__ = ["batch_sizes", "catch_up", "fill_full_batches", "replica_children", "replicated_topic",
+           "run_replicate"]
 
 DEFAULT_FETCH_MAX_BYTES = 1_048_576  # Kafka's replica.fetch.max.bytes
 CATCH_UP_TIMEOUT_S = 600.0
 ISR_WAIT_S = 30.0  # for followers to join a new topic's ISR
+
+
+def fill_full_batches(app: Appliance, settings: ProduceSettings, topic: str) -> None:
+    """Produce ``settings.records`` records into ``topic`` (send_many, acks=1, untimed), each call the records
+    one ``batch.size`` batch holds (the producer's own room and per-record bound, for a topic of default
+    ``max.message.bytes``), the payload pool a whole number of calls: every batch full but the last."""
+    from appliance.producer import Producer
+
+    local = replace(settings, transport="shm", acks="1", api="send_many")
+    config = producer_settings(local, app, None)
+    batch_bytes = settings.batch_size or 1_048_576
+    pool = payload_pool(local, batch_bytes)
+    with Producer(config) as producer:
+        room_bytes = producer.config.batch_room(LogConfig().max_message_bytes)  # a topic's default
+        per_batch = max(1, room_bytes // (settings.record_size + RECORD_ESTIMATE_BYTES))
+        if len(pool) > per_batch:
+            pool = pool[: len(pool) // per_batch * per_batch]
+        produce_into(producer, topic, pool, settings.records, api="send_many",
+                     batch_bytes=per_batch * settings.record_size)
+
+
+def batch_sizes(paths: list[str]) -> list[int]:
+    """Bytes of each batch in the segment files (headers only; a torn tail ends a file's walk)."""
+    sizes = []
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            end, position = os.fstat(fd).st_size, 0
+            while position + LOG_OVERHEAD <= end:
+                length = int.from_bytes(os.pread(fd, 4, position + BATCH_LENGTH_OFFSET), "big")
+                if length <= 0 or position + LOG_OVERHEAD + length > end:
+                    break
+                sizes.append(LOG_OVERHEAD + length)
+                position += LOG_OVERHEAD + length
+        finally:
+            os.close(fd)
+    return sizes
+
+
+def _thread_schedstat() -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) of the calling thread; zeros where there is no /proc."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+    except OSError:
+        return 0, 0
+    return int(on_cpu), int(waiting)
 
 
 def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int, int, list[int]],
@@ -78,6 +145,7 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
         profiler = profiled(profile)
         profiler.__enter__()
         cpu = time.process_time_ns()
+        on_cpu, waiting = _thread_schedstat()
         start = time.monotonic_ns()
         deadline = start + int(CATCH_UP_TIMEOUT_S * 1e9)
         pending = set(range(partitions))
@@ -96,9 +164,12 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
                 raise ApplianceError(
                     f"follower not caught up after {CATCH_UP_TIMEOUT_S:.0f} s ({last_error})")
         end = time.monotonic_ns()
+        on_cpu_after, waiting_after = _thread_schedstat()
         profiler.__exit__(None, None, None)
         copied = sum(segment.size_bytes for log in logs for segment in log.segments)
-        pipe.send(("done", (start, end, time.process_time_ns() - cpu, copied)))
+        runnable_ns = waiting_after - waiting
+        blocked_ns = max(0, end - start - (on_cpu_after - on_cpu) - runnable_ns)
+        pipe.send(("done", (start, end, time.process_time_ns() - cpu, copied, runnable_ns, blocked_ns)))
     except BaseException as exc:
         pipe.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -110,8 +181,9 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
 
 
 def catch_up(app: Appliance, topic: str, fetch_max_bytes: int, progress: Progress | None,
-             profile: str | None = None) -> tuple[float, int, int, int]:
-    """A follower copies ``topic`` from empty; (seconds, log bytes copied, records, follower CPU ns)."""
+             profile: str | None = None) -> tuple[float, int, int, int, float, float]:
+    """A follower copies ``topic`` from empty; (seconds, log bytes copied, records, follower CPU ns, share of
+    the time its thread was runnable but not running, share it was blocked: waiting for the leader)."""
     host, port_text = app.require_bootstrap().rsplit(":", 1)
     with app.client() as client:
         metadata = client.metadata([topic])
@@ -140,8 +212,10 @@ def catch_up(app: Appliance, topic: str, fetch_max_bytes: int, progress: Progres
         kind, payload = parent.recv()
         if kind != "done":
             raise ApplianceError(f"the follower failed: {payload}")
-        start, end, cpu_ns, copied = payload
-        return (end - start) / 1e9, copied, sum(targets), cpu_ns
+        start, end, cpu_ns, copied, runnable_ns, blocked_ns = payload
+        elapsed_ns = max(end - start, 1)
+        return ((end - start) / 1e9, copied, sum(targets), cpu_ns, runnable_ns / elapsed_ns,
+                blocked_ns / elapsed_ns)
     finally:
         parent.close()
         process.join(30)
@@ -205,9 +279,10 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
     app.create_topic(topic, settings.partitions)
     limits: Limits | None = None
     try:
-        fill_topic(app, settings, topic)
+        fill_full_batches(app, settings, topic)
         segments = _segment_paths(app, topic)
         log_bytes = sum(os.path.getsize(p) for p in segments)
+        leader_batches = batch_sizes(segments)
         if settings.measure_limits:
             limits = measure_limits(app.data_dir, log_bytes)
             sent, seconds = loopback_sendfile(segments)  # the same bytes the follower will fetch
@@ -217,7 +292,8 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
         if settings.recycle_pages:  # the follower writes the log's size into its own page cache
             recycle_pages(log_bytes)
         line = Progress(settings.records, settings.record_size, enabled=progress, label="catch-up: ")
-        seconds, copied, records, follower_cpu = catch_up(app, topic, fetch_max_bytes, line, settings.profile)
+        seconds, copied, records, follower_cpu, runnable_share, blocked_share = catch_up(
+            app, topic, fetch_max_bytes, line, settings.profile)
         line.finish()
     finally:
         if limits is not None:
@@ -227,8 +303,12 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
     acks = _acks_comparison(app, settings, followers, notes)
     extra: dict[str, Any] = {
         "topic": topic, "log_bytes": log_bytes, "copied_bytes": copied,
-        "replica_fetch_max_bytes": fetch_max_bytes,
+        "replica_fetch_max_bytes": fetch_max_bytes, "leader_batches": len(leader_batches),
+        "leader_batch_bytes_median": int(statistics.median(leader_batches)) if leader_batches else 0,
         "follower_cpu_ns_per_record": round(follower_cpu / max(records, 1), 1),
+        "follower_cpu_s_per_gb": round(follower_cpu / max(copied, 1), 3),
+        "follower_runnable_share": round(runnable_share, 3),
+        "follower_blocked_share": round(blocked_share, 3),
         "payload_mb_per_s": round(records * settings.record_size / seconds / 1e6, 2),
         "acks": acks,
     }
