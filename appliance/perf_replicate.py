@@ -4,17 +4,20 @@ Two measurements (issue 5's benchmarks):
 
 1. **Catch-up.**  A topic is filled with ``--records`` records (``send_many``, untimed), in batches as a
    producer streaming records makes them: every one ``batch.size`` full (each ``send_many`` call is the
-   records one batch holds, see :func:`fill_full_batches`).  Then a follower --
-   a forked process running ``replicas.fetcher.PartitionFetcher`` per partition, the very code ``appliance
-   replica`` runs: Fetch with its replica id from its log end offset, the leader's broker answers with
-   ``sendfile`` from the segment files, CRCs checked, ``Log.append_as_follower`` into its own log in another
-   directory -- copies the whole log, from empty until its log end offsets equal the leader's.  Bytes/s of log
-   copied, against a plain loopback ``sendfile`` of the same segment files measured in the same run (the
-   ``loopback_sendfile`` limit of this command).  ``replica.fetch.max.bytes`` is Kafka's 1 MiB unless
-   ``--producer-prop replica.fetch.max.bytes=N`` says otherwise.  With ``--recycle-pages`` the follower starts
-   right after ``perf_limits.recycle_pages`` of the log's size (the ``sendfile`` limit writes no page cache
-   at all, so on a virtual machine that hands free pages back to its host, a follower writing into pages the
-   host must fault in first pays ~2.5 ns per byte the limit never pays; ``make bench`` sets it).
+   records one batch holds, see :func:`fill_full_batches`).  Then a follower -- a forked process running
+   ``replicas.fetcher.PartitionFetcher`` per partition, the very code ``appliance replica`` runs: Fetch
+   with its replica id from its log end offset, the leader's broker answers with ``sendfile`` from the
+   segment files, CRCs checked, ``Log.append_as_follower`` into its own log in another directory -- copies
+   the whole log, from empty until its log end offsets equal the leader's.  Bytes/s of log copied, against
+   a plain loopback ``sendfile`` of the same segment files (the ``loopback_sendfile`` limit of this
+   command), in ``CATCH_UP_ROUNDS`` rounds, each a ``sendfile`` then a catch-up into a fresh directory; the
+   figures are the round whose ratio is the median (``bench/test_bench_replication.py`` takes the median of
+   its rounds' ratios too); every round is in ``extra.catch_up_rounds``.  ``replica.fetch.max.bytes`` is
+   Kafka's 1 MiB unless ``--producer-prop replica.fetch.max.bytes=N`` says otherwise.  With
+   ``--recycle-pages`` each catch-up starts right after ``perf_limits.recycle_pages`` of the log's size
+   (the ``sendfile`` limit writes no page cache at all, so on a virtual machine that hands free pages back
+   to its host, a follower writing into pages the host must fault in first pays ~2.5 ns per byte the limit
+   never pays; ``make bench`` sets it).
    The leader's batches are counted in the output (``leader_batches``, ``leader_batch_bytes_median``).
 
    Why full batches: the topic used to be filled by calls of ``batch.size // record size`` records (1024
@@ -66,6 +69,7 @@ __all__ = ["batch_sizes", "catch_up", "fill_full_batches", "replica_children", "
 
 DEFAULT_FETCH_MAX_BYTES = 1_048_576  # Kafka's replica.fetch.max.bytes
 CATCH_UP_TIMEOUT_S = 600.0
+CATCH_UP_ROUNDS = 3  # each: loopback sendfile, recycle_pages, catch-up; the figure is the median round
 ISR_WAIT_S = 30.0  # for followers to join a new topic's ISR
 
 
@@ -285,21 +289,33 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
         leader_batches = batch_sizes(segments)
         if settings.measure_limits:
             limits = measure_limits(app.data_dir, log_bytes)
-            sent, seconds = loopback_sendfile(segments)  # the same bytes the follower will fetch
-            limits.loopback_sendfile_bytes_per_s = sent / seconds
-            limits.sendfile_probe_bytes = sent
             os.sync()
-        if settings.recycle_pages:  # the follower writes the log's size into its own page cache
-            recycle_pages(log_bytes)
         line = Progress(settings.records, settings.record_size, enabled=progress, label="catch-up: ")
-        seconds, copied, records, follower_cpu, runnable_share, blocked_share = catch_up(
-            app, topic, fetch_max_bytes, line, settings.profile)
-        line.finish()
+        rounds = []
+        for index in range(CATCH_UP_ROUNDS):
+            sendfile_bytes_per_s = 0.0
+            if limits is not None:
+                sent, sendfile_s = loopback_sendfile(segments)  # the same bytes the follower will fetch
+                sendfile_bytes_per_s = sent / sendfile_s
+                limits.sendfile_probe_bytes = sent
+            if settings.recycle_pages:  # the follower writes the log's size into its own page cache
+                recycle_pages(log_bytes)
+            last = index == CATCH_UP_ROUNDS - 1
+            rounds.append((*catch_up(app, topic, fetch_max_bytes, line if index == 0 else None,
+                                     settings.profile if last else None), sendfile_bytes_per_s))
+            if index == 0:
+                line.finish()
     finally:
         if limits is not None:
             limits.remove_probe_files()
         if fresh and not keep_topic:
             app.delete_topic(topic)
+    # the round of the median ratio to its own sendfile (of the median time without limits)
+    key = (lambda r: r[1] / r[0] / r[6]) if limits is not None else (lambda r: -r[0])
+    seconds, copied, records, follower_cpu, runnable_share, blocked_share, sendfile_bytes_per_s = sorted(
+        rounds, key=key)[len(rounds) // 2]
+    if limits is not None:
+        limits.loopback_sendfile_bytes_per_s = sendfile_bytes_per_s
     acks = _acks_comparison(app, settings, followers, notes)
     extra: dict[str, Any] = {
         "topic": topic, "log_bytes": log_bytes, "copied_bytes": copied,
@@ -309,12 +325,19 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
         "follower_cpu_s_per_gb": round(follower_cpu / max(copied, 1), 3),
         "follower_runnable_share": round(runnable_share, 3),
         "follower_blocked_share": round(blocked_share, 3),
+        "catch_up_rounds": [
+            {"catch_up_mb_per_s": round(r[1] / r[0] / 1e6, 1), "sendfile_mb_per_s": round(r[6] / 1e6, 1),
+             "ratio": round(r[1] / r[0] / r[6], 4) if r[6] else None,
+             "follower_cpu_s_per_gb": round(r[3] / max(r[1], 1), 3), "runnable_share": round(r[4], 3),
+             "blocked_share": round(r[5], 3)} for r in rounds],
         "payload_mb_per_s": round(records * settings.record_size / seconds / 1e6, 2),
         "acks": acks,
     }
     notes.insert(0, "catch-up: a follower process (replicas.fetcher.PartitionFetcher per partition, as "
                     "`appliance replica` runs) copied the log from empty; bytes are log bytes; the "
-                    "loopback_sendfile limit is a plain sendfile of the same segment files")
+                    "loopback_sendfile limit is a plain sendfile of the same segment files, measured "
+                    f"before each of {CATCH_UP_ROUNDS} rounds; the figures are the round of the median "
+                    "ratio")
     result = make_result("replicate", records=records, payload_bytes=copied, seconds=seconds,
                          latency=latency_summary([], "none"), config={**settings.as_json(),
                                                                        "followers": followers},
