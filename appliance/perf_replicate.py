@@ -64,8 +64,8 @@ from storage.batch_header import BATCH_LENGTH_OFFSET, LOG_OVERHEAD
 from storage.errors import ApplianceError
 from storage.log_config import LogConfig
 
-__all__ = ["batch_sizes", "catch_up", "fill_full_batches", "replica_children", "replicated_topic",
-           "run_replicate"]
+__all__ = ["acks_comparison", "batch_sizes", "catch_up", "fill_full_batches", "replica_children",
+           "replicated_topic", "run_replicate"]
 
 DEFAULT_FETCH_MAX_BYTES = 1_048_576  # Kafka's replica.fetch.max.bytes
 CATCH_UP_TIMEOUT_S = 600.0
@@ -316,7 +316,7 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
         rounds, key=key)[len(rounds) // 2]
     if limits is not None:
         limits.loopback_sendfile_bytes_per_s = sendfile_bytes_per_s
-    acks = _acks_comparison(app, settings, followers, notes)
+    acks = acks_comparison(app, settings, followers, notes)
     extra: dict[str, Any] = {
         "topic": topic, "log_bytes": log_bytes, "copied_bytes": copied,
         "replica_fetch_max_bytes": fetch_max_bytes, "leader_batches": len(leader_batches),
@@ -347,7 +347,7 @@ def run_replicate(app: Appliance, settings: ProduceSettings, *, followers: int =
     return result
 
 
-def _acks_comparison(app: Appliance, settings: ProduceSettings, followers: int, notes: list[str]
+def acks_comparison(app: Appliance, settings: ProduceSettings, followers: int, notes: list[str]
                      ) -> dict[str, Any]:
     """Two produce runs, acks=1 then acks=all, on a topic with ``followers`` followers in its ISR: on
     ``app`` when it runs that many replica processes, else on an appliance started here with
