@@ -195,7 +195,9 @@ class _FileMap:
                                     "version": 3}
 
     def __del__(self) -> None:
-        _MUNMAP(self._address, self._length_bytes)
+        address = getattr(self, "_address", None)  # unset when the mmap failed in __init__
+        if address is not None:
+            _MUNMAP(address, self._length_bytes)
 
 
 class _Mapping:
@@ -214,10 +216,11 @@ class _Mapping:
         self.array = self._whole  # the file's bytes up to mapped_bytes (a view of the mapping)
 
     def ensure(self) -> int:
-        """Take the file's size now if it grew (mapping it again only past the mapping's end); return the
+        """Take the file's size now if it changed (mapping it again only past the mapping's end; a file
+        truncated by ``truncate_to`` shrinks the readable part, so nothing past its end is read); return the
         readable size."""
         size = os.fstat(self.fd).st_size
-        if size > self.mapped_bytes:
+        if size != self.mapped_bytes:
             if size > len(self._whole):
                 length = -(-max(size * 2, size + _MAP_HEADROOM_BYTES) // _PAGE_BYTES) * _PAGE_BYTES
                 self._whole = np.asarray(_FileMap(self.fd, length))  # keeps the mapping while referenced

@@ -453,20 +453,21 @@ class Log:
             header = headers[0]
             segment = self._segments[-1]
             size = header[_BATCH_LENGTH] + LOG_OVERHEAD
+            epochs = self._epochs.entries
+            usable = (epochs and epochs[-1].epoch == leader_epoch  # the latest recorded epoch
+                      and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
+                      and self._flusher.error is None)  # (else the general path raises it)
             room = segment.room_bytes - size
-            if room < 0 and segment.extend_reservation(size):  # (once per reserved chunk: up to 32 MiB)
+            if room < 0 and usable and segment.extend_reservation(size):  # once per reserved chunk (32 MiB)
                 room = segment.room_bytes - size
             base = segment.next_offset
             last = base + header[_LAST_OFFSET_DELTA]
             max_timestamp = header[_MAX_TIMESTAMP]
             since = segment.bytes_since_last_index_entry
             index_due = since > segment.index_interval_bytes
-            epochs = self._epochs.entries
-            if (room >= 0 and last <= segment.last_offset_limit and max_timestamp <= segment.timestamp_limit
-                    and (segment.index_entries_left > 0 or not index_due)
-                    and epochs and epochs[-1].epoch == leader_epoch  # the latest recorded epoch
-                    and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
-                    and self._flusher.error is None):  # (else the general path raises it)
+            if (usable and room >= 0 and last <= segment.last_offset_limit
+                    and max_timestamp <= segment.timestamp_limit
+                    and (segment.index_entries_left > 0 or not index_due)):
                 view = views[0]
                 _pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
                 written = _os_write(segment.append_fd, view)
