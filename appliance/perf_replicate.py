@@ -49,7 +49,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -59,7 +58,7 @@ from appliance.accumulator import RECORD_ESTIMATE_BYTES
 from appliance.perf_limits import Limits, loopback_sendfile, measure_limits, recycle_pages
 from appliance.perf_produce import ProduceSettings, payload_pool, produce_into, producer_settings, run_produce
 from appliance.perf_server import Appliance, topic_name
-from appliance.perf_stats import Progress, latency_summary, make_result, profiled
+from appliance.perf_stats import Progress, latency_summary, make_result, profiled, thread_schedstat
 from storage.batch_header import BATCH_LENGTH_OFFSET, LOG_OVERHEAD
 from storage.errors import ApplianceError
 from storage.log_config import LogConfig
@@ -110,16 +109,6 @@ def batch_sizes(paths: list[str]) -> list[int]:
     return sizes
 
 
-def _thread_schedstat() -> tuple[int, int]:
-    """(ns on a CPU, ns runnable but waiting for one) of the calling thread; zeros where there is no /proc."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-            on_cpu, waiting, _ = f.read().split()
-    except OSError:
-        return 0, 0
-    return int(on_cpu), int(waiting)
-
-
 def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int, int, list[int]],
             targets: list[int], fetch_max_bytes: int, counter: Any, pipe: Any, profile: str | None) -> None:
     """A follower process: fetch every partition until it holds ``targets`` records; report timings."""
@@ -149,7 +138,7 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
         profiler = profiled(profile)
         profiler.__enter__()
         cpu = time.process_time_ns()
-        on_cpu, waiting = _thread_schedstat()
+        on_cpu, waiting = thread_schedstat()
         start = time.monotonic_ns()
         deadline = start + int(CATCH_UP_TIMEOUT_S * 1e9)
         pending = set(range(partitions))
@@ -168,7 +157,7 @@ def _follow(directory: str, topic: str, partitions: int, leader: tuple[str, int,
                 raise ApplianceError(
                     f"follower not caught up after {CATCH_UP_TIMEOUT_S:.0f} s ({last_error})")
         end = time.monotonic_ns()
-        on_cpu_after, waiting_after = _thread_schedstat()
+        on_cpu_after, waiting_after = thread_schedstat()
         profiler.__exit__(None, None, None)
         copied = sum(segment.size_bytes for log in logs for segment in log.segments)
         runnable_ns = waiting_after - waiting

@@ -49,7 +49,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from appliance.control import ControlClient
 from appliance.perf_limits import loopback_sendfile
+from appliance.perf_stats import thread_schedstat
 from appliance.producer import Producer
 from replicas.fetcher import FetcherConfig, PartitionFetcher
 from replicas.leader_connection import LeaderConnection, leader_from_metadata
@@ -258,13 +258,6 @@ def session_cpu_seconds(session_id: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _thread_schedstat() -> tuple[int, int]:
-    """(ns on a CPU, ns runnable but waiting for one) of the calling thread."""
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-        on_cpu, waiting, _ = f.read().split()
-    return int(on_cpu), int(waiting)
-
-
 def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
     """Copy the whole partition into an empty follower log."""
     directory = leader.root / "follower" / f"{TOPIC}-0"
@@ -278,7 +271,7 @@ def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
                                                         pipeline_fetches=FETCH_AHEAD))
     try:
         leader_cpu = session_cpu_seconds(leader.session_id)
-        on_cpu, waiting = _thread_schedstat()
+        on_cpu, waiting = thread_schedstat()
         cpu = time.process_time()
         started = time.perf_counter()
         while log.log_end_offset < leader.log_end_offset:
@@ -286,7 +279,7 @@ def catch_up(leader: Leader, fetch_max_bytes: int) -> CatchUp:
             assert outcome.action in ("appended", "truncated", "empty"), outcome
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
-        on_cpu_after, waiting_after = _thread_schedstat()
+        on_cpu_after, waiting_after = thread_schedstat()
         leader_cpu = session_cpu_seconds(leader.session_id) - leader_cpu
         copied = log.size_bytes
     finally:
