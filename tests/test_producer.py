@@ -8,6 +8,7 @@ storage reader.  Crashes (producers SIGKILLed, writers SIGKILLed) are in test_pr
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -445,15 +446,17 @@ def test_after_a_steady_linger_zero_stream_stops_every_callback_runs_without_fur
 
 def test_a_lingering_batch_goes_on_time_while_another_partition_streams(appliance: Appliance) -> None:
     """The timer thread's looks that a busy caller spares still wake it when a linger.ms runs out."""
-    producer = make_producer(appliance, linger_ms=30, batch_size=1000)
+    producer = make_producer(appliance, linger_ms=5, batch_size=1000)
     try:
-        lingering = producer.send("linger", b"waits 30 ms", partition=1)
+        lingering = producer.send("linger", b"waits 5 ms", partition=1)
         start = time.monotonic()
         while "open" in repr(lingering) and time.monotonic() - start < 5:
             producer.send("linger", b"x" * 600, partition=0)  # fills a batch: the one before it goes now
             time.sleep(0.0002)
         sealed_after_s = time.monotonic() - start
-        assert 0.03 <= sealed_after_s < 0.09, "sealed when its linger.ms ran out (not at a 100 ms full round)"
+        # sealed when its linger.ms ran out, not at the timer's full round 100 ms after its first (this
+        # send started the thread): a 75 ms margin for a loaded machine, a 20 ms one the other way
+        assert 0.005 <= sealed_after_s < 0.08, sealed_after_s
         assert lingering.get(10).offset >= 0
     finally:
         producer.close()
@@ -467,10 +470,9 @@ def test_linger_zero_a_burst_behind_an_in_flight_batch_goes_as_one_batch(applian
     try:
         for burst in range(3):
             before = len(appliance.batches("burst", 0))
+            time.sleep(0.01)  # a pause: the burst is no part of a stream (a batch opened under 1 ms ago)
             handles = [producer.send("burst", b"b%d-%03d" % (burst, i)) for i in range(200)]
-            start = time.monotonic()
             last = handles[-1].get(10)
-            assert time.monotonic() - start < 1.0
             counts = [parse_header(b).records_count for b in appliance.batches("burst", 0)[before:]]
             assert sum(counts) == 200 and counts[0] == 1 and max(counts) >= 100 and len(counts) <= 10, counts
             offsets = [h.get(0).offset for h in handles]
@@ -490,14 +492,19 @@ def test_linger_zero_paced_bursts_go_one_batch_each_not_their_first_record_alone
     try:
         before = len(appliance.batches("stream", 0))
         bursts = 50
+        starts_ns: list[int] = []
         for burst in range(bursts):
+            starts_ns.append(time.monotonic_ns())
             for i in range(20):
                 producer.send("stream", b"s%02d-%02d" % (burst, i))
             time.sleep(0.0003)
         producer.flush()
         counts = [parse_header(b).records_count for b in appliance.batches("stream", 0)[before:]]
         assert sum(counts) == bursts * 20
-        assert len(counts) <= bursts * 1.5 and counts.count(1) <= bursts // 5, counts
+        # a burst that began 1 ms or more after the one before (a loaded machine oversleeping the pause)
+        # is no stream: its first record goes alone, at once, as it should; the first burst too
+        late = 1 + sum(b - a >= 800_000 for a, b in itertools.pairwise(starts_ns))
+        assert len(counts) <= bursts * 1.5 + late and counts.count(1) <= bursts // 5 + late, (late, counts)
         time.sleep(0.01)  # a pause: the next record is not part of a stream
         alone = producer.send("stream", b"after a pause")
         assert "published" in repr(alone) or alone.done(), repr(alone)
