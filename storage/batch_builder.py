@@ -60,7 +60,14 @@ from storage.batch_header import (
     write_crc,
 )
 from storage.compression import SUPPORTED_CODECS, codec_name, compress, compress_bound
-from storage.record_encoding import MAX_INT32, OK, RECORD_ATTRIBUTES, TOO_LONG, copy_bytes
+from storage.record_encoding import (
+    MAX_INT32,
+    OK,
+    RECORD_ATTRIBUTES,
+    TOO_LONG,
+    check_records_section,
+    copy_bytes,
+)
 from storage.value_lists import VALUE_LISTS_IN_PLACE, encode_value_list, value_list_records_size
 from storage.varint import size_of_varint, write_varint
 
@@ -413,10 +420,7 @@ def _sized(args: tuple[np.ndarray, ...]) -> tuple[int, int]:
         raise ValueError(f"header offsets: entry {size} decreases or points past the header columns")
     if code == _BAD_TIMESTAMP:
         raise ValueError(f"timestamps: entry {size} is outside +-2**62 ms")
-    if code == TOO_LONG:
-        raise ValueError(f"record {size} encodes to more than {MAX_INT32} bytes")
-    if size + HEADER_SIZE - LOG_OVERHEAD > MAX_INT32:
-        raise ValueError(f"records section of {size} bytes is too large for one batch")
+    check_records_section(size, code)
     return size, max_delta
 
 

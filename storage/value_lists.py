@@ -23,8 +23,14 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic, overload
 
-from storage.batch_header import HEADER_SIZE, LOG_OVERHEAD
-from storage.record_encoding import MAX_INT32, OK, RECORD_ATTRIBUTES, TOO_LONG, copy_bytes
+from storage.record_encoding import (
+    MAX_INT32,
+    OK,
+    RECORD_ATTRIBUTES,
+    TOO_LONG,
+    check_records_section,
+    copy_bytes,
+)
 from storage.varint import size_of_varint, write_varint
 
 __all__ = ["VALUE_LISTS_IN_PLACE", "encode_value_list", "value_list_records_size"]
@@ -200,10 +206,7 @@ def value_list_records_size(values: list[bytes | None]) -> int:
     size, code = _list_records_size(id(values), count, id(bytes), id(None))
     if code == _NOT_BYTES:
         raise TypeError(f"values[{size}]: expected bytes or None, got {type(values[size]).__name__}")
-    if code == TOO_LONG:
-        raise ValueError(f"record {size} encodes to more than {MAX_INT32} bytes")
-    if size + HEADER_SIZE - LOG_OVERHEAD > MAX_INT32:
-        raise ValueError(f"records section of {size} bytes is too large for one batch")
+    check_records_section(size, code)
     return int(size)
 
 
