@@ -437,9 +437,10 @@ class Producer:
 
     def _publish_pending(self, part: PartitionQueue, timeout_ms: int, *, caller: bool = True) -> None:
         """Publish the sealed batches of ``part`` in order (waiting up to ``timeout_ms`` for room), then
-        collect the acks that arrived.  BackPressureError: the first unpublished batch stays queued.
-        Whenever all in-flight slots are taken, the acks that arrived are collected before publishing (or
-        waiting); with ``timeout_ms`` 0, what finds no slot free then stays queued, without an error.
+        collect the acks that arrived (also when it raises).  BackPressureError: the first unpublished
+        batch stays queued.  Whenever all in-flight slots are taken, the acks that arrived are collected
+        before publishing (or waiting); with ``timeout_ms`` 0, what finds no slot free then stays queued,
+        without an error.
 
         Waits are cut in slices; between two, a supervisor that went away is noticed and reconnected to
         (a full ring nobody drains any more is not back-pressure but a restart)."""
@@ -448,32 +449,46 @@ class Producer:
             self._last_activity_ns = now
         deadline_ns = now + timeout_ms * 1_000_000
         ring_failures = 0
-        while (batch := part.next_to_publish()) is not None:
-            if not self._in_flight_room(part) and timeout_ms <= 0:
-                return  # (acks were collected)
-            try:
-                self._publish(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
-            except RingFailedError as exc:
-                ring_failures += 1
-                self._replace_channel(part)
-                if ring_failures > 2:
-                    raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
-                continue
-            except (BackPressureError, ControlError) as exc:
-                if not self._route.alive():
-                    self._reconnect()
+        try:
+            while (batch := part.next_to_publish()) is not None:
+                room = self._in_flight_room(part)  # (collects the acks that arrived when every slot is taken)
+                if part.next_to_publish() is not batch:
+                    # Those acks changed the queue: an error answer started a recovery (nothing new goes
+                    # until every batch in flight answered), the last answer ended one (the refused batches
+                    # went back to the front of ``sealed``, renumbered, for after retry.backoff.ms), or the
+                    # ring failed (its batches went back too).  Pick again: publishing ``batch`` now would
+                    # send it out of order, and the ``popleft`` below would drop the batch put back first
+                    # (never sent, never completed, and no flush() waits for it).
                     continue
-                if isinstance(exc, ControlError) or time.monotonic_ns() >= deadline_ns:
-                    if timeout_ms <= _PUBLISH_SLICE_MS:
-                        raise
-                    raise BackPressureError(
-                        f"partition {part.name}: no room to publish for max.block.ms {timeout_ms} ms "
-                        f"({exc})"
-                    ) from None
-                continue
-            part.sealed.popleft()
-        if part.channel is not None:
-            self._collect(part)
+                if not room and timeout_ms <= 0:
+                    return  # (acks were collected)
+                try:
+                    self._publish(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
+                except RingFailedError as exc:
+                    ring_failures += 1
+                    self._replace_channel(part)
+                    if ring_failures > 2:
+                        raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
+                    continue
+                except (BackPressureError, ControlError) as exc:
+                    if not self._route.alive():
+                        self._reconnect()
+                        continue
+                    if isinstance(exc, ControlError) or time.monotonic_ns() >= deadline_ns:
+                        if timeout_ms <= _PUBLISH_SLICE_MS:
+                            raise
+                        raise BackPressureError(
+                            f"partition {part.name}: no room to publish for max.block.ms {timeout_ms} ms "
+                            f"({exc})"
+                        ) from None
+                    continue
+                published = part.sealed.popleft()  # nothing since next_to_publish touched the queue:
+                assert published is batch, (published, batch)  # a publish's wait reads the ring's acks only
+        finally:
+            # (also after an error: acks a publish's wait read from the ring are complete, not in flight,
+            # and must not wait in the channel's ``completed`` for the next call)
+            if part.channel is not None:
+                self._collect(part)
 
     def _channel(self, part: PartitionQueue) -> BatchChannel:
         channel = part.channel

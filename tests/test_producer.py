@@ -26,7 +26,7 @@ from test_supervisor_harness import Appliance
 from appliance.accumulator import PUBLISHED, ProducerBatch
 from appliance.partitioner import KeyPartitioner
 from appliance.produce_route import BatchChannel, LocalRoute
-from appliance.producer import Producer, RecordMetadata
+from appliance.producer import Producer, RecordHandle, RecordMetadata
 from appliance.producer_config import ProducerConfig
 from appliance.ring_publisher import RingPublisher, publish_and_wait
 from storage.batch_builder import ByteColumn, build_batch
@@ -337,6 +337,62 @@ def test_a_refused_batch_fails_alone_and_the_batches_behind_it_are_renumbered(ap
     values = [r.value[:4] for r in log_records(appliance, "small", 0)]
     assert values == [b"a%03d" % i for i in range(30)] + [b"b%03d" % i for i in range(30)]
     sequences = [(h.base_sequence, h.base_offset) for h in map(parse_header, appliance.batches("small", 0))]
+    assert all(seq == offset for seq, offset in sequences), "one sequence run: the failed batch's freed"
+
+
+def test_a_refusal_first_seen_by_the_publish_of_the_next_batch_loses_none_of_the_batches_behind_it(
+        appliance: Appliance) -> None:
+    """Every in-flight slot is taken by a batch the writer refuses and four behind it; the producer reads
+    all five answers only when the next batch is about to go, so that collect starts and ends the recovery
+    (the four go back to the front of the queue, renumbered).  Those four go first, and flush() returns only
+    once every record sent before it is acknowledged or failed.  (Once, the batch about to go was published
+    all the same, out of order, and the first batch put back was dropped from the queue: never sent, never
+    completed, and flush() did not wait for it.)"""
+    client = appliance.client()
+    client.create_topic("renumber", 2, configs={"max.message.bytes": 3000})
+    writer = client.metadata(["renumber"]).topics["renumber"].partitions[0].writer_pid
+    client.close()
+    producer = Producer(route=_GenerousRoute(str(appliance.socket_path), timeout_ms=10_000),
+                        batch_size=1000, linger_ms=10_000)  # 5 records of 154 bytes to a batch
+
+    def b(i: int) -> bytes:
+        return b"b%03d" % i + bytes(150)
+
+    after: list[RecordHandle] = []
+    resumed: list[int] = []
+
+    def with_the_lock_held(error: ApplianceError | None, metadata: RecordMetadata) -> None:
+        # a callback runs under the producer's lock, on whichever thread collected its ack: no other
+        # thread reads the answers the writer gives meanwhile
+        os.kill(writer, signal.SIGCONT)
+        resumed.append(1)
+        time.sleep(0.3)  # the writer answers its five frames (if it is slower, this test proves nothing)
+        after.append(producer.send("renumber", b(25), partition=0))  # the open batch is full: sealed
+
+    try:
+        before = [producer.send("renumber", b"a%03d" % i + bytes(150), partition=0) for i in range(10)]
+        producer.flush()
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            big = producer.send("renumber", bytes(5000), partition=0)  # refused: MESSAGE_TOO_LARGE
+            # four batches go behind it (five in flight, every slot taken); a fifth, full, stays open
+            after += [producer.send("renumber", b(i), partition=0) for i in range(25)]
+            producer.send("renumber", b"trigger", partition=1, callback=with_the_lock_held).get(10)
+        finally:
+            if not resumed:
+                os.kill(writer, signal.SIGCONT)
+        after += [producer.send("renumber", b(i), partition=0) for i in range(26, 30)]
+        producer.flush()
+        with pytest.raises(InvalidRecordError, match=r"renumber-0.*MESSAGE_TOO_LARGE"):
+            big.get(0)
+        offsets = [h.get(0).offset for h in before + after]
+    finally:
+        producer.close()
+    assert offsets == list(range(40))
+    values = [r.value[:4] for r in log_records(appliance, "renumber", 0)]
+    assert values == [b"a%03d" % i for i in range(10)] + [b"b%03d" % i for i in range(30)]
+    headers = map(parse_header, appliance.batches("renumber", 0))
+    sequences = [(h.base_sequence, h.base_offset) for h in headers]
     assert all(seq == offset for seq, offset in sequences), "one sequence run: the failed batch's freed"
 
 
