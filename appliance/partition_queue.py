@@ -46,8 +46,8 @@ SEQUENCE_MODULUS = 1 << 31
 class PartitionQueue:
     """The producer-side state of one partition (guarded by the producer's lock).  See the module doc."""
 
-    __slots__ = ("answered", "channel", "index", "next_sequence", "not_before_ns", "open", "recovering",
-                 "sealed", "topic_name")
+    __slots__ = ("answered", "channel", "collected_ns", "index", "next_sequence", "not_before_ns", "open",
+                 "recovering", "sealed", "topic_name")
 
     def __init__(self, topic_name: str, index: int, open_batch: ProducerBatch) -> None:
         self.topic_name = topic_name
@@ -59,6 +59,7 @@ class PartitionQueue:
         self.recovering = False  # an error answer: publish nothing new until every in-flight batch answered
         self.answered: list[ProducerBatch] = []  # answered with an error while recovering, in publish order
         self.not_before_ns = 0  # retry.backoff.ms: publish nothing before this monotonic time
+        self.collected_ns = 0  # when the producer last read the acks of ``channel`` (monotonic ns)
 
     @property
     def name(self) -> str:

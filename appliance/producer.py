@@ -33,7 +33,9 @@ loads when none arrived, ~1 us for a few.  One background thread (``appliance.li
 the first batch, seals batches whose ``linger.ms`` ran out and, while batches are in flight, collects their
 acks every millisecond (every 0.2 ms while a batch waits for a slot), so that callbacks run and queued
 batches go as soon as a slot frees, whatever the caller does -- except while the caller publishes (and so
-collects acks) itself at least every millisecond and nothing waits: then it looks only every 10 ms, since
+collects the acks of the partitions it publishes to) itself at least every millisecond, every partition
+with frames in flight had its acks collected within the last millisecond and nothing waits: then it looks
+only every 10 ms (a partition the caller stops publishing to is collected at that look), since
 a wake-up of a thread costs 40-50 us of CPU on a VM (at linger.ms=0 and 100,000 sends/s the 1 ms looks
 and the pokes took ~10% of a core); it never touches a batch while the caller's
 thread does (it holds the producer's lock, and the append token to seal) and never sleeps on a ring
@@ -364,7 +366,7 @@ class Producer:
         if streaming and part.open.values:
             self._timer.wake_by(now)  # it publishes the batch with what gathered by the time it runs
             return
-        if part.open.values and self._can_publish(part, _CALLER_MAX_IN_FLIGHT):
+        if part.open.values and self._can_publish(part, now, _CALLER_MAX_IN_FLIGHT):
             self._seal(part)
             try:
                 self._publish_pending(part, 0)
@@ -372,14 +374,13 @@ class Producer:
                 pass  # the ring is full of bytes: it stays queued, the timer publishes it when it can
         # the timer thread collects the acks (callbacks run while the caller is away) and lets held ones go;
         # while nothing is held, a round planned within _ACTIVE_POLL_NS will do (no poke: see _timer_round)
-        self._timer.wake_by(time.monotonic_ns() + (_HELD_POLL_NS if part.sealed or part.open.values
-                                                   else _ACTIVE_POLL_NS))
+        self._timer.wake_by(now + (_HELD_POLL_NS if part.sealed or part.open.values else _ACTIVE_POLL_NS))
 
-    def _can_publish(self, part: PartitionQueue, limit: int = 1 << 30) -> bool:
-        """A batch of ``part`` sealed now would be published at once: nothing is queued ahead of it, no
-        recovery or retry back-off holds the partition, and fewer than max.in.flight (and ``limit``) of
-        its batches await acks (acks collected first when that many do)."""
-        if part.sealed or part.recovering or part.not_before_ns > time.monotonic_ns():
+    def _can_publish(self, part: PartitionQueue, now_ns: int, limit: int = 1 << 30) -> bool:
+        """A batch of ``part`` sealed at ``now_ns`` would be published at once: nothing is queued ahead of
+        it, no recovery or retry back-off holds the partition, and fewer than max.in.flight (and ``limit``)
+        of its batches await acks (acks collected first when that many do)."""
+        if part.sealed or part.recovering or part.not_before_ns > now_ns:
             return False
         return self._in_flight_room(part, limit)
 
@@ -487,8 +488,13 @@ class Producer:
         finally:
             # (also after an error: acks a publish's wait read from the ring are complete, not in flight,
             # and must not wait in the channel's ``completed`` for the next call)
-            if part.channel is not None:
+            channel = part.channel
+            if channel is not None:
                 self._collect(part)
+                if caller and channel.in_flight:
+                    # the timer thread looks at the acks by _ACTIVE_POLL_NS from now, whatever it planned
+                    # before (a far linger.ms, or nothing): this publish collects this partition's acks only
+                    self._timer.wake_by(now + _ACTIVE_POLL_NS)
 
     def _channel(self, part: PartitionQueue) -> BatchChannel:
         channel = part.channel
@@ -583,6 +589,7 @@ class Producer:
         channel = part.channel
         if channel is None:
             return
+        part.collected_ns = time.monotonic_ns()
         try:
             channel.poll()
         except RingFailedError:
@@ -779,13 +786,16 @@ class Producer:
         partition cannot take it (every in-flight slot taken, batches queued ahead of it): records keep
         joining it, and it goes, as one larger batch, with the first round that finds a slot."""
         if now - self._last_activity_ns < _ACK_POLL_NS and now < self._next_full_round_ns:
-            due = self._next_due(linger_ns)
+            due = self._next_due(now, linger_ns)
             if due > now:
-                # The caller published (and collected acks) less than a poll period ago and nothing waits
-                # for a slot or its linger.ms: acks are as fresh as this round would make them.  Look again
-                # _ACTIVE_POLL_NS after the caller's last publish, or when a linger.ms runs out (a wake-up
-                # of this thread costs 40-50 us of CPU on a VM: at linger.ms=0 and 100,000 sends/s, polling
-                # every 1 ms took ~10% of a core).
+                # The caller published less than a poll period ago, the acks of every partition with
+                # frames in flight were collected less than a poll period ago (a publish collects those
+                # of its own partition only) and nothing waits for a slot or its linger.ms: acks are as
+                # fresh as this round would make them.  Look again _ACTIVE_POLL_NS after the caller's last
+                # publish, or when a linger.ms runs out: a partition the caller stopped publishing to is
+                # collected then (a wake-up of this thread costs 40-50 us of CPU on a VM: at linger.ms=0
+                # and 100,000 sends/s, polling every 1 ms took ~10% of a core; waking _ACK_POLL_NS after
+                # each partition's last collect would wake it per batch with the sticky partitioner).
                 return min(self._last_activity_ns + _ACTIVE_POLL_NS, due)
         self._next_full_round_ns = now + _FULL_ROUND_NS
         quiet = now - self._last_activity_ns > _IDLE_NS
@@ -807,7 +817,7 @@ class Producer:
                 next_wake = batch.first_append_ns + linger_ns
                 break
             try:
-                if not self._can_publish(part):
+                if not self._can_publish(part, now):
                     held = True
                     continue
                 self._seal(part)
@@ -824,11 +834,15 @@ class Producer:
             next_wake = self._last_activity_ns + _ACTIVE_POLL_NS
         return next_wake
 
-    def _next_due(self, linger_ns: int) -> int:
-        """When the timer must act on a batch (monotonic ns): 0 if a sealed one waits for a slot, else when
-        the oldest open batch's linger.ms runs out (2**62 if no batch has records)."""
+    def _next_due(self, now: int, linger_ns: int) -> int:
+        """When the timer must act (monotonic ns): 0 if a sealed batch waits for a slot or the acks of a
+        partition with frames in flight were last collected _ACK_POLL_NS ago or more, else when the oldest
+        open batch's linger.ms runs out (2**62 if no batch has records)."""
         for part in self._publishing:
             if part.sealed:
+                return 0
+            channel = part.channel
+            if channel is not None and channel.in_flight and now - part.collected_ns >= _ACK_POLL_NS:
                 return 0
         for part in self._lingering:  # oldest first
             return part.open.first_append_ns + linger_ns
