@@ -10,6 +10,8 @@ other value is the *generation* of the current sleep (a counter the sleeper bump
 Sleeper (:meth:`Waiter.park`)::
 
     1. spin: check for work a bounded number of times (cheap when the other side is about to publish)
+    1b. nap (if the sleeper asks for it): sleep ``nap_s`` on a timer and check again, for up to
+       ``nap_for_s``; the flag stays 0, so the other side makes no system call for this wait
     2. store flag := generation          (in every flag it owns: a writer owns one per ring)
     3. FULL FENCE
     4. check for work again; if there is some: store flag := 0, return
@@ -33,6 +35,13 @@ Why the generation: while a sleeper wakes up, the flag still says "sleeping"; re
 already posted for limits a notifier to one post per sleep instead of one per frame, so the hot path makes
 no system call when the other side is awake, and at most one per sleep when it is not.  A sleeper starts its
 generations at a random 64-bit value, so a restarted sleeper never repeats the one a notifier remembers.
+
+Why nap: a post is a system call that wakes a process on another CPU, and on a virtual machine that costs
+the *poster* 7-25 us (measured: the partition writer's ack when its producer slept for a slot).  Where
+the poster is the pipeline's bottleneck and the sleeper has slack (a producer waiting for an in-flight slot
+while the writer works through the frames published before), the sleeper naps instead: it wakes on its own
+timer, up to ``nap_s`` plus the kernel's timer slack late, and the poster never pays.  After ``nap_for_s``
+it sleeps as above, so a long wait costs no CPU.
 
 Extra posts (a post arriving after a timeout already woke the sleeper) make a later sleep return at once; the
 sleeper then re-checks and sleeps again: harmless.  The timeout bounds every sleep, so a notifier that died
@@ -131,9 +140,12 @@ class Doorbell:
 class Waiter:
     """The sleeping side of the protocol for one doorbell (see the module docstring, steps 1-6)."""
 
-    def __init__(self, doorbell: Doorbell, spin_iterations: int = DEFAULT_SPIN_ITERATIONS) -> None:
+    def __init__(self, doorbell: Doorbell, spin_iterations: int = DEFAULT_SPIN_ITERATIONS, *,
+                 nap_s: float = 0.0, nap_for_s: float = 0.0) -> None:
         self.doorbell = doorbell
         self.spin_iterations = spin_iterations
+        self.nap_s = nap_s  # step 1b: each nap (0: no naps)
+        self.nap_for_s = nap_for_s  # step 1b: naps for at most this long, then the flag and the semaphore
         self._generation = int.from_bytes(os.urandom(8), "little") % _GENERATIONS + 1
         self.sleeps = 0  # how many times park() really slept (for tests and stats)
 
@@ -147,6 +159,14 @@ class Waiter:
             if ready():
                 return True
         deadline = time.monotonic() + timeout_s
+        if self.nap_s > 0:
+            naps_until = min(deadline, time.monotonic() + self.nap_for_s)
+            while True:
+                time.sleep(self.nap_s)
+                if ready():
+                    return True
+                if time.monotonic() >= naps_until:
+                    break
         while True:
             self._generation = self._generation % _GENERATIONS + 1  # never 0, fits an int64
             for words, index in flags:

@@ -7,6 +7,7 @@ test_ring_processes.py and test_ring_contention.py.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from ipc.memory_order import publish_int32, publish_int64
 from ipc.ring import (
+    PRODUCER_NAP_FOR_S,
     RESERVE_ACKS_FULL,
     RESERVE_FAILED,
     RESERVE_FULL,
@@ -249,6 +251,36 @@ def test_acks_come_back_in_order_with_their_results() -> None:
         first, results = producer.poll_acks()
         assert (first, results.tolist()) == (0, [100, -2, 102, 103])
         assert producer.poll_acks()[0] == 4
+
+
+@pytest.mark.parametrize("ack_after_s", [0.0005, 0.03])
+def test_a_producer_waiting_for_an_ack_naps_first_then_sleeps_on_its_semaphore(ack_after_s: float) -> None:
+    """An ack within PRODUCER_NAP_FOR_S finds the producer napping: the writer's ack posts nothing.  A later
+    one finds it asleep on its semaphore and wakes it with one post."""
+    with ring_pair() as (producer, consumer, _):
+        seq = producer.send(body_for(0, 10))
+        acked_at: list[float] = []
+
+        def ack_later() -> None:
+            time.sleep(ack_after_s)
+            chunk = consumer.peek()
+            assert chunk is not None
+            acked_at.append(time.monotonic())
+            consumer.ack(chunk.first_seq, [5])
+            consumer.release(chunk.end_position)
+
+        thread = threading.Thread(target=ack_later)
+        waited_from = time.monotonic()
+        thread.start()
+        try:
+            assert producer.wait_acks(seq, timeout_ms=2000)
+        finally:
+            thread.join()
+        if ack_after_s > PRODUCER_NAP_FOR_S:
+            assert producer._waiter.sleeps == 1
+        elif acked_at[0] - waited_from < PRODUCER_NAP_FOR_S / 2:  # (a loaded machine may ack later)
+            assert producer._waiter.sleeps == 0
+        assert producer.poll_acks()[1].tolist() == [5]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
