@@ -458,20 +458,26 @@ class Producer:
                     # until every batch in flight answered), the last answer ended one (the refused batches
                     # went back to the front of ``sealed``, renumbered, for after retry.backoff.ms), or the
                     # ring failed (its batches went back too).  Pick again: publishing ``batch`` now would
-                    # send it out of order, and the ``popleft`` below would drop the batch put back first
-                    # (never sent, never completed, and no flush() waits for it).
+                    # send it out of order, and taking it off the queue would drop the batch put back
+                    # first (never sent, never completed, and no flush() waits for it).
                     continue
                 if not room and timeout_ms <= 0:
                     return  # (acks were collected)
+                # Off the queue before _publish, which may complete it and so run its callback on this
+                # thread (acks=0, a batch too large or refused by the builder): a callback that sends to
+                # this partition publishes what is queued behind it itself, and must not find it again.
+                part.sealed.popleft()
                 try:
                     self._publish(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
                 except RingFailedError as exc:
+                    part.sealed.appendleft(batch)  # not published; the batches in flight go back before it
                     ring_failures += 1
                     self._replace_channel(part)
                     if ring_failures > 2:
                         raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
                     continue
                 except (BackPressureError, ControlError) as exc:
+                    part.sealed.appendleft(batch)  # not published: it stays first
                     if not self._route.alive():
                         self._reconnect()
                         continue
@@ -483,8 +489,10 @@ class Producer:
                             f"({exc})"
                         ) from None
                     continue
-                published = part.sealed.popleft()  # nothing since next_to_publish touched the queue:
-                assert published is batch, (published, batch)  # a publish's wait reads the ring's acks only
+                except BaseException:
+                    if batch.state == SEALED:  # not published (a KeyboardInterrupt, a bug): it stays first
+                        part.sealed.appendleft(batch)
+                    raise
         finally:
             # (also after an error: acks a publish's wait read from the ring are complete, not in flight,
             # and must not wait in the channel's ``completed`` for the next call)

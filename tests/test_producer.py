@@ -216,6 +216,31 @@ def test_send_many_accepts_lists_arrays_offsets_and_columns(appliance: Appliance
 # -- acks and idempotence ------------------------------------------------------------------------------------
 
 
+def test_a_callback_that_sends_to_the_same_partition_at_acks_0_loses_and_repeats_nothing(
+        appliance: Appliance) -> None:
+    """acks=0 completes a batch as it is published, on the publishing thread, while the batches queued
+    behind it wait: a callback that sends more to the partition publishes them itself (nested)."""
+    client = appliance.client()
+    client.create_topic("nested", 1)
+    client.close()
+    values = [b"queued %03d" % i for i in range(60)]
+    again = [b"from the callback %d" % i for i in range(40)]
+    with make_producer(appliance, acks="0", batch_size=1000, linger_ms=1000) as producer:
+        def send_more(error: Exception | None, metadata: object) -> None:
+            producer.send_many("nested", again, partition=0)
+            producer.send("nested", b"one more", partition=0)
+
+        producer.send("nested", values[0], partition=0, callback=send_more)
+        for value in values[1:]:
+            producer.send("nested", value, partition=0)
+        producer.flush()
+        producer.flush()
+    records = wait_for_records(appliance, "nested", 0, 101)
+    got = [r.value for r in records]
+    assert sorted(got) == sorted(values + again + [b"one more"]), "every record once"
+    assert [v for v in got if v.startswith(b"queued")] == values, "the queued ones in order"
+
+
 @pytest.mark.parametrize("acks", ["0", "1", "all"])
 def test_acks_semantics(appliance: Appliance, acks: str) -> None:
     client = appliance.client()
