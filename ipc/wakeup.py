@@ -41,7 +41,8 @@ the *poster* 7-25 us (measured: the partition writer's ack when its producer sle
 the poster is the pipeline's bottleneck and the sleeper has slack (a producer waiting for an in-flight slot
 while the writer works through the frames published before), the sleeper naps instead: it wakes on its own
 timer, up to ``nap_s`` plus the kernel's timer slack late, and the poster never pays.  After ``nap_for_s``
-it sleeps as above, so a long wait costs no CPU.
+it sleeps as above; and a park that timed out turns the naps off until a park finds work again, so a waiter
+that waits in slices naps in the first one only (a wait for a stalled writer costs no CPU).
 
 Extra posts (a post arriving after a timeout already woke the sleeper) make a later sleep return at once; the
 sleeper then re-checks and sleeps again: harmless.  The timeout bounds every sleep, so a notifier that died
@@ -147,26 +148,32 @@ class Waiter:
         self.nap_s = nap_s  # step 1b: each nap (0: no naps)
         self.nap_for_s = nap_for_s  # step 1b: naps for at most this long, then the flag and the semaphore
         self._generation = int.from_bytes(os.urandom(8), "little") % _GENERATIONS + 1
+        self._napping = True  # step 1b on: the last park found work (off after one that timed out)
         self.sleeps = 0  # how many times park() really slept (for tests and stats)
 
     def park(self, flags: Sequence[FlagSlot], ready: Callable[[], bool], timeout_s: float) -> bool:
-        """Return True as soon as ``ready()`` is true, False if it is still false after ``timeout_s``.
+        """Return True as soon as ``ready()`` is true (up to a nap late while napping), False if it is still
+        false after ``timeout_s``.
 
         ``flags`` are the waiting flags this sleeper owns (one per ring it serves); ``ready`` must only load
-        what the notifiers publish.
+        what the notifiers publish.  A park that times out turns the naps off until a park finds work again:
+        a caller that waits in slices (a flush, ``max.block.ms``) naps in the first slice only.
         """
+        found = self._park(flags, ready, timeout_s)
+        self._napping = found
+        return found
+
+    def _park(self, flags: Sequence[FlagSlot], ready: Callable[[], bool], timeout_s: float) -> bool:
         for _ in range(self.spin_iterations):
             if ready():
                 return True
         deadline = time.monotonic() + timeout_s
-        if self.nap_s > 0:
+        if self.nap_s > 0 and self._napping and timeout_s > 0:
             naps_until = min(deadline, time.monotonic() + self.nap_for_s)
-            while True:
-                time.sleep(self.nap_s)
+            while (left := naps_until - time.monotonic()) > 0:
+                time.sleep(min(self.nap_s, left))
                 if ready():
                     return True
-                if time.monotonic() >= naps_until:
-                    break
         while True:
             self._generation = self._generation % _GENERATIONS + 1  # never 0, fits an int64
             for words, index in flags:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -645,6 +645,33 @@ def test_idle_writer_wait_times_out_and_wakes_on_a_frame() -> None:
         assert 0.05 <= time.monotonic() - started < 2.0
         producer.send(b"x")
         assert wait_for_frames([consumer], waiter, 5.0)
+        doorbell.close()
+
+
+def test_naps_stop_after_a_park_that_timed_out_until_a_park_finds_work() -> None:
+    """A waiter in slices (a flush behind a stalled writer) naps in its first slice only."""
+    with ring_pair() as (_, _, names):
+        doorbell = Doorbell.open(names.doorbell)
+        waiter = Waiter(doorbell, spin_iterations=0, nap_s=50e-6, nap_for_s=0.002)
+        flag = memoryview(bytearray(8)).cast("q")
+        looks = 0
+
+        def nothing() -> bool:
+            nonlocal looks
+            looks += 1
+            return False
+
+        def counted_park(ready: Callable[[], bool]) -> int:
+            nonlocal looks
+            looks = 0
+            waiter.park([(flag, 0)], ready, 0.005)
+            return looks
+
+        assert counted_park(nothing) >= 3, "naps: a look after each, then the two of the sleep"
+        assert counted_park(nothing) == 2, "after a timeout: no naps, only the sleep's two looks"
+        assert waiter.park([(flag, 0)], lambda: True, 0.005)
+        assert counted_park(nothing) >= 3, "work found: naps again"
+        assert flag[0] == 0
         doorbell.close()
 
 
