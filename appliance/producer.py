@@ -40,8 +40,8 @@ a wake-up of a thread costs 40-50 us of CPU on a VM (at linger.ms=0 and 100,000 
 and the pokes took ~10% of a core); it never touches a batch while the caller's
 thread does (it holds the producer's lock, and the append token to seal) and never sleeps on a ring
 semaphore.  A callback runs on whichever thread collected its ack: keep it short.  Waits (``get``,
-``flush``) park on the ring's semaphore outside the lock, reading only the ring header, then collect under
-the lock.
+``flush``) nap, then park on the ring's semaphore (``ipc.wakeup``, ``ipc.ring.PRODUCER_NAP_S``) outside the
+lock, reading only the ring header, then collect under the lock.
 
 **Sealing and max.in.flight.**  A batch is sealed when it is full, when ``flush``/``get`` asks for it, or
 when its ``linger.ms`` ran out *and* its partition can take it now (an in-flight slot free, nothing queued
@@ -842,7 +842,7 @@ class Producer:
             next_wake = self._last_activity_ns + _ACTIVE_POLL_NS
         return next_wake
 
-    def _next_due(self, now: int, linger_ns: int) -> int:
+    def _next_due(self, now_ns: int, linger_ns: int) -> int:
         """When the timer must act (monotonic ns): 0 if a sealed batch waits for a slot or the acks of a
         partition with frames in flight were last collected _ACK_POLL_NS ago or more, else when the oldest
         open batch's linger.ms runs out (2**62 if no batch has records)."""
@@ -850,7 +850,7 @@ class Producer:
             if part.sealed:
                 return 0
             channel = part.channel
-            if channel is not None and channel.in_flight and now - part.collected_ns >= _ACK_POLL_NS:
+            if channel is not None and channel.in_flight and now_ns - part.collected_ns >= _ACK_POLL_NS:
                 return 0
         for part in self._lingering:  # oldest first
             return part.open.first_append_ns + linger_ns

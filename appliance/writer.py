@@ -45,10 +45,10 @@ CRC, garbage, a length that does not match) or MESSAGE_TOO_LARGE, nothing of it 
 A frame the ring protocol itself cannot trust (a bad frame length, type or sequence) fails that ring
 (``RingFailedError`` for its producer, ``ipc/ring.py``); the other rings are served as before.
 
-**Between rounds** the writer reads its commands and beats its heartbeat on every loop after a sleep, but
-at most every 10 ms while rounds follow one another: right after a large ``writev`` the caches are cold,
-and the command poll and the beat then cost ~10 us a round (~4% of a 1 MiB frame's time; measured with
-``perf_counter_ns`` around each step of a round, 62,500 x 10 KiB records).
+**Between rounds** the writer reads its commands and beats its heartbeat on every loop after one that found
+nothing to drain, but at most every 10 ms while rounds follow one another: right after a large ``writev``
+the caches are cold, and the command poll and the beat then cost ~10 us a round (~4% of a 1 MiB frame's
+time; measured with ``perf_counter_ns`` around each step of a round, 62,500 x 10 KiB records).
 
 **Idle**: with nothing published the writer sleeps on its doorbell (``ipc/wakeup.py``) for at most
 ``heartbeat_interval_ms``; each wake-up beats the heartbeat in the state page and runs the timers: the
@@ -514,7 +514,7 @@ class PartitionWriter:
         housekeeping_due_ns = 0
         while not self._stopping:
             now_ns = time.monotonic_ns()
-            if now_ns >= housekeeping_due_ns:  # every loop after a sleep, every 10 ms while rounds stream
+            if now_ns >= housekeeping_due_ns:  # after a loop with nothing to drain; else every 10 ms
                 self.handle_commands()
                 page.beat(now_ns // 1_000_000)
                 housekeeping_due_ns = now_ns + _HOUSEKEEPING_INTERVAL_NS

@@ -165,7 +165,7 @@ def target_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
     rows = []
     for round_index in range(1 if quick else LARGE_TARGET_ROUNDS):
         for settings in configs:
-            if round_index >= (LARGE_TARGET_ROUNDS if settings.recycle_pages else TARGET_ROUNDS):
+            if round_index >= (LARGE_TARGET_ROUNDS if settings.record_size >= 10 * 1024 else TARGET_ROUNDS):
                 continue
             label = f"target round {round_index + 1}: produce {_label(settings)}"
             log(f"{label}: {settings.records:,} records")
