@@ -463,21 +463,15 @@ class Producer:
                     continue
                 if not room and timeout_ms <= 0:
                     return  # (acks were collected)
-                # Off the queue before _publish, which may complete it and so run its callback on this
-                # thread (acks=0, a batch too large or refused by the builder): a callback that sends to
-                # this partition publishes what is queued behind it itself, and must not find it again.
-                part.sealed.popleft()
                 try:
-                    self._publish(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
+                    self._publish_first(part, batch, min(self._remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
                 except RingFailedError as exc:
-                    part.sealed.appendleft(batch)  # not published; the batches in flight go back before it
                     ring_failures += 1
                     self._replace_channel(part)
                     if ring_failures > 2:
                         raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
                     continue
                 except (BackPressureError, ControlError) as exc:
-                    part.sealed.appendleft(batch)  # not published: it stays first
                     if not self._route.alive():
                         self._reconnect()
                         continue
@@ -489,10 +483,6 @@ class Producer:
                             f"({exc})"
                         ) from None
                     continue
-                except BaseException:
-                    if batch.state == SEALED:  # not published (a KeyboardInterrupt, a bug): it stays first
-                        part.sealed.appendleft(batch)
-                    raise
         finally:
             # (also after an error: acks a publish's wait read from the ring are complete, not in flight,
             # and must not wait in the channel's ``completed`` for the next call)
@@ -503,6 +493,20 @@ class Producer:
                     # the timer thread looks at the acks by _ACTIVE_POLL_NS from now, whatever it planned
                     # before (a far linger.ms, or nothing): this publish collects this partition's acks only
                     self._timer.wake_by(now + _ACTIVE_POLL_NS)
+
+    def _publish_first(self, part: PartitionQueue, batch: ProducerBatch, timeout_ms: int) -> None:
+        """:meth:`_publish` ``batch``, the first of ``part.sealed``, off the queue: publishing may complete it
+        and so run its callback on this thread (acks=0, a batch too large or refused by the builder), and a
+        callback that sends to this partition publishes what is queued behind it itself, so must not find
+        it there.  Whatever stops it before it is published (a failed ring, no room, an interrupt) puts it
+        back first; then the batches in flight on a failed ring go back before it."""
+        part.sealed.popleft()
+        try:
+            self._publish(part, batch, timeout_ms)
+        except BaseException:
+            if batch.state == SEALED:
+                part.sealed.appendleft(batch)
+            raise
 
     def _channel(self, part: PartitionQueue) -> BatchChannel:
         channel = part.channel

@@ -155,17 +155,19 @@ def target_runs(app: Appliance, quick: bool, log: Any) -> list[dict[str, Any]]:
     """The issue 3 produce targets, each run TARGET_ROUNDS times (the 10 KiB ones LARGE_TARGET_ROUNDS),
     interleaved (a burst of load from elsewhere on the machine then hits one round of each, not every round
     of one)."""
-    configs = [
-        ProduceSettings(records=200_000 if quick else 2_000_000, record_size=100),
-        ProduceSettings(records=200_000 if quick else 5_000_000, record_size=100, api="send_many"),
-        ProduceSettings(records=_records_for(10 * 1024, quick), record_size=10 * 1024, recycle_pages=True),
-        ProduceSettings(records=_records_for(10 * 1024, quick), record_size=10 * 1024, api="send_many",
-                        recycle_pages=True),
+    configs = [  # (settings, rounds)
+        (ProduceSettings(records=200_000 if quick else 2_000_000, record_size=100), TARGET_ROUNDS),
+        (ProduceSettings(records=200_000 if quick else 5_000_000, record_size=100, api="send_many"),
+         TARGET_ROUNDS),
+        (ProduceSettings(records=_records_for(10 * 1024, quick), record_size=10 * 1024, recycle_pages=True),
+         LARGE_TARGET_ROUNDS),
+        (ProduceSettings(records=_records_for(10 * 1024, quick), record_size=10 * 1024, api="send_many",
+                         recycle_pages=True), LARGE_TARGET_ROUNDS),
     ]
     rows = []
-    for round_index in range(1 if quick else LARGE_TARGET_ROUNDS):
-        for settings in configs:
-            if round_index >= (LARGE_TARGET_ROUNDS if settings.record_size >= 10 * 1024 else TARGET_ROUNDS):
+    for round_index in range(1 if quick else max(rounds for _, rounds in configs)):
+        for settings, rounds in configs:
+            if round_index >= rounds:
                 continue
             label = f"target round {round_index + 1}: produce {_label(settings)}"
             log(f"{label}: {settings.records:,} records")

@@ -235,7 +235,7 @@ def unlink_ring(names: RingNames) -> None:
 # A producer waiting for room or for acks naps (``ipc.wakeup``, step 1b) for up to 2 ms before it sleeps on
 # its semaphore: the writer then acks and releases without a post.  With 1 MiB batches of 10 KiB records
 # the writer is the pipeline's bottleneck and the producer waits for an in-flight slot once a round; the
-# post cost the writer 7-25 us a round, the nap costs the producer (which has slack) a resume up to ~0.2 ms
+# post cost the writer 7-27 us a round, the nap costs the producer (which has slack) a resume up to ~0.2 ms
 # late while the writer works through the frames published before.
 PRODUCER_NAP_S: Final = 50e-6
 PRODUCER_NAP_FOR_S: Final = 2e-3

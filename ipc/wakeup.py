@@ -37,7 +37,7 @@ no system call when the other side is awake, and at most one per sleep when it i
 generations at a random 64-bit value, so a restarted sleeper never repeats the one a notifier remembers.
 
 Why nap: a post is a system call that wakes a process on another CPU, and on a virtual machine that costs
-the *poster* 7-25 us (measured: the partition writer's ack when its producer slept for a slot).  Where
+the *poster* 7-27 us (measured: the partition writer's ack when its producer slept for a slot).  Where
 the poster is the pipeline's bottleneck and the sleeper has slack (a producer waiting for an in-flight slot
 while the writer works through the frames published before), the sleeper naps instead: it wakes on its own
 timer, up to ``nap_s`` plus the kernel's timer slack late, and the poster never pays.  After ``nap_for_s``
