@@ -10,20 +10,20 @@ from __future__ import annotations
 from storage.lazy_exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "Producer": "appliance.producer",
-    "RecordMetadata": "appliance.producer",
-    "RecordHandle": "appliance.producer",
-    "BulkHandle": "appliance.producer",
-    "BulkMetadata": "appliance.producer",
-    "Consumer": "appliance.consumer",
-    "ConsumerRecord": "appliance.consumer",
-    "RecordArrays": "appliance.consumer",
-    "TopicPartition": "appliance.consumer",
-    "Config": "appliance.config",
-    "load_config": "appliance.config",
-    "ControlClient": "appliance.control",
-    "ControlError": "appliance.control",
-    "KafkaAdmin": "appliance.kafka_admin",
+    "Producer": "appliance.client.producer",
+    "RecordMetadata": "appliance.client.producer",
+    "RecordHandle": "appliance.client.producer",
+    "BulkHandle": "appliance.client.producer",
+    "BulkMetadata": "appliance.client.producer",
+    "Consumer": "appliance.client.consumer",
+    "ConsumerRecord": "appliance.client.consumer",
+    "RecordArrays": "appliance.client.consumer",
+    "TopicPartition": "appliance.client.consumer",
+    "Config": "appliance.config.server_config",
+    "load_config": "appliance.config.server_config",
+    "ControlClient": "ipc.control",
+    "ControlError": "ipc.control",
+    "KafkaAdmin": "appliance.client.admin",
 }
 
 __all__ = [

@@ -34,7 +34,7 @@ page-cache write bandwidth is probed right before AND right after each run, with
 payload pool, cycled as the producer sends it), for the run's volume, into a new file in the appliance's data
 directory (the log's file system), each after ``os.sync()`` as the run; the run is held against the faster of
 its two probes (``bench/test_bench_writer.py``'s and ``bench/test_bench_produce.py``'s 10 KiB benches do the
-same, through the same ``appliance.perf_limits.PageCacheProbe``).  Each target round logs both probe samples,
+same, through the same ``bench.limits.PageCacheProbe``).  Each target round logs both probe samples,
 their CPU per byte (~0.2-0.3 ns: pages the host still backs; ~2.5 ns: pages it must fault in first, which
 moves the figure tenfold on this virtual machine) and ``cpu_bound_ratio`` (the cheaper probe's CPU per byte
 over the costlier of producer and writer: what the run would reach with a core each, which others' load does
@@ -60,12 +60,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from appliance.perf_consume import run_consume
-from appliance.perf_e2e import run_e2e
-from appliance.perf_produce import ProduceSettings, run_produce
-from appliance.perf_replicate import acks_comparison, run_replicate
-from appliance.perf_scaling import run_partitions, run_recovery
-from appliance.perf_server import Appliance
+from bench.consume import run_consume
+from bench.e2e import run_e2e
+from bench.harness import Appliance
+from bench.produce import ProduceSettings, run_produce
+from bench.replicate import acks_comparison, run_replicate
+from bench.scaling import run_partitions, run_recovery
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -23,7 +23,7 @@ end offset.  So the local benchmarks depend on nothing but storage and ipc.  The
   serve`` (supervisor, writer, broker), an ``appliance.Producer`` in its own process (``acks=1``,
   ``linger.ms=0``: the record that opens a batch publishes it from ``send`` when an in-flight slot is
   free, records sent meanwhile batch up behind it) sending 100-byte records stamped with CLOCK_MONOTONIC
-  at 100,000 records/s, paced (``appliance.perf_e2e``: the records due within ``E2E_BENCH_BURST_US``,
+  at 100,000 records/s, paced (``bench.e2e``: the records due within ``E2E_BENCH_BURST_US``,
   default 200 us, go back to back, then the producer sleeps until the next burst; Kafka's perf test
   throttles in bursts of 2 ms or more), through its shared-memory ring to the partition writer, which appends,
   publishes the high watermark in the state page and wakes the local ``Consumer`` sleeping on it (futex);
@@ -68,9 +68,9 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from appliance.consumer import Consumer, TopicPartition
-from appliance.perf_limits import mapped_copy_bytes_per_s
-from appliance.publish_trace import TRACE_DIR_ENV
+from appliance.client.consumer import Consumer, TopicPartition
+from appliance.server.publish_trace import TRACE_DIR_ENV
+from bench.limits import mapped_copy_bytes_per_s
 from ipc.shm import ShmNames, unlink_shared_memory
 from ipc.state_page import StatePage
 from storage.batch_builder import ByteColumn, RecordColumns, build
@@ -233,13 +233,13 @@ def test_memory_copy_of_the_log_limit(benchmark: BenchmarkFixture, bench_log: Be
 
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance import supervisor
-    from appliance.broker import child_spec
-    from appliance.config import load_config
+    from appliance.server import supervisor
+    from appliance.broker.broker import child_spec
+    from appliance.config.server_config import load_config
 
     config = load_config(sys.argv[1])
     supervisor._setup_logging(config.log_level)
-    extras = [] if "appliance.broker:child_spec" in supervisor.EXTRA_CHILDREN else [child_spec(config)]
+    extras = [] if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN else [child_spec(config)]
     sys.exit(supervisor.Supervisor(config, extra_children=extras + supervisor._load_extra_children(config))
              .run())
 """)
@@ -255,9 +255,9 @@ def _free_port() -> int:
 def served(bench_log: BenchLog) -> Iterator[str]:
     """``appliance serve`` (with its broker) over the benchmark's data dir; yields HOST:PORT."""
     try:
-        from appliance.broker import child_spec  # noqa: F401
-        from appliance.kafka_client import BrokerConnectionError, KafkaConnection
+        from appliance.broker.broker import child_spec  # noqa: F401
         from ipc.kafka import MetadataRequest
+        from ipc.kafka_client import BrokerConnectionError, KafkaConnection
     except ImportError as exc:
         pytest.skip(f"the broker is not available yet: {exc}")
     root = Path(bench_log.data_dir).parent
@@ -417,7 +417,7 @@ _STAGES = ("send_to_writer_round", "round_to_published", "round_to_append", "app
 @pytest.fixture(scope="module")
 def traced_appliance() -> Iterator[Any]:
     """``appliance serve`` in a temporary directory, its writers tracing their rounds."""
-    from appliance.perf_server import Appliance
+    from bench.harness import Appliance
 
     trace_dir = tempfile.mkdtemp(prefix="la-trace-")
     saved = os.environ.get(TRACE_DIR_ENV)
@@ -438,8 +438,8 @@ def _ms(summary: dict[str, Any]) -> str:
 
 
 def test_e2e_latency_at_100k_per_s(benchmark: BenchmarkFixture, traced_appliance: Any) -> None:
-    from appliance.perf_e2e import run_e2e
-    from appliance.perf_produce import ProduceSettings
+    from bench.e2e import run_e2e
+    from bench.produce import ProduceSettings
 
     settings = ProduceSettings(records=int(LATENCY_RATE_PER_S * E2E_SECONDS), record_size=VALUE_BYTES,
                                acks="1", linger_ms=E2E_LINGER_MS, batch_size=E2E_BATCH_SIZE,

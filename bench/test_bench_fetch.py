@@ -7,8 +7,8 @@ Set-up: one partition log holding ``FETCH_BENCH_RECORDS`` records of 100-byte va
 about 230 MB; the issue's 10,000,000 with ``FETCH_BENCH_RECORDS=10000000``) in batches of 500 records, written
 directly with ``storage.log.Log`` (the benchmark plays the partition writer; the bytes are those a producer
 builds), under ``$FETCH_BENCH_DIR`` (default: the system temp dir).  The broker -- the production
-``appliance.broker.Broker`` -- runs in a forked process, as under ``appliance serve``; the client runs in
-this process.  On a 2-core machine the two processes get one core each.
+``appliance.broker.broker.Broker`` -- runs in a forked process, as under ``appliance serve``; the client runs
+in this process.  On a 2-core machine the two processes get one core each.
 
 * ``test_consume_records_over_tcp``: a consumer loop -- Fetch (v11, 8 MiB per partition) from the next
   offset, read the response, decode every record of every batch into arrays
@@ -45,11 +45,11 @@ from typing import Any
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from appliance.broker import Broker
-from appliance.broker_cluster import ClusterError
-from appliance.broker_partitions import TopicMeta
-from appliance.config import Config, config_from_mapping
-from appliance.perf_limits import loopback_sendfile
+from appliance.broker.broker import Broker
+from appliance.broker.cluster import ClusterError
+from appliance.broker.partitions import TopicMeta
+from appliance.config.server_config import Config, config_from_mapping
+from bench.limits import loopback_sendfile
 from ipc.kafka import (
     ApiKey,
     ErrorCode,

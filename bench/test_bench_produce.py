@@ -11,7 +11,7 @@ Each benchmark stores in ``extra_info``:
 * ``writer_cpu_ns_per_record``: the partition writer's CPU time per record (from /proc);
 * ``page_cache_mb_per_s`` (bulk 100 B run): buffered ``os.write`` of 1 MiB chunks to a file in the same
   directory, the same volume, measured in the same run just before each round.  The 10 KiB runs use
-  ``appliance bench produce``'s method (``appliance.perf_limits.PageCacheProbe`` with the round's rows as
+  ``appliance bench produce``'s method (``bench.limits.PageCacheProbe`` with the round's rows as
   its source, ``recycle=True``): a probe of the round's own bytes right before AND right after each round
   (each probe and the round starting right after ``perf_limits.recycle_pages``), the round held
   against the faster (``ratio_to_faster_probe``), both samples and their CPU per byte kept, and
@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.control import ControlClient
-from appliance.perf_limits import PageCacheProbe, recycle_pages
-from appliance.perf_stats import process_cpu_ns
-from appliance.producer import Producer
+from appliance.client.producer import Producer
+from bench.limits import PageCacheProbe, recycle_pages
+from bench.stats import process_cpu_ns
+from ipc.control import ControlClient
 
 REPO = Path(__file__).resolve().parent.parent
 TOPICS = {"one": 1, "eight": 8, "large": 1, "large-many": 1}
@@ -222,7 +222,7 @@ def test_send_many_100_byte_records_one_partition(benchmark: Any, server: Server
 _PRODUCER_PROCESS = textwrap.dedent(
     """
     import sys, time
-    from appliance.producer import Producer
+    from appliance.client.producer import Producer
     socket_path, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     producer = Producer({"appliance.control.socket": socket_path, "acks": "1"})
     value = b"y" * size
@@ -286,7 +286,7 @@ def test_send_four_producers_eight_partitions(benchmark: Any, server: Server) ->
 @pytest.mark.parametrize("path", ["send", "send_many"])
 def test_10_kib_records_against_page_cache_bandwidth(benchmark: Any, server: Server, path: str) -> None:
     """10 KiB records, one partition: MB/s end to end as a share of buffered-write bandwidth, probed right
-    before and right after each round (``appliance bench produce``'s method, ``appliance.perf_limits``): the
+    before and right after each round (``appliance bench produce``'s method, ``bench.limits``): the
     round's own bytes, the same volume, a new file in the same directory; each round held against the faster
     of its two probes."""
     topic = "large" if path == "send" else "large-many"

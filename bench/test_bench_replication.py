@@ -11,7 +11,7 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_replication.py --benchmark-en
   directory: Fetch with its replica id from its log end offset, the leader answers with ``sendfile`` from the
   segment files, every batch's CRC is checked, the batches are appended unchanged.  Bytes/s of log copied,
   against a plain loopback ``os.sendfile`` of the same segment files from a forked process to this one
-  (``appliance.perf_limits.loopback_sendfile``: the kernel's copy, the physical limit), measured
+  (``bench.limits.loopback_sendfile``: the kernel's copy, the physical limit), measured
   alternately in the same run; the figure is the median of the per-round ratios.  Once with Kafka's default
   ``replica.fetch.max.bytes`` (1 MiB), once with 8 MiB.  Target >= 0.7.  A second limit is reported beside
   it: the same sendfile with the receiver taking 1 MiB at a time (``recv_into``), computing the
@@ -59,10 +59,10 @@ import crc32c
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from appliance.control import ControlClient
-from appliance.perf_limits import loopback_sendfile
-from appliance.perf_stats import thread_schedstat
-from appliance.producer import Producer
+from appliance.client.producer import Producer
+from bench.limits import loopback_sendfile
+from bench.stats import thread_schedstat
+from ipc.control import ControlClient
 from replicas.fetcher import FetcherConfig, PartitionFetcher
 from replicas.leader_connection import LeaderConnection, leader_from_metadata
 from storage.batch_builder import build_batch

@@ -31,7 +31,7 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from appliance import perf_limits
+from bench import limits as perf_limits
 from ipc.ring import RingConsumer, RingNames, RingProducer, create_ring, wait_for_frames, warm_up
 from ipc.shm import ShmNames, reclaim
 from ipc.wakeup import Doorbell, Waiter

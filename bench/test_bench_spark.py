@@ -6,8 +6,8 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_spark.py --benchmark-enable -
 
 Set-up: ``appliance serve`` (supervisor, writers, broker) on a loopback port with a topic of 4 partitions;
 ``SPARK_BENCH_RECORDS`` records of 100-byte values (random bytes, null keys, no headers) produced over TCP
-with ``appliance.remote_producer.RemoteProducer`` in batches of about 1 MiB, 4 x 2.5 M records, about 1.3 GB
-of log in the page cache.  One SparkSession ``local[2]`` (both cores), the data source registered.
+with ``appliance.client.remote_producer.RemoteProducer`` in batches of about 1 MiB, 4 x 2.5 M records, about
+1.3 GB of log in the page cache.  One SparkSession ``local[2]`` (both cores), the data source registered.
 
 * ``test_spark_reads_a_topic``: ``spark.read.format("appliance")...load()`` written to Spark's ``noop``
   sink, so every column of every row (key, value, topic, partition, offset, timestamp, timestampType,
@@ -78,9 +78,9 @@ def workdir() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def bootstrap(workdir: Path) -> Iterator[str]:
     """``appliance serve`` with the benchmark topic, filled with RECORDS records; yields HOST:PORT."""
-    from appliance.kafka_client import BrokerConnectionError, KafkaConnection
-    from appliance.remote_producer import RemoteProducer
+    from appliance.client.remote_producer import RemoteProducer
     from ipc.kafka import MetadataRequest
+    from ipc.kafka_client import BrokerConnectionError, KafkaConnection
 
     port = _free_port()
     log_path = workdir / "appliance.log"
@@ -202,7 +202,7 @@ def test_spark_reads_the_same_rows_from_parquet(benchmark: BenchmarkFixture, spa
 
 
 def test_consumer_over_tcp_in_one_process(benchmark: BenchmarkFixture, bootstrap: str) -> None:
-    from appliance.consumer import Consumer
+    from appliance.client.consumer import Consumer
 
     def consume() -> float:
         started = time.perf_counter()

@@ -25,7 +25,7 @@ one ``Producer``, 10 KiB records, acks=1, from the first record to the last ack.
 each record's ``bytes`` in a plain loop), read from memory once: not cache resident, so the probe writing
 them costs ~0.28-0.32 ns of CPU per byte against ~0.24-0.26 for the pool (and the producer's copy more too):
 the two payloads give different limits, and only ``pool`` is the matrix's.  The
-page-cache probe (``appliance.perf_limits.PageCacheProbe`` with the round's rows as its source: buffered
+page-cache probe (``bench.limits.PageCacheProbe`` with the round's rows as its source: buffered
 ``os.write`` of the same bytes, ~1 MiB at a time, to a new file in the data directory, after ``os.sync()``)
 runs right before AND right after every round, each probe and the round starting right after
 ``perf_limits.recycle_pages`` of their volume (all three write into pages the host backs), so a swing of the
@@ -58,11 +58,11 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from appliance.perf_limits import PageCacheProbe, recycle_pages
-from appliance.perf_produce import ProduceSettings, payload_pool, produce_into
-from appliance.perf_stats import process_cpu_ns
-from appliance.producer import Producer
-from appliance.writer import PartitionWriter, WriterSpec
+from appliance.client.producer import Producer
+from appliance.server.writer import PartitionWriter, WriterSpec
+from bench.limits import PageCacheProbe, recycle_pages
+from bench.produce import ProduceSettings, payload_pool, produce_into
+from bench.stats import process_cpu_ns
 from bench.test_bench_produce import Server
 from ipc.ring import RingNames, RingProducer, create_ring, warm_up
 from ipc.shm import ShmNames, reclaim

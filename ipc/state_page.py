@@ -89,7 +89,7 @@ A replica row (:data:`REPLICA_ROW`, what ``appliance replicas status`` shows of 
 Line 2 and the replica table belong to the *replica-state owner*: the partition writer while the partition
 has no followers (replication factor 1: it publishes HW = LEO; the creator sets ``isr_size`` 1 and
 ``min_insync_replicas`` once, before handing the page out), the broker's replication layer for a replicated
-partition (``appliance.broker_replication``).  Local producers read ``isr_size`` and
+partition (``appliance.broker.replication``).  Local producers read ``isr_size`` and
 ``min_insync_replicas`` to refuse acks=all batches with NOT_ENOUGH_REPLICAS, as the broker does.  Rows are
 written field by field: a reader may see a row mid-update (fine for status; nothing decides on them).
 

@@ -24,6 +24,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "ProtocolError",
     "RequestTimeoutError",
+    "TopicExistsError",
     "UnknownTopicOrPartitionError",
 ]
 
@@ -57,6 +58,10 @@ class OffsetOutOfRangeError(ApplianceError):
 
 class UnknownTopicOrPartitionError(ApplianceError):
     """No such topic or partition here.  Create it, or ask the broker's metadata where it lives."""
+
+
+class TopicExistsError(ApplianceError):
+    """A topic of that name exists already.  Use it as it is, or delete it first."""
 
 
 class NotLeaderError(ApplianceError):

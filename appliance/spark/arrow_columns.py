@@ -3,11 +3,11 @@ columns -> the producer's byte columns (writes).
 
 Theory of operation
 -------------------
-A read ends in :class:`appliance.record_arrays.RecordArrays`: every key and value still lies where it was in
-the fetched buffer, between record headers, named by a position and a length (-1 = null).  Arrow wants each
-binary column contiguous (an ``int32`` offsets buffer, a data buffer, a validity bitmap), so one numba pass
-per column (:func:`_gather`) copies the bytes back to back and writes the offsets: the only per-byte work of
-a read besides the decoding.  Headers are parsed from their varints by :func:`_parse_headers` into
+A read ends in :class:`appliance.client.record_arrays.RecordArrays`: every key and value still lies where it
+was in the fetched buffer, between record headers, named by a position and a length (-1 = null).  Arrow wants
+each binary column contiguous (an ``int32`` offsets buffer, a data buffer, a validity bitmap), so one numba
+pass per column (:func:`_gather`) copies the bytes back to back and writes the offsets: the only per-byte work
+of a read besides the decoding.  Headers are parsed from their varints by :func:`_parse_headers` into
 positions, then gathered the same way into ``list<struct<key: string, value: binary>>``.  ``topic`` and
 ``partition`` are constants per chunk, ``timestamp`` is milliseconds times 1000 (Spark's microseconds, UTC).
 The result carries exactly the Arrow schema Spark derives (``to_arrow_schema``) from
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from appliance.record_arrays import RecordArrays
+from appliance.client.record_arrays import RecordArrays
 from appliance.spark.schema import SCHEMA
 from storage.batch_builder import ByteColumn, HeaderColumns
 from storage.errors import CorruptRecordError, InvalidRecordError

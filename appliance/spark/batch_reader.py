@@ -2,8 +2,8 @@
 
 ``spark.read.format("appliance")...load()`` becomes one Spark task per :class:`OffsetRange` (see
 ``appliance.spark.planning``: one per partition, large partitions cut into several).  A task runs
-:func:`read_range` on an executor: a remote :class:`appliance.consumer.Consumer` (the Kafka protocol over
-TCP, so it runs on any host that reaches the broker) seeks to the range's first offset and polls record
+:func:`read_range` on an executor: a remote :class:`appliance.client.consumer.Consumer` (the Kafka protocol
+over TCP, so it runs on any host that reaches the broker) seeks to the range's first offset and polls record
 arrays until the range's end; each chunk becomes one ``pyarrow.RecordBatch``
 (``appliance.spark.arrow_columns``) -- Spark takes Arrow batches without converting rows in Python.
 
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from appliance.consumer import Consumer, TopicPartition
+from appliance.client.consumer import Consumer, TopicPartition
 from appliance.spark.options import SourceOptions
 from appliance.spark.planning import OffsetRange, plan_batch
 from storage.errors import ApplianceError, OffsetOutOfRangeError

@@ -57,9 +57,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.consumer import Consumer, TopicPartition
-from appliance.kafka_client import BrokerConnectionError, KafkaConnection, parse_bootstrap_servers
-from appliance.remote_producer import RemoteProducer
+from appliance.client.consumer import Consumer, TopicPartition
+from appliance.client.remote_producer import RemoteProducer
 from ipc.kafka import (
     CreatableTopic,
     CreateTopicsRequest,
@@ -74,6 +73,7 @@ from ipc.kafka import (
     MetadataResponse,
     error_name,
 )
+from ipc.kafka_client import BrokerConnectionError, KafkaConnection, parse_bootstrap_servers
 from storage.batch_reader import Record, iter_batches, iter_records
 from storage.errors import ApplianceError, UnknownTopicOrPartitionError
 

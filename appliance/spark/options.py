@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Final
 
-from appliance.kafka_client import parse_bootstrap_servers
+from ipc.kafka_client import parse_bootstrap_servers
 from storage.errors import ConfigError
 
 __all__ = [

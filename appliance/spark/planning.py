@@ -6,7 +6,7 @@ retention -- is raised there, with a message naming the option, the partition an
 failing a task on an executor.
 
 :class:`ClusterView` asks the broker over the Kafka protocol (Metadata, ListOffsets, one small Fetch to
-estimate record sizes) through ``appliance.remote_fetch.RemoteCluster``.  :func:`split_ranges` turns
+estimate record sizes) through ``appliance.client.remote_fetch.RemoteCluster``.  :func:`split_ranges` turns
 per-partition offset ranges into :class:`OffsetRange` tasks: ranges longer than ``maxRecordsPerPartition``
 are cut into equal pieces, then the longest pieces are halved until there are ``minPartitions`` tasks, so a
 large partition is read by several executors at once.  The result depends only on its input, so a
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
-from appliance.consumer import Consumer
-from appliance.kafka_client import BrokerConnectionError, KafkaConnection, parse_bootstrap_servers
-from appliance.remote_fetch import FetchSettings, RemoteCluster
+from appliance.client.consumer import Consumer
+from appliance.client.remote_fetch import FetchSettings, RemoteCluster
 from appliance.spark.options import EARLIEST, LATEST, OffsetSpec, SourceOptions
 from ipc.kafka import MetadataRequest, MetadataResponse
+from ipc.kafka_client import BrokerConnectionError, KafkaConnection, parse_bootstrap_servers
 from storage.errors import ConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 
 __all__ = ["ClusterView", "OffsetRange", "TopicPartitionKey", "plan_batch", "split_ranges"]

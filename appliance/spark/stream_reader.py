@@ -44,10 +44,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from appliance.kafka_client import BrokerConnectionError
 from appliance.spark.batch_reader import read_range
 from appliance.spark.options import EARLIEST, LATEST, SourceOptions
 from appliance.spark.planning import ClusterView, OffsetRange, TopicPartitionKey, resolve, split_ranges
+from ipc.kafka_client import BrokerConnectionError
 from storage.errors import ConfigError, OffsetOutOfRangeError
 
 __all__ = ["ApplianceStreamReader", "decode_offsets", "encode_offsets", "prorate"]

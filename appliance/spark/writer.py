@@ -5,7 +5,7 @@ A write takes the columns Spark's Kafka sink takes: ``value`` (binary or string,
 murmur2 of the key, as Kafka's producer, or a sticky partition for null keys) and ``headers``
 (``array<struct<key: string, value: binary>>``).  Each task runs :func:`write_task` on an executor: Arrow
 batches come in (``DataSourceArrowWriter``: no per-row Python), their buffers become byte columns
-(``appliance.spark.arrow_columns``), and :class:`appliance.remote_producer.RemoteProducer` encodes and
+(``appliance.spark.arrow_columns``), and :class:`appliance.client.remote_producer.RemoteProducer` encodes and
 sends them over TCP.
 
 Streaming writes are **exactly once** by ``(query id, batchId)`` through the sink's commit log (the
@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from appliance.remote_producer import RemoteProducer, take_records
+from appliance.client.remote_producer import RemoteProducer, take_records
 from appliance.spark.arrow_columns import byte_column, header_columns
 from appliance.spark.commit_log import CommitLog, Intent, RowKey
 from appliance.spark.options import LATEST, SourceOptions

@@ -1,0 +1,549 @@
+"""The broker's answers to the requests that need no waiting: versions, metadata, offsets, topics, ids.
+
+Each handler is a plain function ``(ctx, header, request body) -> response body``: no sockets, no clocks,
+so the rules are readable in one place and the broker loop (``appliance.broker.broker``) only dispatches.
+Produce (``appliance.broker.produce``) and Fetch (``appliance.broker.fetch_session``) may have to wait and
+live apart.
+
+Conventions, as Kafka has them:
+
+* Errors are per topic or per partition inside a successful response; nothing here closes a connection.
+* UNKNOWN_TOPIC_OR_PARTITION for a topic or partition that does not exist; NOT_LEADER_OR_FOLLOWER for one
+  this appliance does not serve (or not yet); INVALID_TOPIC_EXCEPTION for a name Kafka would refuse
+  (``appliance.config.check_topic_name``: 1-249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``), so no name can
+  reach a path.
+* ListOffsets "latest" (-1) is the high watermark for consumers (isolation level read_uncommitted; with no
+  transactions read_committed is the same) and the log end offset for followers (``replica_id >= 0``) and
+  for Kafka's debugging replica id -2 (``appliance topics describe`` over TCP).
+  "earliest" (-2) is the log start offset.  A timestamp finds the first batch whose max timestamp is at or
+  after it, below the high watermark, else offset -1.
+* Metadata creates a topic it is asked about and does not know when ``auto.create.topics.enable`` and the
+  request's ``allow_auto_topic_creation`` (v4+; always on before v4) say so.
+* Consumer groups are not coordinated here yet: group requests answer COORDINATOR_NOT_AVAILABLE, which
+  clients treat as "try later".  Consumers that use ``assign()`` with explicit or reset offsets need none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.broker import log_dirs
+from appliance.broker.cluster import Cluster, ClusterError
+from appliance.broker.partitions import PartitionHandle, PartitionTable, TopicMeta
+from appliance.broker.replication import LeaderReplication
+from appliance.config.server_config import Config, check_topic_name, parse_override
+from ipc.kafka import (
+    ApiKey,
+    ApiVersionsResponse,
+    CreatableTopicResult,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeletableTopicResult,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    EpochEndOffset,
+    ErrorCode,
+    FindCoordinatorResponse,
+    HeartbeatResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    MetadataRequest,
+    MetadataResponse,
+    MetadataResponseBroker,
+    MetadataResponsePartition,
+    MetadataResponseTopic,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitResponsePartition,
+    OffsetCommitResponseTopic,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchResponsePartition,
+    OffsetFetchResponseTopic,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderTopicResult,
+    RequestHeader,
+    SaslAuthenticateResponse,
+    SaslHandshakeResponse,
+    SyncGroupResponse,
+    supported_api_versions,
+)
+from ipc.kafka.messages import DescribeLogDirsRequest, DescribeLogDirsResponse
+from replicas.leader_epochs import answer_offset_for_leader_epoch
+from storage.errors import ApplianceError, ConfigError
+
+__all__ = ["HANDLERS", "BrokerContext", "Handler", "metadata"]
+
+log = logging.getLogger("appliance.broker")
+
+EARLIEST_TIMESTAMP = -2
+DEBUGGING_REPLICA_ID = -2  # ListOffsets from a tool (not a consumer): "latest" is the log end offset
+LATEST_TIMESTAMP = -1
+METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
+PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere)
+FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
+
+
+@dataclass
+class BrokerContext:
+    """What every handler may use: the configuration, the partition table, the metadata owner."""
+
+    config: Config
+    table: PartitionTable
+    cluster: Cluster
+    cluster_id: str
+    # listener name -> the (host, port) clients are told to connect to
+    advertised: dict[str, tuple[str, int]] = field(default_factory=dict)
+    replication: LeaderReplication | None = None  # the ISR of the replicated partitions led here
+    _refreshed_at: float = -1e18
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    def refresh_topics(self, *, soon: bool = False) -> None:
+        """Ask the metadata owner for the topic list unless it was asked in the last
+        :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do not know)."""
+        now = time.monotonic() * 1000
+        if now - self._refreshed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS):
+            return
+        self.reload_topics()
+
+    def refresh_if_stale(self) -> None:
+        """Refresh if the topic list is older than :data:`PERIODIC_REFRESH_MS` (called as requests come)."""
+        if time.monotonic() * 1000 - self._refreshed_at >= PERIODIC_REFRESH_MS:
+            self.reload_topics()
+
+    def reload_topics(self) -> None:
+        """Ask the metadata owner for the topic list now (after we changed it)."""
+        self._refreshed_at = time.monotonic() * 1000
+        try:
+            topics = self.cluster.topics()
+        except ApplianceError as e:
+            log.warning("cannot refresh topic metadata from the supervisor: %s", e)
+            return
+        self.table.update(topics)
+        if self.replication is not None:
+            self.replication.sync()
+
+    def lookup(self, topic: str, partition: int) -> tuple[PartitionHandle | None, ErrorCode]:
+        """Like ``PartitionTable.lookup``, refreshing the topic list once if the topic is unknown."""
+        handle, code = self.table.lookup(topic, partition)
+        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and check_topic_name(topic) is None:
+            self.refresh_topics(soon=True)
+            handle, code = self.table.lookup(topic, partition)
+        return handle, code
+
+
+Handler = Callable[[BrokerContext, RequestHeader, Any], Any]
+
+
+# -- ApiVersions -----------------------------------------------------------------------------------------
+
+
+def api_versions(ctx: BrokerContext, header: RequestHeader, body: Any) -> ApiVersionsResponse:
+    return ApiVersionsResponse(error_code=ErrorCode.NONE, api_keys=supported_api_versions())
+
+
+# -- Metadata --------------------------------------------------------------------------------------------
+
+
+def metadata(
+    ctx: BrokerContext, header: RequestHeader, body: MetadataRequest, listener: str = "PLAINTEXT"
+) -> MetadataResponse:
+    ctx.refresh_topics()
+    table = ctx.table
+    if body.topics is None:
+        names = sorted(table.topics)
+    else:
+        names = list(dict.fromkeys(t.name for t in body.topics))
+    auto_create = ctx.config.auto_create_topics_enable and (
+        header.api_version < 4 or body.allow_auto_topic_creation
+    )
+    topics = []
+    for name in names:
+        meta = table.topics.get(name)
+        if meta is None:
+            reason = check_topic_name(name)
+            if reason is not None:
+                topics.append(MetadataResponseTopic(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name))
+                continue
+            ctx.refresh_topics(soon=True)
+            meta = table.topics.get(name)
+        if meta is None and auto_create:
+            code, meta = _create(ctx, name, None, None, {}, "auto-created by Metadata")
+            if meta is None:
+                topics.append(MetadataResponseTopic(error_code=code, name=name))
+                continue
+        if meta is None:
+            topics.append(MetadataResponseTopic(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name))
+            continue
+        topics.append(_topic_metadata(ctx, meta))
+    host, port = ctx.advertised.get(listener) or next(iter(ctx.advertised.values()), ("127.0.0.1", 9092))
+    return MetadataResponse(
+        brokers=[MetadataResponseBroker(node_id=ctx.node_id, host=host, port=port, rack=None)],
+        cluster_id=ctx.cluster_id,
+        controller_id=ctx.node_id,
+        topics=topics,
+    )
+
+
+def _topic_metadata(ctx: BrokerContext, meta: TopicMeta) -> MetadataResponseTopic:
+    table = ctx.table
+    partitions = []
+    for index in range(meta.partitions):
+        leader = table.leader(meta, index)
+        code = ErrorCode.NONE
+        epoch = 0
+        if leader == ctx.node_id:
+            handle, lookup_code = table.lookup(meta.name, index)
+            if handle is None:
+                code, leader = ErrorCode.LEADER_NOT_AVAILABLE, -1
+                log.debug("metadata: %s-%d: %s", meta.name, index, lookup_code.name)
+            else:
+                epoch = handle.leader_epoch()
+        partitions.append(
+            MetadataResponsePartition(
+                error_code=code,
+                partition_index=index,
+                leader_id=leader,
+                leader_epoch=epoch,
+                replica_nodes=list(table.replicas(meta, index)),
+                isr_nodes=list(_isr(ctx, meta, index)),
+                offline_replicas=[],
+            )
+        )
+    return MetadataResponseTopic(
+        error_code=ErrorCode.NONE, name=meta.name, is_internal=False, partitions=partitions
+    )
+
+
+def _isr(ctx: BrokerContext, meta: TopicMeta, index: int) -> tuple[int, ...]:
+    """In-sync replicas, leader first: the replication layer's for a partition it leads, else the table's."""
+    known = ctx.replication.isr(meta.name, index) if ctx.replication is not None else None
+    if known is None:
+        return ctx.table.isr(meta, index)
+    return (ctx.node_id, *(r for r in known if r != ctx.node_id))
+
+
+def _create(
+    ctx: BrokerContext,
+    name: str,
+    partitions: int | None,
+    replication_factor: int | None,
+    configs: Mapping[str, str],
+    why: str,
+) -> tuple[ErrorCode, TopicMeta | None]:
+    try:
+        meta = ctx.cluster.create_topic(name, partitions, replication_factor, configs)
+    except ClusterError as e:
+        if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:  # created meanwhile by someone else
+            ctx.reload_topics()
+            existing = ctx.table.topics.get(name)
+            if existing is not None:
+                return ErrorCode.NONE, existing
+        log.info("topic %r not created (%s): %s", name, why, e)
+        return e.code, None
+    log.info("topic %r created (%s): %d partitions", name, why, meta.partitions)
+    ctx.reload_topics()
+    return ErrorCode.NONE, ctx.table.topics.get(name, meta)
+
+
+# -- ListOffsets -----------------------------------------------------------------------------------------
+
+
+def list_offsets(ctx: BrokerContext, header: RequestHeader, body: ListOffsetsRequest) -> ListOffsetsResponse:
+    follower = body.replica_id >= 0 or body.replica_id == DEBUGGING_REPLICA_ID
+    topics = []
+    for topic in body.topics:
+        partitions = []
+        for part in topic.partitions:
+            out = ListOffsetsPartitionResponse(
+                partition_index=part.partition_index, error_code=ErrorCode.NONE
+            )
+            partitions.append(out)
+            handle, code = ctx.lookup(topic.name, part.partition_index)
+            if handle is None:
+                out.error_code = code
+                continue
+            code = handle.check_epoch(part.current_leader_epoch)
+            if code != ErrorCode.NONE:
+                out.error_code = code
+                continue
+            try:
+                out.offset, out.timestamp = _offset_for(handle, part.timestamp, follower)
+                out.leader_epoch = handle.leader_epoch()
+            except (ApplianceError, OSError) as e:
+                log.error("list offsets %s (timestamp %d): %s", handle.name, part.timestamp, e)
+                out.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        topics.append(ListOffsetsTopicResponse(name=topic.name, partitions=partitions))
+    return ListOffsetsResponse(topics=topics)
+
+
+def _offset_for(handle: PartitionHandle, timestamp: int, follower: bool) -> tuple[int, int]:
+    """(offset, timestamp) for a ListOffsets query; (-1, -1) when no record qualifies."""
+    bound = handle.log_end_offset if follower else handle.high_watermark
+    if timestamp == EARLIEST_TIMESTAMP:
+        return handle.log_start_offset, -1
+    if timestamp == LATEST_TIMESTAMP:
+        return bound, -1
+    found = handle.reader.offset_for_timestamp(timestamp)
+    if found is None or found.offset >= bound:
+        return -1, -1
+    return found.offset, found.timestamp
+
+
+# -- CreateTopics / DeleteTopics -------------------------------------------------------------------------
+
+
+def create_topics(
+    ctx: BrokerContext, header: RequestHeader, body: CreateTopicsRequest
+) -> CreateTopicsResponse:
+    ctx.refresh_topics(soon=True)
+    counts: dict[str, int] = {}
+    for topic in body.topics:
+        counts[topic.name] = counts.get(topic.name, 0) + 1
+    results = []
+    for topic in body.topics:
+        code, message = _create_one(ctx, topic, counts[topic.name] > 1, body.validate_only)
+        results.append(CreatableTopicResult(name=topic.name, error_code=code, error_message=message))
+    return CreateTopicsResponse(topics=results)
+
+
+def _create_one(
+    ctx: BrokerContext, topic: Any, duplicated: bool, validate_only: bool
+) -> tuple[ErrorCode, str | None]:
+    name = topic.name
+    reason = check_topic_name(name)
+    if reason is not None:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, reason
+    if duplicated:
+        return ErrorCode.INVALID_REQUEST, f"topic {name!r} appears more than once in the request"
+    if topic.assignments:
+        return (
+            ErrorCode.INVALID_REQUEST,
+            "manual replica assignment is not supported; give partitions instead",
+        )
+    if topic.num_partitions == 0 or topic.num_partitions < -1:
+        return (
+            ErrorCode.INVALID_PARTITIONS,
+            f"number of partitions {topic.num_partitions}: must be at least 1",
+        )
+    if topic.replication_factor == 0 or topic.replication_factor < -1:
+        return (
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+            f"replication factor {topic.replication_factor}: must be at least 1",
+        )
+    if name in ctx.table.topics:
+        return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+    # CreateTopics carries every value as a string: read it as `--topic-config KEY=VALUE` is read
+    # (2048 an integer, true a boolean, anything else the text)
+    configs: dict[str, Any] = {
+        c.name: parse_override(f"{c.name}={c.value}")[1] for c in topic.configs if c.value is not None
+    }
+    partitions = None if topic.num_partitions == -1 else topic.num_partitions
+    replication = None if topic.replication_factor == -1 else topic.replication_factor
+    try:
+        overrides: dict[str, object] = dict(configs)
+        if partitions is not None:
+            overrides["partitions"] = partitions
+        if replication is not None:
+            overrides["replication.factor"] = replication
+        ctx.config.topic(name, overrides)
+    except ConfigError as e:
+        return ErrorCode.INVALID_CONFIG, str(e)
+    if validate_only:
+        return ErrorCode.NONE, None
+    try:
+        ctx.cluster.create_topic(name, partitions, replication, configs)
+    except ClusterError as e:
+        return e.code, str(e)
+    log.info("topic %r created by CreateTopics", name)
+    ctx.reload_topics()
+    return ErrorCode.NONE, None
+
+
+def delete_topics(
+    ctx: BrokerContext, header: RequestHeader, body: DeleteTopicsRequest
+) -> DeleteTopicsResponse:
+    ctx.refresh_topics(soon=True)
+    results = []
+    for name in body.topic_names:
+        code = ErrorCode.NONE
+        if check_topic_name(name) is not None:
+            code = ErrorCode.INVALID_TOPIC_EXCEPTION
+        elif not ctx.config.delete_topic_enable:
+            code = ErrorCode.TOPIC_DELETION_DISABLED
+        elif name not in ctx.table.topics:
+            code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        else:
+            try:
+                ctx.cluster.delete_topic(name)
+                log.info("topic %r deleted by DeleteTopics", name)
+            except ClusterError as e:
+                code = e.code
+        results.append(DeletableTopicResult(name=name, error_code=code))
+    ctx.reload_topics()
+    return DeleteTopicsResponse(responses=results)
+
+
+# -- InitProducerId --------------------------------------------------------------------------------------
+
+
+def init_producer_id(
+    ctx: BrokerContext, header: RequestHeader, body: InitProducerIdRequest
+) -> InitProducerIdResponse:
+    if body.transactional_id is not None:
+        # Transactions are not implemented: say so rather than hand out an id that promises them.
+        return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST)
+    try:
+        producer_id, producer_epoch = ctx.cluster.init_producer_id()
+    except ClusterError as e:
+        log.warning("init producer id: %s", e)
+        return InitProducerIdResponse(error_code=e.code)
+    return InitProducerIdResponse(
+        error_code=ErrorCode.NONE, producer_id=producer_id, producer_epoch=producer_epoch
+    )
+
+
+# -- OffsetForLeaderEpoch (followers) --------------------------------------------------------------------
+
+
+def offset_for_leader_epoch(
+    ctx: BrokerContext, header: RequestHeader, body: OffsetForLeaderEpochRequest
+) -> OffsetForLeaderEpochResponse:
+    topics = []
+    for topic in body.topics:
+        partitions = []
+        for part in topic.partitions:
+            out = EpochEndOffset(error_code=ErrorCode.NONE, partition=part.partition)
+            partitions.append(out)
+            handle, code = ctx.lookup(topic.topic, part.partition)
+            if handle is None:
+                out.error_code = code
+                continue
+            try:
+                answer = answer_offset_for_leader_epoch(
+                    partition=part.partition, requested_epoch=part.leader_epoch,
+                    current_leader_epoch=part.current_leader_epoch, leader_epoch=handle.leader_epoch(),
+                    end_offset_for=handle.reader.end_offset_for_epoch,
+                )
+            except (ApplianceError, OSError) as e:
+                log.error("offset for leader epoch %s (epoch %d): %s", handle.name, part.leader_epoch, e)
+                out.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                continue
+            partitions[-1] = answer
+        topics.append(OffsetForLeaderTopicResult(topic=topic.topic, partitions=partitions))
+    return OffsetForLeaderEpochResponse(topics=topics)
+
+
+# -- DescribeLogDirs: bytes on disk per partition --------------------------------------------------------
+
+
+def describe_log_dirs(
+    ctx: BrokerContext, header: RequestHeader, body: DescribeLogDirsRequest
+) -> DescribeLogDirsResponse:
+    ctx.refresh_topics()
+    return log_dirs.describe_log_dirs(ctx.table, body)
+
+
+# -- consumer groups and SASL: not here yet --------------------------------------------------------------
+
+_NO_COORDINATOR = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+def find_coordinator(ctx: BrokerContext, header: RequestHeader, body: Any) -> FindCoordinatorResponse:
+    return FindCoordinatorResponse(
+        error_code=_NO_COORDINATOR, error_message="no group coordinator yet", node_id=-1, host="", port=-1
+    )
+
+
+def offset_fetch(ctx: BrokerContext, header: RequestHeader, body: OffsetFetchRequest) -> OffsetFetchResponse:
+    topics = [
+        OffsetFetchResponseTopic(
+            name=t.name,
+            partitions=[
+                OffsetFetchResponsePartition(
+                    partition_index=i, committed_offset=-1, metadata="", error_code=_NO_COORDINATOR
+                )
+                for i in t.partition_indexes
+            ],
+        )
+        for t in body.topics or []
+    ]
+    return OffsetFetchResponse(topics=topics, error_code=_NO_COORDINATOR)
+
+
+def offset_commit(
+    ctx: BrokerContext, header: RequestHeader, body: OffsetCommitRequest
+) -> OffsetCommitResponse:
+    topics = [
+        OffsetCommitResponseTopic(
+            name=t.name,
+            partitions=[
+                OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=_NO_COORDINATOR)
+                for p in t.partitions
+            ],
+        )
+        for t in body.topics
+    ]
+    return OffsetCommitResponse(topics=topics)
+
+
+def join_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> JoinGroupResponse:
+    return JoinGroupResponse(error_code=_NO_COORDINATOR, member_id=body.member_id)
+
+
+def heartbeat(ctx: BrokerContext, header: RequestHeader, body: Any) -> HeartbeatResponse:
+    return HeartbeatResponse(error_code=_NO_COORDINATOR)
+
+
+def leave_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> LeaveGroupResponse:
+    return LeaveGroupResponse(error_code=_NO_COORDINATOR)
+
+
+def sync_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> SyncGroupResponse:
+    return SyncGroupResponse(error_code=_NO_COORDINATOR, assignment=b"")
+
+
+def sasl_handshake(ctx: BrokerContext, header: RequestHeader, body: Any) -> SaslHandshakeResponse:
+    return SaslHandshakeResponse(error_code=ErrorCode.UNSUPPORTED_SASL_MECHANISM, mechanisms=[])
+
+
+def sasl_authenticate(ctx: BrokerContext, header: RequestHeader, body: Any) -> SaslAuthenticateResponse:
+    return SaslAuthenticateResponse(
+        error_code=ErrorCode.ILLEGAL_SASL_STATE, error_message="this listener is PLAINTEXT", auth_bytes=b""
+    )
+
+
+# Every API answered without waiting.  Produce and Fetch are dispatched by the broker loop itself; Metadata
+# is too (it needs the listener the request came through).
+HANDLERS: dict[int, Handler] = {
+    ApiKey.API_VERSIONS: api_versions,
+    ApiKey.LIST_OFFSETS: list_offsets,
+    ApiKey.CREATE_TOPICS: create_topics,
+    ApiKey.DELETE_TOPICS: delete_topics,
+    ApiKey.INIT_PRODUCER_ID: init_producer_id,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
+    ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs,
+    ApiKey.FIND_COORDINATOR: find_coordinator,
+    ApiKey.OFFSET_FETCH: offset_fetch,
+    ApiKey.OFFSET_COMMIT: offset_commit,
+    ApiKey.JOIN_GROUP: join_group,
+    ApiKey.HEARTBEAT: heartbeat,
+    ApiKey.LEAVE_GROUP: leave_group,
+    ApiKey.SYNC_GROUP: sync_group,
+    ApiKey.SASL_HANDSHAKE: sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: sasl_authenticate,
+}

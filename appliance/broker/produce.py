@@ -1,0 +1,400 @@
+"""Produce over the socket: validate each batch, hand it to the partition's writer through a ring, answer.
+
+Theory of operation
+-------------------
+There is one path into a log: a partition writer draining rings.  A Produce request therefore does not write
+anything itself.  For each partition in the request the broker
+
+1. checks what Kafka checks before an append: the partition exists and is served here; the records are
+   exactly one RecordBatch v2 (Produce v3+ allows no more, and magic 0/1 is refused) whose magic, length and
+   CRC are right (``storage.batch_header.validate_batch``); it is not larger than the topic's
+   ``max.message.bytes``; it is not transactional (transactions are not implemented); for ``acks=-1`` the
+   partition has at least ``min.insync.replicas`` in-sync replicas;
+2. publishes the batch bytes, unchanged, into its ring to that partition's writer
+   (:class:`ipc.ring_publisher.RingPublisher`, the same code local producers use), which dedups
+   idempotent batches, stamps offsets, appends and acknowledges with the base offset or an error code;
+3. holds the request until every partition is acknowledged, then answers in request order.
+
+``acks=-1`` additionally waits until the high watermark passes the batch.  With replication factor 1 the
+writer publishes HW = LEO before it acknowledges, so this costs nothing.  A replicated partition is refused
+before anything is handed to the writer while its ISR is below ``min.insync.replicas``
+(NOT_ENOUGH_REPLICAS), and once acknowledged waits in the replication layer's ``PendingAcks``
+(``appliance.broker.replication``) until the committed high watermark passes it: then NONE, or
+NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below ``min.insync.replicas`` meanwhile.
+``acks=0`` gets no response; as in Kafka, a partition error then
+closes the connection so that the client notices and refreshes its metadata.  A partition not answered
+within the request's ``timeout_ms`` gets REQUEST_TIMED_OUT (the batch may still be appended: the outcome is
+unknown, as Kafka says; idempotent producers retry safely).
+
+The broker attaches one ring per partition it produces to, lazily, through its control connection (so the
+rings die with the broker process).  A full ring is back-pressure: the batch waits in the held request and is
+published by a later poll; the connection stays parked meanwhile, so it reads no further requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from appliance.broker.cluster import ClusterError
+from appliance.broker.handlers import BrokerContext
+from appliance.broker.partitions import PartitionHandle
+from ipc.kafka import (
+    ErrorCode,
+    PartitionProduceResponse,
+    ProduceRequest,
+    ProduceResponse,
+    RequestHeader,
+    TopicProduceResponse,
+)
+from ipc.ring import RingFailedError
+from ipc.ring_publisher import RingPublisher
+from ipc.state_page import monotonic_ms
+from storage.batch_header import (
+    LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_OFFSET,
+    TRANSACTIONAL_FLAG_MASK,
+    validate_batch,
+)
+from storage.errors import ApplianceError, BackPressureError, ConfigError, CorruptRecordError
+
+__all__ = ["Produce", "ProduceOutcome", "ProduceService"]
+
+log = logging.getLogger("appliance.broker")
+
+RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
+_COMMIT_ERRORS = {
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
+    "it was committed",
+    ErrorCode.REQUEST_TIMED_OUT: "appended, not committed by the in-sync replicas in time",
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: "this broker stopped leading the partition before it was committed",
+}
+
+
+class ProduceOutcome(NamedTuple):
+    """What the broker does with a Produce request right after :meth:`ProduceService.start`."""
+
+    response: ProduceResponse | None = None  # answer now
+    held: bool = False  # answered later by ProduceService.poll (the connection is parked meanwhile)
+    close_reason: str | None = None  # acks=0 with an error: close the connection
+
+
+class ProduceService(Protocol):
+    @property
+    def pending(self) -> int: ...
+
+    def start(self, owner: object, header: RequestHeader, request: ProduceRequest) -> ProduceOutcome: ...
+
+    def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """One partition's batch of a held request: published (or waiting for ring space), then answered."""
+
+    held: _Held
+    topic: str
+    handle: PartitionHandle
+    records: memoryview
+    last_offset_delta: int
+    answer: PartitionProduceResponse
+    published: bool = False
+    acked: bool = False  # the writer answered
+    committing: bool = False  # acks=-1 on a replicated partition: waiting for the committed high watermark
+    done: bool = False  # the answer is final (acked, and for acks=-1 the high watermark passed it)
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    owner: object
+    header: RequestHeader
+    acks: int
+    deadline_ms: float
+    answers: list[tuple[str, list[PartitionProduceResponse]]]
+    batches: list[_Batch] = field(default_factory=list)
+
+
+class Produce:
+    """The broker's :class:`ProduceService`: rings per partition, held requests, acks."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self._publishers: dict[tuple[str, int], RingPublisher[_Batch]] = {}
+        self._served_by: dict[tuple[str, int], PartitionHandle] = {}  # the topic incarnation of each ring
+        self._held: list[_Held] = []
+        self._min_isr: dict[str, int] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._held)
+
+    # -- a new request ------------------------------------------------------------------------------------
+
+    def start(self, owner: object, header: RequestHeader, request: ProduceRequest) -> ProduceOutcome:
+        acks = request.acks
+        now_ms = time.monotonic() * 1000
+        held = _Held(owner, header, acks, now_ms + max(request.timeout_ms, RING_ACK_TIMEOUT_FLOOR_MS), [])
+        errors = []
+        for topic in request.topic_data:
+            answers = []
+            for part in topic.partition_data:
+                answer = PartitionProduceResponse(index=part.index, error_code=ErrorCode.NONE, base_offset=-1)
+                answers.append(answer)
+                code, message = self._check(request, topic.name, part.index, part.records, held, answer)
+                if code != ErrorCode.NONE:
+                    answer.error_code = code
+                    answer.error_message = message
+                    errors.append(f"{topic.name}-{part.index}: {ErrorCode(code).name} {message or ''}")
+            held.answers.append((topic.name, answers))
+        if acks == 0 and errors:
+            for batch in held.batches:  # what was valid is still appended, as Kafka does
+                self._publish(batch)
+            return ProduceOutcome(close_reason=f"acks=0 produce failed: {'; '.join(errors)}")
+        for batch in held.batches:
+            self._publish(batch)
+        if acks == 0:
+            held.batches = [b for b in held.batches if not b.published]
+            if not held.batches:
+                return ProduceOutcome()
+        elif all(b.done for b in held.batches):
+            return ProduceOutcome(response=self._response(held))
+        self._held.append(held)
+        return ProduceOutcome(held=True)
+
+    def _check(
+        self,
+        request: ProduceRequest,
+        topic: str,
+        index: int,
+        records: Any,
+        held: _Held,
+        answer: PartitionProduceResponse,
+    ) -> tuple[ErrorCode, str | None]:
+        if request.acks not in (0, 1, -1):
+            return ErrorCode.INVALID_REQUIRED_ACKS, f"acks={request.acks}: expected 0, 1 or -1 (all)"
+        if request.transactional_id is not None:
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported"
+        handle, code = self.ctx.lookup(topic, index)
+        if handle is None:
+            return code, None
+        answer.log_start_offset = handle.page.log_start_offset
+        if records is None or len(records) == 0:
+            return ErrorCode.INVALID_RECORD, "no records"
+        records = memoryview(records)
+        if len(records) > MAGIC_OFFSET and records[MAGIC_OFFSET] != MAGIC:
+            return (
+                ErrorCode.INVALID_RECORD,
+                f"record batch magic {records[MAGIC_OFFSET]}: only v2 is accepted",
+            )
+        where = f"produce to {topic}-{index}"
+        try:
+            header = validate_batch(records, 0, where=where)
+        except CorruptRecordError as e:
+            return ErrorCode.CORRUPT_MESSAGE, str(e)
+        size = header.batch_length + LOG_OVERHEAD
+        if size != len(records):
+            return ErrorCode.INVALID_RECORD, (
+                f"{where}: {len(records)} bytes of records, the first batch has {size}: a Produce request "
+                "carries exactly one record batch per partition"
+            )
+        meta = self.ctx.table.topics.get(topic)
+        limit = meta.max_message_bytes if meta is not None else self.ctx.config.max_message_bytes
+        if size > limit:
+            return (
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"{where}: batch of {size} bytes, max.message.bytes is {limit}",
+            )
+        if header.attributes & TRANSACTIONAL_FLAG_MASK:
+            return ErrorCode.INVALID_RECORD, f"{where}: transactional batches are not supported"
+        replicated = self.ctx.replication.get(handle) if self.ctx.replication is not None else None
+        if request.acks == -1 and replicated is not None:
+            if replicated.state.append_error(-1) != ErrorCode.NONE:
+                isr = replicated.state.isr
+                return (
+                    ErrorCode.NOT_ENOUGH_REPLICAS,
+                    f"{where}: {len(isr)} in-sync replicas {list(isr)}, min.insync.replicas "
+                    f"{replicated.state.min_insync_replicas}",
+                )
+        elif request.acks == -1 and meta is not None:
+            isr_count = len(self.ctx.table.isr(meta, index))
+            needed = self._min_insync(topic)
+            if isr_count < needed:
+                return (
+                    ErrorCode.NOT_ENOUGH_REPLICAS,
+                    f"{where}: {isr_count} in-sync replicas, min.insync.replicas {needed}",
+                )
+        held.batches.append(_Batch(held, topic, handle, records, header.last_offset_delta, answer))
+        return ErrorCode.NONE, None
+
+    def _min_insync(self, topic: str) -> int:
+        found = self._min_isr.get(topic)
+        if found is None:
+            try:
+                found = self.ctx.config.topic(topic).min_insync_replicas
+            except ConfigError:
+                found = self.ctx.config.min_insync_replicas
+            self._min_isr[topic] = found
+        return found
+
+    # -- rings --------------------------------------------------------------------------------------------
+
+    def _publisher(self, batch: _Batch) -> RingPublisher[_Batch] | None:
+        key = (batch.topic, batch.handle.partition)
+        publisher = self._publishers.get(key)
+        if publisher is not None:
+            if self._served_by.get(key) is batch.handle:
+                return publisher
+            # the topic was deleted (and maybe created again): that ring's writer is gone
+            self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
+        try:
+            attachment = self.ctx.cluster.attach(batch.topic, batch.handle.partition)
+            publisher = RingPublisher.attach(
+                attachment.names, topic=batch.topic, partition=batch.handle.partition, max_block_ms=0
+            )
+        except ClusterError as e:
+            self._answer(batch, e.code, str(e))
+            return None
+        except (ApplianceError, OSError, ValueError) as e:
+            log.error("produce to %s-%d: cannot attach a ring: %s", batch.topic, batch.handle.partition, e)
+            self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is not reachable")
+            return None
+        self._publishers[key] = publisher
+        self._served_by[key] = batch.handle
+        return publisher
+
+    def _publish(self, batch: _Batch) -> None:
+        """Publish into the ring now if there is room; else leave it for a later poll."""
+        if batch.published or batch.done:
+            return
+        publisher = self._publisher(batch)
+        if publisher is None:
+            return
+        if len(batch.records) > publisher.max_body_bytes:
+            self._answer(
+                batch,
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"batch of {len(batch.records)} bytes, a ring frame holds {publisher.max_body_bytes}",
+            )
+            return
+        try:
+            publisher.publish(batch.records, batch, timeout_ms=0)
+        except BackPressureError:
+            return  # the ring is full: a later poll tries again
+        except RingFailedError as e:
+            self._drop_publisher(batch.topic, batch.handle.partition, e)
+            self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, str(e))
+            return
+        batch.published = True
+
+    def _drop_publisher(self, topic: str, partition: int, why: Exception) -> None:
+        publisher = self._publishers.pop((topic, partition), None)
+        self._served_by.pop((topic, partition), None)
+        if publisher is None:
+            return
+        log.warning("produce to %s-%d: dropping ring %s: %s", topic, partition, publisher.name, why)
+        for batch in publisher.abandon_in_flight():
+            self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer failed the ring")
+        name = publisher.name
+        publisher.close()
+        try:
+            self.ctx.cluster.detach(name)
+        except ClusterError as e:
+            log.warning("detach ring %s: %s", name, e)
+
+    @staticmethod
+    def _answer(batch: _Batch, code: int, message: str | None = None) -> None:
+        batch.answer.error_code = code
+        batch.answer.error_message = message
+        batch.answer.base_offset = -1
+        batch.acked = batch.done = True
+
+    # -- progress -----------------------------------------------------------------------------------------
+
+    def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]:
+        """Read acks, publish batches that waited for ring space, and return the requests now answered."""
+        if self.ctx.replication is not None:
+            for token, code in self.ctx.replication.take_completed():
+                batch = token
+                if not isinstance(batch, _Batch) or batch.done:
+                    continue  # answered meanwhile (its request timed out)
+                if code != ErrorCode.NONE:
+                    self._answer(batch, code, _COMMIT_ERRORS.get(code))
+                batch.done = True
+        for key, publisher in list(self._publishers.items()):
+            if not publisher.in_flight:
+                continue
+            try:
+                publisher.poll()
+            except (RingFailedError, CorruptRecordError) as e:
+                self._drop_publisher(key[0], key[1], e)
+                continue
+            for batch, result in publisher.take_completed():
+                batch.acked = True
+                if result < 0:
+                    self._answer(batch, -result)
+                else:
+                    batch.answer.base_offset = result
+        finished = []
+        still = []
+        for held in self._held:
+            if self._progress(held, now_ms):
+                finished.append((held.owner, held.header, None if held.acks == 0 else self._response(held)))
+            else:
+                still.append(held)
+        self._held = still
+        return finished
+
+    def _progress(self, held: _Held, now_ms: float) -> bool:
+        """Advance one held request; True once every batch has its final answer."""
+        complete = True
+        for batch in held.batches:
+            if batch.done:
+                continue
+            if batch.handle.closed and not batch.acked:  # the topic was deleted meanwhile
+                self._answer(batch, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "the topic was deleted")
+                continue
+            if not batch.published:
+                self._publish(batch)
+            if batch.acked and not batch.done and not batch.committing:
+                last_offset = batch.answer.base_offset + batch.last_offset_delta
+                if held.acks != -1 or batch.handle.closed:
+                    batch.done = True
+                    continue
+                replication = self.ctx.replication
+                if replication is not None and replication.await_commit(
+                    batch.handle, batch, last_offset=last_offset,
+                    deadline_ms=held.deadline_ms - time.monotonic() * 1000 + monotonic_ms(),
+                ):
+                    batch.committing = True  # answered through take_completed
+                elif batch.handle.high_watermark > last_offset:
+                    batch.done = True
+                    continue
+            if held.acks == 0 and batch.published:
+                batch.done = True  # nobody waits for its ack
+                continue
+            if now_ms >= held.deadline_ms:
+                self._answer(
+                    batch,
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    "no acknowledgement in time; the batch may still be appended",
+                )
+                continue
+            complete = False
+        return complete
+
+    def _response(self, held: _Held) -> ProduceResponse:
+        return ProduceResponse(
+            responses=[
+                TopicProduceResponse(name=name, partition_responses=answers) for name, answers in held.answers
+            ]
+        )
+
+    def close(self) -> None:
+        for publisher in self._publishers.values():
+            publisher.close()
+        self._publishers.clear()

@@ -1,0 +1,384 @@
+"""``appliance topics create|list|describe|delete``: manage topics of a running appliance.
+
+Where the appliance is, as Kafka's ``kafka-topics.sh`` says it:
+
+* ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` (the default, ``127.0.0.1:9092``): the broker, over the
+  Kafka protocol (:class:`appliance.client.admin.KafkaAdmin`), from any host;
+* on the appliance's host, its control socket: ``--control-socket PATH``, ``--data-dir DIR`` (its first log
+  dir; the socket is ``DIR/.appliance.sock``) or the configuration that names it (``--config FILE``,
+  ``--override KEY=VALUE``).  This path also shows what only the host knows: each partition's writer
+  process (pid, unique memory, restarts), a replicated partition's committed high watermark and one line
+  per follower.
+
+Both paths go through a :class:`TopicsBackend`; :func:`open_backend` picks one from the arguments.
+
+Output follows ``kafka-topics.sh --describe``: one line per topic, then one tab-indented line per partition::
+
+    Topic: orders  TopicId: 4f6c...  PartitionCount: 2  ReplicationFactor: 3  Configs: retention.ms=60000
+        Topic: orders  Partition: 0  Leader: 0  Replicas: 0,1,2  Isr: 0,1  LogStartOffset: 0  ...
+            Follower: 1  InIsr: yes  LogEndOffset: 17  LagRecords: 0  LagMs: 0  LastFetchMsAgo: 3
+            Follower: 2  InIsr: no  LogEndOffset: 4  LagRecords: 13  LagMs: 31200  LastFetchMsAgo: 31190
+
+Fields are separated by tabs.  A partition line always has ``Topic Partition Leader Replicas Isr
+LogStartOffset LogEndOffset HighWatermark LeaderEpoch BytesOnDisk`` (bytes of its segment files; ``Leader:
+none`` and -1 for what a partition without a leader cannot tell); a replicated partition on the local path
+adds ``CommittedHighWatermark`` -- what acks=all waits for; consumers see ``HighWatermark`` once every
+in-sync follower knows it -- after ``HighWatermark``, then ``WriterPid WriterUniqueMemory WriterRestarts``,
+and one line per follower: its log end offset, its lag in records and in milliseconds since it was last
+caught up.  Over ``--bootstrap-server`` the topic line has no ``TopicId`` and no ``Configs`` (the protocol
+versions spoken here do not carry them).
+
+Exit status: 0 done; 1 refused or failed (the reason on stderr: unknown topic, topic exists, invalid name,
+partition count or setting, no appliance there); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from appliance.broker.log_dirs import partition_size_bytes
+from appliance.client.admin import (
+    DEFAULT_BOOTSTRAP_SERVER,
+    KafkaAdmin,
+    PartitionDescription,
+    TopicDescription,
+)
+from appliance.config.server_config import load_config, parse_override
+from ipc.kafka_client import BrokerConnectionError, parse_bootstrap_servers
+from storage.errors import ApplianceError, ConfigError, TopicExistsError
+
+if TYPE_CHECKING:
+    from ipc.control import ControlClient, TopicInfo
+
+__all__ = [
+    "ControlBackend",
+    "KafkaBackend",
+    "TopicsBackend",
+    "add_connection_arguments",
+    "describe_local",
+    "format_topic",
+    "main",
+    "open_backend",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class TopicsBackend(Protocol):
+    """What the commands need from an appliance."""
+
+    def list_topics(self) -> list[str]: ...
+
+    def describe(self, names: Sequence[str] | None) -> list[TopicDescription]: ...
+
+    def create(
+        self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, Any]
+    ) -> int:
+        """Create the topic; return its partition count."""
+        ...
+
+    def delete(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ControlBackend:
+    """Topics through the supervisor's control socket (same host, the appliance's user or group)."""
+
+    def __init__(self, client: ControlClient) -> None:
+        self.client = client
+
+    def list_topics(self) -> list[str]:
+        return sorted(self.client.metadata().topics)
+
+    def describe(self, names: Sequence[str] | None) -> list[TopicDescription]:
+        topics = self.client.metadata(list(names) if names else None).topics
+        return [describe_local(topics[name]) for name in (names or sorted(topics))]
+
+    def create(
+        self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, Any]
+    ) -> int:
+        topic = self.client.create_topic(
+            name, partitions, replication_factor=replication_factor, configs=configs or None
+        )
+        return topic.partition_count
+
+    def delete(self, name: str) -> None:
+        self.client.delete_topic(name)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class KafkaBackend:
+    """Topics through a broker's Kafka protocol (``--bootstrap-server``)."""
+
+    def __init__(self, admin: KafkaAdmin) -> None:
+        self.admin = admin
+
+    def list_topics(self) -> list[str]:
+        return self.admin.list_topics()
+
+    def describe(self, names: Sequence[str] | None) -> list[TopicDescription]:
+        return self.admin.describe_topics(names or None)
+
+    def create(
+        self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, Any]
+    ) -> int:
+        return self.admin.create_topic(name, partitions, replication_factor, configs)
+
+    def delete(self, name: str) -> None:
+        self.admin.delete_topic(name)
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+def describe_local(topic: TopicInfo) -> TopicDescription:
+    """A control-socket :class:`TopicInfo` as a description, with each partition's bytes on disk measured
+    in its directory (-1 if the directory cannot be listed)."""
+    partitions = []
+    for p in topic.partitions:
+        try:
+            size_bytes = partition_size_bytes(p.directory)
+        except OSError:
+            size_bytes = -1
+        partitions.append(
+            PartitionDescription(
+                partition=p.partition,
+                leader=p.leader,
+                leader_epoch=p.leader_epoch,
+                replicas=topic.replicas or (p.leader,),
+                isr=p.isr or (p.leader,),
+                log_start_offset=p.log_start_offset,
+                log_end_offset=p.log_end_offset,
+                high_watermark=p.high_watermark,
+                size_bytes=size_bytes,
+                committed_high_watermark=p.committed_high_watermark if topic.replicas[1:] else -1,
+                local=p,
+            )
+        )
+    return TopicDescription(
+        name=topic.name,
+        partitions=tuple(partitions),
+        replication_factor=topic.replication_factor,
+        topic_id=topic.topic_id,
+        configs=topic.configs,
+    )
+
+
+_LOCAL_OPTIONS = ("control_socket", "data_dir", "config")
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that say which appliance to talk to."""
+    where = parser.add_argument_group("where the appliance is (one of; default --bootstrap-server)")
+    where.add_argument(
+        "--bootstrap-server",
+        metavar="HOST:PORT",
+        help=f"a broker of the appliance, over the Kafka protocol (default {DEFAULT_BOOTSTRAP_SERVER})",
+    )
+    where.add_argument(
+        "--control-socket", metavar="PATH", help="this host's appliance, by its control socket"
+    )
+    where.add_argument(
+        "--data-dir", metavar="DIR", help="this host's appliance, by its first log dir (DIR/.appliance.sock)"
+    )
+    where.add_argument(
+        "--config", metavar="FILE", help="this host's appliance, by its configuration (its control socket)"
+    )
+    where.add_argument(
+        "--override",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="with --config: one setting after the file (repeatable), as for `appliance serve`",
+    )
+
+
+def check_connection_arguments(args: argparse.Namespace) -> None:
+    """ValueError for options that name two appliances (or none coherently)."""
+    local = [f"--{name.replace('_', '-')}" for name in _LOCAL_OPTIONS if getattr(args, name) is not None]
+    if args.bootstrap_server is not None and (local or args.override):
+        raise ValueError(
+            f"--bootstrap-server reaches the broker over TCP, {(local or ['--override'])[0]} the control "
+            "socket on this host: give one"
+        )
+    if len(local) > 1:
+        raise ValueError(f"{local[0]} and {local[1]} both name the appliance: give one")
+    if args.override and args.control_socket is not None:
+        raise ValueError("--override changes a configuration; --control-socket names the socket itself")
+    if args.bootstrap_server is not None:
+        parse_bootstrap_servers(args.bootstrap_server)
+
+
+def open_backend(args: argparse.Namespace) -> TopicsBackend:
+    """The backend the connection options name.  ApplianceError if the appliance cannot be reached."""
+    path = args.control_socket
+    if path is None and args.data_dir is not None:
+        path = os.path.join(args.data_dir, ".appliance.sock")
+    if path is None and (args.config is not None or args.override):
+        path = load_config(args.config, args.override).control_socket
+    if path is not None:
+        from ipc.control import ControlClient  # (only the local path needs it: it loads numba)
+
+        return ControlBackend(ControlClient.connect(path, timeout_s=60.0))
+    servers = args.bootstrap_server or DEFAULT_BOOTSTRAP_SERVER
+    return KafkaBackend(KafkaAdmin(servers, client_id="appliance-topics"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance topics", description="manage the topics of an appliance")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    create = commands.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, help="partition count (default: num.partitions)")
+    create.add_argument(
+        "--replication-factor", type=int, help="replicas (default: default.replication.factor)"
+    )
+    create.add_argument(
+        "--topic-config",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a topic setting, e.g. retention.ms=86400000 (repeatable)",
+    )
+    create.add_argument("--if-not-exists", action="store_true", help="succeed if the topic already exists")
+    listing = commands.add_parser("list", help="print the topic names")
+    describe = commands.add_parser("describe", help="print topics with their partitions and offsets")
+    describe.add_argument("names", nargs="*", metavar="NAME", help="topics to describe (default: all)")
+    delete = commands.add_parser("delete", help="delete a topic and its data")
+    delete.add_argument("name")
+    for sub in (create, listing, describe, delete):
+        add_connection_arguments(sub)
+    return parser
+
+
+def format_topic(topic: TopicDescription) -> str:
+    """``kafka-topics --describe``-style lines for one topic (no trailing newline)."""
+    head = [f"Topic: {topic.name}"]
+    if topic.topic_id is not None:
+        head.append(f"TopicId: {topic.topic_id}")
+    head += [f"PartitionCount: {topic.partition_count}", f"ReplicationFactor: {topic.replication_factor}"]
+    if topic.configs is not None:
+        head.append("Configs: " + ",".join(f"{k}={_plain(v)}" for k, v in sorted(topic.configs.items())))
+    lines = ["\t".join(head)]
+    for p in topic.partitions:
+        committed = ""
+        if p.committed_high_watermark >= 0:
+            committed = f"\tCommittedHighWatermark: {p.committed_high_watermark}"
+        line = (
+            f"\tTopic: {topic.name}\tPartition: {p.partition}\tLeader: {_leader(p.leader)}\t"
+            f"Replicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\tLogStartOffset: {p.log_start_offset}\t"
+            f"LogEndOffset: {p.log_end_offset}\tHighWatermark: {p.high_watermark}{committed}\t"
+            f"LeaderEpoch: {p.leader_epoch}\tBytesOnDisk: {p.size_bytes}"
+        )
+        local = p.local
+        if local is not None:
+            memory = f"{local.writer_uss_bytes / 2**20:.1f}MiB" if local.writer_uss_bytes else "-"
+            line += (
+                f"\tWriterPid: {local.writer_pid}\tWriterUniqueMemory: {memory}\t"
+                f"WriterRestarts: {local.writer_restarts}"
+            )
+        lines.append(line)
+        for f in local.followers if local is not None else ():
+            lines.append(
+                f"\t\tFollower: {f.replica_id}\tInIsr: {'yes' if f.in_isr else 'no'}\t"
+                f"LogEndOffset: {f.log_end_offset}\tLagRecords: {f.lag_records}\tLagMs: {f.lag_ms}\t"
+                f"LastFetchMsAgo: {f.last_fetch_ms_ago}"
+            )
+    return "\n".join(lines)
+
+
+def _leader(node_id: int) -> str:
+    return "none" if node_id < 0 else str(node_id)
+
+
+def _ids(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _topic_configs(items: Sequence[str]) -> dict[str, Any]:
+    configs: dict[str, Any] = {}
+    for item in items:
+        key, value = parse_override(item)
+        configs[key] = value
+    return configs
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run one parsed command; return the exit status."""
+    try:
+        backend = open_backend(args)
+    except BrokerConnectionError as exc:
+        print(
+            f"appliance topics: {exc} (is the appliance running there? --bootstrap-server HOST:PORT names "
+            f"another broker, --data-dir DIR this host's appliance)",
+            file=err,
+        )
+        return EXIT_FAILED
+    except ApplianceError as exc:
+        print(f"appliance topics: {exc}", file=err)
+        return EXIT_FAILED
+    try:
+        if args.command == "create":
+            try:
+                count = backend.create(
+                    args.name, args.partitions, args.replication_factor, _topic_configs(args.topic_config)
+                )
+            except TopicExistsError:
+                if not args.if_not_exists:
+                    raise
+                print(f"Topic {args.name} already exists.", file=out)
+                return EXIT_OK
+            print(f"Created topic {args.name} with {count} partitions.", file=out)
+        elif args.command == "list":
+            for name in backend.list_topics():
+                print(name, file=out)
+        elif args.command == "describe":
+            for topic in backend.describe(args.names or None):
+                print(format_topic(topic), file=out)
+        else:
+            backend.delete(args.name)
+            print(f"Deleted topic {args.name}.", file=out)
+    except (ApplianceError, OSError) as exc:
+        print(f"appliance topics {args.command}: {exc}", file=err)
+        return EXIT_FAILED
+    finally:
+        backend.close()
+    return EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+    """``appliance topics COMMAND ...``"""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code else EXIT_OK
+    try:
+        check_connection_arguments(args)
+        if args.command == "create":
+            _topic_configs(args.topic_config)
+            for flag, value in (("--partitions", args.partitions), ("--replication-factor",
+                                                                    args.replication_factor)):
+                if value is not None and value < 1:
+                    raise ValueError(f"{flag} {value}: must be at least 1")
+    except (ValueError, ConfigError) as exc:
+        print(f"appliance topics {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return run(args, sys.stdout, sys.stderr)

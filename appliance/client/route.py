@@ -1,0 +1,157 @@
+"""How the producer reaches partitions: a :class:`Route` hands out one :class:`BatchChannel` per partition.
+
+The producer's accumulator, sequencing and ack handling do not care how a batch reaches its writer.  Today
+there is one route, :class:`LocalRoute`: the supervisor's control socket (``appliance.control``) and one
+shared-memory ring per partition (``ipc.ring_publisher.RingPublisher``).  A route over TCP to a broker
+(``bootstrap.servers``) implements the same two protocols: its channel publishes a built batch in a Produce
+request and reports the response as the ring does, ``(batch, base offset or -error code)`` in publish order.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from appliance.client.commit_channel import CommittedChannel
+from ipc.control import ControlClient, ControlError
+from ipc.ring_publisher import RingPublisher
+from ipc.state_page import StatePage
+from storage.errors import UnknownTopicOrPartitionError
+
+if TYPE_CHECKING:
+    from appliance.client.accumulator import ProducerBatch
+
+__all__ = ["BatchChannel", "LocalRoute", "Route"]
+
+
+
+class BatchChannel(Protocol):
+    """What the producer needs from one partition's path to its writer (a :class:`RingPublisher`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    track_acks: bool
+    max_body_bytes: int
+    in_flight: deque[tuple[int, ProducerBatch]]
+    last_ack_ns: int  # monotonic ns of the last ack (or of the first frame published since)
+
+    def publish_into(self, max_bytes: int, build: Callable[[np.ndarray], int], token: ProducerBatch, *,
+                     timeout_ms: int | None = None) -> int: ...
+
+    def poll(self) -> int: ...
+
+    def wait_acked(self, seq: int, timeout_ms: float) -> bool: ...
+
+    def take_completed(self) -> list[tuple[ProducerBatch, int]]: ...
+
+    def abandon_in_flight(self) -> list[ProducerBatch]: ...
+
+    def close(self) -> None: ...
+
+
+class Route(Protocol):
+    """How the producer finds partitions and opens channels to them: the local appliance (the supervisor's
+    control socket and rings, :class:`LocalRoute`), later a broker over TCP."""
+
+    def partitions_for(self, topic: str) -> tuple[int, int]:
+        """(partition count, the topic's max.message.bytes); UnknownTopicOrPartitionError if none."""
+        ...
+
+    def init_producer_id(self) -> tuple[int, int]: ...
+
+    def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
+                     max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel: ...
+
+    def drop_channel(self, channel: BatchChannel) -> None: ...
+
+    def alive(self) -> bool: ...
+
+    def reconnect(self, timeout_ms: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalRoute:
+    """The local appliance: the supervisor's control socket, one ring per partition."""
+
+    def __init__(self, control_socket: str, *, timeout_ms: int) -> None:
+        self.path = control_socket
+        self.timeout_s = max(timeout_ms, 1) / 1000
+        self.client = ControlClient.connect(control_socket, timeout_s=self.timeout_s)
+
+    def partitions_for(self, topic: str) -> tuple[int, int]:
+        try:
+            info = self.client.metadata([topic]).topics[topic]
+        except UnknownTopicOrPartitionError:
+            # attach creates the topic when the appliance's auto.create.topics.enable allows it
+            attachment = self.client.attach(topic, 0)
+            self.client.detach(attachment)
+            info = self.client.metadata([topic]).topics[topic]
+        return info.partition_count, info.max_message_bytes
+
+    def init_producer_id(self) -> tuple[int, int]:
+        return self.client.init_producer_id()
+
+    def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
+                     max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel:
+        """A ring to the partition's writer; with ``acks=-1`` (all) wrapped so that a batch completes once
+        the partition's high watermark passes it (``appliance.client.commit_channel``)."""
+        attachment = self.client.attach(topic, partition, producer_id=producer_id)
+        try:
+            publisher: RingPublisher[ProducerBatch] = RingPublisher.attach(
+                attachment.names,
+                topic=topic,
+                partition=partition,
+                max_block_ms=max_block_ms,
+                track_acks=track_acks,
+                max_in_flight=max_in_flight,
+            )
+            if acks != -1:
+                return publisher
+            try:
+                page = StatePage.attach(attachment.state_page)
+            except BaseException:
+                publisher.close()
+                raise
+            return CommittedChannel(publisher, page, lambda batch: batch.record_count)
+        except BaseException:
+            self.client.detach(attachment.ring)
+            raise
+
+    def drop_channel(self, channel: BatchChannel) -> None:
+        channel.close()
+        if not self.client.closed:
+            self.client.detach(channel.name)
+
+    def alive(self) -> bool:
+        """False once the supervisor closed the control connection (it stopped or crashed)."""
+        fd = self.client.fileno()
+        if fd < 0:
+            return False
+        readable, _, _ = select.select([fd], [], [], 0)
+        return not readable  # the supervisor never speaks unasked: readable means EOF
+
+    def reconnect(self, timeout_ms: int) -> None:
+        """The supervisor went away: wait (up to ``timeout_ms``) for one to listen on the socket again."""
+        self.client.close()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            try:
+                self.client = ControlClient.connect(self.path, timeout_s=self.timeout_s)
+                return
+            except ControlError as exc:
+                if time.monotonic() >= deadline:
+                    raise ControlError(
+                        f"the appliance at {self.path} went away and did not come back within {timeout_ms} "
+                        f"ms: {exc}", exc.error, exc.code,
+                    ) from None
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.close()

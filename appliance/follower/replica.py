@@ -1,0 +1,593 @@
+"""``appliance replica``: a follower process, one fetcher thread per partition, promotable to leader.
+
+Theory of operation
+-------------------
+A replica holds copies of the partitions of every replicated topic that lists its ``node.id``, in its own
+``log.dirs`` (another disk, or another host).  It has no writers, no shared memory and no Kafka listener:
+its only peer is the leader, reached through :class:`~appliance.follower.leaders.LeaderDirectory` (the
+addresses of ``appliance.replica.leader``; the highest leader epoch wins).  Start-up, in order::
+
+    1. lock every log dir (.appliance.lock: no `appliance serve` on the same data), read the cluster secret
+    2. open its topic metadata (<log.dirs[0]>/meta/topics.json, the same file `appliance serve` uses)
+    3. bind its control socket (appliance.control.socket: `status`, `replica_status`, `promote`)
+    4. one fetcher thread per partition it already holds (the leader may be down: they wait for it)
+    5. READY=1; then every REFRESH_INTERVAL_MS: ask the leaders' Metadata (a thread), add the topics that
+       appeared (recorded in its own topics.json first), drop the ones deleted, keep the last ISR seen
+
+Each fetcher is a :class:`replicas.fetcher.PartitionFetcher` on a :class:`storage.log.Log` opened (and
+recovered) by this process: Fetch with ``replica_id`` = ``node.id`` from its log end offset, the leader's
+bytes checked (CRC) and appended unchanged at the same offsets, truncation by leader epoch before fetching
+from a new leader or epoch.  With ``appliance.cluster.secret.file`` every connection authenticates
+(SASL/PLAIN, ``replicas.cluster_auth``).  SIGTERM stops the fetchers (each checkpoints its high
+watermark), closes the logs and exits 0.  Processes are titled ``appliance: replica <node.id>``; under
+systemd it sends READY/STATUS/WATCHDOG/STOPPING like ``appliance serve``.
+
+**Replicas `appliance serve` spawns.**  Each directory of ``appliance.replica.dirs`` gets a replica process
+as an extra child of the supervisor (:func:`child_specs`): node ids are the ones after the leader's own
+(node 0 with two replica dirs: nodes 1 and 2, the replicas ``assign_replicas`` gives a topic of factor 3);
+they follow the broker's Unix listener (``appliance.unix.listener``), or its TCP listener when that has a
+fixed port.  They die with their supervisor and cannot be promoted in place (the leader is their parent).
+
+**Promotion** (``appliance replicas promote``, the ``promote`` control op). Leadership moves per node: the
+replica leads every partition it holds, so the request must name all of them (or ``--all``). It is refused
+while any leader address still answers (stop the old leader first: two leaders would each accept writes), and,
+without ``unclean``, for a partition this replica is not known to be in sync for: the last ISR its leader's
+Metadata reported did not include it, or no leader was seen since it started, or that ISR was seen more than
+``replica.lag.time.max.ms`` + :data:`~appliance.follower.leaders.REFRESH_INTERVAL_MS` before the leaders went
+silent (a replica stopped or cut off that long may have been dropped from the ISR unseen). With ``unclean`` it
+proceeds with a loud warning: records acknowledged by the old leader may be lost. Then, per partition, the
+fetcher stops and checkpoints its high watermark, and ``replica-state.json`` records this node as leader with
+the ISR it starts with (the last ISR minus the old leader, plus itself; itself alone if unclean), and the
+process ``exec``\\s ``appliance serve`` on the same configuration with ``appliance.replica.leader`` cleared:
+the supervisor begins a new leader epoch at each log's end, the broker serves the Kafka protocol on this
+node's ``listeners``, the other replicas find it by its higher epoch and truncate to it, and a returning old
+leader must be started as a replica of it (``appliance serve --override appliance.replica.leader=NEW:PORT``),
+which truncates what the new leader never had.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from appliance.config.server_config import Config, ConfigError
+from appliance.config.topic_metadata import TopicMetadata
+from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory
+from appliance.server import sdnotify
+from appliance.server.metadata import MetadataStore
+from appliance.server.proctitle import set_proctitle
+from appliance.server.supervisor import lock_log_dirs
+from ipc.control import error_response, ok_response
+from ipc.control_server import ControlServer
+from ipc.kafka.errors import ErrorCode
+from ipc.shm import Permissions
+from ipc.state_page import monotonic_ms
+from replicas.cluster_auth import read_cluster_secret, replica_credentials
+from replicas.fetcher import FetcherConfig, FetchPhase, PartitionFetcher
+from replicas.replica_state import PersistedReplicaState, write_replica_state
+from storage.errors import ApplianceError
+from storage.log import Log
+
+__all__ = ["ReplicaNode", "child_specs", "replica_child", "replica_node_ids", "run_replica"]
+
+_STATUS_INTERVAL_S: Final = 5.0
+_JOIN_TIMEOUT_S: Final = 10.0
+_REPLY_FLUSH_S: Final = 5.0  # how long a control reply queued at stop may wait for its reader
+
+_log = logging.getLogger("appliance.replica")
+
+
+@dataclass(eq=False)
+class _Followed:
+    """One partition this replica copies."""
+
+    topic: str
+    partition: int
+    log: Log
+    fetcher: PartitionFetcher
+    stop: threading.Event
+    thread: threading.Thread | None = None
+    failure: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class _PromotionRefused(ApplianceError):
+    """The replica cannot be promoted now; the message says why."""
+
+
+class ReplicaNode:
+    """One replica process.  :meth:`run` returns the exit code.  See the module docstring."""
+
+    def __init__(self, config: Config, leaders: Sequence[str], *, argv: Sequence[str] = (),
+                 spawned_by: int | None = None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.leaders = tuple(leaders)
+        self.argv = list(argv)
+        self.spawned_by = spawned_by
+        self._lock_fds: list[int] = []
+        self._store: MetadataStore | None = None
+        self._directory: LeaderDirectory | None = None
+        self._followed: dict[tuple[str, int], _Followed] = {}
+        self._selector: selectors.BaseSelector | None = None
+        self._control: ControlServer | None = None
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._stop = threading.Event()
+        self._view_seen: ClusterView | None = None
+        self._refresher: threading.Thread | None = None
+        self._exec_argv: list[str] | None = None
+        self._watchdog_s = sdnotify.watchdog_interval_s()
+        self._secret: str | None = None
+        self.started_ms = monotonic_ms()
+
+    # -- running --------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        set_proctitle(f"appliance: replica {self.node_id}")
+        self._install_signals()
+        try:
+            try:
+                self._start()
+            except (ApplianceError, OSError) as e:
+                _log.error("replica %d: start-up failed: %s", self.node_id, e)
+                return 1
+            self._loop()
+        finally:
+            self._shutdown()
+        if self._exec_argv is not None:
+            _log.warning("replica %d: becoming the leader: exec %s", self.node_id, " ".join(self._exec_argv))
+            logging.shutdown()
+            sys.stderr.flush()
+            os.execv(self._exec_argv[0], self._exec_argv)
+        return 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wakeup_w.send(b"x", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        if self.spawned_by is None:  # a child of the supervisor leaves Ctrl-C to it
+            signal.signal(signal.SIGINT, lambda *_: self.request_stop())
+
+    def _start(self) -> None:
+        config = self.config
+        self._lock_fds = lock_log_dirs(config.log_dirs)
+        self._secret = read_cluster_secret(config.cluster_secret_file)
+        self._store = MetadataStore.open(config.log_dirs)
+        self._directory = LeaderDirectory(self.leaders, node_id=self.node_id,
+                                          sasl_plain=replica_credentials(self.node_id, self._secret),
+                                          timeout_ms=config.replica_socket_timeout_ms)
+        self._selector = selectors.DefaultSelector()
+        self._wakeup_r.setblocking(False)
+        self._selector.register(self._wakeup_r, selectors.EVENT_READ, "wakeup")
+        self._bind_control_socket()
+        for topic in self._store.topics.values():
+            if self.node_id in topic.replicas:
+                for partition in range(topic.partitions):
+                    self._follow(topic, partition)
+        self._refresher = threading.Thread(target=self._refresh_loop, name="leader-directory", daemon=True)
+        self._refresher.start()
+        text = (f"replica {self.node_id}: following {len(self._followed)} partitions from "
+                f"{', '.join(self.leaders)}; control socket {config.control_socket}")
+        _log.info("%s", text)
+        sdnotify.ready(text)
+
+    def _bind_control_socket(self) -> None:
+        assert self._selector is not None
+        # as the supervisor's: 0600, or 0660 and chown'ed to appliance.shm.group when one is configured
+        self._control = ControlServer.bind(
+            self.config.control_socket, self._selector, lambda _connection, message: self._handle(message),
+            permissions=Permissions(mode=self.config.shm_mode, gid=self.config.shm_gid), backlog=16, log=_log,
+        )
+
+    def _loop(self) -> None:
+        selector = self._selector
+        assert selector is not None
+        next_status = time.monotonic() + _STATUS_INTERVAL_S
+        next_watchdog = time.monotonic()
+        while not self._stop.is_set():
+            for key, events in selector.select(0.25):
+                if key.data == "wakeup":
+                    try:
+                        while self._wakeup_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif self._control is not None:
+                    self._control.on_event(key, events)
+                if self._stop.is_set():
+                    break
+            if self._stop.is_set():
+                break
+            self._reconcile()
+            now = time.monotonic()
+            if self._watchdog_s is not None and now >= next_watchdog:
+                sdnotify.watchdog()
+                next_watchdog = now + self._watchdog_s
+            if now >= next_status:
+                next_status = now + _STATUS_INTERVAL_S
+                sdnotify.status(self._status_line())
+
+    def _status_line(self) -> str:
+        fetching = sum(1 for f in self._followed.values() if f.fetcher.phase is FetchPhase.FETCHING)
+        return f"replica {self.node_id}: {len(self._followed)} partitions, {fetching} fetching"
+
+    # -- leaders and partitions -----------------------------------------------------------------------------
+
+    def _refresh_loop(self) -> None:
+        directory = self._directory
+        assert directory is not None
+        while not self._stop.is_set():
+            try:
+                view = directory.refresh()
+            except Exception:  # a bug must not end the refreshes
+                _log.exception("replica %d: refreshing the leaders' metadata failed", self.node_id)
+                view = None
+            if view is not None:
+                self._wake()
+            self._stop.wait(REFRESH_INTERVAL_MS / 1000)
+
+    def _reconcile(self) -> None:
+        """Follow the topics the leaders list with this node among their replicas; drop deleted ones."""
+        directory = self._directory
+        store = self._store
+        if directory is None or store is None:
+            return
+        view = directory.view
+        if view is None or view is self._view_seen:
+            return
+        self._view_seen = view
+        for topic in view.topics.values():
+            if self.node_id not in topic.replicas:
+                continue
+            local = store.topics.get(topic.name)
+            if local is not None and local.partitions != topic.partitions:
+                _log.error("replica %d: topic %s has %d partitions at the leader and %d here; not following "
+                           "it (remove this replica's copy)", self.node_id, topic.name, topic.partitions,
+                           local.partitions)
+                continue
+            if local is None:
+                local = store.create_topic(topic.name, topic.partitions, len(topic.replicas),
+                                           replicas=topic.replicas)
+                _log.info("replica %d: now holding topic %s (%d partitions, replicas %s)", self.node_id,
+                          topic.name, topic.partitions, list(topic.replicas))
+            for partition in range(local.partitions):
+                if (local.name, partition) not in self._followed:
+                    self._follow(local, partition)
+        for name, local in store.topics.items():
+            if self.node_id in local.replicas and name not in view.topics:
+                self._forget_topic(local)
+
+    def _follow(self, topic: TopicMetadata, partition: int) -> None:
+        config = self.config
+        directory = self._directory
+        assert directory is not None
+        path = topic.directory(partition)
+        try:
+            log = Log.open(path, config.log_config(topic.name, topic.configs),
+                           topic_partition=(topic.name, partition), recover=True)
+        except (ApplianceError, OSError) as e:
+            _log.error("replica %d: cannot open %s-%d (%s): %s", self.node_id, topic.name, partition, path, e)
+            return
+        name = topic.name
+
+        def leader() -> Any:
+            return directory.leader_for(name, partition)
+
+        fetcher = PartitionFetcher(log, leader, FetcherConfig(
+            broker_id=self.node_id,
+            replica_fetch_max_bytes=config.replica_fetch_max_bytes,
+            replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+            replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
+            request_timeout_ms=config.replica_socket_timeout_ms,
+            client_id=f"appliance-replica-{self.node_id}",
+            sasl_plain=replica_credentials(self.node_id, self._secret),
+        ))  # fmt: skip
+        followed = _Followed(topic.name, partition, log, fetcher, threading.Event())
+        followed.thread = threading.Thread(target=self._fetch_loop, args=(followed,),
+                                           name=f"fetch {followed.name}", daemon=True)
+        self._followed[(topic.name, partition)] = followed
+        followed.thread.start()
+
+    def _fetch_loop(self, followed: _Followed) -> None:
+        backoff_s = max(self.config.replica_fetch_backoff_ms, 100) / 1000
+        while not followed.stop.is_set():
+            try:
+                followed.fetcher.run(followed.stop)
+                return
+            except Exception as e:  # our own log failed (disk full, ...): retry after a back-off
+                followed.failure = f"{type(e).__name__}: {e}"
+                _log.exception("replica %d: fetching %s failed; retrying in %.1f s", self.node_id,
+                               followed.name, backoff_s)
+                followed.stop.wait(backoff_s)
+
+    def _unfollow(self, followed: _Followed) -> None:
+        followed.stop.set()
+        followed.fetcher.close()
+        if followed.thread is not None:
+            followed.thread.join(_JOIN_TIMEOUT_S)
+            if followed.thread.is_alive():
+                _log.error("replica %d: the fetcher of %s did not stop in %.0f s", self.node_id,
+                           followed.name, _JOIN_TIMEOUT_S)
+        followed.log.close(clean=not (followed.thread is not None and followed.thread.is_alive()))
+
+    def _forget_topic(self, topic: TopicMetadata) -> None:
+        """The leaders no longer have the topic (deleted): stop, remove its copy and metadata."""
+        store = self._store
+        assert store is not None
+        for partition in range(topic.partitions):
+            followed = self._followed.pop((topic.name, partition), None)
+            if followed is not None:
+                self._unfollow(followed)
+        store.delete_topic(topic.name)
+        for partition in range(topic.partitions):
+            shutil.rmtree(topic.directory(partition), ignore_errors=True)
+        _log.info("replica %d: topic %s was deleted at the leader; its copy here is removed", self.node_id,
+                  topic.name)
+
+    # -- the control socket ---------------------------------------------------------------------------------
+
+    def _handle(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        op = message.get("op")
+        try:
+            if op == "status" or op == "replica_status":
+                return self._status()
+            if op == "promote":
+                return self._promote(message.get("partitions", "all"), bool(message.get("unclean", False)))
+            return error_response(ErrorCode.INVALID_REQUEST, f"unknown op {op!r} for a replica; known: "
+                                  "status, replica_status, promote")
+        except _PromotionRefused as e:
+            return error_response(ErrorCode.INVALID_REQUEST, str(e))
+        except Exception as e:  # a bug costs one request, not the replica
+            _log.exception("replica %d: op %s failed", self.node_id, op)
+            return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {e!r}")
+
+    def _status(self) -> dict[str, Any]:
+        now = monotonic_ms()
+        directory = self._directory
+        view = directory.view if directory is not None else None
+        partitions = []
+        for (topic, partition), followed in sorted(self._followed.items()):
+            fetcher = followed.fetcher
+            fetched = fetcher.last_fetch_ms
+            leader = fetcher.leader
+            seen = view.partitions.get((topic, partition)) if view is not None else None
+            partitions.append({
+                "topic": topic,
+                "partition": partition,
+                "leader": leader.leader_id if leader is not None else -1,
+                "leader_address": f"{leader.host}:{leader.port}" if leader and leader.port else
+                (leader.host if leader else ""),
+                "leader_epoch": leader.leader_epoch if leader is not None else -1,
+                "phase": fetcher.phase.value,
+                "log_start_offset": followed.log.log_start_offset,
+                "log_end_offset": fetcher.log_end_offset,
+                "high_watermark": fetcher.high_watermark,
+                "isr_seen": list(seen.isr) if seen is not None else [],
+                "in_isr": seen is not None and self.node_id in seen.isr,
+                "isr_seen_ms_ago": now - view.at_ms if view is not None else -1,
+                "last_fetch_ms_ago": -1 if fetched is None else max(0, now - fetched),
+                "last_error": followed.failure or fetcher.last_error,
+            })  # fmt: skip
+        return ok_response(role="replica", node_id=self.node_id, pid=os.getpid(), leaders=list(self.leaders),
+                           unreachable=directory.errors() if directory is not None else {},
+                           partitions=partitions)
+
+    # -- promotion ------------------------------------------------------------------------------------------
+
+    def _promote(self, wanted: object, unclean: bool) -> dict[str, Any]:
+        if self.spawned_by is not None:
+            raise _PromotionRefused(
+                f"replica {self.node_id} runs under the leader's supervisor (pid {self.spawned_by}); it "
+                "cannot lead while its parent does.  Stop that appliance, then run `appliance serve` on this "
+                "replica's log dir (with its own node.id), or promote a replica on another host")
+        held = set(self._followed)
+        if wanted == "all":
+            named = set(held)
+        elif isinstance(wanted, list) and all(isinstance(w, str) for w in wanted):
+            named = set()
+            for text in wanted:
+                topic, sep, index = text.rpartition("-")
+                if not sep or not index.isdigit() or (topic, int(index)) not in held:
+                    raise _PromotionRefused(f"{text!r}: not a partition this replica holds "
+                                            f"({', '.join(sorted(f'{t}-{p}' for t, p in held))})")
+                named.add((topic, int(index)))
+        else:
+            raise _PromotionRefused(f"partitions: {wanted!r}: expected \"all\" or a list of TOPIC-PARTITION")
+        if not held:
+            raise _PromotionRefused(f"replica {self.node_id} holds no partitions")
+        if named != held:
+            missing = sorted(f"{t}-{p}" for t, p in held - named)
+            raise _PromotionRefused(
+                f"leadership moves per node: replica {self.node_id} would lead every partition it holds; "
+                f"also name {', '.join(missing)} (or use --all)")
+        directory = self._directory
+        assert directory is not None
+        view = directory.refresh()
+        if view is not None and view.partitions:
+            leader = next(iter(view.partitions.values())).leader
+            raise _PromotionRefused(
+                f"leader {leader.leader_id} still answers at {view.answered[0]} (epoch "
+                f"{leader.leader_epoch}): stop it before promoting a replica (two leaders would both accept "
+                "writes)")
+        last = directory.view
+        silent_since = directory.silent_since_ms
+        lag_ms = self.config.replica_lag_time_max_ms
+        # The last ISR seen is trusted only if it was seen at most replica.lag.time.max.ms (plus one refresh
+        # interval: a healthy replica's view is up to that old when the leader dies) before the leaders went
+        # silent: a replica frozen or cut off longer may have been dropped from the ISR unseen.
+        allowed_ms = lag_ms + REFRESH_INTERVAL_MS
+        stale_ms = (silent_since - last.at_ms) if last is not None and silent_since is not None else 0
+        decisions = []
+        problems = []
+        for key in sorted(named):
+            followed = self._followed[key]
+            seen = last.partitions.get(key) if last is not None else None
+            in_isr = seen is not None and self.node_id in seen.isr and stale_ms <= allowed_ms
+            if not in_isr:
+                if seen is None:
+                    why = "no leader was ever seen"
+                elif self.node_id not in seen.isr:
+                    why = (f"the last ISR seen was {list(seen.isr)} (leader {seen.leader.leader_id}, epoch "
+                           f"{seen.leader.leader_epoch})")
+                else:
+                    why = (f"the ISR {list(seen.isr)} was seen {stale_ms} ms before the leader went silent, "
+                           f"more than replica.lag.time.max.ms {lag_ms} + {REFRESH_INTERVAL_MS}: it may have "
+                           "been dropped from the ISR unseen (was this replica stopped or cut off?)")
+                end = followed.fetcher.log_end_offset
+                problems.append(f"{followed.name}: not in sync ({why}; log end {end})")
+            decisions.append((followed, seen, in_isr))
+        if problems and not unclean:
+            raise _PromotionRefused(
+                "not promoted: " + "; ".join(problems) + ".  Promoting an out-of-sync replica loses records "
+                "the old leader acknowledged: wait for an in-sync replica, or pass --unclean")
+        warnings = []
+        if problems:
+            warning = ("UNCLEAN PROMOTION: " + "; ".join(problems) + ".  Records the old leader "
+                       "acknowledged and this replica never received are LOST; the other replicas will "
+                       "truncate to this one")
+            _log.warning("replica %d: %s", self.node_id, warning)
+            warnings.append(warning)
+        promoted = []
+        for followed, seen, in_isr in decisions:
+            fetcher = followed.fetcher
+            epoch = max(followed.log.latest_epoch, fetcher.leader.leader_epoch if fetcher.leader else -1,
+                        seen.leader.leader_epoch if seen is not None else -1)
+            old_leader = seen.leader.leader_id if seen is not None else -1
+            isr = ({self.node_id} | (set(seen.isr) - {old_leader})) if in_isr and seen is not None \
+                else {self.node_id}
+            self._unfollow(followed)
+            high_watermark = fetcher.high_watermark
+            write_replica_state(followed.log.directory, PersistedReplicaState(
+                followed.topic, followed.partition, self.node_id, epoch, tuple(sorted(isr)), high_watermark))
+            promoted.append({"partition": followed.name, "previous_epoch": epoch, "isr": sorted(isr),
+                             "high_watermark": high_watermark, "log_end_offset": followed.log.log_end_offset,
+                             "clean": in_isr})
+            _log.warning("replica %d: %s promoted (previous epoch %d, ISR %s, high watermark %d, log end %d)",
+                         self.node_id, followed.name, epoch, sorted(isr), high_watermark,
+                         followed.log.log_end_offset)
+        self._followed.clear()
+        self._exec_argv = [sys.executable, "-m", "appliance.cli", "serve", *self.argv,
+                           "--override", "appliance.replica.leader="]
+        self.request_stop()
+        return ok_response(node_id=self.node_id, promoted=promoted, warnings=warnings,
+                           listeners=[str(listener) for listener in self.config.listeners])
+
+    # -- stopping -------------------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        sdnotify.stopping(f"replica {self.node_id}: stopping")
+        self._stop.set()
+        if self._directory is not None:
+            self._directory.close()
+        for followed in list(self._followed.values()):
+            self._unfollow(followed)
+        self._followed.clear()
+        if self._refresher is not None:
+            self._refresher.join(_JOIN_TIMEOUT_S)
+        if self._control is not None:
+            self._control.close(flush_s=_REPLY_FLUSH_S)  # the answer to promote goes out before the exec
+            self._control = None
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        for sock in (self._wakeup_r, self._wakeup_w):
+            sock.close()
+        for fd in self._lock_fds:
+            os.close(fd)
+        self._lock_fds = []
+        _log.info("replica %d: stopped", self.node_id)
+
+
+# -- entry points -----------------------------------------------------------------------------------------
+
+
+def run_replica(config: Config, argv: Sequence[str]) -> int:
+    """Run this process as a replica of ``appliance.replica.leader`` (``appliance replica``, or ``appliance
+    serve`` with the setting: a former leader rejoining).  ``argv`` are the configuration arguments, kept for
+    a promotion's ``exec``."""
+    if not config.replica_leader:
+        raise ConfigError("appliance replica: set appliance.replica.leader (the leader's HOST:PORT; several, "
+                          "comma-separated, to follow whichever leads)")
+    leaders = [item.strip() for item in config.replica_leader.split(",") if item.strip()]
+    return ReplicaNode(config, leaders, argv=argv).run()
+
+
+def replica_node_ids(config: Config) -> list[int]:
+    """The node ids of the replicas ``appliance.replica.dirs`` gives: the smallest ids after the leader's."""
+    ids: list[int] = []
+    candidate = 0
+    while len(ids) < len(config.replica_dirs):
+        if candidate != config.node_id:
+            ids.append(candidate)
+        candidate += 1
+    return ids
+
+
+def _leader_address(config: Config) -> str:
+    if config.unix_listener:
+        return config.unix_listener
+    for listener in config.listeners:
+        if listener.port:
+            host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+            return f"{host}:{listener.port}"
+    raise ConfigError("appliance.replica.dirs: the replicas reach the broker through appliance.unix.listener "
+                      "or a listener with a fixed port; this configuration has neither")
+
+
+def replica_config(config: Config, directory: str, node_id: int) -> Config:
+    """The configuration of the replica ``appliance serve`` runs on ``directory``."""
+    return dataclasses.replace(
+        config, log_dirs=(directory,), node_id=node_id, replica_dirs=(),
+        replica_leader=_leader_address(config), control_socket=os.path.join(directory, ".appliance.sock"),
+        unix_listener=None,
+    )
+
+
+def child_specs(config: Config) -> list[Any]:
+    """The supervisor's hook (``EXTRA_CHILDREN``): one replica process per ``appliance.replica.dirs``."""
+    from appliance.server.supervisor import ChildSpec
+
+    specs = []
+    for directory, node_id in zip(config.replica_dirs, replica_node_ids(config), strict=True):
+        child = replica_config(config, directory, node_id)
+        specs.append(ChildSpec(name=f"replica-{node_id}", target=_child_target(child),
+                               title=f"appliance: replica {node_id}", stop_timeout_ms=15_000))
+    return specs
+
+
+def _child_target(config: Config) -> Any:
+    def target(context: Any) -> int:
+        return replica_child(config)
+
+    return target
+
+
+def replica_child(config: Config) -> int:
+    """Body of a replica child of ``appliance serve`` (title, parent-death signal set by the supervisor)."""
+    assert config.replica_leader is not None
+    return ReplicaNode(config, [config.replica_leader], spawned_by=os.getppid()).run()
+

@@ -1,0 +1,234 @@
+"""The topic metadata store: the supervisor's topic table, persisted in the file that
+:mod:`appliance.config.topic_metadata` lays out.
+
+Theory of operation
+-------------------
+**One writer.**  Only the supervisor changes the file (it holds the data dir's lock); every change rewrites it
+whole and atomically: a temporary file, ``fsync``, ``rename`` over the old one, ``fsync`` of the directory.  A
+crash leaves either the old or the new file, never a mix.  Other processes (the broker, tools) may read it at
+any time with :func:`read_topics`, but they learn of changes through the control socket.
+
+**Topics come from two places**: the configuration's ``[topics.NAME]`` tables (created at start when
+missing) and create requests (``appliance topics create``, the broker's CreateTopics, auto-creation).
+``configs`` holds only the overrides a create request gave; a declared topic's settings come from the
+configuration file on every start, so editing the file changes them.
+
+**Replicas.**  A topic with replication factor R > 1 is held by R nodes (``node.id``): the node that
+creates it and the R - 1 smallest other ids (:func:`assign_replicas`: node 0 creating a topic of factor 3
+assigns ``[0, 1, 2]``).  Every partition of the topic has the same replicas, and whichever of them runs
+``appliance serve`` on its copy leads them all; the others run ``appliance replica`` (or are replicas that
+``appliance serve`` spawns on its ``appliance.replica.dirs``, which take those same ids in order).  A
+replica keeps the same file in its own first log dir, copied from the leader's metadata, so it can be
+promoted.  ``replicas`` is absent for a topic of factor 1 (held by whichever node serves it).
+
+**Placement.**  A new partition goes to the log dir holding the fewest partitions (Kafka's rule), ties to the
+earlier dir.  A partition whose recorded dir is no longer in ``log.dirs`` is looked for in the others, by its
+directory name ``<topic>-<partition>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from appliance.config.server_config import check_topic_name
+from appliance.config.topic_metadata import (
+    MAX_PARTITIONS,
+    VERSION,
+    TopicMetadata,
+    partition_directory,
+    read_topics,
+    topics_path,
+)
+from storage.errors import ConfigError, TopicExistsError, UnknownTopicOrPartitionError
+
+__all__ = ["MetadataStore"]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class MetadataStore:
+    """The supervisor's topic table, persisted on every change.  Not thread-safe; one process writes it."""
+
+    def __init__(self, path: Path, log_dirs: tuple[str, ...], topics: dict[str, TopicMetadata]) -> None:
+        self.path = path
+        self.log_dirs = log_dirs
+        self._topics = topics
+
+    @classmethod
+    def open(cls, log_dirs: Iterable[str]) -> MetadataStore:
+        """Load (or start) the store of an appliance with these ``log.dirs``; creates ``<first>/meta``.
+
+        Partitions whose recorded log dir left ``log.dirs`` are relocated to where their directory is found
+        (or to the emptiest dir) and the file is rewritten.
+        """
+        dirs = tuple(os.path.abspath(d) for d in log_dirs)
+        if not dirs:
+            raise ConfigError("metadata store: log.dirs is empty")
+        path = topics_path(dirs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stale = path.with_name(path.name + ".tmp")
+        if stale.exists():
+            stale.unlink()  # a crash during a write: the previous version is intact
+        store = cls(path, dirs, read_topics(path))
+        if store._relocate():
+            store._save()
+        return store
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    @property
+    def topics(self) -> dict[str, TopicMetadata]:
+        """A copy of the table, by name, in creation order."""
+        return dict(self._topics)
+
+    def get(self, name: str) -> TopicMetadata:
+        topic = self._topics.get(name)
+        if topic is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return topic
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._topics
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    # -- changing ------------------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, Any] | None = None,
+        *,
+        replicas: tuple[int, ...] = (),
+        topic_id: str | None = None,
+    ) -> TopicMetadata:
+        """Record a new topic and place its partitions; the caller has validated ``configs``.
+
+        ``replicas`` lists the node ids holding a copy (replication factor > 1; :func:`assign_replicas`);
+        ``topic_id`` keeps an id given elsewhere (a replica copying its leader's topic), else a new UUID.
+
+        Raises TopicExistsError, or ConfigError for a bad name or count.  Directories are not created here
+        (the log creates its own when first opened).
+        """
+        reason = check_topic_name(name)
+        if reason:
+            raise ConfigError(f"topic {name!r}: {reason}")
+        if name in self._topics:
+            raise TopicExistsError(
+                f"topic {name!r} already exists ({self._topics[name].partitions} partitions)"
+            )
+        collision = self._colliding(name)
+        if collision is not None:
+            raise TopicExistsError(
+                f"topic {name!r} collides with existing topic {collision!r}: names that differ only in '.' "
+                "versus '_' would share metric names in Kafka, so Kafka refuses them too"
+            )
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"topic {name!r}: {partitions} partitions, expected 1..{MAX_PARTITIONS}")
+        if replication_factor < 1:
+            raise ConfigError(f"topic {name!r}: replication factor {replication_factor}, expected >= 1")
+        if replicas and (len(replicas) != replication_factor or len(set(replicas)) != len(replicas)):
+            raise ConfigError(f"topic {name!r}: replicas {list(replicas)} for replication factor "
+                              f"{replication_factor}: expected that many distinct node ids")
+        load = self._partitions_per_dir()
+        placement = []
+        for _ in range(partitions):
+            chosen = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
+            load[chosen] += 1
+            placement.append(chosen)
+        topic = TopicMetadata(
+            name, topic_id or str(uuid.uuid4()), partitions, replication_factor, dict(configs or {}),
+            tuple(placement), tuple(replicas),
+        )
+        self._topics[name] = topic
+        try:
+            self._save()
+        except BaseException:
+            del self._topics[name]
+            raise
+        return topic
+
+    def delete_topic(self, name: str) -> TopicMetadata:
+        """Forget a topic (the caller removes its directories); UnknownTopicOrPartitionError if none."""
+        topic = self.get(name)
+        del self._topics[name]
+        try:
+            self._save()
+        except BaseException:
+            self._topics[name] = topic
+            raise
+        return topic
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _colliding(self, name: str) -> str | None:
+        folded = name.replace(".", "_")
+        for other in self._topics:
+            if other.replace(".", "_") == folded:
+                return other
+        return None
+
+    def _partitions_per_dir(self) -> dict[str, int]:
+        load = dict.fromkeys(self.log_dirs, 0)
+        for topic in self._topics.values():
+            for directory in topic.log_dirs:
+                if directory in load:
+                    load[directory] += 1
+        return load
+
+    def _relocate(self) -> bool:
+        changed = False
+        for name, topic in list(self._topics.items()):
+            dirs = list(topic.log_dirs)
+            for partition, directory in enumerate(dirs):
+                if directory in self.log_dirs:
+                    continue
+                found = [d for d in self.log_dirs if os.path.isdir(partition_directory(d, name, partition))]
+                if found:
+                    dirs[partition] = found[0]
+                else:
+                    load = self._partitions_per_dir()
+                    dirs[partition] = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
+                changed = True
+            if changed:
+                self._topics[name] = TopicMetadata(
+                    name,
+                    topic.topic_id,
+                    topic.partitions,
+                    topic.replication_factor,
+                    topic.configs,
+                    tuple(dirs),
+                    topic.replicas,
+                )
+        return changed
+
+    def _save(self) -> None:
+        document = {
+            "version": VERSION,
+            "topics": {name: topic.to_json() for name, topic in self._topics.items()},
+        }
+        _write_atomically(self.path, (json.dumps(document, indent=2, sort_keys=False) + "\n").encode())

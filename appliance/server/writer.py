@@ -1,0 +1,691 @@
+"""The partition writer: the one process that appends to a partition's log.
+
+Theory of operation
+-------------------
+The supervisor forks one writer per partition (after its imports, so code and numba kernels are shared
+copy-on-write) and talks to it over a socketpair carrying JSON lines (``appliance.control.encode``)::
+
+    supervisor -> writer   {"op": "attach", "ring": ..., "space": ..., "doorbell": ...}   serve this ring
+                           {"op": "detach", "ring": ...}    drain what is published, then let it go
+                           {"op": "stop", "timeout_ms": N}  drain every ring, close the log, exit 0
+    writer -> supervisor   {"op": "detached", "ring": ...}  the ring may be unlinked now
+
+After writing a command the supervisor rings the partition's doorbell, so a sleeping writer reacts at once.
+A writer whose channel reaches EOF (the supervisor died) stops as if told to.
+
+**One drain round** (:meth:`PartitionWriter.drain_round`):
+
+1. peek every ring: the published frames after its read cursor, up to ``peek_bytes`` each, in one chunk;
+2. for each frame, in ring order then frame order: validate, once (one RecordBatch v2 per frame, exactly
+   filling it: ``batch_header.check_batch`` checks magic, length and CRC; then ``max.message.bytes``), then
+   ask the idempotence state (``storage.producer_state``): append -> the offset it will get, and the state is
+   updated at once so a retry later in the same round is seen as a duplicate; duplicate -> the offset the
+   original got, nothing appended; anything else -> minus the Kafka error code;
+3. ONE append of every accepted frame of every ring, straight from ring memory: ``Log.append_batches``
+   trusts the headers of step 2, stamps offsets into the frames in place and writes them with one
+   ``os.writev`` per segment touched (no copy, no second validation);
+4. publish the new log end offset in the state page (and the high watermark: while a partition has no
+   followers, replication factor 1, the writer owns it and HW = LEO);
+5. acknowledge every frame (its result in the ring's ack slot) and only then release the ring space;
+6. wake the local consumers sleeping on the high watermark (``ipc.state_page``; last, because a woken
+   consumer often takes the writer's core at once), and the broker: one ``eventfd_write`` on the
+   appliance's broker wake-up eventfd (``WriterSpec.broker_wake_fd``), which the broker watches in its
+   ``select`` while it holds a Fetch or leads a replicated partition (``appliance.broker.broker``), so a held
+   fetch and the high watermark of a partition whose followers are in sync move without the broker polling.
+
+A writer killed anywhere loses nothing acknowledged: acks are written after the append, space is released
+after the acks.  A restarted writer reads the unreleased frames again.  Those it had appended are
+duplicates: the producer state recovered from the log (snapshot + tail) recognises the last five batches of
+each producer; older ones (a round may append many batches of one producer) are found in the *resume map*,
+the (producer id, epoch, first and last sequence) -> offsets of the log tail that the re-read frames can
+cover (as many records as they hold), built from the log the first time a re-read frame looks out of order.
+
+Bad input never stops the writer: a frame that is not one valid batch is answered CORRUPT_MESSAGE (a bad
+CRC, garbage, a length that does not match) or MESSAGE_TOO_LARGE, nothing of it is appended, the ring goes on.
+A frame the ring protocol itself cannot trust (a bad frame length, type or sequence) fails that ring
+(``RingFailedError`` for its producer, ``ipc/ring.py``); the other rings are served as before.
+
+**Between rounds** the writer reads its commands and beats its heartbeat on every loop after one that found
+nothing to drain, but at most every 10 ms while rounds follow one another: right after a large ``writev``
+the caches are cold, and the command poll and the beat then cost ~10 us a round (~4% of a 1 MiB frame's
+time; measured with ``perf_counter_ns`` around each step of a round, 62,500 x 10 KiB records).
+
+**Idle**: with nothing published the writer sleeps on its doorbell (``ipc/wakeup.py``) for at most
+``heartbeat_interval_ms``; each wake-up beats the heartbeat in the state page and runs the timers: the
+``flush.ms`` flush, and every ``log.retention.check.interval.ms`` retention (``Log.delete_retained_segments``,
+then the new log start offset is published) and producer-id expiry.  Retention runs here because a log has
+exactly one writer process: a second process opening the log to delete segments would be refused the lock.
+
+**Fault points** (for crash tests, never set in production): ``faults(name)`` is called at ``"appended"``
+(the round is in the log, nothing acknowledged) and ``"acknowledged"`` (acks published, space not
+released); a test makes it raise to stop the writer exactly there, as a SIGKILL would.
+
+**Snapshots** of the producer state are written when the active segment rolls (not fsynced: a lost one is
+detected and an older one used) and at a clean stop (fsynced), at the log end offset, so a restart replays
+at most about one segment's headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from appliance.server.publish_trace import PublishTrace
+from ipc.control import LineDecoder, encode
+from ipc.kafka.errors import ErrorCode
+from ipc.ring import Chunk, RingConsumer, RingFailedError, RingNames
+from ipc.state_page import StatePage
+from ipc.wakeup import Doorbell, Waiter
+from storage.batch_header import (
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_OFFSET,
+    BatchHeader,
+    check_batch,
+    parse_header,
+    validate_batch,
+)
+from storage.errors import CorruptRecordError, ProtocolError
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    DUPLICATE_SEQUENCE_NUMBER,
+    NONE,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    SNAPSHOTS_RETAINED,
+    ProducerStateManager,
+    list_snapshots,
+    snapshot_path,
+)
+
+__all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec", "writer_main"]
+
+DEFAULT_PEEK_BYTES: Final = 4 << 20  # per ring and round; a round appends at most rings x this
+_HOUSEKEEPING_INTERVAL_NS: Final = 10_000_000  # commands and heartbeat at most this often while rounds stream
+_DEFAULT_STOP_TIMEOUT_MS: Final = 10_000
+_ERRORS_LOGGED_PER_RING: Final = (
+    5  # then one line per 1000 bad frames: a hostile producer cannot flood the log
+)
+
+_log = logging.getLogger("appliance.writer")
+
+ResumeKey = tuple[int, int, int, int]  # producer id, epoch, first sequence, last sequence
+FaultPoint = Callable[[str], None]  # called with a fault point's name; raising there stops the writer
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSpec:
+    """Everything a writer needs, decided by the supervisor before the fork."""
+
+    topic: str
+    partition: int
+    directory: str  # the partition's log directory
+    log_config: LogConfig
+    leader_epoch: int  # appends are stamped with it
+    state_page: str  # shared-memory name of the partition state page (created by the supervisor)
+    doorbell: str  # the writer's semaphore (created by the supervisor)
+    publish_high_watermark: bool = True  # replication factor 1: HW = LEO, written by the writer
+    heartbeat_interval_ms: int = 100  # longest sleep when idle
+    retention_check_interval_ms: int = 300_000
+    retention_enabled: bool = True  # cleanup.policy includes delete
+    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
+    peek_bytes: int = DEFAULT_PEEK_BYTES
+    broker_wake_fd: int = -1  # the broker's wake-up eventfd, added to after each round with work (-1: none)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+@dataclass(slots=True)
+class _Ring:
+    """One ring the writer serves."""
+
+    names: RingNames
+    consumer: RingConsumer
+    resumed_records: int  # records in frames already published when we attached (a previous writer's)
+    detaching: bool = False
+    failed: bool = False
+    bad_frames: int = 0
+    reported: bool = False  # "detached" sent
+
+    @property
+    def name(self) -> str:
+        return self.names.ring
+
+
+@dataclass(slots=True)
+class RoundStats:
+    """What the writer has done since it started (for tests and the status op)."""
+
+    rounds: int = 0
+    frames: int = 0
+    appended_batches: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    appended_bytes: int = 0
+    rings_failed: int = 0
+    resume_hits: int = 0
+    by_error: dict[int, int] = field(default_factory=dict)
+
+
+class PartitionWriter:
+    """The writer of one partition.  :meth:`open`, attach rings, :meth:`run` (or :meth:`drain_round` in
+    tests), :meth:`close`.  Single-threaded."""
+
+    def __init__(
+        self,
+        spec: WriterSpec,
+        log: Log,
+        state: ProducerStateManager,
+        state_page: StatePage,
+        doorbell: Doorbell,
+        channel: socket.socket | None,
+        faults: FaultPoint | None = None,
+    ) -> None:
+        self.spec = spec
+        self._faults = faults
+        self.name = spec.name
+        self.log = log
+        self.producer_state = state
+        self.state_page = state_page
+        self._doorbell = doorbell
+        self._waiter = Waiter(doorbell)
+        self._channel = channel
+        self._decoder = LineDecoder()
+        self._poll = select.poll()
+        if channel is not None:
+            self._poll.register(channel, select.POLLIN)
+        self.rings: dict[str, _Ring] = {}
+        self.stats = RoundStats()
+        self._max_message_bytes = spec.log_config.max_message_bytes
+        self._active_base = log.active_segment.base_offset
+        self._start_log_end_offset = log.log_end_offset
+        self._resume_records = 0
+        self._resume_map: dict[ResumeKey, tuple[int, int]] | None = None
+        self._resume_map_records = 0
+        self._stopping = False
+        self._stop_timeout_ms = _DEFAULT_STOP_TIMEOUT_MS
+        self._next_retention_s = time.monotonic() + spec.retention_check_interval_ms / 1000
+        self._closed = False
+        self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, spec: WriterSpec, channel: socket.socket | None = None, *, faults: FaultPoint | None = None
+    ) -> PartitionWriter:
+        """Open (recovering if the last stop was unclean) the log, load the producer state, claim the state
+        page and publish the offsets.  LogLockedError if another writer holds the log."""
+        started = time.monotonic()
+        log = Log.open(spec.directory, spec.log_config, topic_partition=(spec.topic, spec.partition))
+        try:
+            state = ProducerStateManager(spec.name, producer_id_expiration_ms=spec.producer_id_expiration_ms)
+            now_ms = time.time_ns() // 1_000_000
+            replay_from = state.recover(
+                spec.directory,
+                log_end_offset=log.log_end_offset,
+                headers_from=lambda offset: _headers(log, offset),
+                append_time_ms=now_ms,
+            )
+            state.expire(now_ms)
+            page = StatePage.attach(spec.state_page)
+            try:
+                doorbell = Doorbell.open(spec.doorbell)
+            except BaseException:
+                page.close()
+                raise
+        except BaseException:
+            log.close(clean=False)
+            raise
+        writer = cls(spec, log, state, page, doorbell, channel, faults)
+        page.claim_writer()
+        writer._publish_offsets()
+        page.log_start_offset = log.log_start_offset
+        _log.info(
+            "writer %s: log offsets %d..%d, %d producers (state replayed from offset %d) in %.0f ms",
+            spec.name, log.log_start_offset, log.log_end_offset, len(state), replay_from,
+            (time.monotonic() - started) * 1000,
+        )  # fmt: skip
+        return writer
+
+    def close(self, *, clean: bool = True) -> None:
+        """Detach every ring (they stay for a successor), snapshot the producer state and close the log."""
+        if self._closed:
+            return
+        self._closed = True
+        for ring in self.rings.values():
+            ring.consumer.close()
+        self.rings.clear()
+        try:
+            if clean:
+                self.producer_state.write_snapshot(self.spec.directory, self.log.log_end_offset)
+            self.log.close(clean=clean)
+        finally:
+            if self._trace is not None:
+                self._trace.flush()
+            self.state_page.close()
+            self._doorbell.close()
+
+    # -- rings --------------------------------------------------------------------------------------------
+
+    def attach_ring(self, names: RingNames) -> None:
+        """Serve ``names.ring`` from now on (resuming at its read cursor if a previous writer served it)."""
+        if names.ring in self.rings:
+            return
+        consumer = RingConsumer.attach(names)
+        resumed = _published_records(consumer)
+        self.rings[names.ring] = _Ring(names, consumer, resumed)
+        self._resume_records += resumed
+        _log.debug("writer %s: serving ring %s (%d records waiting)", self.name, names.ring, resumed)
+
+    def detach_ring(self, ring_name: str) -> None:
+        """Drain what is published in the ring, then stop serving it and report "detached"."""
+        ring = self.rings.get(ring_name)
+        if ring is None:
+            self._send({"op": "detached", "ring": ring_name})
+            return
+        ring.detaching = True
+
+    def _finish_detaches(self) -> None:
+        for ring in [r for r in self.rings.values() if r.detaching]:
+            if not ring.failed and ring.consumer.has_data():
+                continue
+            ring.consumer.close()
+            del self.rings[ring.name]
+            self._send({"op": "detached", "ring": ring.name})
+
+    # -- the drain round ----------------------------------------------------------------------------------
+
+    def drain_round(self) -> int:
+        """Peek every ring, validate, dedup, append once, publish offsets, ack; return the frames handled."""
+        if self._trace is not None:
+            self._trace.round_start_ns = time.monotonic_ns()
+        chunks: list[tuple[_Ring, Chunk]] = []
+        for ring in self.rings.values():
+            if ring.failed:
+                continue
+            try:
+                chunk = ring.consumer.peek(self.spec.peek_bytes)
+            except RingFailedError as exc:
+                ring.failed = True
+                self.stats.rings_failed += 1
+                _log.warning("writer %s: %s", self.name, exc)
+                continue
+            if chunk is not None:
+                chunks.append((ring, chunk))
+        if not chunks:
+            return 0
+        state = self.producer_state
+        next_offset = self.log.log_end_offset
+        now_ms = time.time_ns() // 1_000_000
+        pieces: list[memoryview] = []
+        headers: list[BatchHeader] = []
+        total_bytes = 0
+        all_results = []
+        frames = 0
+        max_message_bytes = self._max_message_bytes
+        for ring, chunk in chunks:
+            results = np.empty(chunk.count, np.int64)
+            view = memoryview(chunk.view)  # type: ignore[arg-type]
+            starts = chunk.body_starts.tolist()
+            lengths = chunk.body_lengths.tolist()
+            for i in range(chunk.count):
+                body = view[starts[i] : starts[i] + lengths[i]]
+                header = check_batch(body)  # the one validation: magic, length, CRC (the log trusts it)
+                if isinstance(header, int) or lengths[i] > max_message_bytes:
+                    results[i] = -self._refuse(ring, chunk.first_seq + i, body)
+                    continue
+                verdict = state.check(header)
+                if verdict.code == NONE:
+                    results[i] = next_offset
+                    state.update(header, next_offset, now_ms)
+                    pieces.append(body)
+                    headers.append(header)
+                    total_bytes += lengths[i]
+                    next_offset += header.last_offset_delta + 1
+                elif verdict.code == DUPLICATE_SEQUENCE_NUMBER:
+                    results[i] = verdict.base_offset
+                    self.stats.duplicates += 1
+                else:
+                    found = (
+                        self._resumed_duplicate(header)
+                        if verdict.code == OUT_OF_ORDER_SEQUENCE_NUMBER
+                        else None
+                    )
+                    if found is not None:
+                        results[i] = found
+                        self.stats.duplicates += 1
+                        self.stats.resume_hits += 1
+                    else:
+                        results[i] = -verdict.code
+                        self._reject(ring, chunk.first_seq + i, verdict.code, state.describe(header, verdict))
+            all_results.append(results)
+            frames += chunk.count
+        if pieces:
+            self._append(pieces, headers, total_bytes, next_offset)
+        if self._faults is not None:
+            self._faults("appended")
+        for (ring, chunk), results in zip(chunks, all_results, strict=True):
+            ring.consumer.ack(chunk.first_seq, results)
+        if self._faults is not None:
+            self._faults("acknowledged")
+        for ring, chunk in chunks:
+            ring.consumer.release(chunk.end_position)
+        if pieces and self.spec.publish_high_watermark:
+            self.state_page.wake_readers()  # local consumers sleeping on the high watermark (ipc.state_page)
+        if self.spec.broker_wake_fd >= 0:
+            _wake_broker(self.spec.broker_wake_fd)  # new LEO/HW, acks, ring space: the broker re-checks
+        self.stats.rounds += 1
+        self.stats.frames += frames
+        return frames
+
+    def _refuse(self, ring: _Ring, seq: int, body: memoryview) -> int:
+        """A frame ``check_batch`` refused or too large: log why (validating again for the full story,
+        the cold path) and return the Kafka error code to answer it with."""
+        size = len(body)
+        if size < HEADER_SIZE:
+            reason = f"{size} bytes, a record batch needs at least {HEADER_SIZE}"
+        else:
+            try:
+                header = validate_batch(body, 0, where="frame")
+            except CorruptRecordError as exc:
+                reason = str(exc)
+            else:
+                if header.size == size:  # a valid batch, refused for its size
+                    self._reject(ring, seq, ErrorCode.MESSAGE_TOO_LARGE,
+                                 f"record batch of {size} bytes, larger than max.message.bytes "
+                                 f"{self._max_message_bytes}")  # fmt: skip
+                    return ErrorCode.MESSAGE_TOO_LARGE
+                reason = (f"the frame holds {size} bytes but its record batch is {header.size} bytes "
+                          "(a frame carries exactly one batch)")  # fmt: skip
+        self._reject(ring, seq, ErrorCode.CORRUPT_MESSAGE, reason)
+        return ErrorCode.CORRUPT_MESSAGE
+
+    def _reject(self, ring: _Ring, seq: int, code: int, reason: str) -> None:
+        self.stats.rejected += 1
+        self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
+        ring.bad_frames += 1
+        if ring.bad_frames <= _ERRORS_LOGGED_PER_RING or ring.bad_frames % 1000 == 0:
+            _log.warning(
+                "writer %s: ring %s frame %d refused with %s (%d), nothing appended: %s%s",
+                self.name, ring.name, seq, _error_name(code), code, reason,
+                f" [{ring.bad_frames} refused in this ring so far]" if ring.bad_frames > 1 else "",
+            )  # fmt: skip
+
+    def _append(self, pieces: list[memoryview], headers: list[BatchHeader], total_bytes: int,
+                expected_end: int) -> None:
+        """Append the accepted frames straight from ring memory, then publish the offsets.
+
+        ``Log.append_batches`` trusts the headers ``check_batch`` returned (nothing is validated twice),
+        stamps offsets and the leader epoch into the frames in place (published, unreleased frames are the
+        writer's to rewrite: ``ipc/ring.py``) and writes them with one ``os.writev`` per segment touched:
+        no copy.
+        """
+        if self._trace is not None:
+            self._trace.append_start_ns = time.monotonic_ns()
+        info = self.log.append_batches(pieces, headers, leader_epoch=self.spec.leader_epoch)
+        end = info.last_offset + 1
+        if end != expected_end:  # the log and this writer disagree about offsets: never ack a guess
+            raise CorruptRecordError(
+                f"writer {self.name}: the log appended offsets {info.first_offset}..{info.last_offset}, "
+                f"the acknowledgements were computed up to {expected_end - 1}"
+            )
+        self.stats.appended_batches += len(pieces)
+        self.stats.appended_bytes += total_bytes
+        self._publish_offsets()
+        if self.log.active_segment.base_offset != self._active_base:
+            self._active_base = self.log.active_segment.base_offset
+            self._snapshot_quickly(self.log.log_end_offset)
+
+    def _snapshot_quickly(self, offset: int) -> None:
+        """Snapshot the producer state at a roll without fsync (an fsync here stalls the round for up to
+        hundreds of ms).  Safe: a snapshot lost or torn by a power cut fails its CRC and the previous one is
+        used; one above the recovered log end is deleted.  The clean stop writes a durable one."""
+        directory = self.spec.directory
+        path = snapshot_path(directory, offset)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(self.producer_state.snapshot_bytes(offset))
+        os.rename(tmp, path)
+        for old in list_snapshots(directory)[:-SNAPSHOTS_RETAINED]:
+            snapshot_path(directory, old).unlink(missing_ok=True)
+
+    def _publish_offsets(self) -> None:
+        end = self.log.log_end_offset
+        self.state_page.log_end_offset = end
+        if self.spec.publish_high_watermark:  # readers are woken after the acks (end of drain_round)
+            self.state_page.set_high_watermark(end, wake_readers=False)
+        if self._trace is not None:
+            self._trace.published(end)
+
+    # -- duplicates a restart re-reads ----------------------------------------------------------------------
+
+    def _resumed_duplicate(self, header: BatchHeader) -> int | None:
+        """The base offset of an appended batch with this batch's producer id, epoch and sequences, among
+        the log's last records that re-read frames could cover; None if there is none."""
+        if self._resume_records == 0 or header.producer_id < 0:
+            return None
+        if self._resume_map is None or self._resume_map_records < self._resume_records:
+            self._resume_map = self._build_resume_map(self._resume_records)
+            self._resume_map_records = self._resume_records
+        key = (header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
+        found = self._resume_map.get(key)
+        return None if found is None else found[0]
+
+    def _build_resume_map(self, records: int) -> dict[ResumeKey, tuple[int, int]]:
+        end = self._start_log_end_offset
+        start = max(self.log.log_start_offset, end - records)
+        resume: dict[ResumeKey, tuple[int, int]] = {}
+        for header in _headers(self.log, start, max_offset=end):
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                key = (header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
+                resume[key] = (header.base_offset, header.last_offset)
+        _log.info(
+            "writer %s: resume map of %d batches from offsets %d..%d", self.name, len(resume), start, end
+        )
+        return resume
+
+    # -- the loop -----------------------------------------------------------------------------------------
+
+    def request_stop(self, timeout_ms: int = _DEFAULT_STOP_TIMEOUT_MS) -> None:
+        """Finish: drain every ring (for at most ``timeout_ms``), then :meth:`run` returns."""
+        self._stopping = True
+        self._stop_timeout_ms = timeout_ms
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def run(self) -> int:
+        """Serve until told to stop (or the channel closes); return the exit code (0 after a clean drain)."""
+        interval_s = self.spec.heartbeat_interval_ms / 1000
+        page = self.state_page
+        housekeeping_due_ns = 0
+        while not self._stopping:
+            now_ns = time.monotonic_ns()
+            if now_ns >= housekeeping_due_ns:  # after a loop with nothing to drain; else every 10 ms
+                self.handle_commands()
+                page.beat(now_ns // 1_000_000)
+                housekeeping_due_ns = now_ns + _HOUSEKEEPING_INTERVAL_NS
+            handled = self.drain_round() if not self._stopping else 0
+            if self.rings and any(ring.detaching for ring in self.rings.values()):
+                self._finish_detaches()
+            if handled:
+                continue
+            housekeeping_due_ns = 0
+            self._timers()
+            flags = [ring.consumer.waiting_flag for ring in self.rings.values() if not ring.failed]
+            if not self._waiter.park(flags, self._has_work, interval_s) and self._trace is not None:
+                self._trace.flush()  # idle: a benchmark's trace reaches its file between runs
+        deadline = time.monotonic() + self._stop_timeout_ms / 1000
+        while self.drain_round() and time.monotonic() < deadline:
+            page.beat()
+        for ring in list(self.rings.values()):
+            ring.detaching = True
+        self._finish_detaches()
+        _log.info(
+            "writer %s: stopped at log end offset %d (%d rounds, %d batches appended, %d duplicates, "
+            "%d refused)",
+            self.name, self.log.log_end_offset, self.stats.rounds, self.stats.appended_batches,
+            self.stats.duplicates, self.stats.rejected,
+        )  # fmt: skip
+        return 0
+
+    def _has_work(self) -> bool:
+        if self._stopping:
+            return True
+        for ring in self.rings.values():
+            if ring.consumer.has_data():
+                return True
+        return self._channel is not None and bool(self._poll.poll(0))
+
+    def _timers(self) -> None:
+        self.log.maybe_flush()
+        now = time.monotonic()
+        if now < self._next_retention_s:
+            return
+        self._next_retention_s = now + self.spec.retention_check_interval_ms / 1000
+        self.run_retention()
+
+    def run_retention(self) -> int:
+        """Delete the segments retention allows, publish the log start offset, expire idle producers."""
+        deleted = 0
+        if self.spec.retention_enabled:
+            high_watermark = self.state_page.high_watermark
+            deleted = self.log.delete_retained_segments(high_watermark=high_watermark)
+            if deleted:
+                self.state_page.log_start_offset = self.log.log_start_offset
+                _log.info("writer %s: retention deleted %d segments, log start offset now %d",
+                          self.name, deleted, self.log.log_start_offset)  # fmt: skip
+        self.producer_state.expire(time.time_ns() // 1_000_000)
+        return deleted
+
+    # -- commands -----------------------------------------------------------------------------------------
+
+    def handle_commands(self) -> None:
+        """Apply every command waiting on the channel (never blocks)."""
+        channel = self._channel
+        if channel is None:
+            return
+        while True:
+            try:
+                data = channel.recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                _log.warning("writer %s: the supervisor's channel closed; stopping", self.name)
+                self._poll.unregister(channel)
+                self._channel = None
+                self.request_stop()
+                return
+            try:
+                commands = self._decoder.feed(data)
+            except ProtocolError as exc:  # the supervisor is ours: a bug, not an attack
+                raise ProtocolError(f"writer {self.name}: bad command from the supervisor: {exc}") from None
+            for command in commands:
+                self.apply(command)
+
+    def apply(self, command: dict[str, Any]) -> None:
+        op = command.get("op")
+        if op == "attach":
+            names = RingNames(ring=command["ring"], space=command["space"], doorbell=command["doorbell"])
+            try:
+                self.attach_ring(names)
+            except (FileNotFoundError, CorruptRecordError) as exc:
+                _log.error("writer %s: cannot serve ring %s: %s", self.name, names.ring, exc)
+                self._send({"op": "detached", "ring": names.ring})
+        elif op == "detach":
+            self.detach_ring(command["ring"])
+        elif op == "stop":
+            self.request_stop(int(command.get("timeout_ms", _DEFAULT_STOP_TIMEOUT_MS)))
+        else:
+            _log.error("writer %s: unknown command %r ignored", self.name, command)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._channel is None:
+            return
+        try:
+            self._channel.sendall(encode(message))
+        except OSError as exc:
+            _log.warning("writer %s: cannot tell the supervisor %s: %s", self.name, message, exc)
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+
+
+def _headers(log: Log, offset: int, *, max_offset: int | None = None) -> Iterator[BatchHeader]:
+    """Headers of the log's batches from the one holding ``offset`` (the log start if below it)."""
+    start = max(offset, log.log_start_offset)
+    if start >= log.log_end_offset:
+        return
+    for batch in log.batches(start, max_offset=max_offset):
+        yield parse_header(batch)
+
+
+def _wake_broker(fd: int) -> None:
+    """Add one to the broker's wake-up eventfd (non-blocking; a counter already at its maximum, or a
+    descriptor gone, is not this writer's problem: the broker's fallback tick re-checks anyway)."""
+    with contextlib.suppress(OSError):
+        os.eventfd_write(fd, 1)
+
+
+def _published_records(consumer: RingConsumer) -> int:
+    """Records held by the frames published in a ring and not yet released (peeked, then rewound)."""
+    records = 0
+    try:
+        while (chunk := consumer.peek()) is not None:
+            view = chunk.view
+            for start, length in zip(chunk.body_starts.tolist(), chunk.body_lengths.tolist(), strict=True):
+                if length >= HEADER_SIZE:
+                    at = start + LAST_OFFSET_DELTA_OFFSET
+                    delta = int.from_bytes(view[at : at + 4].tobytes(), "big", signed=True)
+                    records += max(delta, 0) + 1
+    except RingFailedError:
+        pass
+    consumer.rewind()
+    return records
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"error {code}"
+
+
+def writer_main(spec: WriterSpec, channel: socket.socket) -> int:
+    """Body of a forked writer process: title, signals, open, serve, close.  Returns the exit code."""
+    from appliance.server.proctitle import set_proctitle
+
+    set_proctitle(f"appliance: writer {spec.name}")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
+    holder: list[PartitionWriter] = []
+
+    def on_term(signum: int, frame: object) -> None:
+        if holder:
+            holder[0].request_stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    writer = PartitionWriter.open(spec, channel)
+    holder.append(writer)
+    try:
+        code = writer.run()
+    except BaseException:
+        _log.exception("writer %s: failed; closing the log uncleanly (the next start recovers it)", spec.name)
+        writer.close(clean=False)
+        raise
+    writer.close(clean=True)
+    return code

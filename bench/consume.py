@@ -1,0 +1,147 @@
+"""``appliance bench consume``: kafka-consumer-perf-test for the appliance.
+
+A run fills a fresh topic with ``--records`` records (``send_many``, untimed; or consumes ``--topic`` as it is
+with ``--reuse``), then one ``appliance.Consumer`` assigned every partition reads them all from the start with
+``poll_batch`` (the array API: every batch's CRC checked, every record decoded into offsets, timestamps and
+key/value positions; the values are views of the memory-mapped segments on the local path, of the Fetch
+response on the TCP path), touching each value's length, until it has seen every record.
+
+* ``--transport shm`` (default): the local path, segment files memory-mapped read-only, read up to the high
+  watermark in the partition state page.  Held against memcpy: the extra figure ``mapped_copy_mb_per_s`` is
+  the least any reader of these very files can cost (copying them out of the page cache).
+* ``--transport tcp`` / ``--bootstrap-server``: Fetch requests to the broker, whose answers leave with
+  ``sendfile``.  Held against loopback sendfile.
+
+Latency here is the time each ``poll_batch`` call took (kind ``poll``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from bench.harness import Appliance
+from bench.limits import Limits, mapped_copy_bytes_per_s, measure_limits
+from bench.produce import ProduceSettings, payload_pool, produce_into, producer_settings
+from bench.stats import Progress, latency_summary, make_result, profiled
+from storage.errors import ApplianceError, ConfigError
+
+__all__ = ["consume_all", "fill_topic", "run_consume"]
+
+IDLE_TIMEOUT_S = 10.0  # no record for this long: the topic has fewer records than asked for
+
+
+def fill_topic(app: Appliance, settings: ProduceSettings, topic: str) -> None:
+    """Produce ``settings.records`` records into ``topic`` (send_many, acks=1, untimed)."""
+    from appliance.client.producer import Producer
+
+    local = ProduceSettings(**{**settings.__dict__, "transport": "shm", "acks": "1", "api": "send_many"})
+    config = producer_settings(local, app, None)
+    batch_bytes = settings.batch_size or 1_048_576
+    pool = payload_pool(local, batch_bytes)
+    with Producer(config) as producer:
+        produce_into(producer, topic, pool, settings.records, api="send_many",
+                     batch_bytes=batch_bytes)
+
+
+def consume_all(consumer: Any, records: int, progress: Progress | None = None
+                ) -> tuple[int, int, float, list[int]]:
+    """Poll until ``records`` records were seen; (records, value bytes, seconds, poll latencies in ns)."""
+    clock = time.monotonic_ns
+    seen = 0
+    value_bytes = 0
+    latencies: list[int] = []
+    start = clock()
+    last_data = start
+    while seen < records:
+        before = clock()
+        chunks = consumer.poll_batch(timeout_ms=200)
+        after = clock()
+        latencies.append(after - before)
+        if not chunks:
+            if after - last_data > IDLE_TIMEOUT_S * 1e9:
+                raise ApplianceError(f"consume: only {seen:,} of {records:,} records arrived; none for "
+                                     f"{IDLE_TIMEOUT_S:.0f} s")
+            continue
+        last_data = after
+        for chunk in chunks:
+            seen += len(chunk)
+            value_bytes += int(chunk.value_lengths.sum())  # touch what a reader would use
+        if progress is not None:
+            progress.update(seen)
+    return seen, value_bytes, (clock() - start) / 1e9, latencies
+
+
+def run_consume(app: Appliance, settings: ProduceSettings, *, progress: bool = False,
+                bootstrap: str | None = None, keep_topic: bool = False, reuse: bool = False,
+                fetch_max_bytes: int | None = None) -> dict[str, Any]:
+    from appliance.client.consumer import Consumer
+
+    notes: list[str] = []
+    started_at = time.time()
+    address = app.require_bootstrap(bootstrap) if settings.transport == "tcp" else None
+    if reuse and settings.topic is None:
+        raise ConfigError("--reuse needs --topic (the topic to consume as it is)")
+    topic = settings.topic or f"perf-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
+    fresh = settings.topic is None
+    if not reuse:
+        app.create_topic(topic, settings.partitions)
+    try:
+        partitions = app.topic(topic).partition_count
+        if not reuse:
+            fill_topic(app, settings, topic)
+        records = min(settings.records, sum(app.end_offsets(topic))) if reuse else settings.records
+        segment_paths = _segments(app, topic)
+        log_bytes = sum(os.path.getsize(p) for p in segment_paths)
+        limits: Limits | None = None
+        mapped_copy = None
+        if settings.measure_limits:
+            limits = measure_limits(app.data_dir, records * settings.record_size)
+            mapped_copy = mapped_copy_bytes_per_s(segment_paths)
+        try:
+            config: dict[str, Any] = {"auto.offset.reset": "earliest", "client.id": "appliance-bench"}
+            if settings.transport == "tcp":
+                config["bootstrap.servers"] = address
+                notes.append(f"read over TCP from the broker at {address} (Fetch, sendfile)")
+            else:
+                config["appliance.data.dir"] = str(app.data_dir)
+            if fetch_max_bytes is not None:
+                config["max.partition.fetch.bytes"] = fetch_max_bytes
+            consumer = Consumer(config)
+            try:
+                assignment = [(topic, p) for p in range(partitions)]
+                consumer.assign(assignment)
+                consumer.poll_batch(timeout_ms=1000, max_records=1)  # maps, connects, loads the kernels
+                consumer.seek_to_beginning(*assignment)
+                line = Progress(records, settings.record_size, enabled=progress)
+                with profiled(settings.profile):
+                    seen, value_bytes, seconds, latencies = consume_all(consumer, records, line)
+                line.finish()
+            finally:
+                consumer.close()
+        finally:
+            if limits is not None:
+                limits.remove_probe_files()
+    finally:
+        if fresh and not keep_topic:
+            app.delete_topic(topic)
+    extra: dict[str, Any] = {"topic": topic, "partitions": partitions, "log_bytes": log_bytes,
+                             "log_mb_per_s": round(log_bytes * seen / max(records, 1) / seconds / 1e6, 2),
+                             "value_bytes": value_bytes}
+    if mapped_copy is not None:
+        extra["mapped_copy_mb_per_s"] = round(mapped_copy / 1e6, 1)
+        extra["log_ratio_to_mapped_copy"] = round(extra["log_mb_per_s"] * 1e6 / mapped_copy, 4)
+    primary = "loopback_sendfile" if settings.transport == "tcp" else "memcpy"
+    return make_result("consume", records=seen, payload_bytes=value_bytes, seconds=seconds,
+                       latency=latency_summary(latencies, "poll"), config=settings.as_json(), limits=limits,
+                       primary_limit=primary, extra=extra, notes=notes, started_at=started_at)
+
+
+def _segments(app: Appliance, topic: str) -> list[str]:
+    paths: list[str] = []
+    for part in app.topic(topic).partitions:
+        for entry in sorted(os.scandir(part.directory), key=lambda e: e.name):
+            if entry.name.endswith(".log"):
+                paths.append(entry.path)
+    return paths

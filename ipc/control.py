@@ -1,0 +1,521 @@
+"""The control socket: how local processes ask the supervisor for topics, producer ids and rings.
+
+Theory of operation
+-------------------
+The supervisor listens on a Unix stream socket (``appliance.control.socket``, default
+``<first log dir>/.appliance.sock``), mode 0600 (0660 with ``appliance.shm.group``), so only the service's
+user (and that group) can attach.  A message is one JSON object on one line (UTF-8, ``\\n``-terminated, at
+most :data:`MAX_LINE_BYTES`); the client sends a request, the server answers with exactly one response, in
+order.  Requests carry ``"op"``; responses carry ``"ok"``, and on failure a Kafka error name and code::
+
+    -> {"op": "attach", "topic": "orders", "partition": 3, "producer_id": 17}
+    <- {"ok": true, "ring": "/la-...-ring-orders-3-5", "space": "...", "doorbell": "...", ...}
+    -> {"op": "attach", "topic": "nope", "partition": 0}
+    <- {"ok": false, "error": "UNKNOWN_TOPIC_OR_PARTITION", "code": 3, "message": "topic 'nope' ..."}
+
+Ops (fields; the reply's fields):
+
+==================== ========================================== ===========================================
+``metadata``         ``topics`` (list, optional: all)           ``instance_id``, ``shm_prefix``, ``node_id``,
+                                                                ``topics`` (partitions, state page names,
+                                                                offsets, writer pid and unique memory)
+``create_topic``     ``topic``; ``partitions``,                 ``topic`` (as in ``metadata``)
+                     ``replication_factor``, ``configs`` opt.
+``delete_topic``     ``topic``                                  (nothing)
+``init_producer_id`` (none)                                     ``producer_id``, ``producer_epoch``
+``attach``           ``topic``, ``partition``, ``producer_id``  ring, semaphore and state page names, sizes
+``detach``           ``ring``                                   (nothing)
+``status``           (none)                                     supervisor pid, uptime, every child
+``replica_status``   (none)                                     ``role`` ("leader" or "replica"),
+                                                                ``node_id``, ``partitions`` (replication
+                                                                state; see ``appliance.cli.replica``)
+``promote``          ``partitions`` (list, or "all"),           a replica only: the partitions it leads
+                     ``unclean`` (bool)                         next; then it becomes ``appliance serve``
+==================== ========================================== ===========================================
+
+**Lifetime of a ring.**  ``attach`` creates a new ring for this connection and hands it to the partition's
+writer.  The client keeps its connection open for as long as it produces: when the connection closes (the
+producer closed, exited or was killed), the supervisor has the writers drain what was *published* in that
+connection's rings, then unlinks them.  A published frame of a dead producer is appended; an unpublished one
+never is (see ``ipc/ring.py``).  ``detach`` does the same for one ring while the connection stays open (after
+a :class:`~ipc.ring.RingFailedError`, before attaching a new ring).
+
+This module is the protocol, sans-IO (:func:`encode`, :class:`LineDecoder`, the response helpers), and the
+blocking client (:class:`ControlClient`) used by the Producer, the broker and the CLI.  The server side is
+``ipc.control_server``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ipc.kafka.errors import ErrorCode
+from ipc.ring import RingNames, RingProducer
+from ipc.wakeup import DEFAULT_SPIN_ITERATIONS
+from storage.errors import (
+    ApplianceError,
+    ConfigError,
+    ProtocolError,
+    RequestTimeoutError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "Attachment",
+    "ClusterMetadata",
+    "ControlClient",
+    "ControlError",
+    "FollowerInfo",
+    "LineDecoder",
+    "PartitionInfo",
+    "TopicInfo",
+    "encode",
+    "error_response",
+    "ok_response",
+    "raise_for_error",
+]
+
+MAX_LINE_BYTES: Final = 1 << 20  # a metadata reply for ~5000 partitions fits; anything longer is refused
+DEFAULT_TIMEOUT_S: Final = 30.0
+
+
+# -- the protocol, sans-IO -----------------------------------------------------------------------------------
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One message as its line: compact JSON, ASCII only, ``\\n``-terminated."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+
+
+class LineDecoder:
+    """Split a byte stream into messages.  :meth:`feed` returns the complete ones, keeps the rest.
+
+    Raises :class:`ProtocolError` for a line that is not a JSON object or longer than ``max_line_bytes``;
+    the stream is then unusable (close the connection).
+    """
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self._buffer = bytearray()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete line held back."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        messages = []
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end < 0:
+                break
+            if end - start > self.max_line_bytes:
+                raise ProtocolError(f"control message of {end - start} bytes, over {self.max_line_bytes}")
+            messages.append(_decode_line(bytes(self._buffer[start:end])))
+            start = end + 1
+        del self._buffer[:start]
+        if len(self._buffer) > self.max_line_bytes:
+            raise ProtocolError(f"control message longer than {self.max_line_bytes} bytes without a newline")
+        return messages
+
+
+def _decode_line(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"control message is not UTF-8 JSON: {exc}; line starts {line[:60]!r}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"control message is a JSON {type(message).__name__}, expected an object")
+    return message
+
+
+def ok_response(**fields: Any) -> dict[str, Any]:
+    return {"ok": True, **fields}
+
+
+def error_response(code: ErrorCode, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": code.name, "code": int(code), "message": message}
+
+
+class ControlError(ApplianceError):
+    """The supervisor refused a control request; ``error`` is the Kafka error name, ``code`` its number."""
+
+    def __init__(self, message: str, error: str = "UNKNOWN_SERVER_ERROR", code: int = -1) -> None:
+        super().__init__(message)
+        self.error = error
+        self.code = code
+
+
+class _UnknownTopic(UnknownTopicOrPartitionError, ControlError):
+    pass
+
+
+class _BadConfig(ConfigError, ControlError):
+    pass
+
+
+class _TopicExists(TopicExistsError, ControlError):
+    pass
+
+
+_CONFIG_ERRORS = frozenset(
+    {
+        ErrorCode.INVALID_TOPIC_EXCEPTION.name,
+        ErrorCode.INVALID_PARTITIONS.name,
+        ErrorCode.INVALID_REPLICATION_FACTOR.name,
+        ErrorCode.INVALID_CONFIG.name,
+        ErrorCode.INVALID_REQUEST.name,
+        ErrorCode.TOPIC_DELETION_DISABLED.name,
+    }
+)
+
+
+def raise_for_error(response: Mapping[str, Any]) -> None:
+    """Raise the exception a failed response stands for (nothing for ``"ok": true``).
+
+    UNKNOWN_TOPIC_OR_PARTITION raises an :class:`UnknownTopicOrPartitionError`, TOPIC_ALREADY_EXISTS a
+    :class:`appliance.server.metadata.TopicExistsError`, invalid requests a :class:`ConfigError`; all of them
+    are also :class:`ControlError` carrying the error name and code. """
+    if response.get("ok") is True:
+        return
+    name = str(response.get("error", "UNKNOWN_SERVER_ERROR"))
+    code = response.get("code", -1)
+    message = str(response.get("message", "the supervisor refused the request"))
+    code = code if isinstance(code, int) else -1
+    if name == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.name:
+        raise _UnknownTopic(message, name, code)
+    if name == ErrorCode.TOPIC_ALREADY_EXISTS.name:
+        raise _TopicExists(message, name, code)
+    if name in _CONFIG_ERRORS:
+        raise _BadConfig(message, name, code)
+    raise ControlError(message, name, code)
+
+
+# -- what the client gets back -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition: its state page (read offsets there, lock-free), its log dir and its writer."""
+
+    topic: str
+    partition: int
+    state_page: str  # shared-memory name: ipc.state_page.StatePage.attach(state_page)
+    doorbell: str  # the writer's semaphore (producers ring it; RingNames carry it too)
+    directory: str  # the partition's log directory
+    leader_epoch: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    writer_pid: int
+    writer_uss_bytes: int  # unique memory of the writer process (Private_* of smaps_rollup); 0 if unknown
+    writer_restarts: int
+    leader: int = 0  # the node leading it (this appliance's node.id)
+    isr: tuple[int, ...] = ()  # in-sync replicas, leader first (a partition of factor 1: the leader)
+    committed_high_watermark: int = -1  # replicated: the ISR's HW (acks=all); -1 not replicated
+    followers: tuple[FollowerInfo, ...] = ()  # replicated: what the leader knows of each follower
+
+    @classmethod
+    def from_json(cls, topic: str, raw: Mapping[str, Any]) -> PartitionInfo:
+        return cls(
+            topic=topic,
+            partition=int(raw["partition"]),
+            state_page=str(raw["state_page"]),
+            doorbell=str(raw["doorbell"]),
+            directory=str(raw["directory"]),
+            leader_epoch=int(raw["leader_epoch"]),
+            log_start_offset=int(raw["log_start_offset"]),
+            log_end_offset=int(raw["log_end_offset"]),
+            high_watermark=int(raw["high_watermark"]),
+            writer_pid=int(raw["writer_pid"]),
+            writer_uss_bytes=int(raw.get("writer_uss_bytes", 0)),
+            writer_restarts=int(raw.get("writer_restarts", 0)),
+            leader=int(raw.get("leader", 0)),
+            isr=tuple(int(r) for r in raw.get("isr", ())),
+            committed_high_watermark=int(raw.get("committed_high_watermark", -1)),
+            followers=tuple(FollowerInfo.from_json(f) for f in raw.get("followers", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerInfo:
+    """One follower of a replicated partition, as its leader sees it (from the follower's fetches)."""
+
+    replica_id: int
+    in_isr: bool
+    log_end_offset: int  # -1: it has not fetched from this leader yet
+    lag_records: int  # the leader's log end offset minus the follower's (-1 unknown)
+    lag_ms: int  # since it was last caught up (0: caught up now; -1 never)
+    last_fetch_ms_ago: int  # -1 never
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> FollowerInfo:
+        return cls(int(raw["replica_id"]), bool(raw["in_isr"]), int(raw["log_end_offset"]),
+                   int(raw["lag_records"]), int(raw["lag_ms"]), int(raw["last_fetch_ms_ago"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: str
+    replication_factor: int
+    configs: Mapping[str, Any]  # overrides given at creation
+    partitions: tuple[PartitionInfo, ...]
+    max_message_bytes: int
+    replicas: tuple[int, ...] = ()  # node ids holding a copy, leader first (factor 1: the leader alone)
+    min_insync_replicas: int = 1
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.partitions)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TopicInfo:
+        name = str(raw["name"])
+        return cls(
+            name=name,
+            topic_id=str(raw["topic_id"]),
+            replication_factor=int(raw["replication_factor"]),
+            configs=dict(raw.get("configs", {})),
+            partitions=tuple(PartitionInfo.from_json(name, p) for p in raw["partitions"]),
+            max_message_bytes=int(raw["max_message_bytes"]),
+            replicas=tuple(int(r) for r in raw.get("replicas", ())),
+            min_insync_replicas=int(raw.get("min_insync_replicas", 1)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetadata:
+    instance_id: str  # appliance.instance.id
+    shm_prefix: str  # every shared-memory name of this appliance starts with it
+    node_id: int
+    topics: Mapping[str, TopicInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A ring the supervisor created for this client and handed to the partition's writer.
+
+    Open it with :meth:`open` (or ``RingProducer.attach(attachment.names, ...)``); publish RecordBatch v2
+    frames; read acks (base offset, or minus a Kafka error code).  Detach with ``ControlClient.detach`` or by
+    closing the client connection.
+    """
+
+    topic: str
+    partition: int
+    session: int  # this ring's number among the supervisor's rings
+    names: RingNames
+    state_page: str
+    ring_bytes: int
+    ack_slots: int
+    max_message_bytes: int  # the topic's max.message.bytes: larger batches are refused (MESSAGE_TOO_LARGE)
+
+    @property
+    def ring(self) -> str:
+        return self.names.ring
+
+    def open(
+        self,
+        *,
+        max_block_ms: int = 60_000,
+        track_acks: bool = True,
+        spin_iterations: int = DEFAULT_SPIN_ITERATIONS,
+    ) -> RingProducer:
+        return RingProducer.attach(
+            self.names, max_block_ms=max_block_ms, track_acks=track_acks, spin_iterations=spin_iterations
+        )
+
+
+# -- the client ----------------------------------------------------------------------------------------------
+
+
+class ControlClient:
+    """A connection to the supervisor's control socket; one request at a time (thread-safe).
+
+    Keep it open while you produce: closing it (or exiting) detaches every ring attached through it.
+    """
+
+    def __init__(self, sock: socket.socket, path: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = sock
+        self._decoder = LineDecoder()
+        self._pending: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, path: str | os.PathLike[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> ControlClient:
+        """Connect to the control socket at ``path``.  ApplianceError (a ControlError) if no appliance
+        answers there; PermissionError if the socket is not ours (see ``appliance.shm.group``)."""
+        where = os.fspath(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(where)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise ControlError(
+                f"no appliance is listening on the control socket {where} ({exc.strerror}): start "
+                "`appliance serve`, or point to its appliance.control.socket",
+                ErrorCode.BROKER_NOT_AVAILABLE.name,
+                int(ErrorCode.BROKER_NOT_AVAILABLE),
+            ) from None
+        except PermissionError:
+            sock.close()
+            raise PermissionError(
+                f"control socket {where}: permission denied; run as the appliance's user or a member of "
+                "appliance.shm.group"
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock, where, timeout_s)
+
+    # -- the ops -------------------------------------------------------------------------------------------
+
+    def metadata(self, topics: Sequence[str] | None = None) -> ClusterMetadata:
+        """Topics (all, or those named; unknown names raise UnknownTopicOrPartitionError) and offsets."""
+        request: dict[str, Any] = {"op": "metadata"}
+        if topics is not None:
+            request["topics"] = list(topics)
+        reply = self.request(request)
+        infos = (TopicInfo.from_json(raw) for raw in reply["topics"])
+        return ClusterMetadata(
+            instance_id=str(reply["instance_id"]),
+            shm_prefix=str(reply["shm_prefix"]),
+            node_id=int(reply["node_id"]),
+            topics={info.name: info for info in infos},
+        )
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int | None = None,
+        *,
+        replication_factor: int | None = None,
+        configs: Mapping[str, Any] | None = None,
+    ) -> TopicInfo:
+        """Create a topic (defaults: num.partitions, default.replication.factor).  TopicExistsError if it
+        exists; ConfigError for a bad name, count or setting."""
+        request: dict[str, Any] = {"op": "create_topic", "topic": name}
+        if partitions is not None:
+            request["partitions"] = partitions
+        if replication_factor is not None:
+            request["replication_factor"] = replication_factor
+        if configs:
+            request["configs"] = dict(configs)
+        return TopicInfo.from_json(self.request(request)["topic"])
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic: its writers stop, its rings are detached, its logs removed."""
+        self.request({"op": "delete_topic", "topic": name})
+
+    def init_producer_id(self) -> tuple[int, int]:
+        """A new idempotent producer id and its epoch (0): unique for the life of this data dir."""
+        reply = self.request({"op": "init_producer_id"})
+        return int(reply["producer_id"]), int(reply["producer_epoch"])
+
+    def attach(self, topic: str, partition: int, *, producer_id: int = -1) -> Attachment:
+        """A new ring to ``topic``-``partition``, served by its writer from now on.
+
+        An unknown topic is created first when ``auto.create.topics.enable`` (default) allows it.
+        ``producer_id`` is informational (logs, status).
+        """
+        reply = self.request(
+            {"op": "attach", "topic": topic, "partition": partition, "producer_id": producer_id}
+        )
+        return Attachment(
+            topic=topic,
+            partition=partition,
+            session=int(reply["session"]),
+            names=RingNames(
+                ring=str(reply["ring"]), space=str(reply["space"]), doorbell=str(reply["doorbell"])
+            ),
+            state_page=str(reply["state_page"]),
+            ring_bytes=int(reply["ring_bytes"]),
+            ack_slots=int(reply["ack_slots"]),
+            max_message_bytes=int(reply["max_message_bytes"]),
+        )
+
+    def detach(self, ring: str | Attachment) -> None:
+        """Have the writer drain what was published in ``ring``, then unlink it.  Returns at once."""
+        name = ring.ring if isinstance(ring, Attachment) else ring
+        self.request({"op": "detach", "ring": name})
+
+    def status(self) -> dict[str, Any]:
+        """The supervisor's view: pid, uptime, and every child (role, pid, restarts, unique memory)."""
+        return self.request({"op": "status"})
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+
+    def request(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request, return its successful reply; raise what a failed reply stands for.
+
+        RequestTimeoutError if no reply comes in ``timeout_s``; ControlError if the supervisor went away.
+        """
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise ControlError(f"control connection to {self.path} is closed")
+            try:
+                sock.sendall(encode(message))
+                while not self._pending:
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        self._close_locked()
+                        raise ControlError(
+                            f"the appliance closed the control connection {self.path} (stopping?)",
+                            ErrorCode.BROKER_NOT_AVAILABLE.name,
+                            int(ErrorCode.BROKER_NOT_AVAILABLE),
+                        )
+                    self._pending += self._decoder.feed(data)
+            except TimeoutError:
+                self._close_locked()
+                raise RequestTimeoutError(
+                    f"control request {message.get('op')!r} to {self.path}: no reply in {self.timeout_s} s"
+                ) from None
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                self._close_locked()
+                raise ControlError(f"control connection to {self.path} broke: {exc}") from None
+            except ProtocolError:
+                self._close_locked()
+                raise
+            reply = self._pending.pop(0)
+        raise_for_error(reply)
+        return reply
+
+    def fileno(self) -> int:
+        """The socket's descriptor (readable with EOF when the supervisor stops)."""
+        if self._sock is None:
+            return -1
+        return self._sock.fileno()
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def close(self) -> None:
+        """Close the connection: the supervisor detaches every ring attached through it."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,133 @@
+"""The supervisor's topic metadata store: persistence, placement, refusals, and damaged files."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from appliance.config.topic_metadata import read_topics
+from appliance.server.metadata import MetadataStore
+from storage.errors import ConfigError, CorruptRecordError, TopicExistsError, UnknownTopicOrPartitionError
+
+
+def test_topics_persist_and_reload_in_creation_order(tmp_path: Path) -> None:
+    store = MetadataStore.open([str(tmp_path)])
+    orders = store.create_topic("orders", 3, 1, {"retention.ms": 1000})
+    store.create_topic("audit.log", 1, 1)
+    uuid.UUID(orders.topic_id)
+    assert orders.directory(2) == str(tmp_path / "orders-2")
+    reopened = MetadataStore.open([str(tmp_path)])
+    assert list(reopened.topics) == ["orders", "audit.log"]
+    assert reopened.get("orders") == orders
+    assert read_topics(store.path) == reopened.topics
+    assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
+    assert not list(store.path.parent.glob("*.tmp"))
+
+
+def test_delete_forgets_the_topic(tmp_path: Path) -> None:
+    store = MetadataStore.open([str(tmp_path)])
+    store.create_topic("t", 1, 1)
+    store.delete_topic("t")
+    assert "t" not in MetadataStore.open([str(tmp_path)])
+    with pytest.raises(UnknownTopicOrPartitionError, match="'t' does not exist"):
+        store.delete_topic("t")
+
+
+@pytest.mark.parametrize(
+    ("name", "partitions", "error", "match"),
+    [
+        ("bad name!", 1, ConfigError, "may contain only"),
+        ("", 1, ConfigError, "cannot be empty"),
+        ("..", 1, ConfigError, "cannot be"),
+        ("t", 0, ConfigError, "0 partitions"),
+        ("dup", 1, TopicExistsError, "already exists"),
+        ("a_b", 1, TopicExistsError, "collides with existing topic 'a.b'"),
+    ],
+)
+def test_refusals_change_nothing(tmp_path: Path, name: str, partitions: int, error: type[Exception],
+                                 match: str) -> None:  # fmt: skip
+    store = MetadataStore.open([str(tmp_path)])
+    store.create_topic("dup", 2, 1)
+    store.create_topic("a.b", 1, 1)
+    before = store.path.read_bytes()
+    with pytest.raises(error, match=match):
+        store.create_topic(name, partitions, 1)
+    assert store.path.read_bytes() == before
+    with pytest.raises(UnknownTopicOrPartitionError, match=r"partitions 0\.\.1, not 2"):
+        store.get("dup").directory(2)
+
+
+def test_partitions_spread_over_log_dirs_and_follow_a_dir_that_moved(tmp_path: Path) -> None:
+    dirs = [str(tmp_path / d) for d in ("a", "b", "c")]
+    store = MetadataStore.open(dirs)
+    first = store.create_topic("x", 4, 1)
+    assert first.log_dirs == (dirs[0], dirs[1], dirs[2], dirs[0])
+    second = store.create_topic("y", 2, 1)
+    assert second.log_dirs == (dirs[1], dirs[2]), "the emptiest dirs first"
+    os.makedirs(os.path.join(dirs[2], "x-2"))
+    os.makedirs(os.path.join(dirs[0], "x-2.old"))
+    moved = MetadataStore.open([dirs[0], dirs[2]])  # dir b left log.dirs; x-1 and y-0 lived there
+    assert moved.get("x").log_dirs[2] == dirs[2]
+    assert set(moved.get("x").log_dirs) <= {dirs[0], dirs[2]}
+    assert moved.get("y").log_dirs[0] in (dirs[0], dirs[2])
+    assert MetadataStore.open([dirs[0], dirs[2]]).topics == moved.topics, "the move was saved"
+
+
+def _valid_file(tmp_path: Path) -> Path:
+    store = MetadataStore.open([str(tmp_path)])
+    store.create_topic("orders", 2, 1, {"retention.ms": 5})
+    return store.path
+
+
+def test_every_truncation_of_the_file_is_refused_never_guessed(tmp_path: Path) -> None:
+    path = _valid_file(tmp_path)
+    data = path.read_bytes()
+    for size in range(len(data.rstrip())):
+        path.write_bytes(data[:size])
+        if size == 0:
+            with pytest.raises(CorruptRecordError, match="not valid JSON"):
+                read_topics(path)
+            continue
+        with pytest.raises(CorruptRecordError, match=str(path)):
+            read_topics(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda d: d.update(version=2), "version 2"),
+        (lambda d: d.pop("topics"), "no \"topics\" object"),
+        (lambda d: d["topics"].update({"bad name": d["topics"]["orders"]}), "not a legal topic name"),
+        (lambda d: d["topics"]["orders"].update(partitions=0), "partitions 0"),
+        (lambda d: d["topics"]["orders"].update(partitions=True), "partitions True"),
+        (lambda d: d["topics"]["orders"].update(topic_id="nope"), "not a UUID"),
+        (lambda d: d["topics"]["orders"].update(replication_factor=0), "replication_factor 0"),
+        (lambda d: d["topics"]["orders"].update(log_dirs=["relative"] * 2), "absolute paths"),
+        (lambda d: d["topics"]["orders"].update(log_dirs=["/a"]), "must list 2"),
+        (lambda d: d["topics"]["orders"].update(configs=[1]), "configs"),
+        (lambda d: d["topics"].update(orders=[]), "expected an object"),
+    ],
+)
+def test_damaged_content_is_refused_with_the_file_and_the_reason(tmp_path: Path, change: object,
+                                                                 match: str) -> None:  # fmt: skip
+    path = _valid_file(tmp_path)
+    document = json.loads(path.read_text())
+    change(document)  # type: ignore[operator]
+    path.write_text(json.dumps(document))
+    with pytest.raises(CorruptRecordError, match=match):
+        MetadataStore.open([str(tmp_path)])
+
+
+def test_trailing_garbage_and_a_stale_temporary_file(tmp_path: Path) -> None:
+    path = _valid_file(tmp_path)
+    good = path.read_bytes()
+    path.with_name(path.name + ".tmp").write_bytes(b"half a write")
+    assert "orders" in MetadataStore.open([str(tmp_path)]), "a crash during a write leaves the old file"
+    assert not path.with_name(path.name + ".tmp").exists()
+    path.write_bytes(good + b"}")
+    with pytest.raises(CorruptRecordError, match="not valid JSON"):
+        read_topics(path)

@@ -1,0 +1,264 @@
+"""The control protocol: the line codec (sans-IO), error mapping, server-side buffers and the client.
+
+The supervisor's side of each op is exercised against a real ``appliance serve`` in test_supervisor.py; here
+the protocol is checked byte by byte, and the client against a small scripted server on a real Unix socket.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ipc.control import (
+    Attachment,
+    ControlClient,
+    ControlError,
+    LineDecoder,
+    encode,
+    error_response,
+    ok_response,
+    raise_for_error,
+)
+from ipc.control_server import ServerConnection
+from ipc.kafka.errors import ErrorCode
+from storage.errors import (
+    ConfigError,
+    ProtocolError,
+    RequestTimeoutError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_messages = st.lists(st.dictionaries(st.text(max_size=10), _json, max_size=5), min_size=1, max_size=6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(messages=_messages, cuts=st.lists(st.integers(0, 10_000), max_size=8))
+def test_messages_round_trip_wherever_the_stream_is_cut(
+    messages: list[dict[str, Any]], cuts: list[int]
+) -> None:
+    stream = b"".join(encode(m) for m in messages)
+    assert all(line.isascii() for line in stream.split(b"\n"))
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    decoder = LineDecoder()
+    out: list[dict[str, Any]] = []
+    for start, end in itertools.pairwise(points):
+        out += decoder.feed(stream[start:end])
+    assert out == messages
+    assert decoder.pending_bytes == 0
+
+
+def test_byte_by_byte_and_a_trailing_partial_line() -> None:
+    stream = encode({"op": "metadata"}) + encode({"op": "status", "x": [1, 2]}) + b'{"op": "att'
+    decoder = LineDecoder()
+    out = []
+    for i in range(len(stream)):
+        out += decoder.feed(stream[i : i + 1])
+    assert out == [{"op": "metadata"}, {"op": "status", "x": [1, 2]}]
+    assert decoder.pending_bytes == len(b'{"op": "att')
+    assert decoder.feed(b'ach"}\n') == [{"op": "attach"}]
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        (b"not json\n", "not UTF-8 JSON"),
+        (b"[1, 2]\n", "JSON list, expected an object"),
+        (b"42\n", "JSON int"),
+        (b'"text"\n', "JSON str"),
+        (b"\xff\xfe{}\n", "not UTF-8 JSON"),
+        (b"\n", "not UTF-8 JSON"),
+        (b'{"op": "x"} trailing\n', "not UTF-8 JSON"),
+    ],
+)
+def test_malformed_lines_are_protocol_errors(line: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        LineDecoder().feed(line)
+
+
+def test_overlong_lines_are_refused_with_or_without_a_newline() -> None:
+    with pytest.raises(ProtocolError, match="over 64"):
+        LineDecoder(max_line_bytes=64).feed(b"{" + b" " * 80 + b"}\n")
+    decoder = LineDecoder(max_line_bytes=64)
+    decoder.feed(b"{" + b" " * 40)
+    with pytest.raises(ProtocolError, match="without a newline"):
+        decoder.feed(b" " * 40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_garbage_yields_objects_or_a_protocol_error_only(data: bytes) -> None:
+    try:
+        out = LineDecoder(max_line_bytes=128).feed(data)
+    except ProtocolError:
+        return
+    assert all(isinstance(m, dict) for m in out)
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, UnknownTopicOrPartitionError),
+        (ErrorCode.TOPIC_ALREADY_EXISTS, TopicExistsError),
+        (ErrorCode.INVALID_CONFIG, ConfigError),
+        (ErrorCode.INVALID_PARTITIONS, ConfigError),
+        (ErrorCode.INVALID_REPLICATION_FACTOR, ConfigError),
+        (ErrorCode.INVALID_TOPIC_EXCEPTION, ConfigError),
+        (ErrorCode.TOPIC_DELETION_DISABLED, ConfigError),
+        (ErrorCode.BROKER_NOT_AVAILABLE, ControlError),
+        (ErrorCode.UNKNOWN_SERVER_ERROR, ControlError),
+    ],
+)
+def test_error_replies_raise_the_matching_exception(code: ErrorCode, expected: type[Exception]) -> None:
+    raise_for_error(ok_response(x=1))
+    with pytest.raises(expected, match="because") as info:
+        raise_for_error(error_response(code, "refused because of reasons"))
+    assert isinstance(info.value, ControlError)
+    assert info.value.error == code.name and info.value.code == int(code)
+
+
+def test_a_reply_without_fields_still_raises() -> None:
+    with pytest.raises(ControlError, match="refused") as info:
+        raise_for_error({"ok": False})
+    assert info.value.code == -1
+
+
+# -- server-side buffers -------------------------------------------------------------------------------------
+
+
+def test_server_connection_reads_messages_and_sees_the_peer_close() -> None:
+    server_end, client_end = socket.socketpair()
+    connection = ServerConnection(server_end, 1)
+    try:
+        assert connection.peer_pid > 0
+        assert connection.receive() == ([], False)
+        client_end.sendall(encode({"op": "a"}) + b'{"op": ')
+        assert connection.receive() == ([{"op": "a"}], False)
+        client_end.sendall(b'"b"}\n')
+        client_end.close()
+        assert connection.receive() == ([{"op": "b"}], True)
+    finally:
+        connection.close()
+
+
+def test_server_connection_buffers_what_a_slow_reader_cannot_take_yet() -> None:
+    server_end, client_end = socket.socketpair()
+    connection = ServerConnection(server_end, 1)
+    try:
+        big = {"blob": "x" * (4 << 20)}
+        connection.send(big)
+        assert connection.wants_write
+        received = bytearray()
+        while connection.wants_write or not received.endswith(b"\n"):
+            connection.flush()
+            received += client_end.recv(1 << 20)
+        assert json.loads(received) == big
+    finally:
+        connection.close()
+        client_end.close()
+
+
+# -- the client against a scripted server --------------------------------------------------------------------
+
+Script = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Callable[[Script], str]]:
+    """Start a one-connection server at a path that answers each request with ``script(request)``
+    (None: close the connection without answering)."""
+    threads: list[threading.Thread] = []
+    listeners: list[socket.socket] = []
+
+    def start(script: Script) -> str:
+        path = str(tmp_path / f"s{len(listeners)}.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(1)
+        listeners.append(listener)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            decoder = LineDecoder()
+            with conn:
+                try:
+                    while data := conn.recv(65536):
+                        for request in decoder.feed(data):
+                            reply = script(request)
+                            if reply is None:
+                                return
+                            conn.sendall(encode(reply))
+                except OSError:
+                    return  # the client went away (a test of timeouts)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        threads.append(thread)
+        return path
+
+    yield start
+    for listener in listeners:
+        listener.close()
+    for thread in threads:
+        thread.join(2)
+
+
+def test_client_requests_and_parses_replies(server: Callable[[Script], str]) -> None:
+    def script(request: dict[str, Any]) -> dict[str, Any]:
+        if request["op"] == "init_producer_id":
+            return ok_response(producer_id=41, producer_epoch=0)
+        if request["op"] == "attach":
+            assert request == {"op": "attach", "topic": "t", "partition": 2, "producer_id": 41}
+            return ok_response(session=9, ring="/r", space="/s", doorbell="/d", state_page="/p",
+                               ring_bytes=65536, ack_slots=64, max_message_bytes=1000)  # fmt: skip
+        return error_response(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {request.get('topic')!r}")
+
+    with ControlClient.connect(server(script), timeout_s=2) as client:
+        assert client.init_producer_id() == (41, 0)
+        attachment = client.attach("t", 2, producer_id=41)
+        assert isinstance(attachment, Attachment)
+        assert (attachment.ring, attachment.names.space, attachment.names.doorbell) == ("/r", "/s", "/d")
+        assert (attachment.session, attachment.ring_bytes, attachment.max_message_bytes) == (9, 65536, 1000)
+        with pytest.raises(UnknownTopicOrPartitionError, match="no topic 'x'"):
+            client.request({"op": "metadata", "topic": "x"})
+        assert client.init_producer_id() == (41, 0), "an error reply leaves the connection usable"
+    assert client.closed
+
+
+def test_client_times_out_and_reports_a_vanished_supervisor(server: Callable[[Script], str]) -> None:
+    gate = threading.Event()
+
+    def slow(request: dict[str, Any]) -> dict[str, Any]:
+        gate.wait(2)
+        return ok_response()
+
+    client = ControlClient.connect(server(slow), timeout_s=0.2)
+    with pytest.raises(RequestTimeoutError, match=r"no reply in 0\.2 s"):
+        client.status()
+    gate.set()
+    with pytest.raises(ControlError, match="closed"):
+        client.status()
+
+    client = ControlClient.connect(server(lambda request: None), timeout_s=2)
+    with pytest.raises(ControlError, match="closed the control connection"):
+        client.status()
+
+
+def test_connecting_where_no_appliance_listens_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ControlError, match=r"no appliance is listening.*appliance serve") as info:
+        ControlClient.connect(tmp_path / "nothing.sock")
+    assert info.value.error == "BROKER_NOT_AVAILABLE"
