@@ -47,13 +47,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
     "Limits",
     "PageCacheProbe",
+    "Transfer",
     "limits_with_probe",
     "loopback_sendfile",
     "mapped_copy_bytes_per_s",
@@ -256,11 +257,17 @@ def _send_files(files: Sequence[tuple[str, int]], port_pipe: Any) -> None:
         listener.close()
 
 
-def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int | None = None
-                      ) -> tuple[int, float]:
+class Transfer(NamedTuple):
+    """What :func:`loopback_sendfile` moved: bytes received and the seconds it took."""
+
+    sent_bytes: int
+    seconds: float
+
+
+def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int | None = None) -> Transfer:
     """Plain ``os.sendfile`` of the files (their first ``max_bytes`` in all, if given), one after the other
-    on one loopback TCP connection, from a forked process to this one (received into a reused 8 MiB buffer);
-    (bytes, seconds).  The files should be in the page cache already (just written, or read once)."""
+    on one loopback TCP connection, from a forked process to this one (received into a reused 8 MiB buffer).
+    The files should be in the page cache already (just written, or read once)."""
     files: list[tuple[str, int]] = []
     budget = max_bytes if max_bytes is not None else 1 << 62
     for p in paths:
@@ -297,7 +304,7 @@ def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int
             process.join()
     if received != expected:
         raise RuntimeError(f"loopback_sendfile: received {received} bytes of {expected}")
-    return received, elapsed
+    return Transfer(received, elapsed)
 
 
 @dataclass
@@ -360,12 +367,13 @@ def limits_with_probe(probe: PageCacheProbe, volume_bytes: int, *,
     bracketing one): page-cache write = its fastest sample; ``sendfile`` of its last file (at most
     ``sendfile_cap_bytes``); memcpy of a working set of ``volume_bytes`` (at least 16 MiB, at most 256 MiB).
     The probe's files stay until :meth:`Limits.remove_probe_files`."""
-    sent, seconds = loopback_sendfile(probe.paths[-1:], max_bytes=max(sendfile_cap_bytes, CHUNK_BYTES))
+    sent = loopback_sendfile(probe.paths[-1:], max_bytes=max(sendfile_cap_bytes, CHUNK_BYTES))
     memcpy_bytes = min(max(int(volume_bytes), MIN_PROBE_BYTES), DEFAULT_MEMCPY_WORKING_SET_BYTES)
     memcpy = memcpy_bytes_per_s(memcpy_bytes)
     return Limits(memcpy_bytes_per_s=memcpy, page_cache_write_bytes_per_s=probe.fastest_bytes_per_s,
-                  loopback_sendfile_bytes_per_s=sent / seconds, page_cache_probe_bytes=probe.volume_bytes,
-                  sendfile_probe_bytes=sent, memcpy_probe_bytes=memcpy_bytes, probe=probe,
+                  loopback_sendfile_bytes_per_s=sent.sent_bytes / sent.seconds,
+                  page_cache_probe_bytes=probe.volume_bytes, sendfile_probe_bytes=sent.sent_bytes,
+                  memcpy_probe_bytes=memcpy_bytes, probe=probe,
                   page_cache_samples_bytes_per_s=list(probe.samples),
                   page_cache_probe_cpu_ns_per_byte=list(probe.cpu_ns_per_byte),
                   page_cache_probe_source=probe.source)
