@@ -287,10 +287,10 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
     app.create_topic(topic, settings.partitions)
     try:
         notes: list[str] = []
-        address = app.require_bootstrap(bootstrap) if settings.transport == "tcp" else None
-        producer_config = _producer_config(app, settings, address or bootstrap or app.bootstrap, notes)
+        tcp_address = app.require_bootstrap(bootstrap) if settings.transport == "tcp" else None
+        producer_config = _producer_config(app, settings, tcp_address or bootstrap or app.bootstrap, notes)
         pool = payload_pool(replace(settings, records=min(records, 65_536)))
-        run = E2ERun(settings, topic, producer_config, _consumer_config(app, address, consumer_props),
+        run = E2ERun(settings, topic, producer_config, _consumer_config(app, tcp_address, consumer_props),
                      [row[STAMP_BYTES:].tobytes() for row in pool], burst_s=burst_s, freeze_gc=freeze_gc,
                      progress=progress, started_at=started_at, notes=notes)
         return _measure(app, run)
@@ -300,6 +300,7 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
 
 
 def _check(settings: ProduceSettings) -> None:
+    """ConfigError for a run e2e cannot measure: records too small for the stamp, no offered load."""
     if settings.record_size < STAMP_BYTES:
         raise ConfigError(f"--record-size {settings.record_size}: e2e needs at least {STAMP_BYTES} bytes "
                           "(the send time travels in the value)")
@@ -323,12 +324,12 @@ def _producer_config(app: Appliance, settings: ProduceSettings, address: str | N
     return producer_settings(settings, app, address)
 
 
-def _consumer_config(app: Appliance, address: str | None,
+def _consumer_config(app: Appliance, tcp_address: str | None,
                      consumer_props: dict[str, Any] | None) -> dict[str, Any]:
-    """The consumer's configuration: over TCP to ``address`` when given, else the local path."""
+    """The consumer's configuration: over TCP to ``tcp_address`` when given, else the local path."""
     config: dict[str, Any] = {"auto.offset.reset": "latest", "client.id": "appliance-bench-e2e"}
-    if address is not None:
-        config.update({"bootstrap.servers": address, "fetch.max.wait.ms": 100})
+    if tcp_address is not None:
+        config.update({"bootstrap.servers": tcp_address, "fetch.max.wait.ms": 100})
     else:
         config["appliance.data.dir"] = str(app.data_dir)
     config.update(consumer_props or {})
