@@ -113,7 +113,7 @@ def run_consume(app: Appliance, settings: ProduceSettings, *, progress: bool = F
         probed = _probe(app, settings, records, segment_paths)
         try:
             config = _consumer_config(app, settings, address, fetch_max_bytes, notes)
-            consumed = _read(config, topic, partitions, records, settings, progress)
+            consumed = _read(config, [(topic, p) for p in range(partitions)], records, settings, progress)
         finally:
             if probed.limits is not None:
                 probed.limits.remove_probe_files()
@@ -161,7 +161,7 @@ def _consumer_config(app: Appliance, settings: ProduceSettings, address: str | N
     return config
 
 
-def _read(config: dict[str, Any], topic: str, partitions: int, records: int, settings: ProduceSettings,
+def _read(config: dict[str, Any], assignment: list[tuple[str, int]], records: int, settings: ProduceSettings,
           progress: bool) -> Consumed:
     """A consumer assigned every partition, warmed up (maps, connection, kernels), then timed reading
     ``records`` records from the start."""
@@ -169,7 +169,6 @@ def _read(config: dict[str, Any], topic: str, partitions: int, records: int, set
 
     consumer = Consumer(config)
     try:
-        assignment = [(topic, p) for p in range(partitions)]
         consumer.assign(assignment)
         consumer.poll_batch(timeout_ms=1000, max_records=1)  # maps, connects, loads the kernels
         consumer.seek_to_beginning(*assignment)
