@@ -350,8 +350,8 @@ def _measure(app: Appliance, run: E2ERun) -> dict[str, Any]:
     processes: list[Any] = []
     limits: Limits | None = None
     try:
-        start_ready_processes(context, _producer_process, [(job, counters, index) for index, job in
-                                                           enumerate(run.jobs())], (), pipes, processes,
+        arguments = [(job, counters, index) for index, job in enumerate(run.jobs())]
+        start_ready_processes(context, _producer_process, arguments, (), pipes, processes,
                               "e2e producer process")
         if settings.measure_limits:
             limits = measure_limits(app.data_dir, settings.records * settings.record_size)
