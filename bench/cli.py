@@ -129,7 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance bench", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _produce_commands(sub)
+    _scaling_commands(sub)
+    return parser
 
+
+def _produce_commands(sub: Any) -> None:
+    """The commands that take the produce options: produce, consume, e2e, replicate."""
     p = sub.add_parser("produce", help="records/s, MB/s and send-to-ack latency of producers")
     _produce_options(p, records=None)
     _common(p)
@@ -152,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--followers", type=_count, default=2, help="followers for the acks=all comparison (2)")
     _common(r)
 
+
+def _scaling_commands(sub: Any) -> None:
+    """The cost-growth commands (``bench.scaling``): partitions, recovery."""
     s = sub.add_parser("partitions", help="throughput and memory as the partition count grows")
     s.add_argument("--counts", type=_int_list, default=[1, 4, 16, 64, 256], help="partition counts")
     s.add_argument("--records", type=_count, default=1_000_000, help="records per count (1,000,000)")
@@ -170,7 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", metavar="FILE")
     v.add_argument("--progress", action="store_true")
     v.add_argument("--no-progress", action="store_true")
-    return parser
 
 
 def _progress_enabled(args: argparse.Namespace) -> bool:
@@ -263,6 +271,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def main(argv: list[str]) -> int:
+    """``appliance bench ARGS``: run the command, print its summary, write its JSON; the exit status."""
     args = build_parser().parse_args(argv)
     from bench.produce import TcpProducerUnavailable
 
@@ -284,6 +293,15 @@ def main(argv: list[str]) -> int:
         if args.json:
             write_json(args.json, result)
         return UNAVAILABLE_EXIT
+    _print_result(result)
+    if args.json:
+        write_json(args.json, result)
+    _print_profiles(getattr(args, "profile", None))
+    return 0
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    """The summary, the limits measured in the run, the notes."""
     print(result["summary"] if "summary" in result else summary_line(result))
     limits = result.get("limits")
     if limits and "memcpy_mb_per_s" in limits:
@@ -292,10 +310,6 @@ def main(argv: list[str]) -> int:
               f"{limits['loopback_sendfile_mb_per_s']:,.0f} MB/s")
     for note in result.get("notes", []):
         print(f"note: {note}")
-    if args.json:
-        write_json(args.json, result)
-    _print_profiles(getattr(args, "profile", None))
-    return 0
 
 
 def _print_profiles(path: str | None) -> None:

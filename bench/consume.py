@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from bench.harness import Appliance
 from bench.limits import Limits, mapped_copy_bytes_per_s, measure_limits
@@ -27,16 +28,33 @@ from bench.produce import ProduceSettings, payload_pool, produce_into, producer_
 from bench.stats import Progress, latency_summary, make_result, profiled
 from storage.errors import ApplianceError, ConfigError
 
-__all__ = ["consume_all", "fill_topic", "run_consume"]
+__all__ = ["Consumed", "consume_all", "fill_topic", "run_consume"]
 
 IDLE_TIMEOUT_S = 10.0  # no record for this long: the topic has fewer records than asked for
+
+
+class Consumed(NamedTuple):
+    """What :func:`consume_all` read: records, value bytes, seconds, and each ``poll_batch`` call's time."""
+
+    records: int
+    value_bytes: int
+    seconds: float
+    poll_latencies_ns: list[int]
+
+
+class Probed(NamedTuple):
+    """The limits measured before a consume run (None with ``--no-limits``) and the memory-mapped copy of
+    its segment files (bytes per second)."""
+
+    limits: Limits | None
+    mapped_copy_bytes_per_s: float | None
 
 
 def fill_topic(app: Appliance, settings: ProduceSettings, topic: str) -> None:
     """Produce ``settings.records`` records into ``topic`` (send_many, acks=1, untimed)."""
     from appliance.client.producer import Producer
 
-    local = ProduceSettings(**{**settings.__dict__, "transport": "shm", "acks": "1", "api": "send_many"})
+    local = replace(settings, transport="shm", acks="1", api="send_many")
     config = producer_settings(local, app, None)
     batch_bytes = settings.batch_size or 1_048_576
     pool = payload_pool(local, batch_bytes)
@@ -45,9 +63,8 @@ def fill_topic(app: Appliance, settings: ProduceSettings, topic: str) -> None:
                      batch_bytes=batch_bytes)
 
 
-def consume_all(consumer: Any, records: int, progress: Progress | None = None
-                ) -> tuple[int, int, float, list[int]]:
-    """Poll until ``records`` records were seen; (records, value bytes, seconds, poll latencies in ns)."""
+def consume_all(consumer: Any, records: int, progress: Progress | None = None) -> Consumed:
+    """Poll until ``records`` records were seen, touching each value's length as a reader would."""
     clock = time.monotonic_ns
     seen = 0
     value_bytes = 0
@@ -70,21 +87,20 @@ def consume_all(consumer: Any, records: int, progress: Progress | None = None
             value_bytes += int(chunk.value_lengths.sum())  # touch what a reader would use
         if progress is not None:
             progress.update(seen)
-    return seen, value_bytes, (clock() - start) / 1e9, latencies
+    return Consumed(seen, value_bytes, (clock() - start) / 1e9, latencies)
 
 
 def run_consume(app: Appliance, settings: ProduceSettings, *, progress: bool = False,
                 bootstrap: str | None = None, keep_topic: bool = False, reuse: bool = False,
                 fetch_max_bytes: int | None = None) -> dict[str, Any]:
-    from appliance.client.consumer import Consumer
-
+    """One consume run against ``app`` (see the module doc); the JSON result (``bench.stats``).
+    ``reuse``: consume ``settings.topic`` as it is; ``fetch_max_bytes``: ``max.partition.fetch.bytes``."""
     notes: list[str] = []
     started_at = time.time()
     address = app.require_bootstrap(bootstrap) if settings.transport == "tcp" else None
     if reuse and settings.topic is None:
         raise ConfigError("--reuse needs --topic (the topic to consume as it is)")
     topic = settings.topic or f"perf-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
-    fresh = settings.topic is None
     if not reuse:
         app.create_topic(topic, settings.partitions)
     try:
@@ -94,48 +110,75 @@ def run_consume(app: Appliance, settings: ProduceSettings, *, progress: bool = F
         records = min(settings.records, sum(app.end_offsets(topic))) if reuse else settings.records
         segment_paths = _segments(app, topic)
         log_bytes = sum(os.path.getsize(p) for p in segment_paths)
-        limits: Limits | None = None
-        mapped_copy = None
-        if settings.measure_limits:
-            limits = measure_limits(app.data_dir, records * settings.record_size)
-            mapped_copy = mapped_copy_bytes_per_s(segment_paths)
+        probed = _probe(app, settings, records, segment_paths)
         try:
-            config: dict[str, Any] = {"auto.offset.reset": "earliest", "client.id": "appliance-bench"}
-            if settings.transport == "tcp":
-                config["bootstrap.servers"] = address
-                notes.append(f"read over TCP from the broker at {address} (Fetch, sendfile)")
-            else:
-                config["appliance.data.dir"] = str(app.data_dir)
-            if fetch_max_bytes is not None:
-                config["max.partition.fetch.bytes"] = fetch_max_bytes
-            consumer = Consumer(config)
-            try:
-                assignment = [(topic, p) for p in range(partitions)]
-                consumer.assign(assignment)
-                consumer.poll_batch(timeout_ms=1000, max_records=1)  # maps, connects, loads the kernels
-                consumer.seek_to_beginning(*assignment)
-                line = Progress(records, settings.record_size, enabled=progress)
-                with profiled(settings.profile):
-                    seen, value_bytes, seconds, latencies = consume_all(consumer, records, line)
-                line.finish()
-            finally:
-                consumer.close()
+            config = _consumer_config(app, settings, address, fetch_max_bytes, notes)
+            consumed = _read(config, [(topic, p) for p in range(partitions)], records, settings, progress)
         finally:
-            if limits is not None:
-                limits.remove_probe_files()
+            if probed.limits is not None:
+                probed.limits.remove_probe_files()
     finally:
-        if fresh and not keep_topic:
+        if settings.topic is None and not keep_topic:
             app.delete_topic(topic)
     extra: dict[str, Any] = {"topic": topic, "partitions": partitions, "log_bytes": log_bytes,
-                             "log_mb_per_s": round(log_bytes * seen / max(records, 1) / seconds / 1e6, 2),
-                             "value_bytes": value_bytes}
+                             "log_mb_per_s": round(log_bytes * consumed.records / max(records, 1)
+                                                   / consumed.seconds / 1e6, 2),
+                             "value_bytes": consumed.value_bytes}
+    mapped_copy = probed.mapped_copy_bytes_per_s
     if mapped_copy is not None:
         extra["mapped_copy_mb_per_s"] = round(mapped_copy / 1e6, 1)
         extra["log_ratio_to_mapped_copy"] = round(extra["log_mb_per_s"] * 1e6 / mapped_copy, 4)
     primary = "loopback_sendfile" if settings.transport == "tcp" else "memcpy"
-    return make_result("consume", records=seen, payload_bytes=value_bytes, seconds=seconds,
-                       latency=latency_summary(latencies, "poll"), config=settings.as_json(), limits=limits,
-                       primary_limit=primary, extra=extra, notes=notes, started_at=started_at)
+    return make_result("consume", records=consumed.records, payload_bytes=consumed.value_bytes,
+                       seconds=consumed.seconds, latency=latency_summary(consumed.poll_latencies_ns, "poll"),
+                       config=settings.as_json(), limits=probed.limits, primary_limit=primary, extra=extra,
+                       notes=notes, started_at=started_at)
+
+
+def _probe(app: Appliance, settings: ProduceSettings, records: int, segment_paths: list[str]) -> Probed:
+    """The limits of a run reading ``records`` records, and the mapped copy of its segment files."""
+    if not settings.measure_limits:
+        return Probed(None, None)
+    limits = measure_limits(app.data_dir, records * settings.record_size)
+    try:
+        return Probed(limits, mapped_copy_bytes_per_s(segment_paths))
+    except BaseException:
+        limits.remove_probe_files()
+        raise
+
+
+def _consumer_config(app: Appliance, settings: ProduceSettings, address: str | None,
+                     fetch_max_bytes: int | None, notes: list[str]) -> dict[str, Any]:
+    """The consumer's configuration: over TCP to ``address`` (noted), else the local path."""
+    config: dict[str, Any] = {"auto.offset.reset": "earliest", "client.id": "appliance-bench"}
+    if settings.transport == "tcp":
+        config["bootstrap.servers"] = address
+        notes.append(f"read over TCP from the broker at {address} (Fetch, sendfile)")
+    else:
+        config["appliance.data.dir"] = str(app.data_dir)
+    if fetch_max_bytes is not None:
+        config["max.partition.fetch.bytes"] = fetch_max_bytes
+    return config
+
+
+def _read(config: dict[str, Any], assignment: list[tuple[str, int]], records: int, settings: ProduceSettings,
+          progress: bool) -> Consumed:
+    """A consumer assigned every partition, warmed up (maps, connection, kernels), then timed reading
+    ``records`` records from the start."""
+    from appliance.client.consumer import Consumer
+
+    consumer = Consumer(config)
+    try:
+        consumer.assign(assignment)
+        consumer.poll_batch(timeout_ms=1000, max_records=1)  # maps, connects, loads the kernels
+        consumer.seek_to_beginning(*assignment)
+        line = Progress(records, settings.record_size, enabled=progress)
+        with profiled(settings.profile):
+            consumed = consume_all(consumer, records, line)
+        line.finish()
+        return consumed
+    finally:
+        consumer.close()
 
 
 def _segments(app: Appliance, topic: str) -> list[str]:

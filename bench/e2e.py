@@ -15,17 +15,23 @@ for half a second at the same rate before the clock starts, and the consumer rea
 decoding kernels load on the first ones); it is at the end of the log when the clock starts.
 
 **Garbage collection.**  A full collection of a process holding numpy, numba and the appliance's modules
-takes 50-85 ms on this kind of machine (measured in the producer process), which alone puts a latency
-target of a millisecond out of reach; so, with ``freeze_gc`` (the default), the producer processes and this
-one collect once and ``gc.freeze()`` their long-lived heap before the clock starts, as a latency-sensitive
-application would (the appliance's own writers are forked from a frozen supervisor).
+pauses it for longer than the latencies measured here (docs/performance.md); so, with ``freeze_gc`` (the
+default), the producer processes and this one collect once and ``gc.freeze()`` their long-lived heap before
+the clock starts, as a latency-sensitive application would (the appliance's own writers are forked from a
+frozen supervisor).
 
 **Where the time goes.**  When the appliance was started with ``APPLIANCE_PUBLISH_TRACE_DIR`` set
 (``appliance.server.publish_trace``), its writers note when each drain round began and when it published the
 high watermark; the run then splits every record's latency (single partition runs) into *send -> writer round*
 (the producer's batching and linger thread, the ring, the writer's wake-up), *round -> high watermark
 published* (validate, append, publish) and *published -> consumer holds it* (the consumer's wait strategy, its
-wake-up and decoding), each summarised like the total under ``extra.breakdown``. """
+wake-up and decoding), each summarised like the total under ``extra.breakdown``.
+
+The steps: :func:`run_e2e` settles an :class:`E2ERun` (topic, configurations, payload); :func:`_measure`
+starts a :class:`ProducerJob` per producer process (each sends its :class:`Load` with :func:`_paced_send`
+and reports a :class:`ProducerReport`), drains the warm-up, then receives every timed record into
+:class:`Arrivals` while :class:`Usage` counts the writers' and this process's CPU and wake-ups.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +39,9 @@ import gc
 import multiprocessing
 import os
 import time
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,13 +52,117 @@ from bench.produce import ProduceSettings, payload_pool, producer_settings, star
 from bench.stats import Progress, latency_summary, make_result, process_cpu_ns
 from storage.errors import ApplianceError, ConfigError
 
-__all__ = ["breakdown", "run_e2e", "stamps_of", "wakeups"]
+__all__ = ["Arrivals", "E2ERun", "Load", "ProducerJob", "ProducerReport", "Sent", "Usage", "breakdown",
+           "run_e2e", "stamps_of", "wakeups"]
 
 STAMP_BYTES = 8
 WARMUP_S = 0.5
 IDLE_TIMEOUT_S = 10.0
 TRACE_WAIT_S = 3.0  # a writer writes its trace after 100 ms idle
 BURST_S = 0.0002  # records due within this much time go out together
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one producer offers: stamped records to ``topic`` at ``rate`` per second, the values' tails
+    cycling through ``tails``, the records due within ``burst_s`` sent back to back."""
+
+    topic: str
+    tails: list[bytes]
+    rate: float
+    burst_s: float = BURST_S
+
+
+class Sent(NamedTuple):
+    """What :func:`_paced_send` did: records sent, the clock (ns) at its start and after the flush."""
+
+    records: int
+    start_ns: int
+    end_ns: int
+
+
+class ProducerReport(NamedTuple):
+    """One producer process's timed part: what it sent, its CPU time and its voluntary wake-ups."""
+
+    sent: Sent
+    cpu_ns: int
+    wakeups: int
+
+
+@dataclass(frozen=True)
+class ProducerJob:
+    """One producer process: its Producer ``config``, the topic's ``partitions`` (each gets a record before
+    the warm-up, so every ring is attached), its ``load`` and the ``records`` it sends on the clock;
+    ``freeze_gc``: collect and freeze its heap before the clock starts."""
+
+    config: dict[str, object]
+    partitions: int
+    load: Load
+    records: int
+    freeze_gc: bool
+
+
+@dataclass
+class E2ERun:
+    """One measurement, settled before it starts: ``settings`` with ``records`` resolved, the topic, both
+    configurations, the payload ``tails`` after the stamp, and what the run notes on the way."""
+
+    settings: ProduceSettings
+    topic: str
+    producer_config: dict[str, object]
+    consumer_config: dict[str, Any]
+    tails: list[bytes]
+    burst_s: float = BURST_S
+    freeze_gc: bool = True
+    progress: bool = False
+    started_at: float = field(default_factory=time.time)
+    notes: list[str] = field(default_factory=list)
+
+    def jobs(self) -> list[ProducerJob]:
+        """The producer processes' jobs: the records split evenly, the rate shared."""
+        settings = self.settings
+        load = Load(self.topic, self.tails, settings.throughput / settings.producers, self.burst_s)
+        share, rest = divmod(settings.records, settings.producers)
+        return [ProducerJob(self.producer_config, settings.partitions, load, share + (1 if i < rest else 0),
+                            self.freeze_gc) for i in range(settings.producers)]
+
+
+@dataclass
+class Arrivals:
+    """Every timed record in arrival order: its send stamp, the moment the consumer held it (both ns of
+    CLOCK_MONOTONIC) and its offset."""
+
+    sent_at: np.ndarray
+    arrived: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def empty(cls, records: int) -> Arrivals:
+        return cls(np.empty(records, dtype=np.int64), np.empty(records, dtype=np.int64),
+                   np.empty(records, dtype=np.int64))
+
+    @property
+    def latencies(self) -> np.ndarray:
+        return self.arrived - self.sent_at
+
+
+class Usage(NamedTuple):
+    """CPU time (ns) and voluntary wake-ups of the partition writers and of this, the consuming, process:
+    a reading (:func:`_usage_before`) or the difference since one (:func:`_usage_since`)."""
+
+    writer_cpu_ns: int
+    writer_wakeups: int
+    consumer_cpu_ns: int
+    consumer_wakeups: int
+
+
+class Timed(NamedTuple):
+    """What the clock covered: the records' arrivals, every producer's report, the writers' and the
+    consumer's usage."""
+
+    arrivals: Arrivals
+    reports: list[ProducerReport]
+    usage: Usage
 
 
 def stamps_of(chunk: Any) -> np.ndarray:
@@ -62,8 +173,7 @@ def stamps_of(chunk: Any) -> np.ndarray:
 
 def wakeups(pids: list[int]) -> int:
     """Voluntary context switches of every thread of ``pids`` (each one a sleep and a wake-up; a process
-    gone counts 0): on a VM a wake-up costs 20-50 us of CPU, so at this load it is what CPU per record
-    follows."""
+    gone counts 0), from ``/proc/PID/task/TID/status``: at a paced load, what CPU per record follows."""
     count = 0
     for pid in pids:
         try:
@@ -81,20 +191,19 @@ def wakeups(pids: list[int]) -> int:
     return count
 
 
-def _paced_send(producer: Any, topic: str, tails: list[bytes], rate: float, records: int,
-                counters: Any = None, index: int = 0, burst_s: float = BURST_S) -> tuple[int, int, int]:
-    """Send ``records`` stamped records at ``rate``/s; (records, first send ns, last flush ns).
+def _paced_send(producer: Any, load: Load, records: int,
+                on_burst: Callable[[int], None] | None = None) -> Sent:
+    """Send ``records`` stamped records at ``load.rate`` per second, then flush.
 
-    Paced like ``bench.produce``'s throttle (and Kafka's ThroughputThrottler, whose bursts are
-    2 ms): the records due within ``burst_s`` (default ``BURST_S``) go out back to back, each stamped as
-    it is handed to ``send``, then the thread sleeps until the next burst is due.  (Sleeping until each
-    single record was due -- ~10 us apart at 100,000/s -- cost this process 3.4 us of CPU per record
-    here, in ~100,000 ``time.sleep`` calls a second of 20-50 us of CPU each: a third of a core taken from
-    the appliance.)"""
+    Paced like ``bench.produce``'s throttle (and Kafka's ThroughputThrottler): the records due within
+    ``load.burst_s`` go out back to back, each stamped as it is handed to ``send``, then the thread sleeps
+    until the next burst is due (one sleep per burst rather than per record, whose wake-ups would cost the
+    sending process more CPU than the sends).  ``on_burst(sent)`` after each burst."""
     clock = time.monotonic_ns
     send = producer.send
-    burst = max(1, int(rate * burst_s))
-    period = 1e9 / rate
+    topic, tails = load.topic, load.tails
+    burst = max(1, int(load.rate * load.burst_s))
+    period = 1e9 / load.rate
     count = len(tails)
     start = clock()
     sent = 0
@@ -106,32 +215,42 @@ def _paced_send(producer: Any, topic: str, tails: list[bytes], rate: float, reco
         while sent < due:
             send(topic, clock().to_bytes(STAMP_BYTES, "little") + tails[sent % count])
             sent += 1
-        if counters is not None:
-            counters[index] = sent
+        if on_burst is not None:
+            on_burst(sent)
     producer.flush()
-    return sent, start, clock()
+    return Sent(sent, start, clock())
 
 
-def _producer_process(config: dict[str, object], topic: str, partitions: int, tails: list[bytes], rate: float,
-                      records: int, counters: Any, index: int, pipe: Any, freeze_gc: bool,
-                      burst_s: float) -> None:
+def _warm_up(producer: Any, job: ProducerJob) -> None:
+    """A record to every partition, then half a second of the load, untimed; the heap frozen after."""
+    load = job.load
+    for partition in range(job.partitions):
+        producer.send(load.topic, bytes(STAMP_BYTES) + load.tails[0], partition=partition)
+    producer.flush()
+    _paced_send(producer, load, max(1, int(load.rate * WARMUP_S)))
+    if job.freeze_gc:
+        gc.collect()
+        gc.freeze()  # the long-lived heap out of the collector's sight (see the module doc)
+
+
+def _producer_process(job: ProducerJob, counters: Any, index: int, pipe: Any) -> None:
+    """A forked producer: warm up, say ``ready``, wait for ``go``, send the load (its count of records sent
+    in ``counters[index]``), report ``done`` with a :class:`ProducerReport` (or ``error``)."""
     from appliance.client.producer import Producer
 
+    def count(sent: int) -> None:
+        counters[index] = sent
+
     try:
-        with Producer(config) as producer:
-            for partition in range(partitions):
-                producer.send(topic, bytes(STAMP_BYTES) + tails[0], partition=partition)
-            producer.flush()
-            _paced_send(producer, topic, tails, rate, max(1, int(rate * WARMUP_S)), burst_s=burst_s)
-            if freeze_gc:
-                gc.collect()
-                gc.freeze()  # the long-lived heap out of the collector's sight (see the module doc)
+        with Producer(job.config) as producer:
+            _warm_up(producer, job)
             pipe.send(("ready", None))
             pipe.recv()
             cpu = time.process_time_ns()
             switches = wakeups([os.getpid()])
-            outcome = _paced_send(producer, topic, tails, rate, records, counters, index, burst_s)
-            pipe.send(("done", (*outcome, time.process_time_ns() - cpu, wakeups([os.getpid()]) - switches)))
+            sent = _paced_send(producer, job.load, job.records, count)
+            pipe.send(("done", ProducerReport(sent, time.process_time_ns() - cpu,
+                                              wakeups([os.getpid()]) - switches)))
     except BaseException as exc:
         pipe.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -139,8 +258,8 @@ def _producer_process(config: dict[str, object], topic: str, partitions: int, ta
 
 
 def _drain(consumer: Any, ends: list[int], assignment: list[tuple[str, int]]) -> None:
-    """Consume the warm-up records (the decoding kernels load on the first records: up to half a second on a
-    busy machine, which must not count), leaving the consumer at the end of the log."""
+    """Consume the warm-up records (the decoding kernels load on the first records, which must not count),
+    leaving the consumer at the end of the log."""
     consumer.seek_to_beginning(*assignment)
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -154,123 +273,93 @@ def run_e2e(app: Appliance, settings: ProduceSettings, *, seconds: float = 5.0, 
             bootstrap: str | None = None, keep_topic: bool = False,
             consumer_props: dict[str, Any] | None = None, freeze_gc: bool = True,
             burst_s: float = BURST_S) -> dict[str, Any]:
-    """Run the e2e latency measurement (see the module doc); ``burst_s``: the producers send the records
-    due within this much time back to back, then sleep (``_paced_send``)."""
-    from appliance.client.consumer import Consumer
+    """Run the e2e latency measurement (see the module doc); the JSON result (``bench.stats``).
+    ``seconds``: how long to offer the load when ``settings.records`` is not given; ``consumer_props``:
+    any other consumer setting; ``burst_s``: the producers send the records due within this much time
+    back to back, then sleep (:func:`_paced_send`)."""
+    _check(settings)
+    if settings.linger_ms is None:
+        settings = replace(settings, linger_ms=0)
+    records = settings.records if settings.records > 0 else max(1, int(settings.throughput * seconds))
+    settings = replace(settings, records=records)
+    started_at = time.time()
+    topic = settings.topic or f"perf-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
+    app.create_topic(topic, settings.partitions)
+    try:
+        notes: list[str] = []
+        tcp_address = app.require_bootstrap(bootstrap) if settings.transport == "tcp" else None
+        producer_config = _producer_config(app, settings, tcp_address or bootstrap or app.bootstrap, notes)
+        pool = payload_pool(replace(settings, records=min(records, 65_536)))
+        run = E2ERun(settings, topic, producer_config, _consumer_config(app, tcp_address, consumer_props),
+                     [row[STAMP_BYTES:].tobytes() for row in pool], burst_s=burst_s, freeze_gc=freeze_gc,
+                     progress=progress, started_at=started_at, notes=notes)
+        return _measure(app, run)
+    finally:
+        if settings.topic is None and not keep_topic:
+            app.delete_topic(topic)
 
+
+def _check(settings: ProduceSettings) -> None:
+    """ConfigError for a run e2e cannot measure: records too small for the stamp, no offered load."""
     if settings.record_size < STAMP_BYTES:
         raise ConfigError(f"--record-size {settings.record_size}: e2e needs at least {STAMP_BYTES} bytes "
                           "(the send time travels in the value)")
     if settings.throughput <= 0:
         raise ConfigError("e2e: give --throughput (the offered load, records/s)")
-    if settings.linger_ms is None:
-        settings = replace(settings, linger_ms=0)
-    records = settings.records if settings.records > 0 else max(1, int(settings.throughput * seconds))
-    settings = replace(settings, records=records)
-    address = bootstrap or app.bootstrap
-    notes: list[str] = []
-    started_at = time.time()
-    topic = settings.topic or f"perf-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
-    fresh = settings.topic is None
-    app.create_topic(topic, settings.partitions)
-    try:
-        if settings.transport == "tcp":
-            from bench.produce import tcp_producer_status
-
-            address = app.require_bootstrap(bootstrap)
-            ok, why = tcp_producer_status(address)
-            if not ok:
-                notes.append(f"the TCP producer is not available in this tree ({why}): records were produced "
-                             "through the local rings and consumed over TCP")
-            producer_config = producer_settings(settings if ok else replace(settings, transport="shm"), app,
-                                                address)
-        else:
-            producer_config = producer_settings(settings, app, address)
-        pool = payload_pool(replace(settings, records=min(records, 65_536)))
-        tails = [row[STAMP_BYTES:].tobytes() for row in pool]
-        consumer_config: dict[str, Any] = {"auto.offset.reset": "latest", "client.id": "appliance-bench-e2e"}
-        if settings.transport == "tcp":
-            consumer_config.update({"bootstrap.servers": address, "fetch.max.wait.ms": 100})
-        else:
-            consumer_config["appliance.data.dir"] = str(app.data_dir)
-        consumer_config.update(consumer_props or {})
-        return _measure(app, settings, topic, producer_config, consumer_config, tails, progress, notes,
-                        started_at, Consumer, freeze_gc, burst_s)
-    finally:
-        if fresh and not keep_topic:
-            app.delete_topic(topic)
 
 
-def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_config: dict[str, object],
-             consumer_config: dict[str, Any], tails: list[bytes], progress_enabled: bool, notes: list[str],
-             started_at: float, consumer_class: Any, freeze_gc: bool, burst_s: float) -> dict[str, Any]:
-    records = settings.records
-    per = [records // settings.producers + (1 if i < records % settings.producers else 0)
-           for i in range(settings.producers)]
-    rate = settings.throughput / settings.producers
+def _producer_config(app: Appliance, settings: ProduceSettings, address: str | None,
+                     notes: list[str]) -> dict[str, object]:
+    """The producers' configuration; over TCP when asked and available, else through the local rings (and
+    a note saying so)."""
+    if settings.transport == "tcp":
+        from bench.produce import tcp_producer_status
+
+        assert address is not None
+        ok, why = tcp_producer_status(address)
+        if not ok:
+            notes.append(f"the TCP producer is not available in this tree ({why}): records were produced "
+                         "through the local rings and consumed over TCP")
+            return producer_settings(replace(settings, transport="shm"), app, address)
+    return producer_settings(settings, app, address)
+
+
+def _consumer_config(app: Appliance, tcp_address: str | None,
+                     consumer_props: dict[str, Any] | None) -> dict[str, Any]:
+    """The consumer's configuration: over TCP to ``tcp_address`` when given, else the local path."""
+    config: dict[str, Any] = {"auto.offset.reset": "latest", "client.id": "appliance-bench-e2e"}
+    if tcp_address is not None:
+        config.update({"bootstrap.servers": tcp_address, "fetch.max.wait.ms": 100})
+    else:
+        config["appliance.data.dir"] = str(app.data_dir)
+    config.update(consumer_props or {})
+    return config
+
+
+def _measure(app: Appliance, run: E2ERun) -> dict[str, Any]:
+    """Start the producer processes and the consumer, drain the warm-up, time the run; the JSON result."""
+    from appliance.client.consumer import Consumer
+
+    settings = run.settings
     context = multiprocessing.get_context("fork")
     counters = context.RawArray("q", settings.producers)
-    consumer = consumer_class(consumer_config)
-    assignment = [(topic, p) for p in range(settings.partitions)]
+    consumer = Consumer(run.consumer_config)
+    assignment = [(run.topic, p) for p in range(settings.partitions)]
     consumer.assign(assignment)
     pipes: list[Any] = []
     processes: list[Any] = []
     limits: Limits | None = None
-    arrived = np.empty(records, dtype=np.int64)
-    sent_at = np.empty(records, dtype=np.int64)
-    offsets = np.empty(records, dtype=np.int64)
     try:
-        start_ready_processes(context, _producer_process, [
-            (producer_config, topic, settings.partitions, tails, rate, count, counters, index)
-            for index, count in enumerate(per)
-        ], (freeze_gc, burst_s), pipes, processes, "e2e producer process")
+        arguments = [(job, counters, index) for index, job in enumerate(run.jobs())]
+        start_ready_processes(context, _producer_process, arguments, (), pipes, processes,
+                              "e2e producer process")
         if settings.measure_limits:
-            limits = measure_limits(app.data_dir, records * settings.record_size)
+            limits = measure_limits(app.data_dir, settings.records * settings.record_size)
             os.sync()
-        _drain(consumer, [app_end for app_end in app.end_offsets(topic)], assignment)
-        line = Progress(records, settings.record_size, enabled=progress_enabled, label="e2e: ")
-        if freeze_gc:
-            gc.collect()
-            gc.freeze()
-        writers = app.writer_pids(topic)
-        writer_cpu = process_cpu_ns(writers, missing_ok=True)
-        writer_wakeups = wakeups(writers)
-        consumer_wakeups = wakeups([os.getpid()])
-        consumer_cpu = time.process_time_ns()
-        for pipe in pipes:
-            pipe.send("go")
-        clock = time.monotonic_ns
-        seen = 0
-        last_data = clock()
-        while seen < records:
-            chunks = consumer.poll_batch(timeout_ms=100)
-            now = clock()
-            if not chunks:
-                if now - last_data > IDLE_TIMEOUT_S * 1e9:
-                    raise ApplianceError(f"e2e: only {seen:,} of {records:,} records arrived; none for "
-                                         f"{IDLE_TIMEOUT_S:.0f} s")
-                continue
-            last_data = now
-            for chunk in chunks:
-                n = min(len(chunk), records - seen)
-                sent_at[seen : seen + n] = stamps_of(chunk)[:n]
-                arrived[seen : seen + n] = now
-                offsets[seen : seen + n] = chunk.offsets[:n]
-                seen += n
-            line.update(seen)
-        consumer_cpu = time.process_time_ns() - consumer_cpu
-        writer_cpu = process_cpu_ns(writers, missing_ok=True) - writer_cpu
-        consumer_wakeups = wakeups([os.getpid()]) - consumer_wakeups
-        writer_wakeups = wakeups(writers) - writer_wakeups
-        line.finish()
-        outcomes = []
-        for index, pipe in enumerate(pipes):
-            kind, payload = pipe.recv()
-            if kind != "done":
-                raise ApplianceError(f"e2e producer process {index} failed: {payload}")
-            outcomes.append(payload)
+        _drain(consumer, app.end_offsets(run.topic), assignment)
+        timed = _run_timed(app, run, consumer, pipes)
     finally:
-        if freeze_gc:
+        if run.freeze_gc:
             gc.unfreeze()
         consumer.close()
         if limits is not None:
@@ -280,60 +369,133 @@ def _measure(app: Appliance, settings: ProduceSettings, topic: str, producer_con
             if process.is_alive():
                 process.kill()
                 process.join()
-    latencies = arrived - sent_at
-    first_send = min(o[1] for o in outcomes)
-    seconds = (int(arrived.max()) - first_send) / 1e9
-    producer_cpu = sum(o[3] for o in outcomes)
+    return _result(run, timed, limits)
+
+
+def _run_timed(app: Appliance, run: E2ERun, consumer: Any, pipes: list[Any]) -> Timed:
+    """Freeze this process's heap, start the clock and the producers, receive every record, stop the
+    clock, collect the producers' reports."""
+    records = run.settings.records
+    line = Progress(records, run.settings.record_size, enabled=run.progress, label="e2e: ")
+    arrivals = Arrivals.empty(records)
+    if run.freeze_gc:
+        gc.collect()
+        gc.freeze()
+    writers = app.writer_pids(run.topic)
+    before = _usage_before(writers)
+    for pipe in pipes:
+        pipe.send("go")
+    _receive(consumer, arrivals, line)
+    usage = _usage_since(before, writers)
+    line.finish()
+    reports = []
+    for index, pipe in enumerate(pipes):
+        kind, payload = pipe.recv()
+        if kind != "done":
+            raise ApplianceError(f"e2e producer process {index} failed: {payload}")
+        reports.append(payload)
+    return Timed(arrivals, reports, usage)
+
+
+def _receive(consumer: Any, arrivals: Arrivals, line: Progress) -> None:
+    """Poll until every record of ``arrivals`` has arrived, noting each one's stamp, arrival and offset."""
+    sent_at, arrived, offsets = arrivals.sent_at, arrivals.arrived, arrivals.offsets
+    records = len(sent_at)
+    clock = time.monotonic_ns
+    seen = 0
+    last_data = clock()
+    while seen < records:
+        chunks = consumer.poll_batch(timeout_ms=100)
+        now = clock()
+        if not chunks:
+            if now - last_data > IDLE_TIMEOUT_S * 1e9:
+                raise ApplianceError(f"e2e: only {seen:,} of {records:,} records arrived; none for "
+                                     f"{IDLE_TIMEOUT_S:.0f} s")
+            continue
+        last_data = now
+        for chunk in chunks:
+            n = min(len(chunk), records - seen)
+            sent_at[seen : seen + n] = stamps_of(chunk)[:n]
+            arrived[seen : seen + n] = now
+            offsets[seen : seen + n] = chunk.offsets[:n]
+            seen += n
+        line.update(seen)
+
+
+def _usage_before(writers: list[int]) -> Usage:
+    """A reading of :class:`Usage`; this process's CPU time last, so the other readings cost it nothing."""
+    writer_cpu = process_cpu_ns(writers, missing_ok=True)
+    writer_wakeups = wakeups(writers)
+    consumer_wakeups = wakeups([os.getpid()])
+    return Usage(writer_cpu, writer_wakeups, time.process_time_ns(), consumer_wakeups)
+
+
+def _usage_since(before: Usage, writers: list[int]) -> Usage:
+    """:class:`Usage` since ``before``; this process's CPU time first."""
+    consumer_cpu = time.process_time_ns() - before.consumer_cpu_ns
+    writer_cpu = process_cpu_ns(writers, missing_ok=True) - before.writer_cpu_ns
+    consumer_wakeups = wakeups([os.getpid()]) - before.consumer_wakeups
+    writer_wakeups = wakeups(writers) - before.writer_wakeups
+    return Usage(writer_cpu, writer_wakeups, consumer_cpu, consumer_wakeups)
+
+
+def _result(run: E2ERun, timed: Timed, limits: Limits | None) -> dict[str, Any]:
+    """The JSON result: latency of every record, CPU per record and wake-ups per second of each side."""
+    settings, arrivals, reports, usage = run.settings, timed.arrivals, timed.reports, timed.usage
+    records = settings.records
+    latencies = arrivals.latencies
+    first_send = min(r.sent.start_ns for r in reports)
+    seconds = (int(arrivals.arrived.max()) - first_send) / 1e9
     extra = {
-        "topic": topic,
+        "topic": run.topic,
         "offered_records_per_s": settings.throughput,
-        "produce_seconds": round((max(o[2] for o in outcomes) - first_send) / 1e9, 4),
-        "producer_cpu_ns_per_record": round(producer_cpu / records, 1),
-        "writer_cpu_ns_per_record": round(writer_cpu / records, 1),
-        "consumer_cpu_ns_per_record": round(consumer_cpu / records, 1),
-        "wakeups_per_s": {"producer": round(sum(o[4] for o in outcomes) / seconds),
-                          "writer": round(writer_wakeups / seconds),
-                          "consumer": round(consumer_wakeups / seconds)},
-        "consumer": "tcp" if "bootstrap.servers" in consumer_config else "local mmap",
+        "produce_seconds": round((max(r.sent.end_ns for r in reports) - first_send) / 1e9, 4),
+        "producer_cpu_ns_per_record": round(sum(r.cpu_ns for r in reports) / records, 1),
+        "writer_cpu_ns_per_record": round(usage.writer_cpu_ns / records, 1),
+        "consumer_cpu_ns_per_record": round(usage.consumer_cpu_ns / records, 1),
+        "wakeups_per_s": {"producer": round(sum(r.wakeups for r in reports) / seconds),
+                          "writer": round(usage.writer_wakeups / seconds),
+                          "consumer": round(usage.consumer_wakeups / seconds)},
+        "consumer": "tcp" if "bootstrap.servers" in run.consumer_config else "local mmap",
         "linger_ms": settings.linger_ms,
-        "burst_ms": burst_s * 1000,
+        "burst_ms": run.burst_s * 1000,
     }
     trace_dir = os.environ.get(TRACE_DIR_ENV)
     if trace_dir and settings.partitions == 1:
-        extra["breakdown"] = breakdown(trace_dir, topic, 0, sent_at, arrived, offsets)
+        extra["breakdown"] = breakdown(trace_dir, run.topic, 0, arrivals)
     if float(latencies.min()) < 0:
-        notes.append("negative latencies: the stamps are not this host's CLOCK_MONOTONIC")
+        run.notes.append("negative latencies: the stamps are not this host's CLOCK_MONOTONIC")
     return make_result("e2e", records=records, payload_bytes=records * settings.record_size, seconds=seconds,
                        latency=latency_summary(latencies, "produce-to-consume"), config=settings.as_json(),
-                       limits=limits, primary_limit=None, extra=extra, notes=notes, started_at=started_at)
+                       limits=limits, primary_limit=None, extra=extra, notes=run.notes,
+                       started_at=run.started_at)
 
 
-def breakdown(trace_dir: str, topic: str, partition: int, sent_at: np.ndarray, arrived: np.ndarray,
-              offsets: np.ndarray) -> dict[str, Any]:
+def breakdown(trace_dir: str, topic: str, partition: int, arrivals: Arrivals) -> dict[str, Any]:
     """Each record's latency split at its writer round (``appliance.server.publish_trace``): send -> round
     start, round start -> high watermark published, published -> the consumer holds it."""
-    last = int(offsets.max())
+    last = int(arrivals.offsets.max())
     deadline = time.monotonic() + TRACE_WAIT_S
     while True:
         rows = read_traces(trace_dir, topic, partition)
         if (len(rows) and int(rows["end_offset"][-1]) > last) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    row = round_times(rows, offsets)
+    row = round_times(rows, arrivals.offsets)
     start, appending, published = row["round_start_ns"], row["append_start_ns"], row["published_ns"]
     traced = start > 0
     if not traced.any():
         return {"note": f"no writer trace for {topic}-{partition} in {trace_dir}"}
+    sent_at, arrived = arrivals.sent_at[traced], arrivals.arrived[traced]
+    start, appending, published = start[traced], appending[traced], published[traced]
     return {
         "traced_records": int(traced.sum()),
-        "rounds": int(np.unique(start[traced]).size),
-        "send_to_writer_round": latency_summary(start[traced] - sent_at[traced], "send -> writer round"),
-        "round_to_published": latency_summary(published[traced] - start[traced],
-                                              "writer round -> high watermark published"),
-        "round_to_append": latency_summary(appending[traced] - start[traced],
+        "rounds": int(np.unique(start).size),
+        "send_to_writer_round": latency_summary(start - sent_at, "send -> writer round"),
+        "round_to_published": latency_summary(published - start, "writer round -> high watermark published"),
+        "round_to_append": latency_summary(appending - start,
                                            "of which round start -> append (peek, validate, dedup)"),
-        "append_to_published": latency_summary(published[traced] - appending[traced],
+        "append_to_published": latency_summary(published - appending,
                                                "of which append -> published (writev, index)"),
-        "published_to_consumer": latency_summary(arrived[traced] - published[traced],
-                                                 "published -> consumer holds it"),
+        "published_to_consumer": latency_summary(arrived - published, "published -> consumer holds it"),
     }

@@ -12,29 +12,29 @@ Why these three
   once the kernel's dirty-page limit is reached (``vm.dirty_ratio``): a short probe against a long run would
   flatter the probe.  Every probe starts after ``os.sync()``, as the runs compared with it should.  Given the
   run's payload (``source``: the rows it sends), the probe writes *those bytes in that order*; without, one
-  1 MiB buffer over and over, which stays in the CPU cache and costs ~0.2 ns of CPU per byte against ~0.23
-  for an 8 MiB payload pool cycled and ~0.3 for distinct bytes read from memory once (up to 1.4x kinder
-  than the bytes a run moves).
+  1 MiB buffer over and over, which stays in the CPU cache and so costs less CPU per byte than the bytes a
+  run moves.
 * **before and after** (:func:`limits_with_probe`): a produce run is bracketed by two probes of its volume,
   one right before it (nothing but ``os.sync()`` between) and one right after; the limit is the *faster* of
   the two, both samples and their CPU per byte are reported.  On a virtual machine the figure depends on
-  which pages the kernel hands out: a page freed a moment ago is still backed by the host (~0.2 ns of CPU
-  per byte written), one the guest has handed back (free page reporting, every few seconds) faults on the
-  host first (~2.5 ns per byte, ~300-400 MB/s).  One probe long before a run (after other probes freed or
-  took memory) measures a different machine than the run meets; a probe on each side shows the swing, and
-  the probe's CPU per byte says which kind of pages it got.
+  which pages the kernel hands out: a page freed a moment ago is still backed by the host, one the guest has
+  handed back (free page reporting) faults on the host first and costs several times the CPU per byte
+  written.  One probe long before a run (after other probes freed or took memory) measures a different
+  machine than the run meets; a probe on each side shows the swing, and the probe's CPU per byte says which
+  kind of pages it got.
 * **loopback sendfile** (``os.sendfile`` of a file in the page cache from a forked process to this one over
   TCP on 127.0.0.1, received into a reused 8 MiB buffer): what a broker fetch or a follower's catch-up can do
   at best on this host.
 
-On a shared 2-core machine each figure moves by tens of percent from one second to the next: report the
-ratio of a result to its limit, measured next to it, and keep probe files until the run they are compared with
+On a shared machine each figure moves from one second to the next: report the ratio of a result to its
+limit, measured next to it, and keep probe files until the run they are compared with
 is over (:class:`PageCacheProbe`): a run writing into pages a probe just freed is flattered, and the other way
 round.
 
 Public face: :func:`memcpy_bytes_per_s`, :func:`mapped_copy_bytes_per_s`, :class:`PageCacheProbe`,
-:func:`loopback_sendfile`, :func:`measure_limits` / :func:`limits_with_probe` and the :class:`Limits` they
-return.
+:func:`loopback_sendfile` (a :class:`Transfer`), :func:`measure_limits` / :func:`limits_with_probe` and the
+:class:`Limits` they return.  The figures these probes gave on the project's machine, and what moves them,
+are in docs/performance.md ("The limits, measured in the same run").
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
     "Limits",
     "PageCacheProbe",
+    "Transfer",
     "limits_with_probe",
     "loopback_sendfile",
     "mapped_copy_bytes_per_s",
@@ -204,12 +205,11 @@ class PageCacheProbe:
 def recycle_pages(volume_bytes: int) -> None:
     """Touch ``volume_bytes`` (and 5% more) of fresh anonymous memory and free it at once, so that the next
     page allocations of about that much -- a probe's or a run's page cache -- get pages the guest has just
-    used.  On a virtual machine that hands its free memory back to the host (free page reporting, every few
-    seconds), a page handed back costs a host fault when it is used again: ~2.5 ns of CPU per byte written
-    into the page cache (300-400 MB/s) against ~0.2 ns for a page freed a moment ago.  Which kind a probe or
-    a run gets otherwise depends on what was freed how long before it (tenfold swings); after this, both get
-    the kind a long-running appliance meets, its page cache recycling its own pages.  Costs up to ~2.5 ns
-    per byte itself (the touch faults pages in), untimed."""
+    used.  On a virtual machine that hands its free memory back to the host (free page reporting), a page
+    handed back costs a host fault when it is used again, several times the CPU of writing into a page freed
+    a moment ago.  Which kind a probe or a run gets otherwise depends on what was freed how long before it;
+    after this, both get the kind a long-running appliance meets, its page cache recycling its own pages.
+    The touch itself faults the pages in; call it outside the clock."""
     buffer = np.empty(int(volume_bytes * 1.05) + 4096, np.uint8)
     buffer[::4096] = 0  # one write per page: each is faulted in
     del buffer  # freed (unmapped) right away: the pages go back to the kernel's free lists
@@ -256,11 +256,17 @@ def _send_files(files: Sequence[tuple[str, int]], port_pipe: Any) -> None:
         listener.close()
 
 
-def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int | None = None
-                      ) -> tuple[int, float]:
+class Transfer(NamedTuple):
+    """What :func:`loopback_sendfile` moved: bytes received and the seconds it took."""
+
+    sent_bytes: int
+    seconds: float
+
+
+def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int | None = None) -> Transfer:
     """Plain ``os.sendfile`` of the files (their first ``max_bytes`` in all, if given), one after the other
-    on one loopback TCP connection, from a forked process to this one (received into a reused 8 MiB buffer);
-    (bytes, seconds).  The files should be in the page cache already (just written, or read once)."""
+    on one loopback TCP connection, from a forked process to this one (received into a reused 8 MiB buffer).
+    The files should be in the page cache already (just written, or read once)."""
     files: list[tuple[str, int]] = []
     budget = max_bytes if max_bytes is not None else 1 << 62
     for p in paths:
@@ -297,7 +303,7 @@ def loopback_sendfile(paths: Sequence[str | os.PathLike[str]], *, max_bytes: int
             process.join()
     if received != expected:
         raise RuntimeError(f"loopback_sendfile: received {received} bytes of {expected}")
-    return received, elapsed
+    return Transfer(received, elapsed)
 
 
 @dataclass
@@ -360,12 +366,13 @@ def limits_with_probe(probe: PageCacheProbe, volume_bytes: int, *,
     bracketing one): page-cache write = its fastest sample; ``sendfile`` of its last file (at most
     ``sendfile_cap_bytes``); memcpy of a working set of ``volume_bytes`` (at least 16 MiB, at most 256 MiB).
     The probe's files stay until :meth:`Limits.remove_probe_files`."""
-    sent, seconds = loopback_sendfile(probe.paths[-1:], max_bytes=max(sendfile_cap_bytes, CHUNK_BYTES))
+    sent = loopback_sendfile(probe.paths[-1:], max_bytes=max(sendfile_cap_bytes, CHUNK_BYTES))
     memcpy_bytes = min(max(int(volume_bytes), MIN_PROBE_BYTES), DEFAULT_MEMCPY_WORKING_SET_BYTES)
     memcpy = memcpy_bytes_per_s(memcpy_bytes)
     return Limits(memcpy_bytes_per_s=memcpy, page_cache_write_bytes_per_s=probe.fastest_bytes_per_s,
-                  loopback_sendfile_bytes_per_s=sent / seconds, page_cache_probe_bytes=probe.volume_bytes,
-                  sendfile_probe_bytes=sent, memcpy_probe_bytes=memcpy_bytes, probe=probe,
+                  loopback_sendfile_bytes_per_s=sent.sent_bytes / sent.seconds,
+                  page_cache_probe_bytes=probe.volume_bytes, sendfile_probe_bytes=sent.sent_bytes,
+                  memcpy_probe_bytes=memcpy_bytes, probe=probe,
                   page_cache_samples_bytes_per_s=list(probe.samples),
                   page_cache_probe_cpu_ns_per_byte=list(probe.cpu_ns_per_byte),
                   page_cache_probe_source=probe.source)

@@ -38,14 +38,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
 from bench.limits import MB, Limits
 
-__all__ = ["LATENCY_KEYS", "RESULT_KEYS", "Progress", "latency_summary", "make_result", "process_cpu_ns",
-           "profile_report", "profiled", "summary_line", "thread_schedstat", "write_json"]
+__all__ = ["LATENCY_KEYS", "RESULT_KEYS", "Progress", "Schedstat", "latency_summary", "make_result",
+           "process_cpu_ns", "profile_report", "profiled", "summary_line", "thread_schedstat", "write_json"]
+
 
 def process_cpu_ns(pids: Iterable[int], *, missing_ok: bool = False) -> int:
     """User + system CPU time of the processes ``pids`` (all their threads), in ns, from ``/proc/PID/stat``.
@@ -66,15 +67,22 @@ def process_cpu_ns(pids: Iterable[int], *, missing_ok: bool = False) -> int:
     return ticks * tick_ns
 
 
-def thread_schedstat() -> tuple[int, int]:
-    """(ns on a CPU, ns runnable but waiting for one) of the calling thread, from
-    ``/proc/self/task/TID/schedstat``; zeros where there is no such file."""
+class Schedstat(NamedTuple):
+    """A thread's scheduler times so far: ns on a CPU, and ns runnable but waiting for one."""
+
+    on_cpu_ns: int
+    waiting_ns: int
+
+
+def thread_schedstat() -> Schedstat:
+    """The calling thread's :class:`Schedstat`, from ``/proc/self/task/TID/schedstat``; zeros where there is
+    no such file."""
     try:
         with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
             on_cpu, waiting, _ = f.read().split()
     except OSError:
-        return 0, 0
-    return int(on_cpu), int(waiting)
+        return Schedstat(0, 0)
+    return Schedstat(int(on_cpu), int(waiting))
 
 
 RESULT_KEYS = ("command", "records", "bytes", "seconds", "records_per_s", "mb_per_s", "latency_ms", "config",

@@ -6,7 +6,7 @@ import itertools
 import os
 import time
 
-from bench.e2e import BURST_S, STAMP_BYTES, _paced_send, wakeups
+from bench.e2e import BURST_S, STAMP_BYTES, Load, _paced_send, wakeups
 
 
 class _Recorder:
@@ -25,7 +25,7 @@ def test_paced_send_goes_in_bursts_at_the_rate_each_record_stamped_as_sent() -> 
     rate, records = 50_000.0, 4_000
     recorder = _Recorder()
     tails = [b"a" * 10, b"b" * 10]
-    count, start, end = _paced_send(recorder, "t", tails, rate, records)
+    count, start, end = _paced_send(recorder, Load("t", tails, rate), records)
     assert count == records == len(recorder.sent) and recorder.flushed
     assert (end - start) / 1e9 >= (records - rate * BURST_S) / rate  # not faster than the rate
     stamps = [int.from_bytes(value[:STAMP_BYTES], "little") for _, value in recorder.sent]
