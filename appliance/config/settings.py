@@ -117,13 +117,14 @@ class SettingTable:
     hands a data source its options with lower-cased keys.
     """
 
-    __slots__ = ("_by_key", "_case_blind", "_settings", "_spelling")
+    __slots__ = ("_by_key", "_case_blind", "_defaults", "_settings", "_spelling")
 
     def __init__(self, settings: Iterable[Setting], *, case_blind: bool = False) -> None:
         self._settings = tuple(settings)
         self._case_blind = case_blind
         self._by_key: dict[str, Found] = {}
         self._spelling: dict[str, str] = {}  # folded key -> the name as declared
+        self._defaults: dict[str, object] | None = None  # converted on first use
         for setting in self._settings:
             for alias in (Alias(setting.name), *setting.aliases):
                 key = self._fold(alias.name)
@@ -149,8 +150,10 @@ class SettingTable:
         return self._spelling.get(close[0], close[0]) if close else None
 
     def defaults(self) -> dict[str, object]:
-        """Every setting's default, converted, by canonical name."""
-        return {setting.name: setting.convert(setting.default) for setting in self._settings}
+        """Every setting's default, converted, by canonical name (a new dict each call)."""
+        if self._defaults is None:
+            self._defaults = {setting.name: setting.convert(setting.default) for setting in self._settings}
+        return dict(self._defaults)
 
 
 # -------------------------------------------------------------------------------------- parsing
