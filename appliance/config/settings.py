@@ -186,7 +186,7 @@ def convert(found: Found, key: str, value: object, origin: Origin) -> object:
         count = integer(-1, LONG_MAX // factor)(value)
         assert isinstance(count, int)
         return setting.convert(-1 if count == -1 else count * factor)
-    except Invalid as exc:
+    except ValueError as exc:  # Invalid, or a converter's own ValueError
         raise bad_value(origin, key, value, str(exc)) from None
 
 
