@@ -88,7 +88,8 @@ from appliance.broker.handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
 from appliance.broker.replication import LeaderReplication
-from appliance.config.server_config import Config, Listener
+from appliance.config.listeners import Listener
+from appliance.config.server_config import Config
 from ipc.kafka import (
     ApiKey,
     EpochEndOffset,

@@ -15,7 +15,7 @@ __all__ = ["main"]
 
 _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench.cli:main", "measure throughput and latency, like kafka-*-perf-test"),
-    "config": ("appliance.config.server_config:main", "check or print the configuration"),
+    "config": ("appliance.cli.config:main", "check or print the configuration"),
     "consume": ("appliance.cli.consume:main", "print records of a topic, like kafka-console-consumer"),
     "dump-log": (
         "appliance.cli.dump_log:main",

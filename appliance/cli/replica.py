@@ -32,7 +32,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from appliance.config.server_config import ConfigError, add_config_arguments, config_from_args
+from appliance.cli.config import add_config_arguments, config_from_args
+from appliance.config.server_config import ConfigError
 from ipc.control import ControlClient, ControlError
 from storage.errors import ApplianceError
 

@@ -24,8 +24,10 @@ Both end in ``appliance.client.record_arrays``: runs of batches decoded by numba
 ``max_records`` cuts a run, the rest stays buffered for the next poll; :meth:`position` is then the first
 buffered record's offset, as in Kafka.
 
-Settings carry Kafka's consumer names and defaults; ``appliance.*`` ones are this appliance's own (the local
-path's address and its wait strategy).  Keyword arguments may spell them with ``_`` for ``.``::
+Settings (:data:`SETTINGS`, declared with ``appliance.config.settings``) carry Kafka's consumer names and
+defaults; ``appliance.*`` ones are this appliance's own (the local path's address and its wait strategy).
+Numbers and switches may be given as text, as in Kafka's clients, and keyword arguments may spell the names
+with ``_`` for ``.``::
 
     Consumer({"bootstrap.servers": "127.0.0.1:9092"})
     Consumer(appliance_data_dir="/var/lib/log-appliance", auto_offset_reset="earliest")
@@ -33,14 +35,12 @@ path's address and its wait strategy).  Keyword arguments may spell them with ``
 
 from __future__ import annotations
 
-import difflib
 import gc
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, NamedTuple
 
 from appliance.client.local_fetch import (
     DEFAULT_MAX_SLEEP_US,
@@ -52,6 +52,23 @@ from appliance.client.local_fetch import (
 )
 from appliance.client.record_arrays import ConsumerRecord, DecodedRun, RecordArrays
 from appliance.client.remote_fetch import EARLIEST, LATEST, FetchSettings, PartitionFetch, RemoteCluster
+from appliance.config.settings import (
+    INT_MAX,
+    Invalid,
+    Origin,
+    Setting,
+    SettingTable,
+    bad_value,
+    boolean,
+    choice,
+    client_pairs,
+    did_you_mean,
+    file_path,
+    integer,
+    optional,
+    read_settings,
+    text,
+)
 from ipc.shm import instance_id
 from storage.errors import ConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 
@@ -70,125 +87,76 @@ class TopicPartition(NamedTuple):
 # ----------------------------------------------------------------------------------------- settings
 
 
-def _int(minimum: int, maximum: int = 2**63 - 1) -> Callable[[object], object]:
-    def convert(value: object) -> object:
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-            raise ValueError(f"expected an integer in {minimum}..{maximum}")
-        return value
-
-    return convert
-
-
-def _bool(value: object) -> object:
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if not isinstance(value, bool):
-        raise ValueError("expected true or false")
-    return value
-
-
-def _choice(*options: str) -> Callable[[object], object]:
-    def convert(value: object) -> object:
-        if value not in options:
-            raise ValueError(f"expected one of {', '.join(options)}")
-        return value
-
-    return convert
-
-
-def _text(value: object) -> object:
-    if not isinstance(value, str):
-        raise ValueError("expected a string")
-    return value
-
-
-def _optional_text(value: object) -> object:
-    return None if value is None else _text(value)
-
-
 def _dirs(value: object) -> object:
-    if value is None:
-        return None
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) and i.strip() for i in items):
-        raise ValueError("expected a directory or a list of directories")
+        raise Invalid("expected a directory or a list of directories")
     return tuple(i.strip() for i in items)
 
 
 def _servers(value: object) -> object:
-    if value is None:
-        return None
+    """HOST:PORT[,HOST:PORT...] as one comma-separated string or a list."""
     if isinstance(value, list | tuple):
-        value = ",".join(str(v) for v in value)
+        return ",".join(text(v) for v in value)
     if not isinstance(value, str):
-        raise ValueError("expected HOST:PORT[,HOST:PORT...]")
+        raise Invalid("expected HOST:PORT[,HOST:PORT...]")
     return value
 
 
-@dataclass(frozen=True)
-class _Setting:
-    default: object
-    convert: Callable[[object], object]
-    doc: str
-
-
-SETTINGS: dict[str, _Setting] = {
+SETTINGS: Final = SettingTable((
     # where to read: one of the two
-    "bootstrap.servers": _Setting(None, _servers, "remote path: HOST:PORT[,...] of the appliance's broker"),
-    "appliance.data.dir": _Setting(None, _optional_text,
-                                   "local path: the appliance's data dir (its first log dir), as the "
-                                   "Producer names it"),
-    "log.dirs": _Setting(None, _dirs, "local path: all the appliance's log dirs (the first is its data dir)"),
-    "appliance.config": _Setting(None, _optional_text, "local path: the appliance's TOML configuration file "
-                                                       "(log dirs and instance id come from it)"),
-    "appliance.local.offline": _Setting(False, _bool, "local path without a running appliance: read up to "
-                                                      "the end of the log on disk"),
+    Setting("bootstrap.servers", None, optional(_servers),
+            "remote path: HOST:PORT[,...] of the appliance's broker"),
+    Setting("appliance.data.dir", None, optional(file_path),
+            "local path: the appliance's data dir (its first log dir), as the Producer names it"),
+    Setting("log.dirs", None, optional(_dirs),
+            "local path: all the appliance's log dirs (the first is its data dir)"),
+    Setting("appliance.config", None, optional(file_path),
+            "local path: the appliance's TOML configuration file (log dirs and instance id come from it)"),
+    Setting("appliance.local.offline", False, boolean(text=True),
+            "local path without a running appliance: read up to the end of the log on disk"),
     # Kafka's consumer settings
-    "client.id": _Setting("appliance-consumer", _text, "name sent to the broker"),
-    "auto.offset.reset": _Setting("latest", _choice("earliest", "latest", "none"),
-                                  "where to start without a position, or when it is out of range"),
-    "fetch.min.bytes": _Setting(1, _int(1, 2**31 - 1), "bytes a fetch waits for (up to fetch.max.wait.ms)"),
-    "fetch.max.wait.ms": _Setting(500, _int(0, 2**31 - 1), "longest a fetch waits for fetch.min.bytes"),
-    "max.partition.fetch.bytes": _Setting(1_048_576, _int(1, 2**31 - 1),
-                                          "bytes per partition per fetch (at least one whole batch)"),
-    "fetch.max.bytes": _Setting(52_428_800, _int(1, 2**31 - 1), "bytes per fetch, all partitions"),
-    "max.poll.records": _Setting(500, _int(1, 2**31 - 1), "records one poll() returns at most"),
-    "check.crcs": _Setting(True, _bool, "verify every batch's CRC-32C"),
-    "request.timeout.ms": _Setting(30_000, _int(1, 2**31 - 1), "remote: longest wait for a response"),
-    "socket.connection.setup.timeout.ms": _Setting(10_000, _int(1, 2**31 - 1), "remote: connect timeout"),
-    "retry.backoff.ms": _Setting(100, _int(0, 2**31 - 1), "remote: pause before retrying after an error"),
+    Setting("client.id", "appliance-consumer", text, "name sent to the broker"),
+    Setting("auto.offset.reset", "latest", choice(("earliest", "latest", "none")),
+            "where to start without a position, or when it is out of range"),
+    Setting("fetch.min.bytes", 1, integer(1, INT_MAX, text=True),
+            "bytes a fetch waits for (up to fetch.max.wait.ms)"),
+    Setting("fetch.max.wait.ms", 500, integer(0, INT_MAX, text=True),
+            "longest a fetch waits for fetch.min.bytes"),
+    Setting("max.partition.fetch.bytes", 1_048_576, integer(1, INT_MAX, text=True),
+            "bytes per partition per fetch (at least one whole batch)"),
+    Setting("fetch.max.bytes", 52_428_800, integer(1, INT_MAX, text=True), "bytes per fetch, all partitions"),
+    Setting("max.poll.records", 500, integer(1, INT_MAX, text=True), "records one poll() returns at most"),
+    Setting("check.crcs", True, boolean(text=True), "verify every batch's CRC-32C"),
+    Setting("request.timeout.ms", 30_000, integer(1, INT_MAX, text=True),
+            "remote: longest wait for a response"),
+    Setting("socket.connection.setup.timeout.ms", 10_000, integer(1, INT_MAX, text=True),
+            "remote: connect timeout"),
+    Setting("retry.backoff.ms", 100, integer(0, INT_MAX, text=True),
+            "remote: pause before retrying after an error"),
     # the local path's wait strategy (appliance.client.local_fetch)
-    "appliance.poll.spin.us": _Setting(DEFAULT_SPIN_US, _int(0, 10_000_000),
-                                       "local: spin this long on the high watermark before sleeping"),
-    "appliance.poll.max.sleep.us": _Setting(DEFAULT_MAX_SLEEP_US, _int(50, 10_000_000),
-                                            "local: longest sleep between two looks at the high watermark "
-                                            "(after 20 ms without data)"),
-}
-_UNSUPPORTED = {
+    Setting("appliance.poll.spin.us", DEFAULT_SPIN_US, integer(0, 10_000_000, text=True),
+            "local: spin this long on the high watermark before sleeping"),
+    Setting("appliance.poll.max.sleep.us", DEFAULT_MAX_SLEEP_US, integer(50, 10_000_000, text=True),
+            "local: longest sleep between two looks at the high watermark (after 20 ms without data)"),
+))
+_ORIGIN: Final = Origin("consumer setting")
+_UNSUPPORTED: Final = {
     "group.id": "consumer groups are not supported yet: use assign() and seek()",
     "enable.auto.commit": "consumer groups (and committed offsets) are not supported yet",
     "isolation.level": "only read_uncommitted exists here (no transactions)",
 }
 
 
+def _unknown(key: str) -> ConfigError:
+    if key in _UNSUPPORTED:
+        return ConfigError(f"consumer setting {key!r}: {_UNSUPPORTED[key]}")
+    return ConfigError(f"unknown consumer setting {key!r}{did_you_mean(SETTINGS.nearest(key))}")
+
+
 def _normalise(config: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    given: dict[str, Any] = {}
-    for key, value in list((config or {}).items()) + [(k.replace("_", "."), v) for k, v in kwargs.items()]:
-        if key in _UNSUPPORTED:
-            raise ConfigError(f"consumer setting {key!r}: {_UNSUPPORTED[key]}")
-        if key not in SETTINGS:
-            near = difflib.get_close_matches(key, SETTINGS, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"unknown consumer setting {key!r}{hint}")
-        try:
-            given[key] = SETTINGS[key].convert(value)
-        except ValueError as exc:
-            raise ConfigError(f"consumer setting {key!r} = {value!r}: {exc}") from None
-    values = {key: setting.default for key, setting in SETTINGS.items()}
-    values.update(given)
-    return values
+    """Every setting by Kafka's name: the defaults, then ``config``, then ``kwargs`` (``_`` for ``.``)."""
+    return {**SETTINGS.defaults(), **read_settings(SETTINGS, client_pairs(config, kwargs), _ORIGIN, _unknown)}
 
 
 _LOCAL_KEYS = ("appliance.data.dir", "log.dirs", "appliance.config")
@@ -243,7 +211,7 @@ class Consumer:
             try:
                 self._cluster = RemoteCluster(c["bootstrap.servers"], self._settings)
             except ValueError as exc:
-                raise ConfigError(f"consumer setting 'bootstrap.servers': {exc}") from None
+                raise bad_value(_ORIGIN, "bootstrap.servers", c["bootstrap.servers"], str(exc)) from None
         else:
             self._source = _local_source(c)
         self._assignment: list[TopicPartition] = []

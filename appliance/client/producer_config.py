@@ -1,34 +1,15 @@
 """The producer's settings: Kafka's names, Kafka's defaults where they fit, checked once at construction.
 
-Settings (``Producer({...})`` with Kafka's dotted names, or keyword arguments with ``_`` for ``.``):
+:data:`SETTINGS` declares them with the kit of ``appliance.config.settings`` (name, default, range, what
+each does); ``Producer({...})`` takes Kafka's dotted names, or keyword arguments with ``_`` for ``.``.  As
+in Kafka's clients, numbers and switches may be given as text (``{"linger.ms": "5", "acks": "1"}``).  An
+unknown name or a bad value is a :class:`ConfigError` naming the setting.
 
-=========================================== ================ =============================================
-``acks``                                    ``all``          0: never wait; 1 / all / -1: the writer's ack
-                                                             (the same while partitions have no followers)
-``linger.ms``                               5                seal a batch this long after its first record
-``batch.size``                              1048576          bytes per batch (Kafka: 16384; see below)
-``compression.type``                        ``none``         none, gzip, zstd (snappy and lz4: no)
-``compression.zstd.level``                  3                zstd level
-``enable.idempotence``                      true             producer id, epoch, sequences: exactly once
-``max.block.ms``                            60000            longest wait for ring space / metadata
-``delivery.timeout.ms``                     120000           a batch not acked by then fails (outcome unknown)
-``request.timeout.ms``                      30000            control-socket requests
-``max.in.flight.requests.per.connection``   5                unacknowledged batches per partition
-``max.request.size``                        1048576          largest batch (and record) sent
-``retries``                                 2147483647       resends of a batch refused with a retriable code
-``retry.backoff.ms``                        100              pause before such a resend
-``client.id``                               ""               (informational)
-``bootstrap.servers``                       ""               a broker over TCP instead of the rings
-``appliance.data.dir``                      ``./data``       the appliance's first log dir: its control
-                                                             socket is ``<dir>/.appliance.sock``
-``appliance.control.socket``                ""               the control socket itself (wins over the dir)
-=========================================== ================ =============================================
-
-Why ``batch.size`` defaults to 1 MiB: a batch is built by one numba call straight into the ring, and the fixed
-cost per batch (sizing, header, CRC, publish, ack handling: ~30-60 us) is best spread over many records; at
-1 MiB it is under 10 ns per 100-byte record.  1 MiB is also Kafka's ``max.request.size``.  ``linger.ms`` still
-bounds how long a record waits, so small volumes are not delayed by the larger size.  ``send_many`` cuts its
-records into batches of this size; nothing else about it depends on the setting.
+``batch.size`` defaults to 1 MiB, not Kafka's 16 KiB: a batch is built by one numba call straight into the
+ring, and the fixed cost of a batch (sizing, header, CRC, publish, ack handling) is best spread over many
+records.  1 MiB is also Kafka's ``max.request.size``.  ``linger.ms`` still bounds how long a record waits,
+so small volumes are not delayed by the larger size.  ``send_many`` cuts its records into batches of this
+size; nothing else about it depends on the setting.
 
 Idempotence follows Kafka's rules: it needs ``acks=all``, at most 5 batches in flight and retries.  Left at
 its default it is switched off when those are not met (``acks=1`` gives a producer without sequence numbers,
@@ -37,45 +18,98 @@ as in Kafka); asked for explicitly (``enable.idempotence=true``) a conflict is a
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from appliance.client.accumulator import RECORD_ESTIMATE_BYTES
+from appliance.config.settings import (
+    Invalid,
+    Origin,
+    Setting,
+    SettingTable,
+    boolean,
+    choice,
+    client_pairs,
+    did_you_mean,
+    file_path,
+    integer,
+    read_settings,
+    string_list,
+    text,
+)
 from storage.batch_header import COMPRESSION_NONE, COMPRESSION_ZSTD, HEADER_SIZE
 from storage.compression import COMPRESSION_GZIP, compress_bound
 from storage.errors import ConfigError
 
-__all__ = ["DEFAULTS", "ProducerConfig"]
+__all__ = ["DEFAULTS", "SETTINGS", "ProducerConfig"]
 
-DEFAULTS: Final[Mapping[str, object]] = {
-    "acks": "all",
-    "linger.ms": 5,
-    "batch.size": 1_048_576,  # Kafka: 16384; see the module docstring
-    "compression.type": "none",
-    "compression.zstd.level": 3,
-    "enable.idempotence": True,
-    "max.block.ms": 60_000,
-    "delivery.timeout.ms": 120_000,
-    "request.timeout.ms": 30_000,
-    "max.in.flight.requests.per.connection": 5,
-    "max.request.size": 1_048_576,
-    "retries": 2_147_483_647,
-    "retry.backoff.ms": 100,
-    "client.id": "",
-    "bootstrap.servers": "",
+_COMPRESSION_CODECS: Final = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "zstd": COMPRESSION_ZSTD}
+_CODEC_NAMES = choice(tuple(_COMPRESSION_CODECS))
+_ORIGIN: Final = Origin("producer setting")
+
+
+def _acks(value: object) -> object:
+    """0, 1, or -1 for all: as a number or as text (``"all"``, ``"-1"``, ``"1"``)."""
+    if not isinstance(value, bool) and isinstance(value, int | str):
+        word = str(value).strip().lower()
+        if word in ("all", "-1"):
+            return -1
+        if word in ("0", "1"):
+            return int(word)
+    raise Invalid("expected 0, 1, all or -1")
+
+
+def _compression(value: object) -> object:
+    try:
+        return _CODEC_NAMES(value)
+    except Invalid as exc:
+        raise Invalid(f"{exc} (snappy and lz4 are not supported)") from None
+
+
+def _servers(value: object) -> object:
+    """HOST:PORT[,HOST:PORT...] as one comma-separated string or a list; "" for none."""
+    return ",".join(string_list(value))
+
+
+SETTINGS: Final = SettingTable((
+    Setting("acks", "all", _acks, "0: never wait; 1 / all / -1: the writer's ack (the same while partitions "
+                                  "have no followers)"),
+    Setting("linger.ms", 5, integer(0, text=True), "seal a batch this long after its first record"),
+    Setting("batch.size", 1_048_576, integer(0, text=True),
+            "bytes per batch (Kafka: 16384; see the module docstring)"),
+    Setting("compression.type", "none", _compression, "none, gzip or zstd (snappy and lz4: no)"),
+    Setting("compression.zstd.level", 3, integer(-131072, 22, text=True), "zstd level"),
+    Setting("enable.idempotence", True, boolean(text=True), "producer id, epoch, sequences: exactly once"),
+    Setting("max.block.ms", 60_000, integer(0, text=True), "longest wait for ring space or metadata"),
+    Setting("delivery.timeout.ms", 120_000, integer(1, text=True),
+            "a batch not acknowledged by then fails (outcome unknown)"),
+    Setting("request.timeout.ms", 30_000, integer(1, text=True), "control-socket requests"),
+    Setting("max.in.flight.requests.per.connection", 5, integer(1, text=True),
+            "unacknowledged batches per partition"),
+    Setting("max.request.size", 1_048_576, integer(HEADER_SIZE + RECORD_ESTIMATE_BYTES, text=True),
+            "largest batch (and record) sent"),
+    Setting("retries", 2_147_483_647, integer(0, text=True),
+            "resends of a batch refused with a retriable code"),
+    Setting("retry.backoff.ms", 100, integer(0, text=True), "pause before such a resend"),
+    Setting("client.id", "", text, "the producer's name (informational)"),
+    Setting("bootstrap.servers", "", _servers, "a broker over TCP instead of the rings"),
     # The appliance's own: where the local appliance is.  The control socket wins if both are given.
-    "appliance.data.dir": "./data",
-    "appliance.control.socket": "",
-}
-_COMPRESSION_CODECS = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "zstd": COMPRESSION_ZSTD}
+    Setting("appliance.data.dir", "./data", file_path,
+            "the appliance's first log dir: its control socket is <dir>/.appliance.sock"),
+    Setting("appliance.control.socket", "", file_path, "the control socket itself (wins over the dir)"),
+))
+DEFAULTS: Final[Mapping[str, object]] = {setting.name: setting.default for setting in SETTINGS}
+
+
+def _unknown(key: str) -> ConfigError:
+    return ConfigError(f"producer setting {key!r} is unknown{did_you_mean(SETTINGS.nearest(key))}")
 
 
 @dataclass(frozen=True, slots=True)
 class ProducerConfig:
-    """Resolved producer settings (Kafka's names in :data:`DEFAULTS`; see the module docstring)."""
+    """Resolved producer settings (Kafka's names in :data:`SETTINGS`; see the module docstring)."""
 
     acks: int  # 0, 1 or -1 (all)
     linger_ms: int
@@ -108,91 +142,54 @@ class ProducerConfig:
 
         Raises :class:`ConfigError` naming the setting for an unknown name or a bad value.
         """
-        given: dict[str, object] = {}
-        pairs = list((settings or {}).items()) + [(k.replace("_", "."), v) for k, v in kwargs.items()]
-        for key, value in pairs:
-            if key not in DEFAULTS:
-                near = difflib.get_close_matches(key, list(DEFAULTS), n=1)
-                hint = f" (did you mean {near[0]!r}?)" if near else ""
-                raise ConfigError(f"producer setting {key!r} is unknown{hint}")
-            given[key] = value
-        merged = {**DEFAULTS, **given}
-        acks = _acks(merged["acks"])
-        linger_ms = _int_setting(merged, "linger.ms", 0)
-        max_request_size = _int_setting(merged, "max.request.size", HEADER_SIZE + RECORD_ESTIMATE_BYTES)
-        batch_size = min(_int_setting(merged, "batch.size", 0), max_request_size)
-        compression_name = str(merged["compression.type"]).lower()
-        if compression_name not in _COMPRESSION_CODECS:
-            raise ConfigError(
-                f"producer setting compression.type={merged['compression.type']!r}: expected one of "
-                f"{sorted(_COMPRESSION_CODECS)} (snappy and lz4 are not supported)"
-            )
-        compression = _COMPRESSION_CODECS[compression_name]
-        level = _int_setting(merged, "compression.zstd.level", -131072, 22)
-        max_in_flight = _int_setting(merged, "max.in.flight.requests.per.connection", 1)
-        retries = _int_setting(merged, "retries", 0)
-        explicit = "enable.idempotence" in given
-        idempotent = _bool_setting(merged, "enable.idempotence")
-        if idempotent:
-            conflict = None
-            if acks != -1:
-                conflict = f"acks={merged['acks']!r} (it needs acks=all)"
-            elif max_in_flight > 5:
-                conflict = f"max.in.flight.requests.per.connection={max_in_flight} (at most 5)"
-            elif retries == 0:
-                conflict = "retries=0 (it needs retries)"
-            if conflict is not None:
-                if explicit:
-                    raise ConfigError(f"producer setting enable.idempotence=true conflicts with {conflict}")
-                idempotent = False
-        data_dir = str(merged["appliance.data.dir"])
-        control_socket = str(merged["appliance.control.socket"]) or os.path.join(data_dir, ".appliance.sock")
+        pairs = client_pairs(settings, kwargs)
+        given = read_settings(SETTINGS, pairs, _ORIGIN, _unknown)
+        values = {**SETTINGS.defaults(), **given}
+        compression = _COMPRESSION_CODECS[str(values["compression.type"])]
+        idempotent = _idempotence(values, explicit="enable.idempotence" in given,
+                                  acks_given=dict(pairs).get("acks", DEFAULTS["acks"]))
+        control_socket = (str(values["appliance.control.socket"])
+                          or os.path.join(str(values["appliance.data.dir"]), ".appliance.sock"))
+        max_request_size = _int(values, "max.request.size")
+        level = _int(values, "compression.zstd.level")
         return cls(
-            acks=acks,
-            linger_ms=linger_ms,
-            batch_size=batch_size,
+            acks=_int(values, "acks"),
+            linger_ms=_int(values, "linger.ms"),
+            batch_size=min(_int(values, "batch.size"), max_request_size),
             compression=compression,
             compression_level=level if compression == COMPRESSION_ZSTD else None,
             idempotent=idempotent,
-            max_block_ms=_int_setting(merged, "max.block.ms", 0),
-            delivery_timeout_ms=_int_setting(merged, "delivery.timeout.ms", 1),
-            request_timeout_ms=_int_setting(merged, "request.timeout.ms", 1),
-            max_in_flight=max_in_flight,
+            max_block_ms=_int(values, "max.block.ms"),
+            delivery_timeout_ms=_int(values, "delivery.timeout.ms"),
+            request_timeout_ms=_int(values, "request.timeout.ms"),
+            max_in_flight=_int(values, "max.in.flight.requests.per.connection"),
             max_request_size=max_request_size,
-            retries=retries,
-            retry_backoff_ms=_int_setting(merged, "retry.backoff.ms", 0),
-            client_id=str(merged["client.id"]),
-            bootstrap_servers=str(merged["bootstrap.servers"]),
+            retries=_int(values, "retries"),
+            retry_backoff_ms=_int(values, "retry.backoff.ms"),
+            client_id=str(values["client.id"]),
+            bootstrap_servers=str(values["bootstrap.servers"]),
             control_socket=os.path.abspath(control_socket),
         )
 
 
-def _acks(value: object) -> int:
-    text = str(value).strip().lower()
-    if text in ("all", "-1"):
-        return -1
-    if text in ("0", "1"):
-        return int(text)
-    raise ConfigError(f"producer setting acks={value!r}: expected 0, 1, all or -1")
+def _int(values: Mapping[str, object], name: str) -> int:
+    value = values[name]
+    assert isinstance(value, int)
+    return value
 
 
-def _int_setting(settings: Mapping[str, object], key: str, minimum: int, maximum: int = 2**63 - 1) -> int:
-    value = settings[key]
-    try:
-        number = int(value) if not isinstance(value, bool) and isinstance(value, (int, str)) else None
-    except ValueError:
-        number = None
-    if number is None or not minimum <= number <= maximum:
-        raise ConfigError(
-            f"producer setting {key}={value!r}: expected an integer between {minimum} and {maximum}"
-        )
-    return number
-
-
-def _bool_setting(settings: Mapping[str, object], key: str) -> bool:
-    value = settings[key]
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() in ("true", "false"):
-        return str(value).lower() == "true"
-    raise ConfigError(f"producer setting {key}={value!r}: expected true or false")
+def _idempotence(values: Mapping[str, object], *, explicit: bool, acks_given: object) -> bool:
+    """``enable.idempotence``, switched off by a conflicting setting unless it was asked for explicitly."""
+    if not values["enable.idempotence"]:
+        return False
+    conflict = None
+    max_in_flight = values["max.in.flight.requests.per.connection"]
+    if values["acks"] != -1:
+        conflict = f"acks={acks_given!r} (it needs acks=all)"
+    elif _int(values, "max.in.flight.requests.per.connection") > 5:
+        conflict = f"max.in.flight.requests.per.connection={max_in_flight} (at most 5)"
+    elif values["retries"] == 0:
+        conflict = "retries=0 (it needs retries)"
+    if conflict is not None and explicit:
+        raise ConfigError(f"producer setting enable.idempotence=true conflicts with {conflict}")
+    return conflict is None

@@ -69,13 +69,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from appliance.config.server_config import (
-    Config,
-    ConfigError,
-    add_config_arguments,
-    check_topic_name,
-    config_from_args,
-)
+from appliance.cli.config import add_config_arguments, config_from_args
+from appliance.config.server_config import Config, ConfigError, check_topic_name
 from appliance.config.topic_metadata import META_DIR, TopicMetadata, assign_replicas
 from appliance.server import sdnotify
 from appliance.server.metadata import MetadataStore

@@ -1,10 +1,11 @@
 """The data source's options: parsed and checked once, on the driver, before anything runs.
 
-Spark hands a data source its options as strings with lower-cased keys.  :func:`parse_options` turns them
-into a :class:`SourceOptions` (picklable: it travels to the executors inside the reader and writer), and
-every mistake a user can make in them is a :class:`storage.errors.ConfigError` naming the option, the value
-and what was expected, raised while Spark plans the query (``load()``, ``collect()``, ``save()``, ``start()``)
--- never later, in an executor.
+Spark hands a data source its options as strings with lower-cased keys.  They are declared once, in
+``_OPTIONS``, with the kit of ``appliance.config.settings`` (matched in any case, numbers and switches read
+from their text).  :func:`parse_options` turns them into a :class:`SourceOptions` (picklable: it travels to
+the executors inside the reader and writer), and every mistake a user can make in them is a
+:class:`storage.errors.ConfigError` naming the option, the value and what was expected, raised while Spark
+plans the query (``load()``, ``collect()``, ``save()``, ``start()``) -- never later, in an executor.
 
 Options, modelled on Spark's Kafka source and sink (``kafka.``-prefixed spellings are accepted too)::
 
@@ -36,9 +37,23 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from difflib import get_close_matches
-from typing import Final
+from typing import Any, Final
 
+from appliance.config.settings import (
+    Alias,
+    Convert,
+    Invalid,
+    Origin,
+    Setting,
+    SettingTable,
+    boolean,
+    choice,
+    did_you_mean,
+    integer,
+    optional,
+    read_settings,
+    text,
+)
 from ipc.kafka_client import parse_bootstrap_servers
 from storage.errors import ConfigError
 
@@ -57,16 +72,43 @@ LATEST: Final = -1  # in an offset map: the high watermark
 DEFAULT_COMMIT_LOG_TOPIC: Final = "appliance-spark-commits"
 DEFAULT_MAX_RECORDS_PER_PARTITION: Final = 1_000_000
 
-# canonical name by lower-cased key
-_KNOWN: Final = {name.lower(): name for name in (
-    "bootstrap.servers", "subscribe", "subscribePattern", "startingOffsets", "endingOffsets",
-    "maxRecordsPerTrigger", "maxBytesPerTrigger", "minPartitions", "maxRecordsPerPartition", "failOnDataLoss",
-    "topic", "compression.type", "commitLogTopic", "txnAppId", "txnVersion", "appliance.test.faultPoint",
-)}  # fmt: skip
 _SPARK_OWN: Final = frozenset({"path", "queryname", "checkpointlocation"})
-_COMPRESSION: Final = ("none", "zstd", "gzip")
 _WRITE_COLUMNS: Final = ("key", "value", "topic", "partition", "headers")
 _FAULT_POINT: Final = re.compile(r"(commit|kill):(\d+)")
+_ORIGIN: Final = Origin("appliance data source: option")
+
+
+def _fault_point(value: object) -> object:
+    match = _FAULT_POINT.fullmatch(text(value))
+    if match is None:
+        raise Invalid("expected commit:<batchId> or kill:<batchId>")
+    return (match.group(1), int(match.group(2)))
+
+
+def _option(name: str, default: object, convert: Convert, doc: str) -> Setting:
+    """An option, also accepted as ``kafka.NAME``, as Spark's Kafka source names its Kafka client settings."""
+    return Setting(name, default, convert, doc, (Alias(f"kafka.{name}"),))
+
+
+_OPTIONS: Final = SettingTable((
+    _option("bootstrap.servers", None, optional(text), "HOST:PORT[,...] of the appliance's broker"),
+    _option("subscribe", None, optional(text), "topics to read, comma separated"),
+    _option("subscribePattern", None, optional(text), "a Python regular expression over topic names"),
+    _option("startingOffsets", None, optional(text), "earliest, latest or a JSON offset map"),
+    _option("endingOffsets", None, optional(text), "latest or a JSON offset map (batch reads)"),
+    _option("maxRecordsPerTrigger", None, optional(integer(1, text=True)), "records per micro-batch"),
+    _option("maxBytesPerTrigger", None, optional(integer(1, text=True)), "batch bytes per micro-batch"),
+    _option("minPartitions", None, optional(integer(1, text=True)), "at least this many Spark tasks"),
+    _option("maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION, integer(1, text=True),
+           "records one Spark task reads at most"),
+    _option("failOnDataLoss", True, boolean(text=True), "offsets lost to retention fail the query"),
+    _option("topic", "", text, "where rows without a topic column go (writes)"),
+    _option("compression.type", "none", choice(("none", "zstd", "gzip")), "codec of written batches"),
+    _option("commitLogTopic", "", text, "the streaming sink's commit log (default appliance-spark-commits)"),
+    _option("txnAppId", "", text, "a stable id of the writing job (exactly-once batch writes)"),
+    _option("txnVersion", None, optional(integer(0, text=True)), "the foreachBatch batchId"),
+    _option("appliance.test.faultPoint", None, optional(_fault_point), "tests: commit:N or kill:N"),
+), case_blind=True)
 
 
 @dataclass(frozen=True)
@@ -187,73 +229,64 @@ class SourceOptions:
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Check every option Spark passed (keys in any case).  ConfigError names the first bad one."""
-    given: dict[str, str] = {}
-    for raw_key, value in options.items():
-        key = raw_key.lower()
-        if key.startswith("kafka."):
-            key = key.removeprefix("kafka.")
-        if key in _SPARK_OWN:
-            continue
-        if key not in _KNOWN:
-            near = get_close_matches(key, list(_KNOWN), n=1)
-            hint = f" (did you mean {_KNOWN[near[0]]!r}?)" if near else ""
-            raise ConfigError(f"appliance data source: unknown option {raw_key!r}{hint}")
-        given[_KNOWN[key]] = str(value)
-    servers = given.get("bootstrap.servers")
+    pairs = [(key, str(value)) for key, value in options.items()
+             if key.lower().removeprefix("kafka.") not in _SPARK_OWN]
+    values: dict[str, Any] = {**_OPTIONS.defaults(), **read_settings(_OPTIONS, pairs, _ORIGIN, _unknown)}
+    servers = values["bootstrap.servers"]
     if not servers:
         raise ConfigError("appliance data source: set option bootstrap.servers (HOST:PORT of the appliance's "
                           "broker, e.g. 127.0.0.1:9092)")
     try:
-        parse_bootstrap_servers(servers)
+        parse_bootstrap_servers(str(servers))
     except ValueError as exc:
         raise ConfigError(f"appliance data source: option bootstrap.servers: {exc}") from None
-    subscribe: tuple[str, ...] = ()
-    if "subscribe" in given:
-        subscribe = tuple(dict.fromkeys(t.strip() for t in given["subscribe"].split(",") if t.strip()))
-        if not subscribe:
-            raise ConfigError("appliance data source: option subscribe names no topic")
-    pattern = given.get("subscribePattern")
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ConfigError(f"appliance data source: option subscribePattern {pattern!r} is not a regular "
-                              f"expression: {exc}") from None
-    fault = None
-    if "appliance.test.faultPoint" in given:
-        match = _FAULT_POINT.fullmatch(given["appliance.test.faultPoint"])
-        if match is None:
-            raise ConfigError("appliance data source: option appliance.test.faultPoint: expected "
-                              "commit:<batchId> or kill:<batchId>")
-        fault = (match.group(1), int(match.group(2)))
-    compression = given.get("compression.type", "none").lower()
-    if compression not in _COMPRESSION:
-        raise ConfigError(f"appliance data source: option compression.type={given['compression.type']!r}: "
-                          f"expected one of {', '.join(_COMPRESSION)}")
     return SourceOptions(
-        bootstrap_servers=servers,
-        subscribe=subscribe,
-        subscribe_pattern=pattern,
-        starting_offsets=_offsets(given, "startingOffsets"),
-        ending_offsets=_offsets(given, "endingOffsets"),
-        max_records_per_trigger=_positive(given, "maxRecordsPerTrigger"),
-        max_bytes_per_trigger=_positive(given, "maxBytesPerTrigger"),
-        min_partitions=_positive(given, "minPartitions"),
-        max_records_per_partition=_positive(given, "maxRecordsPerPartition")
-        or DEFAULT_MAX_RECORDS_PER_PARTITION,
-        fail_on_data_loss=_bool(given, "failOnDataLoss", True),
-        topic=given.get("topic") or None,
-        compression=compression,
-        commit_log_topic=given.get("commitLogTopic") or DEFAULT_COMMIT_LOG_TOPIC,
-        txn_app_id=given.get("txnAppId") or None,
-        txn_version=_non_negative(given, "txnVersion"),
-        fault_point=fault,
+        bootstrap_servers=str(servers),
+        subscribe=_subscription(values["subscribe"]),
+        subscribe_pattern=_pattern(values["subscribePattern"]),
+        starting_offsets=_offsets(values["startingOffsets"], "startingOffsets"),
+        ending_offsets=_offsets(values["endingOffsets"], "endingOffsets"),
+        max_records_per_trigger=values["maxRecordsPerTrigger"],
+        max_bytes_per_trigger=values["maxBytesPerTrigger"],
+        min_partitions=values["minPartitions"],
+        max_records_per_partition=values["maxRecordsPerPartition"],
+        fail_on_data_loss=values["failOnDataLoss"],
+        topic=values["topic"] or None,
+        compression=values["compression.type"],
+        commit_log_topic=values["commitLogTopic"] or DEFAULT_COMMIT_LOG_TOPIC,
+        txn_app_id=values["txnAppId"] or None,
+        txn_version=values["txnVersion"],
+        fault_point=values["appliance.test.faultPoint"],
     )
 
 
-def _offsets(given: Mapping[str, str], name: str) -> OffsetSpec | None:
-    text = given.get(name)
-    return None if text is None else parse_offsets(text, name)
+def _unknown(key: str) -> ConfigError:
+    near = _OPTIONS.nearest(key.lower().removeprefix("kafka."))
+    return ConfigError(f"appliance data source: unknown option {key!r}{did_you_mean(near)}")
+
+
+def _subscription(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    subscribe = tuple(dict.fromkeys(t.strip() for t in str(value).split(",") if t.strip()))
+    if not subscribe:
+        raise ConfigError("appliance data source: option subscribe names no topic")
+    return subscribe
+
+
+def _pattern(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        re.compile(str(value))
+    except re.error as exc:
+        raise ConfigError(f"appliance data source: option subscribePattern {value!r} is not a regular "
+                          f"expression: {exc}") from None
+    return str(value)
+
+
+def _offsets(value: object, name: str) -> OffsetSpec | None:
+    return None if value is None else parse_offsets(str(value), name)
 
 
 def parse_offsets(text: str, name: str = "startingOffsets") -> OffsetSpec:
@@ -289,34 +322,3 @@ def parse_offsets(text: str, name: str = "startingOffsets") -> OffsetSpec:
             offsets[int(key)] = offset
         specific[topic] = dict(sorted(offsets.items()))
     return OffsetSpec(LATEST if name == "endingOffsets" else EARLIEST, specific)
-
-
-def _positive(given: Mapping[str, str], name: str) -> int | None:
-    text = given.get(name)
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"appliance data source: option {name}={text!r}: expected a whole number >= 1")
-    return value
-
-
-def _non_negative(given: Mapping[str, str], name: str) -> int | None:
-    text = given.get(name)
-    if text is None:
-        return None
-    if not text.strip().isdigit():
-        raise ConfigError(f"appliance data source: option {name}={text!r}: expected a whole number >= 0")
-    return int(text)
-
-
-def _bool(given: Mapping[str, str], name: str, default: bool) -> bool:
-    text = given.get(name)
-    if text is None:
-        return default
-    if text.strip().lower() not in ("true", "false"):
-        raise ConfigError(f"appliance data source: option {name}={text!r}: expected true or false")
-    return text.strip().lower() == "true"

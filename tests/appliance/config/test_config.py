@@ -1,9 +1,8 @@
-"""appliance.config.server_config: defaults, the TOML file, overrides, errors an operator would see, topics,
-round trips."""
+"""appliance.config (server_config, server_settings, listeners): defaults, the TOML file, overrides, errors
+an operator would see, topics, round trips."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import grp
 import os
@@ -16,21 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.config.listeners import Listener, parse_listener
 from appliance.config.server_config import (
-    SETTINGS,
-    TOPIC_SETTINGS,
     Config,
     ConfigError,
-    Listener,
-    add_config_arguments,
     check_topic_name,
-    config_from_args,
     config_from_mapping,
     load_config,
-    main,
-    parse_listener,
     parse_override,
 )
+from appliance.config.server_settings import SETTINGS, TOPIC_SETTINGS
 from storage.log_config import LogConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -332,17 +326,6 @@ def test_malformed_override(text: str) -> None:
         load_config(overrides=[text])
 
 
-def test_cli_arguments(tmp_path: pathlib.Path) -> None:
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
-    path = write(tmp_path / "a.toml", '"num.partitions" = 2\n')
-    args = parser.parse_args(
-        ["--config", str(path), "--override", "num.partitions=3", "--override", "node.id=4"])
-    config = config_from_args(args)
-    assert (config.num_partitions, config.node_id) == (3, 4)
-    assert config_from_args(parser.parse_args([])).num_partitions == 1
-
-
 # -------------------------------------------------------------------------------------- topics
 
 
@@ -535,7 +518,7 @@ def test_to_toml_round_trips(
     assert again == Config(**{**fields, "source": str(path)})
 
 
-# -------------------------------------------------------------------------------------- docs and CLI
+# -------------------------------------------------------------------------------------- docs
 
 
 def test_every_setting_and_alias_is_documented() -> None:
@@ -543,13 +526,3 @@ def test_every_setting_and_alias_is_documented() -> None:
     for setting in (*SETTINGS, *TOPIC_SETTINGS):
         for name in (setting.name, *(alias for alias, _ in setting.aliases)):
             assert f"`{name}`" in doc, name
-
-
-def test_config_command(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--config", str(EXAMPLE)]) == 0
-    assert "configuration OK" in capsys.readouterr().out
-    assert main(["check", "--override", "segment.byte=1"]) == 1
-    assert "did you mean 'segment.bytes'?" in capsys.readouterr().err
-    assert main(["show", "--override", "num.partitions=9"]) == 0
-    shown = write(tmp_path / "shown.toml", capsys.readouterr().out)
-    assert load_config(shown).num_partitions == 9

@@ -1,0 +1,260 @@
+"""The table of the server's settings: every key of the configuration file, its names, default and range.
+
+:data:`SETTINGS` holds the broker-wide settings in the order ``appliance config show`` prints them;
+:data:`TOPIC_SETTINGS` the keys of a ``[topics.NAME]`` table: the topic's own ``partitions`` and
+``replication.factor`` and every broker setting that may be overridden per topic.  Each row is a
+:class:`~appliance.config.settings.Setting`: Kafka's name, the :class:`~appliance.config.server_config.Config`
+field it fills, the default as TOML writes it, the converter that checks it, a one-line doc and Kafka's other
+names (broker-level spellings of topic settings, older names, scaled units such as ``log.retention.hours``).
+
+The converters here are the server's own types (paths made absolute, listeners, cleanup policies, ring
+sizes); numbers and switches use the kit's typed converters, so a quoted number in the file is refused.
+Settings whose default depends on others (the sockets under the first log dir, the advertised listeners)
+default to :data:`DERIVED`, filled in after loading.  docs/configuration.md documents every row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Final
+
+from appliance.config.listeners import Listener, parse_listener, split_host_port
+from appliance.config.settings import (
+    INT_MAX,
+    LONG_MAX,
+    Alias,
+    Convert,
+    Invalid,
+    Setting,
+    SettingTable,
+    boolean,
+    choice,
+    integer,
+    string_list,
+    text,
+)
+
+__all__ = [
+    "CLEANUP_POLICIES",
+    "DERIVED",
+    "LOG_LEVELS",
+    "SETTINGS",
+    "TIMESTAMP_TYPES",
+    "TOPIC_SETTINGS",
+]
+
+TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
+CLEANUP_POLICIES: Final = ("delete", "compact")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DERIVED: Final = object()  # default of a setting computed from others after loading
+_HOUR_MS: Final = 3_600_000
+_MINUTE_MS: Final = 60_000
+
+
+# -------------------------------------------------------------------------------------- the server's types
+
+
+def _text_or_unset(value: object) -> object:
+    return text(value) or None  # "" unsets
+
+
+def _group(value: object) -> object:
+    """A group name, or a group id as a number or a string of digits; "" unsets."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    return _text_or_unset(value)
+
+
+def _path(value: object) -> str:
+    path = text(value)
+    if not path:
+        raise Invalid("expected a path, got an empty string")
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _optional_path(value: object) -> object:
+    return _path(value) if text(value) else None
+
+
+def _paths(allow_empty: bool) -> Convert:
+    def convert(value: object) -> object:
+        items = string_list(value)
+        if not items and not allow_empty:
+            raise Invalid("expected at least one directory")
+        paths = tuple(_path(item) for item in items)
+        duplicates = sorted({p for p in paths if paths.count(p) > 1})
+        if duplicates:
+            raise Invalid(f"lists {duplicates[0]} twice")
+        return paths
+
+    return convert
+
+
+def _policy(value: object) -> object:
+    items = string_list(value)
+    if not items:
+        raise Invalid("expected delete, compact or both")
+    result: list[str] = []
+    for item in items:
+        if item not in CLEANUP_POLICIES:
+            raise Invalid(f"unknown policy {item!r}: expected delete, compact or both")
+        if item not in result:
+            result.append(item)
+    return tuple(sorted(result, key=CLEANUP_POLICIES.index))
+
+
+def _ring_bytes(value: object) -> object:
+    size = integer(64 * 1024, 2**40)(value)
+    assert isinstance(size, int)
+    if size % 4096:
+        raise Invalid("must be a multiple of 4096 (the page size)")
+    return size
+
+
+def _host_ports(value: object) -> object:
+    """One or more HOST:PORT, an array or comma-separated; kept as their comma-separated text."""
+    items = [item for item in string_list(value) if item]
+    if not items:
+        return None
+    for item in items:
+        if not split_host_port(item)[0]:
+            raise Invalid(f"{item!r}: expected HOST:PORT with a host")
+    return ",".join(items)
+
+
+def _listeners(value: object) -> object:
+    listeners: tuple[Listener, ...] = tuple(parse_listener(item) for item in string_list(value))
+    if not listeners:
+        raise Invalid("expected at least one listener such as PLAINTEXT://127.0.0.1:9092")
+    names = [listener.name for listener in listeners]
+    for name in names:
+        if names.count(name) > 1:
+            raise Invalid(f"names listener {name} twice: each name (security protocol) may appear once")
+    ports = [listener.port for listener in listeners if listener.port]
+    for port in ports:
+        if ports.count(port) > 1:
+            raise Invalid(f"uses port {port} twice")
+    return listeners
+
+
+def _derivable(convert: Callable[[object], object]) -> Convert:
+    """A converter for a setting whose default is derived: the sentinel passes through unchanged."""
+
+    def wrapper(value: object) -> object:
+        return value if value is DERIVED else convert(value)
+
+    return wrapper
+
+
+# -------------------------------------------------------------------------------------- the table
+
+
+def _s(name: str, attr: str, default: object, convert: Convert, doc: str,
+       *aliases: str | tuple[str, int]) -> Setting:
+    return Setting(name, default, convert, doc,
+                   tuple(Alias(a) if isinstance(a, str) else Alias(*a) for a in aliases), attr)
+
+
+# Per-topic log settings: broker defaults that each [topics.NAME] table may override for its topic.
+_PER_TOPIC: Final = (
+    _s("segment.bytes", "segment_bytes", 1_073_741_824, integer(14, INT_MAX),
+       "roll to a new segment file when the active one would exceed this size", "log.segment.bytes"),
+    _s("segment.ms", "segment_ms", 604_800_000, integer(1), "roll the active segment after this age",
+       "log.roll.ms", ("log.roll.hours", _HOUR_MS)),
+    _s("index.interval.bytes", "index_interval_bytes", 4096, integer(0, INT_MAX),
+       "bytes of log between two entries of the sparse offset and time indexes", "log.index.interval.bytes"),
+    _s("segment.index.bytes", "segment_index_bytes", 10_485_760, integer(4, INT_MAX),
+       "preallocated size of each segment's offset and time index", "log.index.size.max.bytes"),
+    _s("retention.ms", "retention_ms", 604_800_000, integer(-1),
+       "delete closed segments whose newest record is older than this; -1 keeps them forever",
+       "log.retention.ms", ("log.retention.minutes", _MINUTE_MS), ("log.retention.hours", _HOUR_MS)),
+    _s("retention.bytes", "retention_bytes", -1, integer(-1),
+       "delete the oldest closed segments while a partition is larger than this; -1 = no limit",
+       "log.retention.bytes"),
+    _s("flush.messages", "flush_messages", LONG_MAX, integer(1),
+       "fsync the log after this many records (default: never, rely on replication and the page cache)",
+       "log.flush.interval.messages"),
+    _s("flush.ms", "flush_ms", LONG_MAX, integer(0),
+       "fsync the log when the oldest unflushed record is this old (default: never)",
+       "log.flush.interval.ms"),
+    _s("preallocate", "preallocate", True, boolean(),
+       "reserve the active segment's disk blocks ahead of the appends (fallocate, keeping the file size; "
+       "given back on roll and close). Kafka's default is false: see docs/storage.md for why it is on here",
+       "log.preallocate"),
+    _s("max.message.bytes", "max_message_bytes", 1_048_588, integer(0, INT_MAX),
+       "largest record batch accepted (after compression)", "message.max.bytes"),
+    _s("message.timestamp.type", "message_timestamp_type", "CreateTime", choice(TIMESTAMP_TYPES),
+       "CreateTime keeps the producer's timestamps; LogAppendTime stamps the append time",
+       "log.message.timestamp.type"),
+    _s("cleanup.policy", "cleanup_policy", "delete", _policy,
+       "delete (retention), compact (keep the latest record per key) or both", "log.cleanup.policy"),
+    _s("min.insync.replicas", "min_insync_replicas", 1, integer(1, 100),
+       "acks=all writes need this many in-sync replicas, else NotEnoughReplicas"),
+)
+
+SETTINGS: Final = SettingTable((
+    # --- where the data lives
+    _s("log.dirs", "log_dirs", ["./data"], _paths(allow_empty=False),
+       "directories holding partition logs (a partition lives in one of them)", "log.dir"),
+    # --- topics created without explicit numbers
+    _s("num.partitions", "num_partitions", 1, integer(1, 100_000),
+       "partitions of a topic created without a count"),
+    _s("default.replication.factor", "default_replication_factor", 1, integer(1, 100),
+       "replicas of a topic created without a replication factor"),
+    _s("auto.create.topics.enable", "auto_create_topics_enable", True, boolean(),
+       "create a topic on first produce or metadata request for it"),
+    _s("delete.topic.enable", "delete_topic_enable", True, boolean(),
+       "allow DeleteTopics and `appliance topics delete`"),
+    # --- network
+    _s("listeners", "listeners", "PLAINTEXT://127.0.0.1:9092", _listeners,
+       "TCP listeners of the broker, NAME://HOST:PORT, comma-separated or an array"),
+    _s("advertised.listeners", "advertised_listeners", DERIVED, _derivable(_listeners),
+       "addresses given to clients in metadata; default: listeners (an empty host as this host's name)"),
+    _s("node.id", "node_id", 0, integer(0, INT_MAX), "this appliance's broker id in metadata and replication",
+       "broker.id"),
+    _s("socket.request.max.bytes", "socket_request_max_bytes", 104_857_600, integer(1, INT_MAX),
+       "largest request the broker accepts on a socket"),
+    # --- per-topic log settings (broker defaults; each may be overridden in [topics.NAME])
+    *_PER_TOPIC,
+    _s("log.retention.check.interval.ms", "retention_check_interval_ms", 300_000, integer(1),
+       "how often the cleaner looks for segments to delete"),
+    # --- replication
+    _s("replica.lag.time.max.ms", "replica_lag_time_max_ms", 30_000, integer(1),
+       "a follower that has not caught up for this long leaves the ISR"),
+    _s("replica.fetch.max.bytes", "replica_fetch_max_bytes", 1_048_576, integer(1, INT_MAX),
+       "bytes a follower asks for per partition in one fetch"),
+    _s("replica.fetch.wait.max.ms", "replica_fetch_wait_max_ms", 500, integer(0, INT_MAX),
+       "how long a caught-up follower's fetch waits at the leader for new records"),
+    _s("replica.fetch.backoff.ms", "replica_fetch_backoff_ms", 1000, integer(0, INT_MAX),
+       "how long a follower waits after a failed fetch before trying again"),
+    _s("replica.socket.timeout.ms", "replica_socket_timeout_ms", 30_000, integer(1, INT_MAX),
+       "a follower gives up on a leader's answer after this (plus replica.fetch.wait.max.ms) and reconnects"),
+    # --- the appliance's own settings
+    _s("appliance.ring.bytes", "ring_bytes", 16 * 1024 * 1024, _ring_bytes,
+       "capacity of each producer ring (shared memory per producer and partition)"),
+    _s("appliance.shm.group", "shm_group", "", _group,
+       "group given access to shared memory and local sockets (mode 0660); unset: owner only (0600)"),
+    _s("appliance.control.socket", "control_socket", DERIVED, _derivable(_path),
+       "Unix socket where local producers attach; default: <first log dir>/.appliance.sock"),
+    _s("appliance.unix.listener", "unix_listener", DERIVED, _derivable(_optional_path),
+       "the broker's Unix socket (Kafka protocol); default: <first log dir>/.broker.sock; \"\" disables it"),
+    _s("appliance.shutdown.timeout.ms", "shutdown_timeout_ms", 30_000, integer(0, INT_MAX),
+       "on SIGTERM, how long the supervisor waits for rings to drain before killing children"),
+    _s("appliance.log.level", "log_level", "INFO", choice(LOG_LEVELS), "level of the service's log lines"),
+    _s("appliance.replica.dirs", "replica_dirs", [], _paths(allow_empty=True),
+       "log dirs on other local disks where `appliance serve` runs one replica each"),
+    _s("appliance.replica.leader", "replica_leader", "", _host_ports,
+       "HOST:PORT of the leader that `appliance replica` follows (several, comma-separated: it follows "
+       "whichever of them leads, in the highest leader epoch)"),
+    _s("appliance.cluster.secret.file", "cluster_secret_file", "", _optional_path,
+       "file holding the shared secret replicas present to the leader"),
+))
+
+TOPIC_SETTINGS: Final = SettingTable((
+    _s("partitions", "partitions", DERIVED, integer(1, 100_000),
+       "partitions of this topic (default num.partitions)", "num.partitions"),
+    _s("replication.factor", "replication_factor", DERIVED, integer(1, 100),
+       "replicas of this topic (default default.replication.factor)", "default.replication.factor"),
+    *_PER_TOPIC,
+))
