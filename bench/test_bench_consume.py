@@ -239,9 +239,10 @@ _SERVE = textwrap.dedent("""
 
     config = load_config(sys.argv[1])
     supervisor._setup_logging(config.log_level)
-    extras = [] if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN else [child_spec(config)]
-    sys.exit(supervisor.Supervisor(config, extra_children=extras + supervisor._load_extra_children(config))
-             .run())
+    from appliance.server.children import EXTRA_CHILDREN, load_extra_children
+
+    extras = [] if "appliance.broker.broker:child_spec" in EXTRA_CHILDREN else [child_spec(config)]
+    sys.exit(supervisor.Supervisor(config, extra_children=extras + load_extra_children(config)).run())
 """)
 
 

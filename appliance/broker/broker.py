@@ -709,15 +709,15 @@ def run_broker(
 
 
 def child_spec(config: Config) -> Any:
-    """The supervisor's hook (``appliance.server.supervisor.EXTRA_CHILDREN``): the broker as a child process,
+    """The supervisor's hook (``appliance.server.children.EXTRA_CHILDREN``): the broker as a child process,
     forked after the partition writers, restarted if it dies; READY=1 waits until its listeners are bound."""
-    from appliance.server.supervisor import ChildSpec
+    from appliance.server.children import ChildSpec
 
     return ChildSpec(name="broker", target=broker_child, title="appliance: broker", wait_ready=True)
 
 
 def broker_child(context: Any) -> int:
-    """Body of the broker child (``context``: ``appliance.server.supervisor.ChildContext``).  The supervisor
+    """Body of the broker child (``context``: ``appliance.server.children.ChildContext``).  The supervisor
     has set the title, the parent-death signal and SIGINT ignored (it stops its children with SIGTERM)."""
     from appliance.broker.control_cluster import ControlCluster
 

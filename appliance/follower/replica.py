@@ -57,7 +57,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -65,9 +65,10 @@ from appliance.config.server_config import Config, ConfigError
 from appliance.config.topic_metadata import TopicMetadata
 from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory
 from appliance.server import sdnotify
+from appliance.server.children import ChildContext, ChildSpec
+from appliance.server.instance import lock_log_dirs
 from appliance.server.metadata import MetadataStore
 from appliance.server.proctitle import set_proctitle
-from appliance.server.supervisor import lock_log_dirs
 from ipc.control import error_response, ok_response
 from ipc.control_server import ControlServer
 from ipc.kafka.errors import ErrorCode
@@ -567,10 +568,8 @@ def replica_config(config: Config, directory: str, node_id: int) -> Config:
     )
 
 
-def child_specs(config: Config) -> list[Any]:
+def child_specs(config: Config) -> list[ChildSpec]:
     """The supervisor's hook (``EXTRA_CHILDREN``): one replica process per ``appliance.replica.dirs``."""
-    from appliance.server.supervisor import ChildSpec
-
     specs = []
     for directory, node_id in zip(config.replica_dirs, replica_node_ids(config), strict=True):
         child = replica_config(config, directory, node_id)
@@ -579,8 +578,8 @@ def child_specs(config: Config) -> list[Any]:
     return specs
 
 
-def _child_target(config: Config) -> Any:
-    def target(context: Any) -> int:
+def _child_target(config: Config) -> Callable[[ChildContext], int]:
+    def target(context: ChildContext) -> int:
         return replica_child(config)
 
     return target

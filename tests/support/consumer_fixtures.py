@@ -140,7 +140,7 @@ def free_port() -> int:
 def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
     """``appliance serve`` (supervisor, partition writers, broker) on a free loopback port; returns when the
     broker answers Metadata for every topic."""
-    from appliance.server import supervisor
+    from appliance.server import children
     from ipc.kafka import MetadataRequest
     from ipc.kafka_client import BrokerConnectionError, KafkaConnection
 
@@ -150,7 +150,7 @@ def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
     for name, partitions in topics.items():
         lines += [f"[topics.{name}]", f"partitions = {partitions}"]
     config.write_text("\n".join(lines) + "\n")
-    if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN:
+    if "appliance.broker.broker:child_spec" in children.EXTRA_CHILDREN:
         command = [str(REPO / ".venv" / "bin" / "appliance"), "serve", "--config", str(config)]
     else:
         command = [sys.executable, "-c", _SERVE, str(config)]

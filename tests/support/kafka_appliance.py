@@ -56,9 +56,9 @@ def start_appliance(tmp: Path, topics: dict[str, int], extra: str = "") -> Appli
         lines += [f"[topics.{name}]", f"partitions = {partitions}"]
     config.write_text("\n".join(lines) + "\n")
     log_path = tmp / "appliance.log"
-    from appliance.server import supervisor
+    from appliance.server import children
 
-    if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN:
+    if "appliance.broker.broker:child_spec" in children.EXTRA_CHILDREN:
         command = [sys.executable, "-m", "appliance.cli", "serve", "--config", str(config)]
     else:
         command = [sys.executable, "-c", _SERVE, str(config)]
