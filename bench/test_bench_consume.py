@@ -233,16 +233,16 @@ def test_memory_copy_of_the_log_limit(benchmark: BenchmarkFixture, bench_log: Be
 
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.server import supervisor
     from appliance.broker.broker import child_spec
+    from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
+    from appliance.server.children import EXTRA_CHILDREN, load_extra_children
+    from appliance.server.supervisor import Supervisor
 
     config = load_config(sys.argv[1])
-    supervisor._setup_logging(config.log_level)
-    from appliance.server.children import EXTRA_CHILDREN, load_extra_children
-
+    setup_logging(config.log_level)
     extras = [] if "appliance.broker.broker:child_spec" in EXTRA_CHILDREN else [child_spec(config)]
-    sys.exit(supervisor.Supervisor(config, extra_children=extras + load_extra_children(config)).run())
+    sys.exit(Supervisor(config, extra_children=extras + load_extra_children(config)).run())
 """)
 
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Start-up, in this order (each step needs the previous one)::
 
-    1. load the configuration (defaults, --config FILE, --override KEY=VALUE ...)
+    1. load the configuration (defaults, --config FILE, --override KEY=VALUE ...; ``appliance.cli.serve``)
     2. lock every log dir (.appliance.lock) and the instance's shared-memory names (/dev/shm/la-<id>.lock):
        a second appliance on the same data dir, or with the same instance id, stops here
        (``appliance.server.instance``)
@@ -38,23 +38,21 @@ children the supervisor still answers control requests (the ops that would creat
 child asking for metadata as it stops does not wait out its control timeout.
 
 With ``appliance.replica.leader`` set, ``appliance serve`` runs a replica of that leader instead of a
-supervisor (:func:`main`): how a former leader rejoins after a failover.
+supervisor (``appliance.cli.serve``): how a former leader rejoins after a failover.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import selectors
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from appliance.config.server_config import Config, ConfigError, add_config_arguments, config_from_args
+from appliance.config.server_config import Config
 from appliance.config.topic_metadata import META_DIR, TopicMetadata, assign_replicas
 from appliance.server import sdnotify
 from appliance.server.children import (
@@ -64,7 +62,6 @@ from appliance.server.children import (
     ChildSpec,
     describe_exit,
     fork_child,
-    load_extra_children,
     unique_memory_bytes,
 )
 from appliance.server.control_ops import ControlOps, check_replication_factor
@@ -81,7 +78,7 @@ from ipc.state_page import monotonic_ms
 from storage.errors import ApplianceError
 from storage.producer_state import ProducerIdBlockAllocator
 
-__all__ = ["WRITER_STALL_S", "Supervisor", "main"]
+__all__ = ["WRITER_STALL_S", "Supervisor"]
 
 # A writer whose heartbeat (state page) is this old while its process lives is killed and restarted: it is
 # stuck (a writer beats at least every 100 ms, busy or idle).  Tests lower it.
@@ -678,36 +675,3 @@ def _kill(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        stream=sys.stderr,
-        format="%(asctime)s.%(msecs)03d %(levelname)s [%(process)d] %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        force=True,
-    )
-
-
-def main(argv: list[str]) -> int:
-    """``appliance serve [--config FILE] [--override KEY=VALUE]...``"""
-    parser = argparse.ArgumentParser(prog="appliance serve", description="run the log appliance (supervisor)")
-    add_config_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-        _setup_logging(config.log_level)
-        if config.replica_leader:  # a former leader rejoining, or a node told to follow
-            from appliance.follower.replica import run_replica
-
-            return run_replica(config, argv)
-        extras = load_extra_children(config)
-    except ConfigError as exc:
-        print(f"appliance serve: {exc}", file=sys.stderr)
-        return 1
-    return Supervisor(config, extra_children=extras).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

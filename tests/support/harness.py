@@ -72,7 +72,7 @@ class Appliance:
                                  for name, value in self.patch.items())  # fmt: skip
             script = (
                 f"import sys; {settings}; "
-                "from appliance.server import supervisor; sys.exit(supervisor.main(sys.argv[1:]))"
+                "from appliance.cli import serve; sys.exit(serve.main(sys.argv[1:]))"
             )
             args = [sys.executable, "-c", script]
         for item in self.overrides:

@@ -20,13 +20,14 @@ KCAT = shutil.which("kcat")
 
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.server import supervisor
     from appliance.broker.broker import child_spec
+    from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
+    from appliance.server.supervisor import Supervisor
 
     config = load_config(sys.argv[1])
-    supervisor._setup_logging(config.log_level)
-    sys.exit(supervisor.Supervisor(config, extra_children=[child_spec(config)]).run())
+    setup_logging(config.log_level)
+    sys.exit(Supervisor(config, extra_children=[child_spec(config)]).run())
 """)
 
 
