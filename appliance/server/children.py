@@ -64,7 +64,7 @@ __all__ = [
 
 # Factories of extra children, "module:function"; function(config) -> ChildSpec | list | None.
 EXTRA_CHILDREN: tuple[str, ...] = (
-    "appliance.broker.broker:child_spec",
+    "appliance.broker.process:child_spec",
     "appliance.follower.replica:child_specs",
 )
 

@@ -99,7 +99,7 @@ REPO = Path(__file__).resolve().parents[2]
 # `appliance serve` with the broker as its child, whether or not the supervisor lists it yet.
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.broker.broker import child_spec
+    from appliance.broker.process import child_spec
     from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
     from appliance.server.supervisor import Supervisor
@@ -151,7 +151,7 @@ def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
     for name, partitions in topics.items():
         lines += [f"[topics.{name}]", f"partitions = {partitions}"]
     config.write_text("\n".join(lines) + "\n")
-    if "appliance.broker.broker:child_spec" in children.EXTRA_CHILDREN:
+    if "appliance.broker.process:child_spec" in children.EXTRA_CHILDREN:
         command = [str(REPO / ".venv" / "bin" / "appliance"), "serve", "--config", str(config)]
     else:
         command = [sys.executable, "-c", _SERVE, str(config)]

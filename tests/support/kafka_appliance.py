@@ -20,7 +20,7 @@ KCAT = shutil.which("kcat")
 
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.broker.broker import child_spec
+    from appliance.broker.process import child_spec
     from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
     from appliance.server.supervisor import Supervisor
@@ -59,7 +59,7 @@ def start_appliance(tmp: Path, topics: dict[str, int], extra: str = "") -> Appli
     log_path = tmp / "appliance.log"
     from appliance.server import children
 
-    if "appliance.broker.broker:child_spec" in children.EXTRA_CHILDREN:
+    if "appliance.broker.process:child_spec" in children.EXTRA_CHILDREN:
         command = [sys.executable, "-m", "appliance.cli", "serve", "--config", str(config)]
     else:
         command = [sys.executable, "-c", _SERVE, str(config)]
