@@ -3,7 +3,8 @@
 ``appliance serve`` names :func:`child_spec` in ``appliance.server.children.EXTRA_CHILDREN``: the supervisor
 forks the broker after the partition writers, restarts it if it dies, and waits for it (its listeners
 bound) before READY=1.  The child (:func:`broker_child`) reaches the supervisor through one control
-connection for its whole life (``appliance.broker.control_cluster``) and serves until SIGTERM.
+connection for its whole life (``appliance.broker.control_cluster``, imported in the broker process only:
+the supervisor imports before its forks only what its children share) and serves until SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 from appliance.broker.broker import Broker
 from appliance.broker.cluster import Cluster
-from appliance.broker.control_cluster import ControlCluster
 from appliance.config.server_config import Config
 from appliance.server.children import ChildContext, ChildSpec
 from appliance.server.proctitle import set_proctitle
@@ -43,6 +43,8 @@ def run_broker(
     (:class:`~appliance.broker.broker.Broker`).  The process title is "appliance: broker"."""
     set_proctitle("appliance: broker")
     if cluster is None:
+        from appliance.broker.control_cluster import ControlCluster  # the broker process's import only
+
         cluster = ControlCluster.connect(config)
     broker = Broker(config, cluster, wake_fd=wake_fd)
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
@@ -69,6 +71,8 @@ def child_spec(config: Config) -> ChildSpec:
 def broker_child(context: ChildContext) -> int:
     """Body of the broker child.  The supervisor has set the title, the parent-death signal and SIGINT
     ignored (it stops its children with SIGTERM)."""
+    from appliance.broker.control_cluster import ControlCluster  # the broker process's import only
+
     config = context.config
     try:
         cluster = ControlCluster(context.connect(timeout_s=CONTROL_TIMEOUT_S))

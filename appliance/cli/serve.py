@@ -13,7 +13,6 @@ import logging
 import sys
 
 from appliance.config.server_config import ConfigError, add_config_arguments, config_from_args
-from appliance.follower.replica import run_replica
 from appliance.server.children import load_extra_children
 from appliance.server.supervisor import Supervisor
 
@@ -40,6 +39,8 @@ def main(argv: list[str]) -> int:
         config = config_from_args(args)
         setup_logging(config.log_level)
         if config.replica_leader:  # a former leader rejoining, or a node told to follow
+            from appliance.follower.replica import run_replica  # else EXTRA_CHILDREN imports it, later
+
             return run_replica(config, argv)
         extras = load_extra_children(config)
     except ConfigError as exc:
