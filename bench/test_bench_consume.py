@@ -233,15 +233,16 @@ def test_memory_copy_of_the_log_limit(benchmark: BenchmarkFixture, bench_log: Be
 
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.server import supervisor
-    from appliance.broker.broker import child_spec
+    from appliance.broker.process import child_spec
+    from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
+    from appliance.server.children import EXTRA_CHILDREN, load_extra_children
+    from appliance.server.supervisor import Supervisor
 
     config = load_config(sys.argv[1])
-    supervisor._setup_logging(config.log_level)
-    extras = [] if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN else [child_spec(config)]
-    sys.exit(supervisor.Supervisor(config, extra_children=extras + supervisor._load_extra_children(config))
-             .run())
+    setup_logging(config.log_level)
+    extras = [] if "appliance.broker.process:child_spec" in EXTRA_CHILDREN else [child_spec(config)]
+    sys.exit(Supervisor(config, extra_children=extras + load_extra_children(config)).run())
 """)
 
 
@@ -255,7 +256,7 @@ def _free_port() -> int:
 def served(bench_log: BenchLog) -> Iterator[str]:
     """``appliance serve`` (with its broker) over the benchmark's data dir; yields HOST:PORT."""
     try:
-        from appliance.broker.broker import child_spec  # noqa: F401
+        from appliance.broker.process import child_spec  # noqa: F401
         from ipc.kafka import MetadataRequest
         from ipc.kafka_client import BrokerConnectionError, KafkaConnection
     except ImportError as exc:

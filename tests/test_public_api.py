@@ -1,4 +1,5 @@
-"""The public surface of each package, guarded: changing what a package exports is a deliberate act.
+"""The public surface of each package, guarded: changing what a package exports is a deliberate act; and the
+one-way import rule between packages and between the rooms of ``appliance/``.
 
 Each package's ``__init__`` names its surface in ``__all__`` and resolves the names lazily; this test pins
 the lists and checks that every name resolves (so a rename in a module cannot silently break the surface).
@@ -6,9 +7,11 @@ the lists and checks that every name resolves (so a rename in a module cannot si
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +154,61 @@ def test_packages_import_only_downward(package: str, forbidden: tuple[str, ...])
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{package} imports {out.stdout.strip()}"
+
+
+# -- the rooms of appliance/ and the one-way rule, read from the source ------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+ROOMS = ("cli", "server", "broker", "follower", "client", "config", "spark")
+# what each room may not import (besides `bench`, which nothing imports): `cli` is on top; `client` never
+# reaches the service side; the service side never reaches the client; `config` is read by every room
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "appliance.cli": (),
+    "appliance.server": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
+                         "appliance.follower"),
+    "appliance.broker": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.follower"),
+    "appliance.follower": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker"),
+    "appliance.client": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
+                         "appliance.spark"),
+    "appliance.spark": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower"),
+    "appliance.config": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
+                         "appliance.client", "appliance.spark"),
+    "storage": ("appliance", "ipc", "replicas"),
+    "ipc": ("appliance", "replicas"),
+    "replicas": ("appliance",),
+}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function (``from X import y`` counts X.y too)."""
+    names: set[str] = set()
+    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's package upwards
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_every_module_of_appliance_lives_in_a_room() -> None:
+    flat = sorted(p.name for p in (REPO / "appliance").glob("*.py") if p.name != "__init__.py")
+    assert flat == [], f"modules directly in appliance/: {flat}"
+    rooms = sorted(p.name for p in (REPO / "appliance").iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(ROOMS)
+
+
+@pytest.mark.parametrize("room", sorted(FORBIDDEN))
+def test_rooms_import_only_what_the_rule_allows(room: str) -> None:
+    """Static: function-level imports count; a child named by string (``"module:function"``) does not."""
+    forbidden = (*FORBIDDEN[room], "bench")
+    bad = []
+    for path in sorted((REPO / room.replace(".", "/")).rglob("*.py")):
+        for name in _imported_modules(path):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                bad.append(f"{path.relative_to(REPO)} imports {name}")
+    assert bad == []

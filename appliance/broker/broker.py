@@ -1,9 +1,8 @@
-"""The broker process: the Kafka protocol on TCP and on a Unix socket, one thread, one ``selectors`` loop.
+"""The broker: the Kafka protocol on TCP and on a Unix socket, one thread, one ``selectors`` loop.
 
 Theory of operation
 -------------------
-``appliance serve`` (the supervisor) forks the broker as a child process (:func:`child_spec`, its hook) and
-the child runs :func:`run_broker`.
+``appliance serve`` (the supervisor) forks the broker as a child process (``appliance.broker.process``).
 The broker owns no data: it reads partition logs read-only (``storage.log_reader``), reads offsets from the
 partition state pages (``ipc.state_page``), hands produced batches to the partition writers through their
 rings (``appliance.broker.produce``), and asks the supervisor about topics and producer ids
@@ -51,14 +50,9 @@ other than ApiVersions, a frame over ``socket.request.max.bytes``: each closes t
 line naming the peer and the reason.  An exception escaping a handler (a bug) is logged with its traceback
 and also closes only that connection.  Kafka does the same.
 
-**Out of descriptors.**  Connections must never take the descriptors the broker needs to serve them: opening
-a partition (its state page, its log's segment files) and a control call each take a few.  So the broker
-keeps :data:`DESCRIPTOR_RESERVE` descriptors (one in :data:`DESCRIPTOR_RESERVE_SHARE` of a small limit)
-below ``RLIMIT_NOFILE`` for that: a connection accepted at a
-descriptor number inside the reserve is served, but the listener pauses for :data:`ACCEPT_PAUSE_MS` (as
-after an ``accept`` that failed with EMFILE), and newer clients wait in the listen backlog until
-connections close.  (Without the reserve, a flood of connections left no descriptor to attach a partition's
-state page, and the partition was answered NOT_LEADER_OR_FOLLOWER until connections went away.)
+**Listening.**  The sockets, and how accepting keeps descriptors in reserve for the partitions, are
+``appliance.broker.listeners``; the broker as a process (its main, the supervisor's hook) is
+``appliance.broker.process``.
 """
 
 from __future__ import annotations
@@ -66,11 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import selectors
-import signal
-import socket
-import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -85,10 +75,10 @@ from appliance.broker.fetch_session import (
     read_fetch,
 )
 from appliance.broker.handlers import HANDLERS, BrokerContext, metadata
+from appliance.broker.listeners import Listeners, Listening
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
 from appliance.broker.replication import LeaderReplication
-from appliance.config.listeners import Listener
 from appliance.config.server_config import Config
 from ipc.kafka import (
     ApiKey,
@@ -116,31 +106,13 @@ from ipc.state_page import monotonic_ms
 from replicas.cluster_auth import SaslPlainServer, read_cluster_secret
 from storage.errors import ConfigError, ProtocolError
 
-__all__ = ["Broker", "broker_child", "child_spec", "run_broker"]
+__all__ = ["FALLBACK_TICK_MS", "Broker"]
 
 log = logging.getLogger("appliance.broker")
 
-ACCEPT_BACKLOG = 1024
-ACCEPTS_PER_TURN = 64
-ACCEPT_PAUSE_MS = 100  # after accept() fails (out of descriptors), before trying again
-DESCRIPTOR_RESERVE = 16  # kept free for partition files, state pages and control calls (module docstring)
-DESCRIPTOR_RESERVE_SHARE = 8  # ... or one in this many of RLIMIT_NOFILE, if fewer (a tiny limit)
-RESERVE_LOG_INTERVAL_S = 10.0  # pauses for the reserve are logged at most this often
-CONTROL_TIMEOUT_S = 5.0  # a control call blocks the loop: never longer than this
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
 FALLBACK_TICK_MS = 100  # longest sleep while a fetch is held or a replicated partition led (module docstring)
 _WRITERS = "writers"  # selector data of the writers' wake-up eventfd
-
-
-class _Listening:
-    """A listening socket and the name of the listener it serves (PLAINTEXT, or UNIX)."""
-
-    __slots__ = ("name", "path", "sock")
-
-    def __init__(self, sock: socket.socket, name: str, path: str | None = None) -> None:
-        self.sock = sock
-        self.name = name
-        self.path = path
 
 
 class Broker:
@@ -175,84 +147,37 @@ class Broker:
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
         self.fetches = FetchWaiters()
         self._selector = selectors.DefaultSelector()
-        self._listening: list[_Listening] = []
-        self._paused: list[tuple[float, _Listening]] = []  # listeners not accepting until a time
-        # Descriptors are numbered lowest free first: an accepted socket numbered at or above this leaves
-        # fewer than DESCRIPTOR_RESERVE free.
-        limit = _descriptor_limit()
-        self._descriptor_reserve = min(DESCRIPTOR_RESERVE, limit // DESCRIPTOR_RESERVE_SHARE)
-        self._descriptor_ceiling = limit - self._descriptor_reserve
-        self._reserve_logged_s = -RESERVE_LOG_INTERVAL_S
         self._connections: dict[int, Connection] = {}
         self._scratch = memoryview(bytearray(1 << 20))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self.listeners = Listeners(config, self._selector, probe_fd=self._wake_r)
         self._writers_fd = wake_fd
         self._writers_watched = False  # the writers' eventfd is in the selector
         self._stopping = False
-        self.addresses: dict[str, tuple[str, int] | str] = {}  # listener name -> bound address
 
     # -- sockets ------------------------------------------------------------------------------------------
 
     def bind(self) -> dict[str, tuple[str, int] | str]:
         """Open every listener; return their bound addresses (a TCP port 0 becomes the port chosen)."""
-        for listener in self.config.listeners:
-            sock = _listen_tcp(listener)
-            self._add_listening(_Listening(sock, listener.name))
-            host, port = sock.getsockname()[:2]
-            self.addresses[listener.name] = (host, port)
-            log.info("broker listening on %s://%s:%d", listener.name, host, port)
+        addresses = self.listeners.bind()
         for advertised in self.config.advertised_listeners:
-            bound = self.addresses.get(advertised.name)
+            bound = addresses.get(advertised.name)
             port = advertised.port or (bound[1] if isinstance(bound, tuple) else 0)
             self.ctx.advertised[advertised.name] = (advertised.host, port)
-        path = self.config.unix_listener
-        if path:
-            sock = _listen_unix(path, self.config.shm_mode, self.config.shm_gid)
-            self._add_listening(_Listening(sock, "UNIX", path))
-            self.addresses["UNIX"] = path
-            log.info("broker listening on unix:%s (mode %o)", path, self.config.shm_mode)
-        return dict(self.addresses)
+        return addresses
 
-    def _add_listening(self, listening: _Listening) -> None:
-        listening.sock.setblocking(False)
-        self._listening.append(listening)
-        self._selector.register(listening.sock, selectors.EVENT_READ, listening)
+    @property
+    def addresses(self) -> dict[str, tuple[str, int] | str]:
+        """Listener name -> bound address."""
+        return self.listeners.addresses
 
-    def _accept(self, listening: _Listening) -> None:
-        for _ in range(ACCEPTS_PER_TURN):
-            try:
-                sock, address = listening.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # EMFILE and friends: keep serving the connections we have, retry later
-                log.error("accept on %s: %s; not accepting for %d ms", listening.name, e, ACCEPT_PAUSE_MS)
-                self._pause_accepting(listening)
-                return
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                peer = f"{address[0]}:{address[1]}"
-            else:
-                peer = f"unix:{listening.path}#{sock.fileno()}"
+    def _accept(self, listening: Listening) -> None:
+        for sock, peer in self.listeners.accept(listening):
             conn = Connection(sock, peer, listening.name, self.config.socket_request_max_bytes)
             self._connections[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
             log.debug("%s: connected via %s", peer, listening.name)
-            if sock.fileno() >= self._descriptor_ceiling:
-                self._pause_accepting(listening)
-                if time.monotonic() < self._reserve_logged_s + RESERVE_LOG_INTERVAL_S:
-                    return
-                self._reserve_logged_s = time.monotonic()
-                log.warning("accept on %s: descriptor %d is within the reserve of %d below RLIMIT_NOFILE %d "
-                            "(kept for partition files); not accepting for %d ms", listening.name,
-                            sock.fileno(), self._descriptor_reserve,
-                            self._descriptor_ceiling + self._descriptor_reserve,
-                            ACCEPT_PAUSE_MS)  # fmt: skip
-                return
-
-    def _pause_accepting(self, listening: _Listening) -> None:
-        self._selector.unregister(listening.sock)
-        self._paused.append((time.monotonic() + ACCEPT_PAUSE_MS / 1000.0, listening))
 
     # -- the loop -----------------------------------------------------------------------------------------
 
@@ -287,8 +212,9 @@ class Broker:
             timer_ms = self.replication.next_timer_ms()
             if timer_ms is not None:
                 timeout_s = min(timeout_s, (timer_ms - monotonic_ms()) / 1000.0)
-        if self._paused:
-            paused_s = min(at for at, _ in self._paused) - now_s
+        resume_s = self.listeners.next_resume_s()
+        if resume_s is not None:
+            paused_s = resume_s - now_s
             timeout_s = paused_s if timeout_s is None else min(timeout_s, paused_s)
         return None if timeout_s is None else max(0.0, timeout_s)
 
@@ -302,29 +228,6 @@ class Broker:
             self._selector.unregister(self._writers_fd)
         self._writers_watched = interested
 
-    def _resume_accepting(self) -> None:
-        now = time.monotonic()
-        due = [e for e in self._paused if e[0] <= now]
-        if not due:
-            return
-        spare = self._descriptors_to_spare()
-        if not spare:  # still inside the reserve: another pause
-            self._paused = [e for e in self._paused if e[0] > now]
-            self._paused += [(now + ACCEPT_PAUSE_MS / 1000.0, listening) for _, listening in due]
-            return
-        for entry in due:
-            self._paused.remove(entry)
-            self._selector.register(entry[1].sock, selectors.EVENT_READ, entry[1])
-
-    def _descriptors_to_spare(self) -> bool:
-        """Whether the lowest free descriptor is below the reserve (a probe: ``dup`` takes the lowest)."""
-        try:
-            probe = os.dup(self._wake_r)
-        except OSError:
-            return False
-        os.close(probe)
-        return probe < self._descriptor_ceiling
-
     def _turn(self, timeout_s: float | None) -> None:
         events = self._selector.select(timeout_s)
         if not self._stopping and (events or self.fetches.waiting or self.produce.pending):
@@ -333,7 +236,7 @@ class Broker:
             data = key.data
             if isinstance(data, Connection):
                 self._on_ready(data, mask)
-            elif isinstance(data, _Listening):
+            elif isinstance(data, Listening):
                 self._accept(data)
             elif data is _WRITERS:
                 with contextlib.suppress(BlockingIOError):
@@ -341,8 +244,8 @@ class Broker:
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
-        if self._paused:
-            self._resume_accepting()
+        if self.listeners.paused:
+            self.listeners.resume_due()
         self.replication.tick()
         if self.fetches.waiting:
             self._poll_fetches()
@@ -390,17 +293,8 @@ class Broker:
     # -- requests -----------------------------------------------------------------------------------------
 
     def _handle_frame(self, conn: Connection, frame: bytes) -> None:
-        try:
-            request = decode_request(frame)
-        except UnknownApiKeyError as e:
-            raise ConnectionClosed(
-                f"unknown api key {e.api_key} (correlation id {e.correlation_id})"
-            ) from None
-        except UnsupportedVersionError as e:
-            reply = maybe_unsupported_version_reply(e)
-            if reply is None:
-                raise ProtocolError(str(e)) from None
-            conn.respond([reply])
+        request = _decode(conn, frame)
+        if request is None:
             return
         header: RequestHeader = request.header
         body = request.body
@@ -549,30 +443,17 @@ class Broker:
 
     def _drain(self) -> None:
         """Stop listening; give held produce requests and unsent responses a moment to finish."""
-        self._paused.clear()
-        for listening in self._listening:
-            self._close_listening(listening)
-        self._listening.clear()
+        self.listeners.close()
         deadline = time.monotonic() + SHUTDOWN_DRAIN_MS / 1000.0
         while time.monotonic() < deadline and (
             self.produce.pending or any(c.has_queued for c in self._connections.values())
         ):
             self._turn(POLL_INTERVAL_MS / 1000.0)
 
-    def _close_listening(self, listening: _Listening) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(listening.sock)
-        listening.sock.close()
-        if listening.path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(listening.path)
-
     def close(self) -> None:
         for conn in list(self._connections.values()):
             self._close(conn, "broker stopping", level=logging.DEBUG)
-        for listening in self._listening:
-            self._close_listening(listening)
-        self._listening.clear()
+        self.listeners.close()
         self.produce.close()
         self.replication.close()
         self.table.close()
@@ -583,6 +464,22 @@ class Broker:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _decode(conn: Connection, frame: bytes) -> Any:
+    """The request in ``frame``; None if it was answered already (an unsupported version of ApiVersions).
+
+    ConnectionClosed for an unknown API key, ProtocolError for an unsupported version of another API."""
+    try:
+        return decode_request(frame)
+    except UnknownApiKeyError as e:
+        raise ConnectionClosed(f"unknown api key {e.api_key} (correlation id {e.correlation_id})") from None
+    except UnsupportedVersionError as e:
+        reply = maybe_unsupported_version_reply(e)
+        if reply is None:
+            raise ProtocolError(str(e)) from None
+        conn.respond([reply])
+        return None
 
 
 def _cluster_authorization_failed(api_key: int, body: Any) -> Any:
@@ -602,12 +499,6 @@ def _cluster_authorization_failed(api_key: int, body: Any) -> Any:
         for t in body.topics])  # fmt: skip
 
 
-def _descriptor_limit() -> int:
-    """This process's soft RLIMIT_NOFILE (a very large number when unlimited)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if soft != resource.RLIM_INFINITY else 1 << 30
-
-
 def _log_configs(config: Config) -> Callable[[str], Any]:
     def log_config(topic: str) -> Any:
         try:
@@ -618,115 +509,3 @@ def _log_configs(config: Config) -> Callable[[str], Any]:
             return LogConfig()
 
     return log_config
-
-
-def _listen_tcp(listener: Listener) -> socket.socket:
-    host = listener.host or None
-    try:
-        infos = socket.getaddrinfo(host, listener.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise ConfigError(f"listeners: {listener}: cannot resolve {listener.host!r}: {e}") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(ACCEPT_BACKLOG)
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"listeners: {listener}: cannot listen: {e.strerror}") from None
-    sock.set_inheritable(False)
-    return sock
-
-
-def _listen_unix(path: str, mode: int, gid: int | None) -> socket.socket:
-    """Listen on ``path`` with ``mode`` (0600: owner only).  A stale socket file is replaced; a live one
-    (another broker answers there) is an error.  The socket is created under a umask that already denies
-    everyone else, so there is no moment when it is more open than ``mode``."""
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if not stat.S_ISSOCK(st.st_mode):
-            raise ConfigError(f"appliance.unix.listener: {path} exists and is not a socket; not replacing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody listens there: a leftover of a killed broker
-        else:
-            raise ConfigError(f"appliance.unix.listener: another broker already listens on {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(path)
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"appliance.unix.listener: cannot bind {path}: {e.strerror}") from None
-    finally:
-        os.umask(old_umask)
-    if gid is not None:
-        os.chown(path, -1, gid)
-    os.chmod(path, mode)
-    sock.listen(ACCEPT_BACKLOG)
-    sock.set_inheritable(False)
-    return sock
-
-
-def run_broker(
-    config: Config,
-    cluster: Cluster | None = None,
-    *,
-    on_ready: Callable[[dict[str, Any]], None] | None = None,
-    stop_on_sigint: bool = True,
-    wake_fd: int = -1,
-) -> int:
-    """The broker process's main: bind, serve until SIGTERM (and SIGINT), return the exit code.
-
-    ``cluster`` defaults to a new connection to the supervisor's control socket.  ``on_ready`` is called
-    with the bound addresses once every listener is open; ``wake_fd`` is the writers' wake-up eventfd
-    (:class:`Broker`).  The process title is "appliance: broker"."""
-    from appliance.server.proctitle import set_proctitle
-
-    set_proctitle("appliance: broker")
-    if cluster is None:
-        from appliance.broker.control_cluster import ControlCluster
-
-        cluster = ControlCluster.connect(config)
-    broker = Broker(config, cluster, wake_fd=wake_fd)
-    signal.signal(signal.SIGTERM, lambda *_: broker.stop())
-    if stop_on_sigint:
-        signal.signal(signal.SIGINT, lambda *_: broker.stop())
-    try:
-        addresses = broker.bind()
-    except BaseException:
-        broker.close()
-        raise
-    if on_ready is not None:
-        on_ready(dict(addresses))
-    broker.serve()
-    log.info("broker stopped")
-    return 0
-
-
-def child_spec(config: Config) -> Any:
-    """The supervisor's hook (``appliance.server.supervisor.EXTRA_CHILDREN``): the broker as a child process,
-    forked after the partition writers, restarted if it dies; READY=1 waits until its listeners are bound."""
-    from appliance.server.supervisor import ChildSpec
-
-    return ChildSpec(name="broker", target=broker_child, title="appliance: broker", wait_ready=True)
-
-
-def broker_child(context: Any) -> int:
-    """Body of the broker child (``context``: ``appliance.server.supervisor.ChildContext``).  The supervisor
-    has set the title, the parent-death signal and SIGINT ignored (it stops its children with SIGTERM)."""
-    from appliance.broker.control_cluster import ControlCluster
-
-    config: Config = context.config
-    try:
-        cluster = ControlCluster(context.connect(timeout_s=CONTROL_TIMEOUT_S))
-        return run_broker(config, cluster, on_ready=lambda _: context.ready(), stop_on_sigint=False,
-                          wake_fd=context.broker_wake_fd)
-    except ConfigError as e:
-        log.error("broker not started: %s", e)
-        return 1

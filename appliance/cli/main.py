@@ -24,7 +24,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("appliance.cli.produce:main", "send stdin lines as records, like kafka-console-producer"),
     "replica": ("appliance.cli.replica:main", "follow a leader: copy its replicated partitions to this node"),
     "replicas": ("appliance.cli.replica:replicas_main", "replication status, promote a replica to leader"),
-    "serve": ("appliance.server.supervisor:main", "run the appliance (the supervisor and its processes)"),
+    "serve": ("appliance.cli.serve:main", "run the appliance (the supervisor and its processes)"),
     "topics": ("appliance.cli.topics:main", "create, list, describe or delete topics of a running appliance"),
 }
 

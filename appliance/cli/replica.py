@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -57,13 +56,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"appliance replica: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    logging.basicConfig(
-        level=getattr(logging, config.log_level, logging.INFO), stream=sys.stderr,
-        format="%(asctime)s.%(msecs)03d %(levelname)s [%(process)d] %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S", force=True,
-    )
+    from appliance.cli.serve import setup_logging  # the service's imports, only when it runs
     from appliance.follower.replica import run_replica
 
+    setup_logging(config.log_level)
     try:
         return run_replica(config, argv)
     except ConfigError as exc:

@@ -28,21 +28,10 @@ as an extra child of the supervisor (:func:`child_specs`): node ids are the ones
 they follow the broker's Unix listener (``appliance.unix.listener``), or its TCP listener when that has a
 fixed port.  They die with their supervisor and cannot be promoted in place (the leader is their parent).
 
-**Promotion** (``appliance replicas promote``, the ``promote`` control op). Leadership moves per node: the
-replica leads every partition it holds, so the request must name all of them (or ``--all``). It is refused
-while any leader address still answers (stop the old leader first: two leaders would each accept writes), and,
-without ``unclean``, for a partition this replica is not known to be in sync for: the last ISR its leader's
-Metadata reported did not include it, or no leader was seen since it started, or that ISR was seen more than
-``replica.lag.time.max.ms`` + :data:`~appliance.follower.leaders.REFRESH_INTERVAL_MS` before the leaders went
-silent (a replica stopped or cut off that long may have been dropped from the ISR unseen). With ``unclean`` it
-proceeds with a loud warning: records acknowledged by the old leader may be lost. Then, per partition, the
-fetcher stops and checkpoints its high watermark, and ``replica-state.json`` records this node as leader with
-the ISR it starts with (the last ISR minus the old leader, plus itself; itself alone if unclean), and the
-process ``exec``\\s ``appliance serve`` on the same configuration with ``appliance.replica.leader`` cleared:
-the supervisor begins a new leader epoch at each log's end, the broker serves the Kafka protocol on this
-node's ``listeners``, the other replicas find it by its higher epoch and truncate to it, and a returning old
-leader must be started as a replica of it (``appliance serve --override appliance.replica.leader=NEW:PORT``),
-which truncates what the new leader never had.
+**Promotion** (``appliance replicas promote``, the ``promote`` control op): the replica stops its
+fetchers, records itself as the leader of every partition it holds and ``exec``\\s ``appliance serve`` on
+the same configuration.  What refuses a promotion and what each partition starts from:
+``appliance.follower.promotion``.
 """
 
 from __future__ import annotations
@@ -57,17 +46,27 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from appliance.config.server_config import Config, ConfigError
 from appliance.config.topic_metadata import TopicMetadata
 from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory
+from appliance.follower.promotion import (
+    PromotionRefused,
+    SyncVerdict,
+    judge_sync,
+    leadership,
+    partitions_named,
+    refuse_while_a_leader_answers,
+    unclean_warning,
+)
 from appliance.server import sdnotify
+from appliance.server.children import ChildContext, ChildSpec
+from appliance.server.instance import lock_log_dirs
 from appliance.server.metadata import MetadataStore
 from appliance.server.proctitle import set_proctitle
-from appliance.server.supervisor import lock_log_dirs
 from ipc.control import error_response, ok_response
 from ipc.control_server import ControlServer
 from ipc.kafka.errors import ErrorCode
@@ -103,10 +102,6 @@ class _Followed:
     @property
     def name(self) -> str:
         return f"{self.topic}-{self.partition}"
-
-
-class _PromotionRefused(ApplianceError):
-    """The replica cannot be promoted now; the message says why."""
 
 
 class ReplicaNode:
@@ -359,7 +354,7 @@ class ReplicaNode:
                 return self._promote(message.get("partitions", "all"), bool(message.get("unclean", False)))
             return error_response(ErrorCode.INVALID_REQUEST, f"unknown op {op!r} for a replica; known: "
                                   "status, replica_status, promote")
-        except _PromotionRefused as e:
+        except PromotionRefused as e:
             return error_response(ErrorCode.INVALID_REQUEST, str(e))
         except Exception as e:  # a bug costs one request, not the replica
             _log.exception("replica %d: op %s failed", self.node_id, op)
@@ -399,102 +394,59 @@ class ReplicaNode:
     # -- promotion ------------------------------------------------------------------------------------------
 
     def _promote(self, wanted: object, unclean: bool) -> dict[str, Any]:
-        if self.spawned_by is not None:
-            raise _PromotionRefused(
-                f"replica {self.node_id} runs under the leader's supervisor (pid {self.spawned_by}); it "
-                "cannot lead while its parent does.  Stop that appliance, then run `appliance serve` on this "
-                "replica's log dir (with its own node.id), or promote a replica on another host")
-        held = set(self._followed)
-        if wanted == "all":
-            named = set(held)
-        elif isinstance(wanted, list) and all(isinstance(w, str) for w in wanted):
-            named = set()
-            for text in wanted:
-                topic, sep, index = text.rpartition("-")
-                if not sep or not index.isdigit() or (topic, int(index)) not in held:
-                    raise _PromotionRefused(f"{text!r}: not a partition this replica holds "
-                                            f"({', '.join(sorted(f'{t}-{p}' for t, p in held))})")
-                named.add((topic, int(index)))
-        else:
-            raise _PromotionRefused(f"partitions: {wanted!r}: expected \"all\" or a list of TOPIC-PARTITION")
-        if not held:
-            raise _PromotionRefused(f"replica {self.node_id} holds no partitions")
-        if named != held:
-            missing = sorted(f"{t}-{p}" for t, p in held - named)
-            raise _PromotionRefused(
-                f"leadership moves per node: replica {self.node_id} would lead every partition it holds; "
-                f"also name {', '.join(missing)} (or use --all)")
+        """Become the leader of every partition held (``appliance.follower.promotion``): the request is
+        checked, then each partition's leadership is written, then the process ``exec``\\s a supervisor."""
+        self._refuse_if_spawned()
+        named = partitions_named(wanted, set(self._followed), self.node_id)
         directory = self._directory
         assert directory is not None
-        view = directory.refresh()
-        if view is not None and view.partitions:
-            leader = next(iter(view.partitions.values())).leader
-            raise _PromotionRefused(
-                f"leader {leader.leader_id} still answers at {view.answered[0]} (epoch "
-                f"{leader.leader_epoch}): stop it before promoting a replica (two leaders would both accept "
-                "writes)")
-        last = directory.view
-        silent_since = directory.silent_since_ms
-        lag_ms = self.config.replica_lag_time_max_ms
-        # The last ISR seen is trusted only if it was seen at most replica.lag.time.max.ms (plus one refresh
-        # interval: a healthy replica's view is up to that old when the leader dies) before the leaders went
-        # silent: a replica frozen or cut off longer may have been dropped from the ISR unseen.
-        allowed_ms = lag_ms + REFRESH_INTERVAL_MS
-        stale_ms = (silent_since - last.at_ms) if last is not None and silent_since is not None else 0
-        decisions = []
-        problems = []
-        for key in sorted(named):
-            followed = self._followed[key]
-            seen = last.partitions.get(key) if last is not None else None
-            in_isr = seen is not None and self.node_id in seen.isr and stale_ms <= allowed_ms
-            if not in_isr:
-                if seen is None:
-                    why = "no leader was ever seen"
-                elif self.node_id not in seen.isr:
-                    why = (f"the last ISR seen was {list(seen.isr)} (leader {seen.leader.leader_id}, epoch "
-                           f"{seen.leader.leader_epoch})")
-                else:
-                    why = (f"the ISR {list(seen.isr)} was seen {stale_ms} ms before the leader went silent, "
-                           f"more than replica.lag.time.max.ms {lag_ms} + {REFRESH_INTERVAL_MS}: it may have "
-                           "been dropped from the ISR unseen (was this replica stopped or cut off?)")
-                end = followed.fetcher.log_end_offset
-                problems.append(f"{followed.name}: not in sync ({why}; log end {end})")
-            decisions.append((followed, seen, in_isr))
-        if problems and not unclean:
-            raise _PromotionRefused(
-                "not promoted: " + "; ".join(problems) + ".  Promoting an out-of-sync replica loses records "
-                "the old leader acknowledged: wait for an in-sync replica, or pass --unclean")
-        warnings = []
-        if problems:
-            warning = ("UNCLEAN PROMOTION: " + "; ".join(problems) + ".  Records the old leader "
-                       "acknowledged and this replica never received are LOST; the other replicas will "
-                       "truncate to this one")
+        refuse_while_a_leader_answers(directory.refresh())
+        verdicts = judge_sync(sorted(named), directory.view, directory.silent_since_ms,
+                              lag_time_max_ms=self.config.replica_lag_time_max_ms, node_id=self.node_id)
+        warning = unclean_warning(self._sync_problems(verdicts), unclean)
+        if warning is not None:
             _log.warning("replica %d: %s", self.node_id, warning)
-            warnings.append(warning)
-        promoted = []
-        for followed, seen, in_isr in decisions:
-            fetcher = followed.fetcher
-            epoch = max(followed.log.latest_epoch, fetcher.leader.leader_epoch if fetcher.leader else -1,
-                        seen.leader.leader_epoch if seen is not None else -1)
-            old_leader = seen.leader.leader_id if seen is not None else -1
-            isr = ({self.node_id} | (set(seen.isr) - {old_leader})) if in_isr and seen is not None \
-                else {self.node_id}
-            self._unfollow(followed)
-            high_watermark = fetcher.high_watermark
-            write_replica_state(followed.log.directory, PersistedReplicaState(
-                followed.topic, followed.partition, self.node_id, epoch, tuple(sorted(isr)), high_watermark))
-            promoted.append({"partition": followed.name, "previous_epoch": epoch, "isr": sorted(isr),
-                             "high_watermark": high_watermark, "log_end_offset": followed.log.log_end_offset,
-                             "clean": in_isr})
-            _log.warning("replica %d: %s promoted (previous epoch %d, ISR %s, high watermark %d, log end %d)",
-                         self.node_id, followed.name, epoch, sorted(isr), high_watermark,
-                         followed.log.log_end_offset)
+        promoted = [self._lead(self._followed[verdict.key], verdict) for verdict in verdicts]
         self._followed.clear()
         self._exec_argv = [sys.executable, "-m", "appliance.cli", "serve", *self.argv,
                            "--override", "appliance.replica.leader="]
         self.request_stop()
+        warnings = [] if warning is None else [warning]
         return ok_response(node_id=self.node_id, promoted=promoted, warnings=warnings,
                            listeners=[str(listener) for listener in self.config.listeners])
+
+    def _refuse_if_spawned(self) -> None:
+        if self.spawned_by is not None:
+            raise PromotionRefused(
+                f"replica {self.node_id} runs under the leader's supervisor (pid {self.spawned_by}); it "
+                "cannot lead while its parent does.  Stop that appliance, then run `appliance serve` on this "
+                "replica's log dir (with its own node.id), or promote a replica on another host")
+
+    def _sync_problems(self, verdicts: list[SyncVerdict]) -> list[str]:
+        """One line per partition not known to be in sync: its name, why, its log end."""
+        problems = []
+        for verdict in verdicts:
+            if not verdict.in_isr:
+                followed = self._followed[verdict.key]
+                end = followed.fetcher.log_end_offset
+                problems.append(f"{followed.name}: not in sync ({verdict.why_not}; log end {end})")
+        return problems
+
+    def _lead(self, followed: _Followed, verdict: SyncVerdict) -> dict[str, Any]:
+        """Stop fetching ``followed`` and record this node as its leader (``replica-state.json``)."""
+        fetcher = followed.fetcher
+        lead = leadership(verdict, self.node_id, log_epoch=followed.log.latest_epoch,
+                          fetched_epoch=fetcher.leader.leader_epoch if fetcher.leader else -1)
+        self._unfollow(followed)
+        high_watermark = fetcher.high_watermark
+        write_replica_state(followed.log.directory, PersistedReplicaState(
+            followed.topic, followed.partition, self.node_id, lead.previous_epoch, lead.isr, high_watermark))
+        _log.warning("replica %d: %s promoted (previous epoch %d, ISR %s, high watermark %d, log end %d)",
+                     self.node_id, followed.name, lead.previous_epoch, list(lead.isr), high_watermark,
+                     followed.log.log_end_offset)
+        return {"partition": followed.name, "previous_epoch": lead.previous_epoch, "isr": list(lead.isr),
+                "high_watermark": high_watermark, "log_end_offset": followed.log.log_end_offset,
+                "clean": verdict.in_isr}
 
     # -- stopping -------------------------------------------------------------------------------------------
 
@@ -567,10 +519,8 @@ def replica_config(config: Config, directory: str, node_id: int) -> Config:
     )
 
 
-def child_specs(config: Config) -> list[Any]:
+def child_specs(config: Config) -> list[ChildSpec]:
     """The supervisor's hook (``EXTRA_CHILDREN``): one replica process per ``appliance.replica.dirs``."""
-    from appliance.server.supervisor import ChildSpec
-
     specs = []
     for directory, node_id in zip(config.replica_dirs, replica_node_ids(config), strict=True):
         child = replica_config(config, directory, node_id)
@@ -579,8 +529,8 @@ def child_specs(config: Config) -> list[Any]:
     return specs
 
 
-def _child_target(config: Config) -> Any:
-    def target(context: Any) -> int:
+def _child_target(config: Config) -> Callable[[ChildContext], int]:
+    def target(context: ChildContext) -> int:
         return replica_child(config)
 
     return target

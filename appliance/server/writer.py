@@ -47,8 +47,8 @@ A frame the ring protocol itself cannot trust (a bad frame length, type or seque
 
 **Between rounds** the writer reads its commands and beats its heartbeat on every loop after one that found
 nothing to drain, but at most every 10 ms while rounds follow one another: right after a large ``writev``
-the caches are cold, and the command poll and the beat then cost ~10 us a round (~4% of a 1 MiB frame's
-time; measured with ``perf_counter_ns`` around each step of a round, 62,500 x 10 KiB records).
+the caches are cold, and the command poll and the beat then cost a measurable share of each round
+(docs/performance.md, "What the naps changed").
 
 **Idle**: with nothing published the writer sleeps on its doorbell (``ipc/wakeup.py``) for at most
 ``heartbeat_interval_ms``; each wake-up beats the heartbeat in the state page and runs the timers: the

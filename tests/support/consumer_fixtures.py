@@ -99,13 +99,14 @@ REPO = Path(__file__).resolve().parents[2]
 # `appliance serve` with the broker as its child, whether or not the supervisor lists it yet.
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.server import supervisor
-    from appliance.broker.broker import child_spec
+    from appliance.broker.process import child_spec
+    from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
+    from appliance.server.supervisor import Supervisor
 
     config = load_config(sys.argv[1])
-    supervisor._setup_logging(config.log_level)
-    sys.exit(supervisor.Supervisor(config, extra_children=[child_spec(config)]).run())
+    setup_logging(config.log_level)
+    sys.exit(Supervisor(config, extra_children=[child_spec(config)]).run())
 """)
 
 
@@ -140,7 +141,7 @@ def free_port() -> int:
 def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
     """``appliance serve`` (supervisor, partition writers, broker) on a free loopback port; returns when the
     broker answers Metadata for every topic."""
-    from appliance.server import supervisor
+    from appliance.server import children
     from ipc.kafka import MetadataRequest
     from ipc.kafka_client import BrokerConnectionError, KafkaConnection
 
@@ -150,7 +151,7 @@ def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
     for name, partitions in topics.items():
         lines += [f"[topics.{name}]", f"partitions = {partitions}"]
     config.write_text("\n".join(lines) + "\n")
-    if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN:
+    if "appliance.broker.process:child_spec" in children.EXTRA_CHILDREN:
         command = [str(REPO / ".venv" / "bin" / "appliance"), "serve", "--config", str(config)]
     else:
         command = [sys.executable, "-c", _SERVE, str(config)]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from appliance.config.server_config import Config
-from appliance.server.supervisor import ChildContext, ChildSpec
+from appliance.server.children import ChildContext, ChildSpec
 from ipc.control import Attachment, ControlClient
 from ipc.ring import RingProducer
 from ipc.shm import SHM_DIR, ShmNames, instance_id, list_objects, reclaim
@@ -32,6 +32,8 @@ from support.replication_cluster import group_has_live_members
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
+# The module settings a test may change before `appliance serve` starts, and the module each lives in.
+_PATCHABLE = {"EXTRA_CHILDREN": "appliance.server.children", "WRITER_STALL_S": "appliance.server.supervisor"}
 
 
 class Appliance:
@@ -45,7 +47,7 @@ class Appliance:
         listeners = [] if any(o.startswith("listeners=") for o in overrides) else ["listeners=127.0.0.1:0"]
         self.overrides = listeners + list(overrides)
         self.extra_env = dict(env or {})
-        self.patch = dict(patch or {})  # appliance.server.supervisor module settings, e.g. EXTRA_CHILDREN
+        self.patch = dict(patch or {})  # module settings of the server (_PATCHABLE), e.g. EXTRA_CHILDREN
         self.data = self.cwd / "data"
         self.socket_path = self.data / ".appliance.sock"
         self.names = ShmNames(instance_id(self.data))
@@ -65,11 +67,12 @@ class Appliance:
         env = {**os.environ, "NOTIFY_SOCKET": os.path.join(self._notify_dir, "n"), **self.extra_env}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
         args = [sys.executable, "-m", "appliance.cli", "serve"]
-        if self.patch:  # the same command, with module settings of appliance.server.supervisor changed first
-            settings = "; ".join(f"supervisor.{name} = {value!r}" for name, value in self.patch.items())
+        if self.patch:  # the same command, with module settings of the server changed first
+            settings = "; ".join(f"import {_PATCHABLE[name]}; {_PATCHABLE[name]}.{name} = {value!r}"
+                                 for name, value in self.patch.items())  # fmt: skip
             script = (
-                f"import sys; from appliance.server import supervisor; {settings}; "
-                "sys.exit(supervisor.main(sys.argv[1:]))"
+                f"import sys; {settings}; "
+                "from appliance.cli import serve; sys.exit(serve.main(sys.argv[1:]))"
             )
             args = [sys.executable, "-c", script]
         for item in self.overrides:

@@ -20,13 +20,14 @@ KCAT = shutil.which("kcat")
 
 _SERVE = textwrap.dedent("""
     import sys
-    from appliance.server import supervisor
-    from appliance.broker.broker import child_spec
+    from appliance.broker.process import child_spec
+    from appliance.cli.serve import setup_logging
     from appliance.config.server_config import load_config
+    from appliance.server.supervisor import Supervisor
 
     config = load_config(sys.argv[1])
-    supervisor._setup_logging(config.log_level)
-    sys.exit(supervisor.Supervisor(config, extra_children=[child_spec(config)]).run())
+    setup_logging(config.log_level)
+    sys.exit(Supervisor(config, extra_children=[child_spec(config)]).run())
 """)
 
 
@@ -56,9 +57,9 @@ def start_appliance(tmp: Path, topics: dict[str, int], extra: str = "") -> Appli
         lines += [f"[topics.{name}]", f"partitions = {partitions}"]
     config.write_text("\n".join(lines) + "\n")
     log_path = tmp / "appliance.log"
-    from appliance.server import supervisor
+    from appliance.server import children
 
-    if "appliance.broker.broker:child_spec" in supervisor.EXTRA_CHILDREN:
+    if "appliance.broker.process:child_spec" in children.EXTRA_CHILDREN:
         command = [sys.executable, "-m", "appliance.cli", "serve", "--config", str(config)]
     else:
         command = [sys.executable, "-c", _SERVE, str(config)]

@@ -32,7 +32,7 @@ def bootstrap() -> Iterator[str]:
     overrides = [f"listeners=PLAINTEXT://127.0.0.1:{port}", "auto.create.topics.enable=false",
                  "topics.small.max.message.bytes=2000"]
     overrides += [f"topics.{name}.partitions={count}" for name, count in TOPICS.items()]
-    serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": ("appliance.broker.broker:child_spec",)})
+    serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": ("appliance.broker.process:child_spec",)})
     try:
         serve.start()
         deadline = time.monotonic() + 30

@@ -56,7 +56,7 @@ def appliance() -> Iterator[RunningAppliance]:
     # a topic whose old segments retention deletes within a second (failOnDataLoss tests)
     overrides += ["topics.short-lived.segment.bytes=2048", "topics.short-lived.retention.bytes=4096"]
     # `appliance serve` with the broker as its one extra child (no replica processes: not needed here)
-    serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": ("appliance.broker.broker:child_spec",)})
+    serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": ("appliance.broker.process:child_spec",)})
     try:
         serve.start()
         deadline = time.monotonic() + 30

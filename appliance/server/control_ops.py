@@ -1,0 +1,376 @@
+"""The control operations the supervisor answers: topics, producer ids, rings, status, replication state.
+
+The protocol (one JSON request, one JSON answer; the ops and their fields) is ``ipc.control``; the socket
+server is ``ipc.control_server``.  :meth:`ControlOps.handle` is the server's handler: it dispatches on
+``"op"`` and turns what an op raises into the Kafka error its client expects:
+
+=================================== ===============================
+UnknownTopicOrPartitionError        UNKNOWN_TOPIC_OR_PARTITION
+TopicExistsError                    TOPIC_ALREADY_EXISTS
+ConfigError                         INVALID_CONFIG
+a missing or mistyped field         INVALID_REQUEST
+ApplianceError, OSError             UNKNOWN_SERVER_ERROR (logged)
+anything else (a bug)               UNKNOWN_SERVER_ERROR (logged with its traceback): a bug costs one request
+=================================== ===============================
+
+The ops read the topic metadata store, the partitions' state pages and the ring table; what starts or stops
+processes (a new topic's writers, a deleted topic's) they ask of the supervisor (:class:`Supervised`).
+While the supervisor stops, the ops that would create something refuse and the others still answer.
+
+Producer ids of node N start at N << 40: a replica promoted to leader never hands out an id its former
+leader gave (the producer-ids file is per node).  Node ids must differ below 2**22.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol
+
+from appliance.config.server_config import Config, ConfigError, check_topic_name
+from appliance.config.topic_metadata import TopicMetadata, assign_replicas
+from appliance.server.children import Child, unique_memory_bytes
+from appliance.server.metadata import MetadataStore
+from appliance.server.partitions import Partition
+from appliance.server.rings import RingTable
+from ipc.control import error_response, ok_response
+from ipc.control_server import ServerConnection
+from ipc.kafka.errors import ErrorCode
+from ipc.ring_layout import DEFAULT_ACK_SLOTS
+from ipc.shm import ShmNames
+from ipc.state_page import StatePage, monotonic_ms
+from storage.errors import ApplianceError, TopicExistsError, UnknownTopicOrPartitionError
+from storage.producer_state import ProducerIdBlockAllocator
+
+__all__ = ["MAX_REPLICATION_FACTOR", "ControlOps", "Supervised", "check_replication_factor"]
+
+MAX_REPLICATION_FACTOR: Final = 100  # default.replication.factor's bound
+_MAX_PARTITIONS: Final = 100_000
+_PRODUCER_ID_NODE_SHIFT: Final = 40  # module docstring
+_WRITER_MEMORY_MAX_AGE_S: Final = 5.0  # a writer's unique memory in metadata is at most this old
+
+_log = logging.getLogger("appliance.supervisor")
+
+_Op = Callable[["ControlOps", ServerConnection, Mapping[str, Any]], dict[str, Any]]
+
+
+class Supervised(Protocol):
+    """What the control operations need of the supervisor."""
+
+    config: Config
+    names: ShmNames
+    started_s: float
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def start_partitions(self, topic: TopicMetadata) -> None:
+        """Recover each partition of a new topic and start its writer."""
+
+    def stop_partitions(self, topic: TopicMetadata) -> list[Partition]:
+        """Stop the writers of a topic being deleted; unlink its rings, state pages and doorbells."""
+        ...
+
+    def children(self) -> list[Child]: ...
+
+    def control_connections(self) -> int: ...
+
+
+def check_replication_factor(name: str, replication_factor: int) -> None:
+    """ConfigError unless 1 <= ``replication_factor`` <= :data:`MAX_REPLICATION_FACTOR`."""
+    if not 1 <= replication_factor <= MAX_REPLICATION_FACTOR:
+        raise ConfigError(
+            f"topic {name!r}: replication factor {replication_factor}, expected 1..{MAX_REPLICATION_FACTOR}"
+        )
+
+
+class ControlOps:
+    """The supervisor's answers on its control socket.  See the module docstring."""
+
+    def __init__(self, supervisor: Supervised, store: MetadataStore, allocator: ProducerIdBlockAllocator,
+                 partitions: Mapping[tuple[str, int], Partition], rings: RingTable) -> None:  # fmt: skip
+        self.supervisor = supervisor
+        self.config = supervisor.config
+        self.store = store
+        self.allocator = allocator
+        self.partitions = partitions
+        self.rings = rings
+
+    def handle(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer one request (module docstring: which exception becomes which error)."""
+        op = message.get("op")
+        handler = self._OPS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return error_response(ErrorCode.INVALID_REQUEST, f"unknown op {op!r}; known: {sorted(self._OPS)}")
+        try:
+            return handler(self, connection, message)
+        except UnknownTopicOrPartitionError as exc:
+            return error_response(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(exc))
+        except TopicExistsError as exc:
+            return error_response(ErrorCode.TOPIC_ALREADY_EXISTS, str(exc))
+        except ConfigError as exc:
+            return error_response(ErrorCode.INVALID_CONFIG, str(exc))
+        except (KeyError, TypeError, ValueError) as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, f"op {op}: bad or missing field: {exc!r}")
+        except (ApplianceError, OSError) as exc:
+            _log.error("op %s failed: %s", op, exc)
+            return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc}")
+        except Exception as exc:  # a bug must cost one request, not the appliance
+            _log.exception("op %s failed unexpectedly (request %.200r)", op, message)
+            return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc!r}")
+
+    def connection_closed(self, connection: ServerConnection) -> None:
+        """A client went away: let go of every ring it attached."""
+        for record in self.rings.of_connection(connection.id):
+            self.rings.detach(record, self.partitions.get((record.topic, record.partition)))
+
+    # -- topics -------------------------------------------------------------------------------------------
+
+    def _op_metadata(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        wanted = message.get("topics")
+        if wanted is None:
+            topics = list(self.store.topics.values())
+        else:
+            topics = [self.store.get(str(name)) for name in wanted]
+        return ok_response(
+            instance_id=self.config.instance_id,
+            shm_prefix=self.supervisor.names.prefix,
+            node_id=self.config.node_id,
+            topics=[self._topic_json(t) for t in topics],
+        )
+
+    def _op_create_topic(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        name = message["topic"]
+        reason = check_topic_name(name) if isinstance(name, str) else "a topic name must be a string"
+        if reason is not None:
+            return error_response(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}")
+        partitions = message.get("partitions") or self.config.num_partitions
+        replication = message.get("replication_factor") or self.config.default_replication_factor
+        configs = dict(message.get("configs") or {})
+        if not isinstance(partitions, int) or not 1 <= partitions <= _MAX_PARTITIONS:
+            return error_response(ErrorCode.INVALID_PARTITIONS, f"topic {name!r}: {partitions!r} partitions")
+        if not isinstance(replication, int) or replication > MAX_REPLICATION_FACTOR or replication < 1:
+            return error_response(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"topic {name!r}: replication factor {replication!r}, expected 1..{MAX_REPLICATION_FACTOR}",
+            )
+        for key in ("partitions", "replication.factor", "num.partitions", "default.replication.factor"):
+            if key in configs:
+                return error_response(
+                    ErrorCode.INVALID_CONFIG, f"topic {name!r}: give {key} as its own field"
+                )
+        self.config.log_config(name, configs)  # validates: ConfigError -> INVALID_CONFIG
+        topic = self._create_topic(name, partitions, replication, configs)
+        return ok_response(topic=self._topic_json(topic))
+
+    def _create_topic(
+        self, name: str, partitions: int, replication: int, configs: Mapping[str, Any]
+    ) -> TopicMetadata:
+        if self.supervisor.stopping:
+            raise ApplianceError("the appliance is stopping")
+        topic = self.store.create_topic(name, partitions, replication, configs,
+                                        replicas=assign_replicas(self.config.node_id, replication))
+        self.supervisor.start_partitions(topic)
+        _log.info("created topic %s with %d partitions", name, partitions)
+        return topic
+
+    def _op_delete_topic(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        if not self.config.delete_topic_enable:
+            return error_response(ErrorCode.TOPIC_DELETION_DISABLED, "delete.topic.enable is false")
+        topic = self.store.get(str(message["topic"]))
+        parts = self.supervisor.stop_partitions(topic)
+        self.store.delete_topic(topic.name)
+        for part in parts:
+            if os.path.isdir(part.directory):  # renamed first, as Kafka does: a crash leaves no half topic
+                doomed = f"{part.directory}.{uuid.uuid4().hex}-delete"
+                os.rename(part.directory, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+        _log.info("deleted topic %s (%d partitions)", topic.name, topic.partitions)
+        return ok_response()
+
+    # -- producers ----------------------------------------------------------------------------------------
+
+    def _op_init_producer_id(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        node_base = (self.config.node_id % 2**22) << _PRODUCER_ID_NODE_SHIFT
+        return ok_response(producer_id=node_base + self.allocator.allocate(), producer_epoch=0)
+
+    def _op_attach(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        name = str(message["topic"])
+        partition = message["partition"]
+        if self.supervisor.stopping:
+            return error_response(ErrorCode.BROKER_NOT_AVAILABLE, "the appliance is stopping")
+        if name not in self.store:
+            refusal = self._auto_create(name)
+            if refusal is not None:
+                return refusal
+        part = self._partition(name, partition)
+        producer_id = message.get("producer_id", -1)
+        record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1)
+        _log.debug("pid %d attached ring %s (producer id %s)", connection.peer_pid, record.names.ring,
+                   producer_id)  # fmt: skip
+        names = record.names
+        return ok_response(
+            topic=name,
+            partition=partition,
+            session=record.session,
+            ring=names.ring,
+            space=names.space,
+            doorbell=names.doorbell,
+            state_page=part.page.name,
+            ring_bytes=self.config.ring_bytes,
+            ack_slots=DEFAULT_ACK_SLOTS,
+            max_message_bytes=part.spec.log_config.max_message_bytes,
+        )
+
+    def _auto_create(self, name: str) -> dict[str, Any] | None:
+        """Create a topic a producer attaches to (auto.create.topics.enable); the refusal, if any."""
+        if not self.config.auto_create_topics_enable:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist (auto-creation is off)")
+        if check_topic_name(name) is not None:
+            return error_response(
+                ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {check_topic_name(name)}"
+            )
+        check_replication_factor(name, self.config.default_replication_factor)
+        self._create_topic(name, self.config.num_partitions, self.config.default_replication_factor, {})
+        return None
+
+    def _partition(self, name: str, partition: object) -> Partition:
+        topic = self.store.get(name)
+        if (
+            not isinstance(partition, int)
+            or isinstance(partition, bool)
+            or not 0 <= partition < topic.partitions
+        ):
+            raise UnknownTopicOrPartitionError(
+                f"topic {name!r} has partitions 0..{topic.partitions - 1}, not {partition!r}"
+            )
+        return self.partitions[(name, partition)]
+
+    def _op_detach(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        ring = str(message["ring"])
+        record = self.rings.get(ring)
+        if record is None or record.connection != connection.id:
+            return error_response(
+                ErrorCode.INVALID_REQUEST, f"ring {ring} is not attached through this connection"
+            )
+        self.rings.detach(record, self.partitions.get((record.topic, record.partition)))
+        return ok_response()
+
+    # -- the node -----------------------------------------------------------------------------------------
+
+    def _op_status(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        children = []
+        for child in self.supervisor.children():
+            children.append({
+                "role": child.role, "name": child.name, "pid": child.pid, "restarts": child.restarts,
+                "uss_bytes": unique_memory_bytes(child.pid) if child.pid else 0,
+            })  # fmt: skip
+        return ok_response(
+            pid=os.getpid(),
+            uptime_s=round(time.monotonic() - self.supervisor.started_s, 3),
+            instance_id=self.config.instance_id,
+            shm_prefix=self.supervisor.names.prefix,
+            uss_bytes=unique_memory_bytes(os.getpid()),
+            children=children,
+            rings=len(self.rings),
+            connections=self.supervisor.control_connections(),
+        )
+
+    def _op_replica_status(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """This node leads: every topic with its replication state (``appliance replicas status``)."""
+        return ok_response(role="leader", node_id=self.config.node_id,
+                           topics=[self._topic_json(t) for t in self.store.topics.values()])
+
+    def _op_promote(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        return error_response(ErrorCode.INVALID_REQUEST, f"node {self.config.node_id} already leads its "
+                              "partitions: promote a replica (through its control socket), not the leader")
+
+    _OPS: Final[dict[str, _Op]] = {
+        "metadata": _op_metadata,
+        "replica_status": _op_replica_status,
+        "promote": _op_promote,
+        "create_topic": _op_create_topic,
+        "delete_topic": _op_delete_topic,
+        "init_producer_id": _op_init_producer_id,
+        "attach": _op_attach,
+        "detach": _op_detach,
+        "status": _op_status,
+    }
+
+    # -- a topic as JSON ----------------------------------------------------------------------------------
+
+    def _topic_json(self, topic: TopicMetadata) -> dict[str, Any]:
+        node = self.config.node_id
+        now_ms = monotonic_ms()
+        replicated = topic.replication_factor > 1
+        partitions = [self._partition_json(self.partitions[(topic.name, p)], node, now_ms, replicated)
+                      for p in range(topic.partitions)]  # fmt: skip
+        return {
+            "name": topic.name,
+            "topic_id": topic.topic_id,
+            "replication_factor": topic.replication_factor,
+            "replicas": [node, *(r for r in topic.replicas if r != node)],
+            "min_insync_replicas": self.config.topic(topic.name, topic.configs).min_insync_replicas,
+            "configs": self._effective_overrides(topic),
+            "max_message_bytes": self.partitions[(topic.name, 0)].spec.log_config.max_message_bytes,
+            "partitions": partitions,
+        }
+
+    @staticmethod
+    def _partition_json(part: Partition, node: int, now_ms: int, replicated: bool) -> dict[str, Any]:
+        part.writer.refresh_memory(_WRITER_MEMORY_MAX_AGE_S)
+        page = part.page
+        epoch, _ = page.leader_epoch()
+        followers = _followers_json(page, now_ms) if replicated else []
+        return {
+            "partition": part.partition,
+            "state_page": page.name,
+            "doorbell": part.spec.doorbell,
+            "directory": part.directory,
+            "leader_epoch": epoch,
+            "log_start_offset": page.log_start_offset,
+            "log_end_offset": page.log_end_offset,
+            "high_watermark": page.high_watermark,
+            "committed_high_watermark": page.committed_high_watermark,
+            "leader": node,
+            "isr": [node] + [f["replica_id"] for f in followers if f["in_isr"]],
+            "followers": followers,
+            "writer_pid": part.writer.pid,
+            "writer_uss_bytes": part.writer.uss_bytes,
+            "writer_restarts": part.writer.restarts,
+            "rings": len(part.rings),
+        }
+
+    def _effective_overrides(self, topic: TopicMetadata) -> dict[str, Any]:
+        """The topic's own settings: the configuration file's [topics.NAME] and those given at creation."""
+        overrides = self.config.topic(topic.name, topic.configs).overrides
+        return {k: v for k, v in overrides.items() if k not in ("partitions", "replication.factor")}
+
+
+def _followers_json(page: StatePage, now_ms: int) -> list[dict[str, Any]]:
+    """The replica table of a state page as the ``followers`` of ``metadata`` (control.FollowerInfo)."""
+    end = page.log_end_offset
+    out = []
+    for row in page.replicas():
+        known = row.log_end_offset >= 0
+        if known and row.log_end_offset >= end:
+            lag_ms = 0
+        else:
+            lag_ms = -1 if row.last_caught_up_ms < 0 else max(0, now_ms - row.last_caught_up_ms)
+        out.append({
+            "replica_id": row.replica_id,
+            "in_isr": row.in_isr,
+            "log_end_offset": row.log_end_offset,
+            "lag_records": max(0, end - row.log_end_offset) if known else -1,
+            "lag_ms": lag_ms,
+            "last_fetch_ms_ago": -1 if row.last_fetch_ms < 0 else max(0, now_ms - row.last_fetch_ms),
+        })  # fmt: skip
+    return out

@@ -1,0 +1,239 @@
+"""The partitions this node leads, as the supervisor keeps them: each one's log recovered before its writer
+starts, its state page and doorbell, its writer's spec and command channel, the producer rings it serves.
+
+Recovery (:func:`recover_partition`) opens the log with ``recover=True`` (torn tails cut, indexes rebuilt)
+and closes it cleanly, so the writer forked next opens a log with nothing to repair.  A writer of the
+previous run still holding the log's lock (its supervisor was killed; it drains and exits on its own,
+``PR_SET_PDEATHSIG``) is waited for, up to 30 s.  Then the state page is created and seeded with the
+offsets the log has (log end, log start, leader epoch and its start), and the partition's doorbell.
+
+Replication
+-----------
+A topic of replication factor R > 1 is assigned R node ids (``appliance.config.topic_metadata.
+assign_replicas``); this node leads all of them.  For such a partition, while the log is open, a new leader
+epoch begins at its log end (``replicas.leader_epochs.begin_leader_epoch``: every start of a leader is a new
+epoch, so a follower holding records this leader lost or never had truncates them), and the state page is
+seeded from ``replica-state.json`` (the checkpointed high watermark, the ISR size, the topic's
+``min.insync.replicas``).  The writer does not publish the high watermark of such a partition: the broker's
+replication layer does (``appliance.broker.replication``).
+
+The writer's channel carries JSON lines both ways (``appliance.server.writer``): :meth:`Partition.tell_writer`
+sends a command and rings the doorbell, :meth:`Partition.read_writer` reads the writer's reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from appliance.config.server_config import Config
+from appliance.config.topic_metadata import TopicMetadata
+from appliance.server.children import Child
+from appliance.server.writer import WriterSpec
+from ipc.control import encode
+from ipc.ring import RingNames
+from ipc.shm import Permissions, ShmNames
+from ipc.state_page import StatePage
+from ipc.wakeup import Doorbell
+from replicas.leader_epochs import begin_leader_epoch
+from replicas.replica_state import read_replica_state
+from storage.errors import LogLockedError
+from storage.log import Log
+from storage.log_config import LogConfig
+
+__all__ = ["Partition", "RingRecord", "open_log", "recover_partition"]
+
+_OPEN_WAIT_S = 30.0  # for a previous run's writer to let go of the log
+
+_log = logging.getLogger("appliance.supervisor")
+
+
+@dataclass
+class RingRecord:
+    """A producer ring attached to a partition: its names, its owner, whether it is being let go."""
+
+    names: RingNames
+    topic: str
+    partition: int
+    session: int
+    connection: int  # the control connection it was attached through
+    producer_id: int
+    detaching: bool = False
+
+    def attach_command(self) -> dict[str, Any]:
+        """The writer's command to serve this ring."""
+        names = self.names
+        return {"op": "attach", "ring": names.ring, "space": names.space, "doorbell": names.doorbell}
+
+
+@dataclass
+class Partition:
+    """A partition this node leads: its directory, writer spec, state page, doorbell, writer, rings."""
+
+    topic: str
+    partition: int
+    directory: str
+    spec: WriterSpec
+    page: StatePage
+    doorbell: Doorbell
+    writer: Child
+    rings: dict[str, RingRecord] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def tell_writer(self, command: Mapping[str, Any]) -> None:
+        """Send a command to the partition's writer (if it runs) and ring its doorbell."""
+        channel = self.writer.channel
+        if channel is None:
+            return  # restarting: it gets the ring list when it starts
+        data = encode(command)
+        channel.setblocking(True)
+        try:
+            channel.sendall(data)
+        except OSError as exc:
+            _log.warning("writer %s: command %s not delivered: %s", self.name, command.get("op"), exc)
+        finally:
+            channel.setblocking(False)
+        self.doorbell.ring()
+
+    def read_writer(self) -> list[dict[str, Any]] | None:
+        """The complete messages the writer sent since the last call; None at end of file (it is exiting)."""
+        child = self.writer
+        channel = child.channel
+        if channel is None:
+            return []
+        try:
+            data = channel.recv(1 << 16)
+        except BlockingIOError:
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            return None
+        child.inbox += data
+        messages = []
+        while (end := child.inbox.find(b"\n")) >= 0:
+            line = bytes(child.inbox[:end])
+            del child.inbox[: end + 1]
+            try:
+                messages.append(json.loads(line))
+            except ValueError:
+                _log.error("writer %s sent a malformed line %r", self.name, line[:80])
+        return messages
+
+    def release(self) -> None:
+        """Close and remove the state page and the doorbell (the writer has stopped)."""
+        self.page.close()
+        self.page.unlink()
+        self.doorbell.close()
+        self.doorbell.unlink()
+
+
+class _StartingState(NamedTuple):
+    """What a partition's state page starts with."""
+
+    log_end_offset: int
+    log_start_offset: int
+    leader_epoch: int
+    epoch_start_offset: int
+    high_watermark: int
+    isr_size: int  # replicated partitions: the in-sync replicas, leader included
+
+
+def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, names: ShmNames,
+                      permissions: Permissions, broker_wake_fd: int,
+                      should_stop: Callable[[], bool]) -> Partition:  # fmt: skip
+    """Recover the partition's log (and close it cleanly), create its state page and doorbell."""
+    directory = topic.directory(partition)
+    log_config = config.log_config(topic.name, dict(topic.configs))
+    effective = config.topic(topic.name, dict(topic.configs))
+    if effective.message_timestamp_type == "LogAppendTime" and partition == 0:
+        _log.warning("topic %s: message.timestamp.type LogAppendTime is not applied yet; batches keep "
+                     "their CreateTime timestamps", topic.name)  # fmt: skip
+    replicated = topic.replication_factor > 1
+    log = open_log(directory, log_config, (topic.name, partition), should_stop)
+    try:
+        state = _starting_state(log, directory, replicated, config.node_id)
+    finally:
+        log.close(clean=True)
+    page_name = names.state_page(topic.name, partition)
+    doorbell_name = names.doorbell(topic.name, partition)
+    page = StatePage.create(page_name, permissions)
+    try:
+        _seed_page(page, state, effective.min_insync_replicas, replicated)
+        doorbell = Doorbell.create(doorbell_name, permissions)
+    except BaseException:
+        page.close()
+        page.unlink()
+        raise
+    spec = WriterSpec(
+        topic=topic.name,
+        partition=partition,
+        directory=directory,
+        log_config=log_config,
+        leader_epoch=state.leader_epoch,
+        state_page=page_name,
+        doorbell=doorbell_name,
+        publish_high_watermark=topic.replication_factor == 1,
+        broker_wake_fd=broker_wake_fd,
+        retention_check_interval_ms=config.retention_check_interval_ms,
+        retention_enabled="delete" in effective.cleanup_policy,
+    )
+    return Partition(topic.name, partition, directory, spec, page, doorbell, Child("writer", spec.name))
+
+
+def open_log(
+    directory: str, log_config: LogConfig, tp: tuple[str, int], should_stop: Callable[[], bool]
+) -> Log:
+    """Open (recovering) a log; wait up to 30 s for a previous run's writer still holding it (a writer
+    orphaned by a killed supervisor drains and exits on its own: PR_SET_PDEATHSIG)."""
+    deadline = time.monotonic() + _OPEN_WAIT_S
+    waited = False
+    while True:
+        try:
+            return Log.open(directory, log_config, topic_partition=tp, recover=True)
+        except LogLockedError as exc:
+            if time.monotonic() > deadline or should_stop():
+                raise
+            if not waited:
+                _log.warning("%s; waiting for it to exit", exc)
+                waited = True
+            time.sleep(0.05)
+
+
+def _starting_state(log: Log, directory: str, replicated: bool, node_id: int) -> _StartingState:
+    """The offsets of the recovered log; for a replicated partition, a new leader epoch begun at its end
+    and the high watermark and ISR size of ``replica-state.json`` (module docstring, "Replication")."""
+    end, start = log.log_end_offset, log.log_start_offset
+    if not replicated:
+        epoch = max(log.latest_epoch, 0)
+        epoch_start = log.leader_epoch_cache.entries[-1][1] if log.latest_epoch >= 0 else end
+        return _StartingState(end, start, epoch, epoch_start, high_watermark=end, isr_size=1)
+    # A new leader epoch at every start of a leader, before any append: a follower holding records this
+    # log lost or never had truncates them (replicas.leader_epochs).
+    persisted = read_replica_state(directory)
+    previous = max(log.latest_epoch, persisted.leader_epoch if persisted is not None else -1)
+    epoch = previous + 1
+    epoch_start = begin_leader_epoch(log, epoch)
+    known = persisted.high_watermark if persisted is not None else 0
+    isr_size = 1
+    if persisted is not None and persisted.leader_id == node_id and persisted.isr:
+        isr_size = len(set(persisted.isr) | {node_id})
+    return _StartingState(end, start, epoch, epoch_start, max(start, min(known, end)), isr_size)
+
+
+def _seed_page(page: StatePage, state: _StartingState, min_insync_replicas: int, replicated: bool) -> None:
+    page.log_end_offset = state.log_end_offset
+    page.high_watermark = state.high_watermark
+    page.log_start_offset = state.log_start_offset
+    page.min_insync_replicas = min_insync_replicas
+    if replicated:  # the broker's replication layer owns these from now on
+        page.committed_high_watermark = state.high_watermark
+        page.isr_size = state.isr_size
+    page.set_leader_epoch(state.leader_epoch, state.epoch_start_offset)

@@ -1,0 +1,92 @@
+"""The producer rings of one appliance instance, as the supervisor keeps them, from ``attach`` to unlink.
+
+A ring's life (``ipc.control``, "Lifetime of a ring")::
+
+    attach     the ring is created (named after the partition and a session number unique in this run),
+               recorded under its partition and its control connection, and handed to the partition's
+               writer ({"op": "attach", ...}); a restarted writer is handed every ring of its partition again
+    detach     (the op, or its connection closed) the ring is marked detaching and the writer is told
+               ({"op": "detach", ...}): it drains what was published, then reports {"op": "detached"}
+    detached   the ring is forgotten and unlinked
+    otherwise  the rings of a deleted topic are unlinked once its writers stopped; every ring left is
+               unlinked when the supervisor stops
+
+The supervisor is the only process that creates or unlinks a ring; the producer writes its frames, the
+writer reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from appliance.server.partitions import Partition, RingRecord
+from ipc.ring import RingNames, create_ring, unlink_ring
+from ipc.shm import Permissions, ShmNames
+
+__all__ = ["RingTable"]
+
+_log = logging.getLogger("appliance.supervisor")
+
+
+class RingTable:
+    """Every producer ring of the instance, by ring name (each is also in its :attr:`Partition.rings`)."""
+
+    def __init__(self, names: ShmNames, permissions: Permissions, ring_bytes: int) -> None:
+        self.names = names
+        self.permissions = permissions
+        self.ring_bytes = ring_bytes
+        self._records: dict[str, RingRecord] = {}
+        self._last_session = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def get(self, ring: str) -> RingRecord | None:
+        return self._records.get(ring)
+
+    def of_connection(self, connection: int) -> list[RingRecord]:
+        """The rings attached through control connection ``connection``."""
+        return [record for record in self._records.values() if record.connection == connection]
+
+    def attach(self, part: Partition, connection: int, producer_id: int) -> RingRecord:
+        """Create a ring on ``part`` for a producer on ``connection`` and hand it to the writer."""
+        self._last_session += 1
+        session = self._last_session
+        names = RingNames.for_producer(self.names, part.topic, part.partition, session)
+        create_ring(names, capacity_bytes=self.ring_bytes, permissions=self.permissions)
+        record = RingRecord(names, part.topic, part.partition, session, connection, producer_id)
+        part.rings[names.ring] = record
+        self._records[names.ring] = record
+        part.tell_writer(record.attach_command())
+        return record
+
+    def detach(self, record: RingRecord, part: Partition | None) -> None:
+        """Let the ring go: its writer drains it first (``part``: its partition, None if deleted)."""
+        if record.detaching:
+            return
+        record.detaching = True
+        if part is None:
+            unlink_ring(record.names)
+            self._records.pop(record.names.ring, None)
+            return
+        part.tell_writer({"op": "detach", "ring": record.names.ring})
+
+    def detached(self, part: Partition, ring: str) -> None:
+        """The writer of ``part`` drained ``ring`` and let it go: unlink it."""
+        record = part.rings.pop(ring, None)
+        self._records.pop(ring, None)
+        if record is not None:
+            unlink_ring(record.names)
+            _log.debug("ring %s detached and removed", ring)
+
+    def drop_partition(self, part: Partition) -> None:
+        """Unlink every ring of a partition being deleted (its writer has stopped)."""
+        for record in part.rings.values():
+            self._records.pop(record.names.ring, None)
+            unlink_ring(record.names)
+
+    def unlink_all(self) -> None:
+        """Unlink every ring (the supervisor is stopping; the writers have stopped)."""
+        for record in self._records.values():
+            unlink_ring(record.names)
+        self._records.clear()
