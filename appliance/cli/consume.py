@@ -148,8 +148,31 @@ class _Stop(Exception):
     pass
 
 
-def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop
+class _Progress:
+    """Records written so far, and how a SIGTERM stops the loop: at once while it waits for records, after
+    the write while it writes them (so the count printed at the end is the number of lines printed)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.writing = False
+        self.stop_requested = False
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        if self.writing:
+            self.stop_requested = True
+        else:
+            raise _Stop
+
+    def write(self, out: BinaryIO, lines: bytes, records: int) -> None:
+        self.writing = True
+        try:
+            out.write(lines)
+            out.flush()
+            self.count += records
+        finally:
+            self.writing = False
+        if self.stop_requested:
+            raise _Stop
 
 
 def main(argv: list[str]) -> int:
@@ -170,7 +193,7 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     out: BinaryIO = sys.stdout.buffer
     progress = _Progress()
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    previous = signal.signal(signal.SIGTERM, progress.on_sigterm)
     try:
         with Consumer(settings) as consumer:
             _start(consumer, args)
@@ -188,10 +211,6 @@ def main(argv: list[str]) -> int:
     return EXIT_OK
 
 
-class _Progress:
-    count = 0
-
-
 def _loop(consumer: Consumer, args: argparse.Namespace, out: BinaryIO, progress: _Progress) -> None:
     limit = args.max_messages
     last_record = time.monotonic()
@@ -202,10 +221,7 @@ def _loop(consumer: Consumer, args: argparse.Namespace, out: BinaryIO, progress:
         left = None if limit is None else limit - progress.count
         records = consumer.poll(timeout_ms=wait_ms, max_records=left)
         if records:
-            lines = b"".join(format_record(r, args) for r in records)
-            progress.count += len(records)  # before the write: a signal may stop us right after it
-            out.write(lines)
-            out.flush()
+            progress.write(out, b"".join(format_record(r, args) for r in records), len(records))
             last_record = time.monotonic()
         elif args.timeout_ms is not None and (time.monotonic() - last_record) * 1000 >= args.timeout_ms:
             return

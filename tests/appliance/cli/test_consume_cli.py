@@ -95,10 +95,18 @@ def test_waits_for_new_records_and_stops_on_sigterm(command: list[str], written:
                 break
         first = process.stdout.readline()
         process.send_signal(signal.SIGTERM)
-        rest, err = process.communicate(timeout=10)
+        # read through the same buffered reader: readline may have buffered lines after the first
+        # (communicate() would read the pipe beneath it and miss them)
+        rest = process.stdout.read()
+        assert process.stderr is not None
+        err = process.stderr.read()
+        process.wait(timeout=10)
     finally:
         process.kill()
         process.wait()
+        process.stdout.close()
+        if process.stderr is not None:
+            process.stderr.close()
     assert process.returncode == 0
     lines = (first + rest).splitlines()
     assert lines and lines == appended[appended.index(lines[0]) :][: len(lines)]
