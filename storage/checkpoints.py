@@ -10,8 +10,8 @@ Both formats are Kafka's (``CheckpointFile``): a version line, a count line, the
 
 Kafka keeps one ``recovery-point-offset-checkpoint`` and one ``log-start-offset-checkpoint`` per log
 *directory*, listing every partition; here each partition directory holds its own, with the one line of its
-partition, so a log never writes a file another log's writer also writes.  A file is replaced atomically:
-written to ``NAME.tmp``, fsynced, renamed over ``NAME``, and the directory fsynced.  A malformed file raises
+partition, so a log never writes a file another log's writer also writes.  A file is replaced whole and
+durably (``storage.atomic_file.write_atomically``).  A malformed file raises
 :class:`~storage.errors.CorruptRecordError` naming the file, the line and its content.
 
 The leader-epoch cache (:class:`LeaderEpochCache`) maps each leader epoch to the first offset written in
@@ -22,10 +22,10 @@ diverges from the leader's.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterable
 from typing import Final, NamedTuple
 
+from storage.atomic_file import write_atomically
 from storage.errors import CorruptRecordError
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "LeaderEpochCache",
     "read_checkpoint",
     "read_offset_checkpoint",
-    "write_atomically",
     "write_checkpoint",
     "write_offset_checkpoint",
 ]
@@ -44,29 +43,6 @@ __all__ = [
 CHECKPOINT_VERSION: Final = 0
 UNDEFINED_EPOCH: Final = -1
 UNDEFINED_EPOCH_OFFSET: Final = -1
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data``: temp file, fsync, rename, fsync the directory."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(os.path.dirname(path) or ".")
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_checkpoint(path: str, lines: Iterable[str]) -> None:

@@ -14,8 +14,9 @@ sanity check fails or after an unclean stop.  Their lifecycle, as Kafka's:
 * the active segment's index is preallocated to ``segment.index.bytes`` (a sparse file) and mapped
   read-write; entries are appended in place; the unused tail stays zero;
 * on roll or close it is *trimmed* to its used size.  Trimming writes the used bytes to a new file and
-  renames it over the old one, so the file a concurrent reader has mapped is never shrunk in place (touching
-  a mapped page past the end of a shrunk file would kill the reader with SIGBUS);
+  renames it over the old one (``storage.atomic_file``, not durable: an index is rebuilt when it is lost),
+  so the file a concurrent reader has mapped is never shrunk in place (touching a mapped page past the end
+  of a shrunk file would kill the reader with SIGBUS);
 * truncation (``truncate_to``) zeroes the dropped entries in place; the file is never shrunk.
 
 Readers in other processes (``storage.log_reader``) map the files read-only and do not know how many
@@ -32,6 +33,8 @@ from typing import ClassVar, Final, Self
 
 import numba
 import numpy as np
+
+from storage.atomic_file import write_atomically
 
 __all__ = [
     "NOT_FOUND",
@@ -158,7 +161,7 @@ class IndexFile:
                 data = os.pread(fd, size, 0)
                 os.close(fd)
                 fd = -1
-                _replace_file(path, data)
+                write_atomically(path, data, durable=False)
                 fd = os.open(path, os.O_RDWR)
                 current = size
             elif current < size:
@@ -199,7 +202,7 @@ class IndexFile:
     @classmethod
     def write_closed(cls, path: str, entry: struct.Struct, data: bytes) -> IndexFile:
         """Replace ``path`` by exactly ``data`` (a rebuilt, trimmed index) and map it."""
-        _replace_file(path, data)
+        write_atomically(path, data, durable=False)
         return cls.open_closed(path, entry)
 
     def _map(self, fd: int, size: int, *, writable: bool) -> None:
@@ -300,7 +303,7 @@ class IndexFile:
         """Shrink the file to its used entries (new file renamed over the old) and map it read-only."""
         data = self.used_bytes()
         self.close()
-        _replace_file(self.path, data)
+        write_atomically(self.path, data, durable=False)
         fd = os.open(self.path, os.O_RDONLY)
         try:
             self._map(fd, len(data), writable=False)
@@ -325,19 +328,6 @@ class IndexFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-
-def _replace_file(path: str, data: bytes) -> None:
-    """Write ``data`` to a new file and rename it over ``path`` (readers keep the old inode they map)."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class SegmentIndex:

@@ -65,6 +65,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
+from storage.atomic_file import fsync_directory, write_atomically
 from storage.batch_header import (
     BASE_OFFSET_OFFSET,
     BATCH_HEADER,
@@ -78,13 +79,7 @@ from storage.batch_header import (
     validate_batch,
 )
 from storage.batch_scan import BatchArrays
-from storage.checkpoints import (
-    LeaderEpochCache,
-    fsync_directory,
-    read_offset_checkpoint,
-    write_atomically,
-    write_offset_checkpoint,
-)
+from storage.checkpoints import LeaderEpochCache, read_offset_checkpoint, write_offset_checkpoint
 from storage.errors import (
     CorruptRecordError,
     InvalidRecordError,

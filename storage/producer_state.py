@@ -86,6 +86,7 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
+from storage.atomic_file import TMP_SUFFIX, write_atomically
 from storage.batch_header import CONTROL_FLAG_MASK, NO_SEQUENCE, TRANSACTIONAL_FLAG_MASK, BatchHeader
 from storage.errors import ApplianceError, ConfigError, CorruptRecordError, LogLockedError
 
@@ -238,7 +239,6 @@ _SNAPSHOT_CRC_START = 12  # the CRC covers the count, the offset and the entries
 assert (SNAPSHOT_HEADER.size, SNAPSHOT_PRODUCER.size, SNAPSHOT_BATCH.size) == (24, 24, 32)
 _SNAPSHOT_NAME = re.compile(r"^(\d{20})\.snapshot$")
 _SNAPSHOT_SUFFIX = ".snapshot"
-_TMP_SUFFIX = ".tmp"
 
 
 def snapshot_path(directory: str | os.PathLike[str], offset: int) -> Path:
@@ -268,29 +268,6 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never a torn mix."""
-    tmp = path.with_name(path.name + _TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
 
 
 class ProducerStateManager:
@@ -536,11 +513,14 @@ class ProducerStateManager:
         struct.pack_into(">I", data, 8, crc)
         return bytes(data)
 
-    def write_snapshot(self, directory: str | os.PathLike[str], offset: int) -> Path:
-        """Store the state as it is at log end offset ``offset``; keep the newest two snapshots."""
+    def write_snapshot(self, directory: str | os.PathLike[str], offset: int, *, durable: bool = True) -> Path:
+        """Store the state as it is at log end offset ``offset``; keep the newest two snapshots.
+
+        ``durable=False`` does not wait for the disk (``storage.atomic_file``): a power cut may then lose or
+        tear this snapshot, which loading detects (CRC) and answers with an older one or the log."""
         directory = Path(directory)
         path = snapshot_path(directory, offset)
-        _write_durably(path, self.snapshot_bytes(offset))
+        write_atomically(path, self.snapshot_bytes(offset), durable=durable)
         for old in list_snapshots(directory)[:-SNAPSHOTS_RETAINED]:
             _unlink_quietly(snapshot_path(directory, old))
         return path
@@ -558,7 +538,7 @@ class ProducerStateManager:
         if not directory.is_dir():
             return None
         for name in os.listdir(directory):
-            if name.endswith(_SNAPSHOT_SUFFIX + _TMP_SUFFIX):
+            if name.endswith(_SNAPSHOT_SUFFIX + TMP_SUFFIX):
                 _unlink_quietly(directory / name)  # a crash during write_snapshot
         for offset in reversed(list_snapshots(directory)):
             path = snapshot_path(directory, offset)
@@ -671,7 +651,7 @@ class ProducerIdBlockAllocator:
                 f"{self.path}: producer id file is already in use by another allocator"
             ) from None
         try:
-            _unlink_quietly(self.path.with_name(self.path.name + _TMP_SUFFIX))
+            _unlink_quietly(self.path.with_name(self.path.name + TMP_SUFFIX))
             self._next_id = self._read_reserved_until()
         except BaseException:
             self.close()
@@ -709,7 +689,7 @@ class ProducerIdBlockAllocator:
             if end > _INT64_MAX:
                 raise ApplianceError(f"{self.path}: producer ids exhausted at {self._next_id}")
             body = _ID_BODY.pack(_ID_MAGIC, _ID_VERSION, 0, end)
-            _write_durably(self.path, body + struct.pack(">I", _crc32c.crc32c(body)))
+            write_atomically(self.path, body + struct.pack(">I", _crc32c.crc32c(body)))
             self._reserved_until = end
         producer_id = self._next_id
         self._next_id += 1
