@@ -250,9 +250,8 @@ class IndexFile:
         self.entries += 1
 
     def prefaulted_entries_left(self) -> int:
-        """How many more entries fit in the pages already faulted in for writing (0 if not writable): the
-        log's hot path packs that many straight into :attr:`mm` at ``entries * entry.size`` (then adds one
-        to ``entries``) without going through :meth:`append`."""
+        """How many more entries fit in the pages already faulted in for writing (0 if not writable): that
+        many :meth:`append` calls fault in no page (the segment's append budget counts on it)."""
         if not self.writable or self.mm is None:
             return 0
         return min(self.max_entries, self._populated // self.entry.size) - self.entries

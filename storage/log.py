@@ -31,13 +31,13 @@ one ``os.write`` per segment touched.  The active segment rolls before a batch w
 or when the batch's offsets do not fit its int32 relative offsets.  Replicas use
 :meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for batches a
 follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).  The common
-append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the active segment
-keeps an *append budget*, one limit per roll rule (``LogSegment.refresh_append_budget``), and a batch within
-it is stamped, written and indexed in one flat stretch of code in :meth:`Log.append_batches`; anything else
-goes to the general path, which decides.  The hot path is flat, with no Python call of its own, on purpose:
-the kernel's 64 KiB copy into the page cache leaves the CPU's caches and branch predictors cold, and the
-Python that runs between two such writes costs up to twice what it costs in a loop, each call level
-(frame, arguments, return) included (see docs/performance.md).  With
+append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the log checks the
+epoch and that it may write, stamps the batch and hands it to ``LogSegment.append_batch``, which writes and
+indexes it if it is within the segment's *append budget* (one limit per roll rule,
+``LogSegment.refresh_append_budget``); anything else goes to the general path, which decides.  The hot path
+makes as few Python calls as it can: the kernel's 64 KiB copy into the page cache leaves the CPU's caches
+and branch predictors cold, so the Python that runs between two such writes costs more than it does in a
+loop, each call level (frame, arguments, return) included (docs/performance.md).  With
 ``preallocate`` (the default) the active segment's blocks are reserved ahead of the appends without changing
 its size (``storage.segment``).
 
@@ -89,7 +89,6 @@ from storage.errors import (
 )
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import INT32_MAX, LONG_MAX, LogConfig
-from storage.offset_index import OFFSET_INDEX_ENTRY
 from storage.recovery import load_segments
 from storage.retention import RetentionCandidate, segments_to_delete
 from storage.segment import (
@@ -102,7 +101,6 @@ from storage.segment import (
     OffsetAndTimestamp,
     parse_segment_name,
     segment_path,
-    write_rest,
 )
 
 __all__ = [
@@ -145,9 +143,6 @@ _BIG_INT32: Final = np.dtype(">i4")
 _unpack_records_count = struct.Struct(">i").unpack_from  # at RECORDS_COUNT_OFFSET
 _PLANNED_APPEND_BATCHES: Final = 64  # append_walked_as_follower: from this many batches on, one kernel call
 _time_ns = time.time_ns
-_os_write = os.write
-_pack_offset_entry = OFFSET_INDEX_ENTRY.pack_into
-_OFFSET_ENTRY_BYTES: Final = OFFSET_INDEX_ENTRY.size
 
 _log = logging.getLogger(__name__)
 _FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
@@ -444,60 +439,32 @@ class Log:
         through :meth:`append`, which validates.
         """
         count = len(views)
-        if count == 1 == len(headers):  # the hot path (see the module docstring): flat, no call of its own
+        if count == 1 == len(headers):  # the hot path (see the module docstring)
             header = headers[0]
-            segment = self._segments[-1]
-            size = header[_BATCH_LENGTH] + LOG_OVERHEAD
             epochs = self._epochs.entries
-            usable = (epochs and epochs[-1].epoch == leader_epoch  # the latest recorded epoch
-                      and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
-                      and self._flusher.error is None)  # (else the general path raises it)
-            room = segment.room_bytes - size
-            if room < 0 and usable and segment.extend_reservation(size):  # once per reserved chunk (32 MiB)
-                room = segment.room_bytes - size
-            base = segment.next_offset
-            last = base + header[_LAST_OFFSET_DELTA]
-            max_timestamp = header[_MAX_TIMESTAMP]
-            since = segment.bytes_since_last_index_entry
-            index_due = since > segment.index_interval_bytes
-            if (usable and room >= 0 and last <= segment.last_offset_limit
-                    and max_timestamp <= segment.timestamp_limit
-                    and (segment.index_entries_left > 0 or not index_due)):
+            if (epochs and epochs[-1].epoch == leader_epoch  # the latest recorded epoch
+                    and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
+                    and self._flusher.error is None):  # (else the general path raises it)
+                segment = self._segments[-1]
                 view = views[0]
+                size = header[_BATCH_LENGTH] + LOG_OVERHEAD
+                base = segment.next_offset
+                last = base + header[_LAST_OFFSET_DELTA]
+                max_timestamp = header[_MAX_TIMESTAMP]
                 _pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
-                written = _os_write(segment.append_fd, view)
-                if written != size:
-                    write_rest(segment.append_fd, (view,), written)
-                position = segment.size_bytes
-                if max_timestamp > segment.max_timestamp:
-                    segment.max_timestamp = max_timestamp
-                    segment.offset_of_max_timestamp = last
-                if index_due:  # the index rule (storage.segment), after the bytes are in the file
-                    offsets = segment.offset_index.file  # room in faulted-in pages: index_entries_left
-                    _pack_offset_entry(offsets.mm, offsets.entries * _OFFSET_ENTRY_BYTES,  # type: ignore[arg-type]
-                                       last - segment.base_offset, position)
-                    offsets.entries += 1
-                    top = segment.max_timestamp
-                    if top > segment.time_index.last_timestamp:
-                        segment.time_index.maybe_append(top, segment.offset_of_max_timestamp)
-                    segment.index_entries_left -= 1  # a time entry only comes with an offset entry
-                    segment.bytes_since_last_index_entry = size
-                else:
-                    segment.bytes_since_last_index_entry = since + size
-                segment.size_bytes = position + size
-                segment.room_bytes = room
-                segment.next_offset = last + 1
-                records = header[_RECORDS_COUNT]
-                self._unflushed_records += records
-                if self._unflushed_records >= self._flush_messages or (
-                        self._flush_timed and time.monotonic() >= self._flush_due_s):
-                    self.flush()
-                offset_of_max = last
-                if max_timestamp < 0:
-                    max_timestamp, offset_of_max = -1, base - 1
-                now_ms = _time_ns() // 1_000_000
-                return _new_tuple(AppendInfo, (base, last, now_ms, max_timestamp, offset_of_max, 1, records,
-                                               position, segment.base_offset, size))
+                position = segment.append_batch(view, size, last, max_timestamp)
+                if position >= 0:
+                    records = header[_RECORDS_COUNT]
+                    self._unflushed_records += records
+                    if self._unflushed_records >= self._flush_messages or (
+                            self._flush_timed and time.monotonic() >= self._flush_due_s):
+                        self.flush()
+                    offset_of_max = last
+                    if max_timestamp < 0:
+                        max_timestamp, offset_of_max = -1, base - 1
+                    now_ms = _time_ns() // 1_000_000
+                    return _new_tuple(AppendInfo, (base, last, now_ms, max_timestamp, offset_of_max, 1,
+                                                   records, position, segment.base_offset, size))
         self._check_writable()
         if count == 0 or count != len(headers):
             raise ValueError(f"{self._where}: {count} buffers and {len(headers)} headers; need as many, >= 1")

@@ -8,10 +8,10 @@ appended with one ``os.write`` per append call, or one ``os.writev`` of the batc
 memory: no copy; ``IOV_MAX`` buffers per call); nothing is fsynced per append (the page cache holds it;
 :meth:`LogSegment.flush` is ``fdatasync``).  After the bytes are written, the sparse indexes get their
 entries, so an index entry never points at bytes that are not in the file yet.  The common append of one
-batch (``Log.append_batches``' hot path, written flat in the log: see there why) checks the segment's
-*append budget* instead of the roll rules themselves: bytes, offsets, timestamps and index entries left
-before a roll rule could fire (:meth:`LogSegment.refresh_append_budget`); it writes the batch, indexes it
-by the rule below and keeps the budget current as it goes.
+batch (``Log.append_batches``' hot path, :meth:`LogSegment.append_batch`) checks the segment's *append
+budget* instead of the roll rules themselves: bytes, offsets, timestamps and index entries left before a
+roll rule could fire (:meth:`LogSegment.refresh_append_budget`); it writes the batch, indexes it by the rule
+below and keeps the budget current as it goes.
 
 Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
 appends with ``fallocate(FALLOC_FL_KEEP_SIZE)`` (``storage.preallocate``: how far, and the binding), so the
@@ -57,6 +57,7 @@ __all__ = [
     "INDEX_SUFFIX",
     "IOV_MAX",
     "LOG_SUFFIX",
+    "OVER_BUDGET",
     "TIME_INDEX_SUFFIX",
     "BatchBuffer",
     "FetchSlice",
@@ -75,7 +76,9 @@ _NAME_DIGITS: Final = 20
 _CHUNK_BYTES: Final = 16 * 1024  # pread size when walking small batches
 IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024  # buffers per writev
 BatchBuffer: TypeAlias = "memoryview | bytes | bytearray"  # 1-D bytes (format "B"): len() counts bytes
+OVER_BUDGET: Final = -1  # append_batch: the batch is not within the append budget, nothing was written
 _NO_LIMIT: Final = -(2**64)  # an append budget limit no int64 field is ever below or at
+_os_write = os.write
 _log = logging.getLogger(__name__)
 
 
@@ -228,9 +231,9 @@ class LogSegment:
         self.time_index: TimeIndex = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY,
                                                          writable=False), base_offset)
         self.index_identity: tuple[int, int] = (0, 0)  # (inode, size) of .index when a view mapped it
-        # The append budget: what one batch may take with no roll rule able to fire, so the log's hot path
-        # (Log.append_batches) checks these instead of the rules.  refresh_append_budget recomputes it after
-        # every change but the hot path's own, which keeps room_bytes and index_entries_left current.
+        # The append budget: what one batch may take with no roll rule able to fire, so append_batch (the
+        # log's hot path) checks these instead of the rules.  refresh_append_budget recomputes it after
+        # every change but append_batch's own, which keeps room_bytes and index_entries_left current.
         self.room_bytes = -1  # bytes before segment.bytes (or the reservation); -1: closed or empty
         self.last_offset_limit = base_offset + INT32_MAX  # relative offsets are int32
         self.timestamp_limit = _NO_LIMIT  # a batch max timestamp above it may be due for segment.ms
@@ -491,6 +494,44 @@ class LogSegment:
         self.refresh_append_budget()
         return start
 
+    def append_batch(self, view: BatchBuffer, size_bytes: int, last_offset: int, max_timestamp: int) -> int:
+        """The log's hot path: write one stamped batch if it is within the append budget, index it by the
+        index rule and account for it, with no roll rule evaluated.  Returns the position written at, or
+        :data:`OVER_BUDGET` with nothing done (the log's general path then decides: roll, then
+        :meth:`append_parts`).  ``view`` holds exactly the batch: ``size_bytes`` bytes whose offsets end at
+        ``last_offset``, from :attr:`next_offset` on."""
+        room = self.room_bytes - size_bytes
+        if room < 0:
+            if not self._extend_reservation(size_bytes):  # once per reserved chunk
+                return OVER_BUDGET
+            room = self.room_bytes - size_bytes
+        since = self.bytes_since_last_index_entry
+        index_due = since > self.index_interval_bytes
+        if (last_offset > self.last_offset_limit or max_timestamp > self.timestamp_limit
+                or (index_due and self.index_entries_left <= 0)):
+            return OVER_BUDGET
+        fd = self.append_fd
+        written = _os_write(fd, view)
+        if written != size_bytes:
+            write_rest(fd, (view,), written)
+        position = self.size_bytes
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if index_due:  # the index rule, after the bytes are in the file
+            self.offset_index.file.append(last_offset - self.base_offset, position)  # in faulted-in pages
+            top = self.max_timestamp
+            if top > self.time_index.last_timestamp:
+                self.time_index.maybe_append(top, self.offset_of_max_timestamp)
+            self.index_entries_left -= 1  # a time entry only comes with an offset entry
+            self.bytes_since_last_index_entry = size_bytes
+        else:
+            self.bytes_since_last_index_entry = since + size_bytes
+        self.size_bytes = position + size_bytes
+        self.room_bytes = room
+        self.next_offset = last_offset + 1
+        return position
+
     def append_walked(self, parts: Sequence[BatchBuffer], size_bytes: int, positions: np.ndarray,
                       sizes: np.ndarray, last_offsets: np.ndarray, max_timestamps: np.ndarray) -> int:
         """:meth:`append_parts` for many batches described by arrays (``storage.batch_scan.walk_batches``'
@@ -524,10 +565,10 @@ class LogSegment:
         return start
 
     def refresh_append_budget(self) -> None:
-        """Recompute the append budget from the segment's state (after any change to it but the log's hot
-        path's own, which keeps the budget up to date as it goes).  A closed segment, an empty one and one
-        whose first batch had no timestamp (its age decides, which needs the clock) get none: the log's
-        general path (:meth:`append_parts` after its own roll checks) serves them."""
+        """Recompute the append budget from the segment's state (after any change to it but
+        :meth:`append_batch`'s own, which keeps the budget up to date as it goes).  A closed segment, an
+        empty one and one whose first batch had no timestamp (its age decides, which needs the clock) get
+        none: the log's general path (:meth:`append_parts` after its own roll checks) serves them."""
         config = self.config
         size = self.size_bytes
         limit = config.segment_bytes
@@ -539,8 +580,8 @@ class LogSegment:
         # past the faulted-in pages of .index, IndexFile.append (the general path) faults in the next ones
         self.index_entries_left = min(self.index_room(), self.offset_index.file.prefaulted_entries_left())
 
-    def extend_reservation(self, size_bytes: int) -> bool:
-        """The log's hot path, for a batch of ``size_bytes`` beyond ``room_bytes``: when only the blocks
+    def _extend_reservation(self, size_bytes: int) -> bool:
+        """:meth:`append_batch`, for a batch of ``size_bytes`` beyond ``room_bytes``: when only the blocks
         reserved ahead (``preallocate``) stand in its way, reserve the next chunk (as :meth:`append_parts`
         would) and recompute the budget.  Returns whether the batch now fits ``room_bytes``; False, with
         nothing done, for a closed or empty segment and for a batch that would pass ``segment.bytes``."""
