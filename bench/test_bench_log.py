@@ -39,8 +39,9 @@ from storage.batch_header import (
     write_crc,
 )
 from storage.batch_scan import scan_segment
-from storage.log import RECOVERY_POINT_CHECKPOINT_FILE, Log
+from storage.log import Log
 from storage.log_config import LogConfig
+from storage.log_dir import RECOVERY_POINT_CHECKPOINT_FILE
 from storage.log_reader import LogReader
 from storage.offset_index import OffsetIndex
 from storage.preallocate import reservation_end, reserve_blocks
