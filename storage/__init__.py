@@ -50,7 +50,7 @@ _EXPORTS: dict[str, str] = {
     "open_read_only": "storage.log_reader",
     "LogConfig": "storage.log_config",
     "ProducerStateManager": "storage.producer_state",
-    "ProducerIdBlockAllocator": "storage.producer_state",
+    "ProducerIdBlockAllocator": "storage.producer_ids",
     "Verdict": "storage.producer_state",
 }
 

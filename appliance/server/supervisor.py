@@ -94,7 +94,7 @@ from replicas.replica_state import read_replica_state
 from storage.errors import ApplianceError, LogLockedError, TopicExistsError, UnknownTopicOrPartitionError
 from storage.log import Log
 from storage.log_config import LogConfig
-from storage.producer_state import ProducerIdBlockAllocator
+from storage.producer_ids import ProducerIdBlockAllocator
 
 __all__ = [
     "EXTRA_CHILDREN",
