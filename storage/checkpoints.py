@@ -115,11 +115,14 @@ class LeaderEpochCache:
 
     Entries strictly increase in both epoch and start offset.  Every change is written to the file
     atomically before the method returns.  Owned by the log's single writer; readers use :meth:`load`.
+    ``latest_epoch`` is the last entry's epoch (``UNDEFINED_EPOCH`` with none), kept with the entries (the
+    log's hot path compares it on every append).
     """
 
     def __init__(self, path: str, entries: list[EpochEntry] | None = None) -> None:
         self.path = path
         self.entries: list[EpochEntry] = list(entries or [])
+        self.latest_epoch = self.entries[-1].epoch if self.entries else UNDEFINED_EPOCH
 
     @classmethod
     def load(cls, path: str) -> LeaderEpochCache:
@@ -135,11 +138,9 @@ class LeaderEpochCache:
         return cls(path, entries)
 
     def _write(self) -> None:
+        """After every change of :attr:`entries`: :attr:`latest_epoch` follows them, the file too."""
+        self.latest_epoch = self.entries[-1].epoch if self.entries else UNDEFINED_EPOCH
         write_checkpoint(self.path, (f"{e.epoch} {e.start_offset}" for e in self.entries))
-
-    @property
-    def latest_epoch(self) -> int:
-        return self.entries[-1].epoch if self.entries else UNDEFINED_EPOCH
 
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that ``epoch`` starts at ``start_offset`` (Kafka's rule); returns whether it changed.

@@ -129,15 +129,19 @@ class IndexFile:
     """One ``.index`` or ``.timeindex`` file: its mapping, used-entry count and lifecycle.
 
     The log's single writer knows ``entries`` exactly (the active segment's file is mapped read-write,
-    closed ones read-only).  A reader's view (:meth:`open_view`) has ``entries == -1`` and
+    closed ones read-only); it changes only through this class's methods and the active segment's hot path
+    (:meth:`prefaulted_entries_left`).  A reader's view (:meth:`open_view`) has ``entries == -1`` and
     :meth:`used_entries` re-counts on demand.
     """
 
-    __slots__ = ("_array", "_populated", "entries", "entry", "max_entries", "mm", "path", "writable")
+    __slots__ = ("_array", "_entry_bytes", "_pack", "_populated", "entries", "entry", "max_entries", "mm",
+                 "path", "writable")
 
     def __init__(self, path: str, entry: struct.Struct, *, writable: bool) -> None:
         self.path = path
         self.entry = entry
+        self._entry_bytes = entry.size
+        self._pack = entry.pack_into
         self.writable = writable
         self.entries = 0
         self.max_entries = 0
@@ -242,16 +246,17 @@ class IndexFile:
     # --- writing (the single writer only) ----------------------------------------------------------------
     def append(self, first: int, second: int) -> None:
         """Write one two-field entry after the used ones (the caller checked ``is_full``)."""
-        entry = self.entry
-        at = self.entries * entry.size
-        if at + entry.size > self._populated:
+        at = self.entries * self._entry_bytes
+        if at + self._entry_bytes > self._populated:
             self._populate(at)
-        entry.pack_into(self.mm, at, first, second)  # type: ignore[arg-type]
+        self._pack(self.mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
 
     def prefaulted_entries_left(self) -> int:
         """How many more entries fit in the pages already faulted in for writing (0 if not writable): that
-        many :meth:`append` calls fault in no page (the segment's append budget counts on it)."""
+        many entries can be added with no page faulted in.  The active segment's one-batch append
+        (``LogSegment.append_batch``) adds that many itself, as :meth:`append` would (packed at
+        ``entries * entry.size``, then counted in ``entries``), to spare its hot path a call."""
         if not self.writable or self.mm is None:
             return 0
         return min(self.max_entries, self._populated // self.entry.size) - self.entries

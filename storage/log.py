@@ -317,8 +317,7 @@ class Log:
         count = len(views)
         if count == 1 == len(headers):  # the hot path (see the module docstring)
             header = headers[0]
-            epochs = self._epochs.entries
-            if (epochs and epochs[-1].epoch == leader_epoch  # the latest recorded epoch
+            if (leader_epoch == self._epochs.latest_epoch >= 0  # the latest recorded epoch
                     and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
                     and self._flusher.error is None):  # (else the general path raises it)
                 segment = self._segments[-1]
