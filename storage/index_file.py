@@ -49,7 +49,7 @@ __all__ = [
 NOT_FOUND: Final = -1  # kernel code: no entry has a key <= target (or the index is empty)
 
 # Write-faulting the pages of a sparse mapped file one at a time, as appends reach them, costs a block
-# reservation and an inode update each, and on a busy ext4 journal each can stall for milliseconds.  The
+# reservation and an inode update each, and on a busy ext4 journal each can stall the writer.  The
 # writer pre-faults pages ahead in chunks instead (MADV_POPULATE_WRITE, Linux >= 5.14; data is not touched),
 # so an append only ever writes to a page that is already mapped writable.  A chunk is as large as what the
 # file already holds, from one page to _POPULATE_BYTES: a new or quiet segment's index holds (and unmaps on
