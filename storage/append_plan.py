@@ -73,6 +73,7 @@ pack_stamp = _STAMP_RUN.pack_into  # (buffer, position, base offset, batch lengt
 _RECORDS_COUNT_BYTES: Final = np.arange(RECORDS_COUNT_OFFSET, RECORDS_COUNT_OFFSET + 4)  # recordsCount
 _BIG_INT32: Final = np.dtype(">i4")
 _unpack_records_count = struct.Struct(">i").unpack_from  # at RECORDS_COUNT_OFFSET
+_new_tuple = tuple.__new__  # NamedTuple construction without its Python-level __new__ (once per append)
 FEW_BATCHES: Final = 64  # walked batches: below this many a Python loop per batch costs less than numpy
 
 
@@ -155,7 +156,7 @@ def stamp_as_leader(parts: Sequence[memoryview], headers: Sequence[BatchHeader],
         records += header[RECORDS_COUNT_FIELD]
         total += size
         next_offset = last + 1
-    return AppendPlan(batches, records, total)
+    return _new_tuple(AppendPlan, (batches, records, total))
 
 
 def check_as_follower(headers: Sequence[BatchHeader], log_end_offset: int, name: str) -> AppendPlan:
@@ -179,7 +180,7 @@ def check_as_follower(headers: Sequence[BatchHeader], log_end_offset: int, name:
         records += header.records_count
         expected = header.last_offset + 1
         position += header.size
-    return AppendPlan(batches, records, position)
+    return _new_tuple(AppendPlan, (batches, records, position))
 
 
 def check_walked(view: memoryview, batches: BatchArrays, log_end_offset: int, name: str) -> None:
