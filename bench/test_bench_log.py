@@ -39,8 +39,9 @@ from storage.batch_header import (
     write_crc,
 )
 from storage.batch_scan import scan_segment
-from storage.log import RECOVERY_POINT_CHECKPOINT_FILE, Log
+from storage.log import Log
 from storage.log_config import LogConfig
+from storage.log_dir import RECOVERY_POINT_CHECKPOINT_FILE
 from storage.log_reader import LogReader
 from storage.offset_index import OffsetIndex
 from storage.preallocate import reservation_end, reserve_blocks
@@ -214,8 +215,8 @@ def test_append_64k_batches_vs_os_write(benchmark: BenchmarkFixture, bench_dir: 
         shutil.rmtree(bench_dir / "t-0", ignore_errors=True)
         log = Log.open(bench_dir / "t-0", config)
         # The leader epoch the appends use is recorded here: recording a new epoch fsyncs the leader-epoch
-        # checkpoint (~0.65 ms here), once per leadership change, not per append; timed, it would add
-        # ~1.3 µs to each batch of a 32 MiB round.
+        # checkpoint, once per leadership change, not per append; timed, it would weigh on every batch of
+        # a round (docs/storage.md).
         log.leader_epoch_cache.assign(0, log.log_end_offset)
         state["log"] = log
 

@@ -19,18 +19,18 @@ Frames: idempotent batches, ``WRITER_BENCH_MIB`` MiB per round (default 64), in 
 ``test_10_kib_records_end_to_end_vs_page_cache``: a real ``appliance serve`` (its writer process appending),
 one ``Producer``, 10 KiB records, acks=1, from the first record to the last ack.  The payload
 (``E2E_BENCH_PAYLOAD``): ``pool`` (the default) is ``appliance bench produce``'s -- its 8 MiB pool of distinct
-10 KiB JSON records, cycled, sent by its own loop (``perf_produce.produce_into``: ``send`` per record, or
+10 KiB JSON records, cycled, sent by its own loop (``bench.produce.produce_into``: ``send`` per record, or
 ``send_many`` of ~1 MiB slices), so this bench and the ``make bench`` matrix measure the same thing;
 ``distinct`` is ``E2E_BENCH_RECORDS`` distinct random records (``send_many`` of one 2-D array, ``send`` of
 each record's ``bytes`` in a plain loop), read from memory once: not cache resident, so the probe writing
-them costs ~0.28-0.32 ns of CPU per byte against ~0.24-0.26 for the pool (and the producer's copy more too):
-the two payloads give different limits, and only ``pool`` is the matrix's.  The
-page-cache probe (``bench.limits.PageCacheProbe`` with the round's rows as its source: buffered
-``os.write`` of the same bytes, ~1 MiB at a time, to a new file in the data directory, after ``os.sync()``)
-runs right before AND right after every round, each probe and the round starting right after
-``perf_limits.recycle_pages`` of their volume (all three write into pages the host backs), so a swing of the
-page cache during the round shows up; the
-round is held against the faster of its two probes (``ratio_to_faster_probe``, conservative) and their mean.
+them costs more CPU per byte than for the pool (and the producer's copy more too): the two payloads give
+different limits, and only ``pool`` is the matrix's.  The page-cache probe
+(``bench.limits.PageCacheProbe`` with the round's rows as its source: buffered ``os.write`` of the same
+bytes, ~1 MiB at a time, to a new file in the data directory, after ``os.sync()``) runs right before AND right
+after every round, each probe and the round starting right after ``bench.limits.recycle_pages`` of their
+volume (all three write into pages the host backs), so a swing of the page cache during the round shows up;
+the round is held against the faster of its two probes (``ratio_to_faster_probe``, conservative) and their
+mean.
 ``appliance bench produce`` (the ``make bench`` matrix) measures the same way with the same class.  On a
 shared 2-core machine the wall-clock ratio also measures whoever else runs; the CPU cost ratios do not:
 ``cpu_ratio_probe_to_writer`` is the probe's CPU time per byte (the kernel's buffered write of those bytes)

@@ -29,7 +29,7 @@ The one exception: store-then-load across processes.  TSO *does* let a load pass
 different address (the store sits in the store buffer).  The sleep/wake protocol (``ipc/wakeup.py``) is
 exactly that pattern ("I set my waiting flag, then check for work" against "I publish work, then check the
 waiting flag"), so both sides put :func:`full_fence` between their store and their load.  A fence costs one
-numba call (~60 ns) and a ``lock or`` (a full barrier on x86-64).
+numba call and a ``lock or`` (a full barrier on x86-64).
 
 Everything in ``ipc`` that publishes a field goes through :func:`publish_int64` / :func:`publish_int32`;
 everything that reads one goes through :func:`load_int64` / :func:`load_int32`.  They are trivially small on

@@ -98,7 +98,7 @@ class Chunk:
 
 
 def warm_up() -> None:
-    """Load (or compile) the numba kernels the rings use, ~0.1-0.5 s once per process.
+    """Load (or compile) the numba kernels the rings use, once per process (docs/ipc.md: what it costs).
 
     The supervisor calls it before forking writers, so they start with the kernels already loaded; a
     producer calls it at start-up so its first frame does not pay for it.

@@ -119,12 +119,13 @@ No wakeup is lost: as with the doorbells, the fences make either the reader's lo
 or the publisher's load (c) see the stamp; a store landing between 3 and 4 makes the kernel's compare in 4
 fail, so the sleep ends at once.  A sleep lasts at most READER_SLEEP_MAX_MS before the reader stamps again,
 so a sleeping reader's stamp is never older than that plus its scheduling delay, well inside the window.
-The publisher pays one fence and one load per publish, plus one ``futex_wake`` (~0.6 us of CPU) while
-readers slept within the window; an idle system pays nothing.  Steps b-c may come later than a
+The publisher pays one fence and one load per publish, plus one ``futex_wake`` system call while readers
+slept within the window; an idle system pays nothing.  Steps b-c may come later than a
 (``set_high_watermark(offset, wake_readers=False)``, then ``wake_readers()``): the partition writer
 acknowledges its producers in between, because the woken reader often takes the writer's core at once
-(wake-up preemption: the call measured ~100 us of wall time on a busy 2-core VM).  A publisher that dies
-between a and c delays its readers by at most READER_SLEEP_MAX_MS; it never strands them.
+(wake-up preemption: the call then costs the writer far more wall time than CPU; docs/ipc.md).  A
+publisher that dies between a and c delays its readers by at most READER_SLEEP_MAX_MS; it never strands
+them.
 
 Setters are for the field's owner only; a second writer would break the "one writer per field" rule that
 makes lock-free reads correct, and nothing here can detect it.

@@ -36,8 +36,9 @@ already posted for limits a notifier to one post per sleep instead of one per fr
 no system call when the other side is awake, and at most one per sleep when it is not.  A sleeper starts its
 generations at a random 64-bit value, so a restarted sleeper never repeats the one a notifier remembers.
 
-Why nap: a post is a system call that wakes a process on another CPU, and on a virtual machine that costs
-the *poster* 7-27 us (measured: the partition writer's ack when its producer slept for a slot).  Where
+Why nap: a post is a system call that wakes a process on another CPU, which on a virtual machine costs the
+*poster* many times what a fence or a load does (docs/ipc.md: the partition writer's ack when its producer
+slept for a slot).  Where
 the poster is the pipeline's bottleneck and the sleeper has slack (a producer waiting for an in-flight slot
 while the writer works through the frames published before), the sleeper naps instead: it wakes on its own
 timer, up to ``nap_s`` plus the kernel's timer slack late, and the poster never pays.  After ``nap_for_s``
@@ -89,7 +90,7 @@ __all__ = [
     "futex_wake",
 ]
 
-DEFAULT_SPIN_ITERATIONS = 64  # checks before sleeping: ~10-50 us of spinning, then the semaphore
+DEFAULT_SPIN_ITERATIONS = 64  # checks for work before napping or sleeping on the semaphore
 _GENERATIONS = 1 << 62
 
 FlagSlot = tuple[memoryview, int]
@@ -277,7 +278,7 @@ FUTEX_WAITV_AVAILABLE = _probe_waitv()
 def futex_wake(address: int) -> None:
     """Wake every process sleeping in :func:`futex_wait_any` on the 32-bit word at ``address``."""
     if _syscall is not None:
-        _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL)  # ~0.6 us
+        _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL)
 
 
 def futex_wait_any(words: Sequence[tuple[int, int]], timeout_s: float) -> bool:

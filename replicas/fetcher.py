@@ -535,9 +535,9 @@ class _Copier:
         if size >= HEADER_SIZE:
             length = records[BATCH_LENGTH_OFFSET:LOG_OVERHEAD]
             first_bytes = int.from_bytes(length, "big", signed=True) + LOG_OVERHEAD
-        # Many small batches (100 or more a piece: below ~5 KB each in 512 KB pieces): one kernel walk and one
-        # planned append cost far less than Python per batch (1 KB batches: 2.6 -> 1.35 s of follower CPU
-        # per GB).  Fewer, larger ones (16 KB, 55 KB): the fixed cost of the array calls does not pay off.
+        # Many small batches (100 or more a piece: below 5 KB each in 512 KB pieces): one kernel walk and one
+        # planned append cost far less than Python per batch.  Fewer, larger ones: the fixed cost of the
+        # array calls does not pay off (docs/performance.md).
         used = self._consume_walked(records) if 0 < first_bytes * _WALK_FROM_BATCHES <= size else -1
         if used == len(records) or self.problem is not None:
             return used

@@ -28,12 +28,13 @@ appended.  Kafka answers the requests of a connection in order, so several may b
 **A follower's Fetch is encoded once** (:meth:`LeaderConnection.send_follower_fetch`): from one Fetch to
 the next only the correlation id, ``fetch_offset`` and ``log_start_offset`` move, so the request is encoded
 once per :class:`FollowerFetch` (leader epoch, sizes...) by the codec, with marker values in those three
-fields, and each Fetch is a copy of that frame with the three patched in where the markers were (~1 us
-instead of ~10-25 us of building and encoding).  Likewise the fixed part of a clean answer is not decoded
-by the codec each time: it is unpacked with one ``struct`` layout derived from the codec's own encoding of
-the same answer (its constant bytes compared, the correlation id, throttle time, high watermark, last
-stable offset and log start offset read); any difference -- an error code, another shape -- takes the
-codec's decode.  Neither re-declares the protocol's layout: both are found in what ``ipc.kafka`` encodes.
+fields, and each Fetch is a copy of that frame with the three patched in where the markers were (a small
+fraction of building and encoding one: docs/performance.md).  Likewise the fixed part of a clean answer is
+not decoded by the codec each time: it is unpacked with one ``struct`` layout derived from the codec's own
+encoding of the same answer (its constant bytes compared, the correlation id, throttle time, high
+watermark, last stable offset and log start offset read); any difference -- an error code, another shape --
+takes the codec's decode.  Neither re-declares the protocol's layout: both are found in what ``ipc.kafka``
+encodes.
 
 **One receive buffer per connection.**  Fetch answers are received into a buffer the connection keeps and
 reuses (grown to the largest answer), not a fresh zeroed ``bytearray`` each: their ``records`` views are

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from ipc.kafka import ErrorCode
-from storage.checkpoints import fsync_directory
+from storage.atomic_file import write_atomically
 from storage.errors import CorruptRecordError, NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError
 
 __all__ = [
@@ -93,7 +93,7 @@ class PersistedReplicaState(NamedTuple):
 
 
 def write_replica_state(directory: str, state: PersistedReplicaState) -> None:
-    """Replace ``<directory>/replica-state.json`` atomically (temp file, fsync, rename, fsync directory)."""
+    """Replace ``<directory>/replica-state.json`` whole and durably (``storage.atomic_file``)."""
     path = os.path.join(directory, REPLICA_STATE_FILE)
     document = {
         "version": REPLICA_STATE_VERSION,
@@ -105,17 +105,7 @@ def write_replica_state(directory: str, state: PersistedReplicaState) -> None:
         "high_watermark": state.high_watermark,
     }
     data = (json.dumps(document, separators=(", ", ": ")) + "\n").encode()
-    tmp = path + _WRITING_SUFFIX
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(directory)
+    write_atomically(path, data, tmp_suffix=_WRITING_SUFFIX)
 
 
 def read_replica_state(directory: str) -> PersistedReplicaState | None:

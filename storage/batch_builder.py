@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-A producer holds many records; encoding them one at a time in Python costs ~150 ns of interpreter per
-field.  Here the records arrive as *columns*: every value concatenated into one ``uint8`` buffer with an
-``int64`` offsets array (record ``i`` is ``data[offsets[i]:offsets[i + 1]]``) and an optional null mask; the
-same for keys and for header keys and values; an optional ``int64`` timestamps array.  Two numba kernels then
-walk the columns: ``_records_size`` validates the columns and computes the exact size of the records section
-(and the max timestamp), ``_encode_records`` writes it.  The 61-byte header (``storage.batch_header``) is
+A producer holds many records; encoding them one at a time in Python costs interpreter time for every
+field of every record (docs/storage.md).  Here the records arrive as *columns*: every value concatenated
+into one ``uint8`` buffer with an ``int64`` offsets array (record ``i`` is
+``data[offsets[i]:offsets[i + 1]]``) and an optional null mask; the same for keys and for header keys and
+values; an optional ``int64`` timestamps array.  Two numba kernels then walk the columns: ``_records_size``
+validates the columns and computes the exact size of the records section (and the max timestamp),
+``_encode_records`` writes it.  The 61-byte header (``storage.batch_header``) is
 packed once and the CRC-32C written last by ``batch_header.write_crc``.
 
 Because the size is exact and computed first, a batch can be written straight into a caller's buffer at a

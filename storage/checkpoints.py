@@ -10,8 +10,8 @@ Both formats are Kafka's (``CheckpointFile``): a version line, a count line, the
 
 Kafka keeps one ``recovery-point-offset-checkpoint`` and one ``log-start-offset-checkpoint`` per log
 *directory*, listing every partition; here each partition directory holds its own, with the one line of its
-partition, so a log never writes a file another log's writer also writes.  A file is replaced atomically:
-written to ``NAME.tmp``, fsynced, renamed over ``NAME``, and the directory fsynced.  A malformed file raises
+partition, so a log never writes a file another log's writer also writes.  A file is replaced whole and
+durably (``storage.atomic_file.write_atomically``).  A malformed file raises
 :class:`~storage.errors.CorruptRecordError` naming the file, the line and its content.
 
 The leader-epoch cache (:class:`LeaderEpochCache`) maps each leader epoch to the first offset written in
@@ -22,10 +22,10 @@ diverges from the leader's.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterable
 from typing import Final, NamedTuple
 
+from storage.atomic_file import write_atomically
 from storage.errors import CorruptRecordError
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "LeaderEpochCache",
     "read_checkpoint",
     "read_offset_checkpoint",
-    "write_atomically",
     "write_checkpoint",
     "write_offset_checkpoint",
 ]
@@ -44,29 +43,6 @@ __all__ = [
 CHECKPOINT_VERSION: Final = 0
 UNDEFINED_EPOCH: Final = -1
 UNDEFINED_EPOCH_OFFSET: Final = -1
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data``: temp file, fsync, rename, fsync the directory."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(os.path.dirname(path) or ".")
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_checkpoint(path: str, lines: Iterable[str]) -> None:
@@ -139,11 +115,14 @@ class LeaderEpochCache:
 
     Entries strictly increase in both epoch and start offset.  Every change is written to the file
     atomically before the method returns.  Owned by the log's single writer; readers use :meth:`load`.
+    ``latest_epoch`` is the last entry's epoch (``UNDEFINED_EPOCH`` with none), kept with the entries (the
+    log's hot path compares it on every append).
     """
 
     def __init__(self, path: str, entries: list[EpochEntry] | None = None) -> None:
         self.path = path
         self.entries: list[EpochEntry] = list(entries or [])
+        self.latest_epoch = self.entries[-1].epoch if self.entries else UNDEFINED_EPOCH
 
     @classmethod
     def load(cls, path: str) -> LeaderEpochCache:
@@ -159,11 +138,9 @@ class LeaderEpochCache:
         return cls(path, entries)
 
     def _write(self) -> None:
+        """After every change of :attr:`entries`: :attr:`latest_epoch` follows them, the file too."""
+        self.latest_epoch = self.entries[-1].epoch if self.entries else UNDEFINED_EPOCH
         write_checkpoint(self.path, (f"{e.epoch} {e.start_offset}" for e in self.entries))
-
-    @property
-    def latest_epoch(self) -> int:
-        return self.entries[-1].epoch if self.entries else UNDEFINED_EPOCH
 
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that ``epoch`` starts at ``start_offset`` (Kafka's rule); returns whether it changed.

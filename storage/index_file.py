@@ -14,8 +14,9 @@ sanity check fails or after an unclean stop.  Their lifecycle, as Kafka's:
 * the active segment's index is preallocated to ``segment.index.bytes`` (a sparse file) and mapped
   read-write; entries are appended in place; the unused tail stays zero;
 * on roll or close it is *trimmed* to its used size.  Trimming writes the used bytes to a new file and
-  renames it over the old one, so the file a concurrent reader has mapped is never shrunk in place (touching
-  a mapped page past the end of a shrunk file would kill the reader with SIGBUS);
+  renames it over the old one (``storage.atomic_file``, not durable: an index is rebuilt when it is lost),
+  so the file a concurrent reader has mapped is never shrunk in place (touching a mapped page past the end
+  of a shrunk file would kill the reader with SIGBUS);
 * truncation (``truncate_to``) zeroes the dropped entries in place; the file is never shrunk.
 
 Readers in other processes (``storage.log_reader``) map the files read-only and do not know how many
@@ -33,6 +34,8 @@ from typing import ClassVar, Final, Self
 import numba
 import numpy as np
 
+from storage.atomic_file import write_atomically
+
 __all__ = [
     "NOT_FOUND",
     "IndexFile",
@@ -46,7 +49,7 @@ __all__ = [
 NOT_FOUND: Final = -1  # kernel code: no entry has a key <= target (or the index is empty)
 
 # Write-faulting the pages of a sparse mapped file one at a time, as appends reach them, costs a block
-# reservation and an inode update each, and on a busy ext4 journal each can stall for milliseconds.  The
+# reservation and an inode update each, and on a busy ext4 journal each can stall the writer.  The
 # writer pre-faults pages ahead in chunks instead (MADV_POPULATE_WRITE, Linux >= 5.14; data is not touched),
 # so an append only ever writes to a page that is already mapped writable.  A chunk is as large as what the
 # file already holds, from one page to _POPULATE_BYTES: a new or quiet segment's index holds (and unmaps on
@@ -126,15 +129,19 @@ class IndexFile:
     """One ``.index`` or ``.timeindex`` file: its mapping, used-entry count and lifecycle.
 
     The log's single writer knows ``entries`` exactly (the active segment's file is mapped read-write,
-    closed ones read-only).  A reader's view (:meth:`open_view`) has ``entries == -1`` and
+    closed ones read-only); it changes only through this class's methods and the active segment's hot path
+    (:meth:`prefaulted_entries_left`).  A reader's view (:meth:`open_view`) has ``entries == -1`` and
     :meth:`used_entries` re-counts on demand.
     """
 
-    __slots__ = ("_array", "_populated", "entries", "entry", "max_entries", "mm", "path", "writable")
+    __slots__ = ("_array", "_entry_bytes", "_pack", "_populated", "entries", "entry", "max_entries", "mm",
+                 "path", "writable")
 
     def __init__(self, path: str, entry: struct.Struct, *, writable: bool) -> None:
         self.path = path
         self.entry = entry
+        self._entry_bytes = entry.size
+        self._pack = entry.pack_into
         self.writable = writable
         self.entries = 0
         self.max_entries = 0
@@ -158,7 +165,7 @@ class IndexFile:
                 data = os.pread(fd, size, 0)
                 os.close(fd)
                 fd = -1
-                _replace_file(path, data)
+                write_atomically(path, data, durable=False)
                 fd = os.open(path, os.O_RDWR)
                 current = size
             elif current < size:
@@ -199,7 +206,7 @@ class IndexFile:
     @classmethod
     def write_closed(cls, path: str, entry: struct.Struct, data: bytes) -> IndexFile:
         """Replace ``path`` by exactly ``data`` (a rebuilt, trimmed index) and map it."""
-        _replace_file(path, data)
+        write_atomically(path, data, durable=False)
         return cls.open_closed(path, entry)
 
     def _map(self, fd: int, size: int, *, writable: bool) -> None:
@@ -239,17 +246,17 @@ class IndexFile:
     # --- writing (the single writer only) ----------------------------------------------------------------
     def append(self, first: int, second: int) -> None:
         """Write one two-field entry after the used ones (the caller checked ``is_full``)."""
-        entry = self.entry
-        at = self.entries * entry.size
-        if at + entry.size > self._populated:
+        at = self.entries * self._entry_bytes
+        if at + self._entry_bytes > self._populated:
             self._populate(at)
-        entry.pack_into(self.mm, at, first, second)  # type: ignore[arg-type]
+        self._pack(self.mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
 
     def prefaulted_entries_left(self) -> int:
-        """How many more entries fit in the pages already faulted in for writing (0 if not writable): the
-        log's hot path packs that many straight into :attr:`mm` at ``entries * entry.size`` (then adds one
-        to ``entries``) without going through :meth:`append`."""
+        """How many more entries fit in the pages already faulted in for writing (0 if not writable): that
+        many entries can be added with no page faulted in.  The active segment's one-batch append
+        (``LogSegment.append_batch``) adds that many itself, as :meth:`append` would (packed at
+        ``entries * entry.size``, then counted in ``entries``), to spare its hot path a call."""
         if not self.writable or self.mm is None:
             return 0
         return min(self.max_entries, self._populated // self.entry.size) - self.entries
@@ -300,7 +307,7 @@ class IndexFile:
         """Shrink the file to its used entries (new file renamed over the old) and map it read-only."""
         data = self.used_bytes()
         self.close()
-        _replace_file(self.path, data)
+        write_atomically(self.path, data, durable=False)
         fd = os.open(self.path, os.O_RDONLY)
         try:
             self._map(fd, len(data), writable=False)
@@ -325,19 +332,6 @@ class IndexFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-
-def _replace_file(path: str, data: bytes) -> None:
-    """Write ``data`` to a new file and rename it over ``path`` (readers keep the old inode they map)."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class SegmentIndex:

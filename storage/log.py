@@ -2,18 +2,8 @@
 
 Theory of operation
 -------------------
-A partition ``<topic>-<partition>`` lives in one directory::
-
-    my-topic-0/
-        00000000000000000000.log          record batches, as producers built them (storage.segment)
-        00000000000000000000.index        sparse offset index          (storage.offset_index)
-        00000000000000000000.timeindex    sparse time index            (storage.time_index)
-        00000000000001048576.log ...      later segments; the last one is the *active* segment
-        leader-epoch-checkpoint           epoch -> start offset         (storage.checkpoints)
-        recovery-point-offset-checkpoint  everything below this offset is fsynced
-        log-start-offset-checkpoint       the first offset a reader may ask for
-        .lock                             flock()ed by the one writer; holds its pid
-        .clean-shutdown                   present only while the log is closed cleanly
+A partition ``<topic>-<partition>`` lives in one directory of segments and small checkpoint files
+(``storage.log_dir`` lists them).
 
 **One writer.**  A :class:`Log` is the only object that changes the directory.  Opening takes an exclusive
 ``flock`` on ``.lock``; a second writer (another process, or a second ``Log`` in this one) gets
@@ -22,137 +12,97 @@ A partition ``<topic>-<partition>`` lives in one directory::
 local consumers) use ``storage.log_reader.LogReader``, which reads the files while this writer appends,
 rolls, truncates and deletes.
 
-**Append.**  :meth:`Log.append` takes bytes holding one or more whole batches.  All are validated first
-(magic, length, CRC: ``batch_header.validate_batch``), so a bad one appends nothing.  Then each batch is
-stamped in place with its ``baseOffset`` and ``partitionLeaderEpoch`` (the CRC does not cover them, so
-nothing is recomputed and a writable buffer is never copied), and the bytes go to the active segment with
-one ``os.write`` per segment touched.  The active segment rolls before a batch when it would pass
-``segment.bytes``, when ``segment.ms`` has passed since its first batch's timestamp, when an index is full,
-or when the batch's offsets do not fit its int32 relative offsets.  Replicas use
-:meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for batches a
-follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).  The common
-append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the active segment
-keeps an *append budget*, one limit per roll rule (``LogSegment.refresh_append_budget``), and a batch within
-it is stamped, written and indexed in one flat stretch of code in :meth:`Log.append_batches`; anything else
-goes to the general path, which decides.  The hot path is flat, with no Python call of its own, on purpose:
-the kernel's 64 KiB copy into the page cache leaves the CPU's caches and branch predictors cold, and the
-Python that runs between two such writes costs up to twice what it costs in a loop, each call level
-(frame, arguments, return) included (see docs/performance.md).  With
-``preallocate`` (the default) the active segment's blocks are reserved ahead of the appends without changing
-its size (``storage.segment``).
+**Opening** (``storage.log_loader``) cleans up what a crash left, recovers the segments that may hold
+unflushed data (``storage.recovery``) and reconciles the checkpoints and the leader-epoch cache with them.
+
+**Append.**  :meth:`Log.append` takes bytes holding one or more whole batches, validates them all first, so
+a bad one appends nothing, and stamps each in place with its ``baseOffset`` and ``partitionLeaderEpoch``
+(``storage.append_plan``); the bytes go to the active segment with one ``os.write`` per segment touched,
+rolling before a batch the active segment refuses (its roll rules: ``LogSegment.batches_that_fit``).
+Replicas use :meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for
+batches a follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).
+The common append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the log
+checks the epoch and that it may write, stamps the batch and hands it to ``LogSegment.append_batch``, which
+writes and indexes it if it is within the segment's *append budget*; anything else goes to the general
+path, which decides.  The hot path makes as few Python calls as it can: the kernel's copy of a large batch
+into the page cache leaves the CPU's caches and branch predictors cold, so the Python between two such
+writes costs more than it does in a loop, each call level (frame, arguments, return) included
+(docs/performance.md).
 
 **Durability.**  Appends stay in the page cache.  ``flush.messages``/``flush.ms`` (default: never) fsync
 the log; a rolled segment is fsynced in a background thread; :meth:`Log.close` fsyncs everything.  After
 each fsync the *recovery point* (the offset below which everything is on disk) is checkpointed; after an
 unclean stop ``storage.recovery`` checks only the segments from the recovery point on.
 
-**Reads** return a :class:`~storage.segment.FetchSlice` (file, descriptor, position, size) for ``sendfile``:
-whole batches from the one holding the offset, never past ``max_offset`` (the high watermark).
+**Reads** return a :class:`~storage.segment_file.FetchSlice` (file, descriptor, position, size) for
+``sendfile``: whole batches from the one holding the offset, never past ``max_offset`` (the high watermark).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import fcntl
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Final, NamedTuple
 
-import numpy as np
-
-from storage.batch_header import (
-    BASE_OFFSET_OFFSET,
-    BATCH_HEADER,
-    BATCH_LENGTH_OFFSET,
-    LOG_OVERHEAD,
-    PARTITION_LEADER_EPOCH_OFFSET,
-    RECORDS_COUNT_OFFSET,
-    BatchHeader,
-    check_batch,
-    stamp,
-    validate_batch,
+from storage.append_plan import (
+    BATCH_LENGTH_FIELD,
+    FEW_BATCHES,
+    LAST_OFFSET_DELTA_FIELD,
+    MAX_TIMESTAMP_FIELD,
+    RECORDS_COUNT_FIELD,
+    AppendInfo,
+    AppendPlan,
+    check_as_follower,
+    check_leader_epoch,
+    check_walked,
+    pack_stamp,
+    stamp_as_leader,
+    validate_batches,
+    walked_records,
+    walked_rows,
+    writable_bytes,
 )
+from storage.atomic_file import write_atomically
+from storage.batch_header import LOG_OVERHEAD, BatchHeader, check_batch
 from storage.batch_scan import BatchArrays
-from storage.checkpoints import (
-    LeaderEpochCache,
-    fsync_directory,
-    read_offset_checkpoint,
-    write_atomically,
-    write_offset_checkpoint,
-)
-from storage.errors import (
-    CorruptRecordError,
-    InvalidRecordError,
-    LogLockedError,
-    NotLeaderError,
-    OffsetOutOfRangeError,
-)
+from storage.checkpoints import LeaderEpochCache
+from storage.errors import InvalidRecordError, LogLockedError, OffsetOutOfRangeError
 from storage.flusher import RolledSegmentFlusher
-from storage.log_config import INT32_MAX, LONG_MAX, LogConfig
-from storage.offset_index import OFFSET_INDEX_ENTRY
-from storage.recovery import load_segments
-from storage.retention import RetentionCandidate, segments_to_delete
-from storage.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
-    BatchBuffer,
-    FetchSlice,
-    LogSegment,
-    OffsetAndTimestamp,
-    parse_segment_name,
-    segment_path,
-    write_rest,
+from storage.log_config import LONG_MAX, LogConfig
+from storage.log_dir import (
+    CLEAN_SHUTDOWN_FILE,
+    LEADER_EPOCH_CHECKPOINT_FILE,
+    LOG_START_OFFSET_CHECKPOINT_FILE,
+    RECOVERY_POINT_CHECKPOINT_FILE,
+    lock_log_directory,
+    parse_topic_partition,
+    read_partition_checkpoint,
+    write_partition_checkpoint,
 )
+from storage.log_loader import load_log
+from storage.retention import RetentionCandidate, segments_to_delete
+from storage.segment import BatchRow, LogSegment, OffsetAndTimestamp
+from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 
 __all__ = [
-    "CLEAN_SHUTDOWN_FILE",
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
-    "LEADER_EPOCH_CHECKPOINT_FILE",
-    "LOCK_FILE",
-    "LOG_START_OFFSET_CHECKPOINT_FILE",
-    "RECOVERY_POINT_CHECKPOINT_FILE",
-    "AppendInfo",
+    "FetchSlice",
     "Log",
+    "OffsetAndTimestamp",
     "SegmentInfo",
-    "list_segment_base_offsets",
-    "parse_topic_partition",
 ]
 
-LOCK_FILE: Final = ".lock"
-CLEAN_SHUTDOWN_FILE: Final = ".clean-shutdown"
-LEADER_EPOCH_CHECKPOINT_FILE: Final = "leader-epoch-checkpoint"
-RECOVERY_POINT_CHECKPOINT_FILE: Final = "recovery-point-offset-checkpoint"
-LOG_START_OFFSET_CHECKPOINT_FILE: Final = "log-start-offset-checkpoint"
 EARLIEST_TIMESTAMP: Final = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP: Final = -1  # ListOffsets: the log end offset
 
-_LAST_OFFSET_DELTA: Final = BatchHeader._fields.index("last_offset_delta")  # header fields by position:
-_BATCH_LENGTH: Final = BatchHeader._fields.index("batch_length")  # a tuple index is cheaper than a name
-_MAX_TIMESTAMP: Final = BatchHeader._fields.index("max_timestamp")
-_RECORDS_COUNT: Final = BatchHeader._fields.index("records_count")
-
 _new_tuple = tuple.__new__  # NamedTuple construction without its keyword handling (hot path)
-# baseOffset, batchLength, partitionLeaderEpoch are the header's first three fields, back to back: the hot
-# path stamps them with one pack (batchLength rewritten with the validated value) where stamp() does two.
-_STAMP_RUN: Final = struct.Struct(BATCH_HEADER.format[:4])
-assert BatchHeader._fields[:3] == ("base_offset", "batch_length", "partition_leader_epoch")
-assert (BASE_OFFSET_OFFSET, BATCH_LENGTH_OFFSET, _STAMP_RUN.size) == (0, 8, PARTITION_LEADER_EPOCH_OFFSET + 4)
-_pack_stamp = _STAMP_RUN.pack_into
-_RECORDS_COUNT_BYTES: Final = np.arange(RECORDS_COUNT_OFFSET, RECORDS_COUNT_OFFSET + 4)  # recordsCount
-_BIG_INT32: Final = np.dtype(">i4")
-_unpack_records_count = struct.Struct(">i").unpack_from  # at RECORDS_COUNT_OFFSET
-_PLANNED_APPEND_BATCHES: Final = 64  # append_walked_as_follower: from this many batches on, one kernel call
 _time_ns = time.time_ns
-_os_write = os.write
-_pack_offset_entry = OFFSET_INDEX_ENTRY.pack_into
-_OFFSET_ENTRY_BYTES: Final = OFFSET_INDEX_ENTRY.size
 
 _log = logging.getLogger(__name__)
 _FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
@@ -165,21 +115,6 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-class AppendInfo(NamedTuple):
-    """What an append did."""
-
-    first_offset: int
-    last_offset: int
-    log_append_time_ms: int  # wall clock at the append (the batches' timestamps are not rewritten)
-    max_timestamp: int  # largest batch maxTimestamp appended (-1 if none carried one)
-    offset_of_max_timestamp: int
-    batch_count: int
-    record_count: int
-    position: int  # byte position of the first batch in its segment file
-    segment_base_offset: int  # the segment the first batch went to
-    size_bytes: int
-
-
 class SegmentInfo(NamedTuple):
     base_offset: int
     path: str
@@ -187,24 +122,6 @@ class SegmentInfo(NamedTuple):
     next_offset: int
     max_timestamp: int
     is_active: bool
-
-
-def parse_topic_partition(directory: str) -> tuple[str, int] | None:
-    """``("my-topic", 3)`` for a directory named ``my-topic-3``, else None."""
-    topic, sep, partition = os.path.basename(os.path.normpath(directory)).rpartition("-")
-    if not sep or not topic or not partition.isdigit():
-        return None
-    return topic, int(partition)
-
-
-def list_segment_base_offsets(directory: str) -> list[int]:
-    """Base offsets of the ``.log`` files in ``directory``, sorted."""
-    bases = []
-    for name in os.listdir(directory):
-        base = parse_segment_name(name, LOG_SUFFIX)
-        if base is not None:
-            bases.append(base)
-    return sorted(bases)
 
 
 class Log:
@@ -254,7 +171,7 @@ class Log:
         config = config or LogConfig()
         tp = topic_partition or parse_topic_partition(path) or (os.path.basename(os.path.normpath(path)), 0)
         os.makedirs(path, exist_ok=True)
-        lock_fd = _lock(path, f"{tp[0]}-{tp[1]}")
+        lock_fd = lock_log_directory(path, f"{tp[0]}-{tp[1]}")
         log = cls(path, config, tp, lock_fd)
         try:
             log._load(check_crc=recover)
@@ -264,50 +181,12 @@ class Log:
         return log
 
     def _load(self, *, check_crc: bool) -> None:
-        clean_marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-        clean = os.path.exists(clean_marker)
-        self._remove_stray_files()
-        self._epochs = LeaderEpochCache.load(self._epochs.path)
-        self._recovery_point = self._read_offset_checkpoint(RECOVERY_POINT_CHECKPOINT_FILE) or 0
-        self._log_start_offset = self._read_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE) or 0
-        bases = list_segment_base_offsets(self.directory)
-        # A crash between advancing the log start offset and deleting files leaves segments wholly below it.
-        while len(bases) > 1 and bases[1] <= self._log_start_offset:
-            _delete_segment_files(self.directory, bases.pop(0))
-        if not bases:
-            segment = LogSegment.create(self.directory, self._log_start_offset, self.config)
-            self._segments = [segment]
-            self._recovery_point = self._log_start_offset
-        else:
-            result = load_segments(self.directory, self.config, bases, clean=clean,
-                                   recovery_point=self._recovery_point, check_crc=check_crc)
-            self._segments = result.segments
-            for epoch, start in result.epoch_starts:
-                if epoch > self._epochs.latest_epoch:
-                    self._epochs.assign(epoch, start)
-            for segment in result.scanned:
-                segment.flush()
-        self._bases = [s.base_offset for s in self._segments]
-        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-        self._epochs.truncate_from_end(self.log_end_offset)
-        self._epochs.truncate_from_start(self._log_start_offset)
-        self._recovery_point = self.log_end_offset
-        self._write_offset_checkpoint(RECOVERY_POINT_CHECKPOINT_FILE, self._recovery_point)
-        self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, self._log_start_offset)
-        if clean:
-            os.unlink(clean_marker)
-            fsync_directory(self.directory)
-
-    def _remove_stray_files(self) -> None:
-        names = os.listdir(self.directory)
-        logs = {parse_segment_name(n, LOG_SUFFIX) for n in names} - {None}
-        for name in names:
-            orphan = any(
-                parse_segment_name(name, suffix) is not None and parse_segment_name(name, suffix) not in logs
-                for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-            )
-            if name.endswith(".tmp") or orphan:
-                os.unlink(os.path.join(self.directory, name))
+        loaded = load_log(self.directory, self.config, self.topic_partition, check_crc=check_crc)
+        self._segments = loaded.segments
+        self._bases = [s.base_offset for s in loaded.segments]
+        self._log_start_offset = loaded.log_start_offset
+        self._recovery_point = loaded.recovery_point
+        self._epochs = loaded.epochs
 
     def close(self, *, clean: bool = True) -> None:
         """Close the log and release the lock.
@@ -404,28 +283,15 @@ class Log:
         """
         view = memoryview(buf)
         if view.readonly or view.ndim != 1 or view.format != "B":
-            view = _byte_view(view)
+            view = writable_bytes(view)
         max_batch_bytes = self.config.max_message_bytes
         first = check_batch(view, 0, whole=False)
-        if not isinstance(first, int) and first[_BATCH_LENGTH] + LOG_OVERHEAD == len(view) <= max_batch_bytes:
+        if (not isinstance(first, int)
+                and first[BATCH_LENGTH_FIELD] + LOG_OVERHEAD == len(view) <= max_batch_bytes):
             return self.append_batches((view,), (first,), leader_epoch=leader_epoch)  # one valid batch
         self._check_writable()
-        headers = self._validate(view, max_batch_bytes, first=first)
-        latest_epoch = self._check_leader_epoch(leader_epoch)
-        first_offset = next_offset = self._segments[-1].next_offset
-        batches: list[tuple[int, int, int, int]] = []
-        records = position = 0
-        for header in headers:
-            stamp(view, position, next_offset, leader_epoch)
-            last = next_offset + header.last_offset_delta
-            size = header.batch_length + LOG_OVERHEAD
-            batches.append((next_offset, last, size, header.max_timestamp))
-            records += header.records_count
-            next_offset = last + 1
-            position += size
-        if leader_epoch > latest_epoch:
-            self._epochs.assign(leader_epoch, first_offset)
-        return self._write((view,), position, batches, records)
+        headers = validate_batches(view, self._where, max_batch_bytes, first=first)
+        return self._append_as_leader((view,), headers, leader_epoch)
 
     def append_batches(self, views: Sequence[memoryview], headers: Sequence[BatchHeader], *,
                        leader_epoch: int) -> AppendInfo:
@@ -449,90 +315,45 @@ class Log:
         through :meth:`append`, which validates.
         """
         count = len(views)
-        if count == 1 == len(headers):  # the hot path (see the module docstring): flat, no call of its own
+        if count == 1 == len(headers):  # the hot path (see the module docstring)
             header = headers[0]
-            segment = self._segments[-1]
-            size = header[_BATCH_LENGTH] + LOG_OVERHEAD
-            epochs = self._epochs.entries
-            usable = (epochs and epochs[-1].epoch == leader_epoch  # the latest recorded epoch
-                      and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
-                      and self._flusher.error is None)  # (else the general path raises it)
-            room = segment.room_bytes - size
-            if room < 0 and usable and segment.extend_reservation(size):  # once per reserved chunk (32 MiB)
-                room = segment.room_bytes - size
-            base = segment.next_offset
-            last = base + header[_LAST_OFFSET_DELTA]
-            max_timestamp = header[_MAX_TIMESTAMP]
-            since = segment.bytes_since_last_index_entry
-            index_due = since > segment.index_interval_bytes
-            if (usable and room >= 0 and last <= segment.last_offset_limit
-                    and max_timestamp <= segment.timestamp_limit
-                    and (segment.index_entries_left > 0 or not index_due)):
+            if (leader_epoch == self._epochs.latest_epoch >= 0  # the latest recorded epoch
+                    and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
+                    and self._flusher.error is None):  # (else the general path raises it)
+                segment = self._segments[-1]
                 view = views[0]
-                _pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
-                written = _os_write(segment.append_fd, view)
-                if written != size:
-                    write_rest(segment.append_fd, (view,), written)
-                position = segment.size_bytes
-                if max_timestamp > segment.max_timestamp:
-                    segment.max_timestamp = max_timestamp
-                    segment.offset_of_max_timestamp = last
-                if index_due:  # the index rule (storage.segment), after the bytes are in the file
-                    offsets = segment.offset_index.file  # room in faulted-in pages: index_entries_left
-                    _pack_offset_entry(offsets.mm, offsets.entries * _OFFSET_ENTRY_BYTES,  # type: ignore[arg-type]
-                                       last - segment.base_offset, position)
-                    offsets.entries += 1
-                    top = segment.max_timestamp
-                    if top > segment.time_index.last_timestamp:
-                        segment.time_index.maybe_append(top, segment.offset_of_max_timestamp)
-                    segment.index_entries_left -= 1  # a time entry only comes with an offset entry
-                    segment.bytes_since_last_index_entry = size
-                else:
-                    segment.bytes_since_last_index_entry = since + size
-                segment.size_bytes = position + size
-                segment.room_bytes = room
-                segment.next_offset = last + 1
-                records = header[_RECORDS_COUNT]
-                self._unflushed_records += records
-                if self._unflushed_records >= self._flush_messages or (
-                        self._flush_timed and time.monotonic() >= self._flush_due_s):
-                    self.flush()
-                offset_of_max = last
-                if max_timestamp < 0:
-                    max_timestamp, offset_of_max = -1, base - 1
-                now_ms = _time_ns() // 1_000_000
-                return _new_tuple(AppendInfo, (base, last, now_ms, max_timestamp, offset_of_max, 1, records,
-                                               position, segment.base_offset, size))
+                size = header[BATCH_LENGTH_FIELD] + LOG_OVERHEAD
+                base = segment.next_offset
+                last = base + header[LAST_OFFSET_DELTA_FIELD]
+                max_timestamp = header[MAX_TIMESTAMP_FIELD]
+                pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
+                position = segment.append_batch(view, size, last, max_timestamp)
+                if position >= 0:
+                    records = header[RECORDS_COUNT_FIELD]
+                    self._unflushed_records += records
+                    if self._unflushed_records >= self._flush_messages or (
+                            self._flush_timed and time.monotonic() >= self._flush_due_s):
+                        self.flush()
+                    offset_of_max = last
+                    if max_timestamp < 0:
+                        max_timestamp, offset_of_max = -1, base - 1
+                    now_ms = _time_ns() // 1_000_000
+                    return _new_tuple(AppendInfo, (base, last, now_ms, max_timestamp, offset_of_max, 1,
+                                                   records, position, segment.base_offset, size))
         self._check_writable()
         if count == 0 or count != len(headers):
             raise ValueError(f"{self._where}: {count} buffers and {len(headers)} headers; need as many, >= 1")
-        latest_epoch = self._check_leader_epoch(leader_epoch)
-        first_offset = next_offset = self._segments[-1].next_offset
-        batches: list[tuple[int, int, int, int]] = []
-        records = total = 0
-        for view, header in zip(views, headers, strict=True):
-            size = header[_BATCH_LENGTH] + LOG_OVERHEAD
-            _pack_stamp(view, 0, next_offset, size - LOG_OVERHEAD, leader_epoch)  # as stamp(), in one pack
-            last = next_offset + header[_LAST_OFFSET_DELTA]
-            batches.append((next_offset, last, size, header[_MAX_TIMESTAMP]))
-            records += header[_RECORDS_COUNT]
-            total += size
-            next_offset = last + 1
+        return self._append_as_leader(views, headers, leader_epoch)
+
+    def _append_as_leader(self, parts: Sequence[memoryview], headers: Sequence[BatchHeader],
+                          leader_epoch: int) -> AppendInfo:
+        """The general path of a leader's append: epoch checked, batches stamped, epoch recorded, written."""
+        latest_epoch = check_leader_epoch(self._epochs.latest_epoch, leader_epoch, self.name)
+        first_offset = self._segments[-1].next_offset
+        plan = stamp_as_leader(parts, headers, first_offset, leader_epoch)
         if leader_epoch > latest_epoch:
             self._epochs.assign(leader_epoch, first_offset)
-        return self._write(views, total, batches, records)
-
-    def _check_leader_epoch(self, leader_epoch: int) -> int:
-        """The latest recorded epoch, after refusing an append in an older (or negative) one."""
-        latest_epoch = self._epochs.latest_epoch
-        if leader_epoch < latest_epoch:
-            raise NotLeaderError(
-                f"partition {self.name}: append in leader epoch {leader_epoch}, but epoch {latest_epoch} is "
-                "already recorded; this writer was fenced"
-            )
-        if leader_epoch < 0:
-            raise ValueError(f"partition {self.name}: leader epoch {leader_epoch} must be >= 0")
-        return latest_epoch
+        return self._write(parts, plan)
 
     def append_as_follower(self, buf: bytes | bytearray | memoryview, *,
                            validated: Sequence[BatchHeader] | None = None) -> AppendInfo:
@@ -545,37 +366,20 @@ class Log:
         ``storage.batch_reader.iter_batches``); they are not checked again.
         """
         self._check_writable()
-        view = _byte_view(buf)
+        view = writable_bytes(buf)
         if validated is None:
-            headers = self._validate(view)
+            headers = validate_batches(view, self._where)
         else:
             headers = list(validated)
             if sum(h.size for h in headers) != len(view) or not headers:
                 raise InvalidRecordError(f"{self._where}: follower append: the validated batches hold "
                                          f"{sum(h.size for h in headers)} bytes, the buffer {len(view)}")
-        expected = self.log_end_offset
-        batches: list[tuple[int, int, int, int]] = []
-        records = position = 0
-        for header in headers:
-            if not batches and header.base_offset != expected:
-                raise InvalidRecordError(
-                    f"partition {self.name}: follower append: the first record batch has base offset "
-                    f"{header.base_offset}, expected the log end offset {expected}"
-                )
-            if header.base_offset < expected:
-                raise InvalidRecordError(
-                    f"partition {self.name}: follower append: record batch at position {position} has base "
-                    f"offset {header.base_offset}, expected at least {expected} (offsets must move forward)"
-                )
-            batches.append((header.base_offset, header.last_offset, header.size, header.max_timestamp))
-            records += header.records_count
-            expected = header.last_offset + 1
-            position += header.size
+        plan = check_as_follower(headers, self.log_end_offset, self.name)
         for header in headers:
             epoch = header.partition_leader_epoch
             if epoch >= 0 and epoch != self._epochs.latest_epoch:
                 self._epochs.assign(epoch, header.base_offset)
-        return self._write((view,), position, batches, records)
+        return self._write((view,), plan)
 
     def append_walked_as_follower(self, buf: bytes | bytearray | memoryview,
                                   batches: BatchArrays) -> AppendInfo:
@@ -591,19 +395,9 @@ class Log:
         effects as :meth:`append_as_follower`: epochs recorded, rolls, indexes, flushes.
         """
         self._check_writable()
-        view = _byte_view(buf)
+        view = writable_bytes(buf)
+        check_walked(view, batches, self.log_end_offset, self.name)
         count = len(batches.positions)
-        if count == 0 or batches.positions[0] != 0 or int(batches.positions[-1] + batches.sizes[-1]) != len(
-                view):
-            raise InvalidRecordError(f"{self._where}: follower append: the walked batches do not cover the "
-                                     f"buffer of {len(view)} bytes ({count} batches)")
-        expected = self.log_end_offset
-        first_base = int(batches.base_offsets[0])
-        if first_base != expected:
-            raise InvalidRecordError(
-                f"partition {self.name}: follower append: the first record batch has base offset "
-                f"{first_base}, expected the log end offset {expected}"
-            )
         epochs = batches.epochs
         first_epoch = int(epochs[0])
         if (first_epoch != self._epochs.latest_epoch and first_epoch >= 0) or (
@@ -611,16 +405,10 @@ class Log:
             for epoch, base in zip(epochs.tolist(), batches.base_offsets.tolist(), strict=True):
                 if epoch >= 0 and epoch != self._epochs.latest_epoch:
                     self._epochs.assign(epoch, base)
-        if count < _PLANNED_APPEND_BATCHES:  # a few batches: Python per batch costs less than numpy per call
-            positions = batches.positions.tolist()
-            records = sum(_unpack_records_count(view, position + RECORDS_COUNT_OFFSET)[0]
-                          for position in positions)
-            rows = list(zip(batches.base_offsets.tolist(), batches.last_offsets.tolist(),
-                            batches.sizes.tolist(), batches.max_timestamps.tolist(), strict=True))
-            return self._write((view,), len(view), rows, records)
-        return self._write_planned(view, batches, records=int(
-            np.frombuffer(view, dtype=np.uint8)[batches.positions[:, None] + _RECORDS_COUNT_BYTES]
-            .view(_BIG_INT32).sum()))
+        records = walked_records(view, batches)
+        if count < FEW_BATCHES:  # a Python loop per batch, else one kernel call
+            return self._write((view,), AppendPlan(walked_rows(batches), records, len(view)))
+        return self._write_planned(view, batches, records=records)
 
     def _write_planned(self, view: memoryview, batches: BatchArrays, *, records: int) -> AppendInfo:
         """:meth:`_write` for many batches given as arrays: the index entries planned by one kernel call
@@ -628,7 +416,6 @@ class Log:
         positions, sizes, base_offsets, last_offsets, max_timestamps, _, _ = batches
         count = len(positions)
         now_ms = _time_ns() // 1_000_000
-        config = self.config
         segment = self._segments[-1]
         top = int(max_timestamps.argmax())
         max_timestamp = int(max_timestamps[top])
@@ -636,84 +423,37 @@ class Log:
         offset_of_max = int(last_offsets[top]) if max_timestamp > -1 else first - 1
         max_timestamp = max(max_timestamp, -1)
         size_bytes = len(view)
-        size = segment.size_bytes
-        rolling = segment.rolling_timestamp
-        if not (  # as _write: everything fits the active segment, which has aged less than segment.ms
-            0 < size <= config.segment_bytes - size_bytes
-            and last - segment.base_offset <= INT32_MAX
-            and segment.index_room() >= count
-            and (max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms)
-            <= config.segment_ms
-        ):
-            rows = list(zip(base_offsets.tolist(), last_offsets.tolist(), sizes.tolist(),
-                            max_timestamps.tolist(), strict=True))
-            return self._write((view,), size_bytes, rows, records)
+        if not segment.fits(size_bytes, last, count, max_timestamp, now_ms):
+            return self._write((view,), AppendPlan(walked_rows(batches), records, size_bytes))
         position = segment.append_walked((view,), size_bytes, positions, sizes, last_offsets, max_timestamps)
-        self._unflushed_records += records
-        if self._unflushed_records >= self._flush_messages or (
-                self._flush_timed and time.monotonic() >= self._flush_due_s):
-            self.flush()
+        self._count_unflushed(records)
         return _new_tuple(AppendInfo, (first, last, now_ms, max_timestamp, offset_of_max, count, records,
                                        position, segment.base_offset, size_bytes))
 
-    def _validate(self, view: memoryview, max_batch_bytes: int | None = None, *,
-                  first: BatchHeader | int | None = None) -> list[BatchHeader]:
-        """Every batch in ``view`` (magic, length, CRC; size limit for leaders), before anything changes.
-        ``first``: what ``check_batch(view, 0, whole=False)`` already returned (not computed twice)."""
-        end = len(view)
-        if end == 0:
-            raise InvalidRecordError(f"{self._where}: no record batch in an empty buffer")
-        headers = []
-        position = 0
-        while position < end:
-            header = check_batch(view, position, whole=False) if position or first is None else first
-            if isinstance(header, int):  # refused: validate_batch raises, saying why
-                header = validate_batch(view, position, where=self._where)
-            size = header.batch_length + LOG_OVERHEAD
-            if max_batch_bytes is not None and size > max_batch_bytes:
-                raise InvalidRecordError(
-                    f"{self._where}: record batch at position {position} is {size} bytes, larger than "
-                    f"max.message.bytes {max_batch_bytes}"
-                )
-            headers.append(header)
-            position += size
-        return headers
-
-    def _write(self, parts: Sequence[BatchBuffer], size_bytes: int, batches: list[tuple[int, int, int, int]],
-               records: int) -> AppendInfo:
-        """Write stamped batches ``(base, last, size, max timestamp)``, rolling where needed, with one write
-        per segment touched.  ``parts``: one buffer holding every batch, or one buffer per batch."""
+    def _write(self, parts: Sequence[BatchBuffer], plan: AppendPlan) -> AppendInfo:
+        """Write stamped batches, rolling where a roll rule says so, with one write per segment touched.
+        ``parts``: one buffer holding every batch, or one buffer per batch."""
         now_ms = time.time_ns() // 1_000_000
-        config = self.config
+        batches = plan.batches
         segment = self._segments[-1]
         max_timestamp, offset_of_max = -1, batches[0][0] - 1
         for batch in batches:
             if batch[3] > max_timestamp:
                 max_timestamp, offset_of_max = batch[3], batch[1]
-        size = segment.size_bytes
-        rolling = segment.rolling_timestamp
-        if (  # the common case: everything fits the active segment, which has aged less than segment.ms
-            0 < size <= config.segment_bytes - size_bytes
-            and batches[-1][1] - segment.base_offset <= INT32_MAX
-            and segment.index_room() >= len(batches)
-            and (max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms)
-            <= config.segment_ms
-        ):
+        if segment.fits(plan.size_bytes, batches[-1][1], len(batches), max_timestamp, now_ms):  # common case
             first_segment = segment.base_offset
-            first_position = segment.append_parts(parts, size_bytes, batches)
+            first_position = segment.append_parts(parts, plan.size_bytes, batches)
         else:
             first_position, first_segment = self._write_rolling(parts, batches, now_ms)
-        self._unflushed_records += records
-        if self._unflushed_records >= self._flush_messages or (
-                self._flush_timed and time.monotonic() >= self._flush_due_s):
-            self.flush()
+        self._count_unflushed(plan.records)
         return _new_tuple(AppendInfo, (batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max,
-                                       len(batches), records, first_position, first_segment, size_bytes))
+                                       len(batches), plan.records, first_position, first_segment,
+                                       plan.size_bytes))
 
-    def _write_rolling(self, parts: Sequence[BatchBuffer], batches: list[tuple[int, int, int, int]],
+    def _write_rolling(self, parts: Sequence[BatchBuffer], batches: list[BatchRow],
                        now_ms: int) -> tuple[int, int]:
-        """Batch by batch: roll before one that does not fit the active segment.  Returns the position and
-        segment base offset of the first batch."""
+        """Batch by batch: as many as the active segment takes, then a roll before the next.  Returns the
+        position and segment base offset of the first batch."""
         if len(parts) != len(batches):  # one buffer holding them all: one view per batch
             whole = memoryview(parts[0]).cast("B")
             at = 0
@@ -722,43 +462,28 @@ class Log:
                 pieces.append(whole[at : at + batch[2]])
                 at += batch[2]
             parts = pieces
-        config = self.config
         segment = self._segments[-1]
-        size = segment.size_bytes
-        since = segment.bytes_since_last_index_entry
-        room = segment.index_room()
-        rolling = segment.rolling_timestamp
-        group_start = 0
-        group_bytes = 0
-        first_position = -1
-        first_segment = segment.base_offset
-        for i, (base, last, batch_size, max_timestamp) in enumerate(batches):
-            if size > 0 and (
-                size + batch_size > config.segment_bytes
-                or last - segment.base_offset > INT32_MAX
-                or (since > config.index_interval_bytes and room <= 0)
-                or (max_timestamp - rolling if rolling >= 0 else now_ms - segment.created_ms)
-                > config.segment_ms
-            ):
-                if i > group_start:
-                    at = segment.append_parts(parts[group_start:i], group_bytes, batches[group_start:i])
-                    if first_position < 0:
-                        first_position, first_segment = at, segment.base_offset
-                segment = self._roll(base)
-                size, since, room, rolling = 0, 0, segment.index_room(), -1
-                group_start, group_bytes = i, 0
-            if since > config.index_interval_bytes:
-                room -= 1
-                since = 0
-            if size == 0:
-                rolling = max_timestamp
-            since += batch_size
-            size += batch_size
-            group_bytes += batch_size
-        at = segment.append_parts(parts[group_start:], group_bytes, batches[group_start:])
-        if first_position < 0:
-            first_position, first_segment = at, segment.base_offset
-        return first_position, first_segment
+        first_position, first_segment = -1, segment.base_offset
+        start = 0
+        while True:
+            stop = start + segment.batches_that_fit(batches[start:], now_ms)
+            if stop > start:
+                group = batches[start:stop]
+                at = segment.append_parts(parts[start:stop], sum(batch[2] for batch in group), group)
+                if first_position < 0:
+                    first_position, first_segment = at, segment.base_offset
+            if stop == len(batches):
+                return first_position, first_segment
+            segment = self._roll(batches[stop][0])
+            start = stop
+
+    def _count_unflushed(self, records: int) -> None:
+        """Count appended records towards ``flush.messages`` and flush when it or ``flush.ms`` is due (the
+        hot path does the same inline)."""
+        self._unflushed_records += records
+        if self._unflushed_records >= self._flush_messages or (
+                self._flush_timed and time.monotonic() >= self._flush_due_s):
+            self.flush()
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -851,7 +576,7 @@ class Log:
             piece = self.read(offset, max_bytes, max_offset=max_offset)
             if piece.size_bytes == 0:
                 return
-            yield from _split_batches(piece.read_bytes())
+            yield from split_batches(piece.read_bytes())
             offset = piece.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:
@@ -966,63 +691,7 @@ class Log:
 
     # --- checkpoints ----------------------------------------------------------------------------------------
     def _read_offset_checkpoint(self, name: str) -> int | None:
-        entries = read_offset_checkpoint(os.path.join(self.directory, name))
-        if not entries:
-            return None
-        key = self._checkpoint_key()
-        if key in entries:
-            return entries[key]
-        if len(entries) == 1:
-            return next(iter(entries.values()))
-        raise CorruptRecordError(
-            f"checkpoint file {os.path.join(self.directory, name)}: no entry for {key[0]} {key[1]}"
-        )
+        return read_partition_checkpoint(self.directory, name, self.topic_partition)
 
     def _write_offset_checkpoint(self, name: str, offset: int) -> None:
-        write_offset_checkpoint(os.path.join(self.directory, name), {self._checkpoint_key(): offset})
-
-    def _checkpoint_key(self) -> tuple[str, int]:
-        topic, partition = self.topic_partition
-        return "_".join(topic.split()) or "_", partition
-
-
-def _lock(directory: str, name: str) -> int:
-    path = os.path.join(directory, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").partition("\n")[0].strip() or "unknown"
-        os.close(fd)
-        raise LogLockedError(
-            f"partition {name}: log directory {directory} is already open for writing by process {holder} "
-            f"(flock on {path}); a log has exactly one writer"
-        ) from None
-    pid = f"{os.getpid()}\n".encode()
-    os.pwrite(fd, pid, 0)
-    os.ftruncate(fd, len(pid))  # after the write: a file truncated to 0 is flushed by ext4 on close (~30 µs)
-    return fd
-
-
-def _byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
-    view = memoryview(buf)
-    if view.readonly:
-        view = memoryview(bytearray(view))
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
-
-
-def _delete_segment_files(directory: str, base_offset: int) -> None:
-    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(segment_path(directory, base_offset, suffix))
-
-
-def _split_batches(data: bytes) -> Iterator[bytes]:
-    position = 0
-    while position < len(data):
-        length = int.from_bytes(data[position + BATCH_LENGTH_OFFSET : position + LOG_OVERHEAD], "big")
-        size = length + LOG_OVERHEAD
-        yield data[position : position + size]
-        position += size
+        write_partition_checkpoint(self.directory, name, self.topic_partition, offset)

@@ -62,8 +62,8 @@ class LogConfig:
     * ``preallocate``: reserve the active segment's disk blocks ahead of the appends, in chunks, without
       changing its size (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``); the unused reservation is released
       when the segment is rolled or closed.  Kafka's default is false (it preallocates the whole segment
-      and was added for Windows); here it is true because appending into reserved blocks costs ext4 about
-      10% less per 64 KiB write (docs/storage.md).  A file system without ``fallocate`` just skips it.
+      and was added for Windows); here it is true because appending into reserved blocks costs ext4 less
+      per write (docs/storage.md).  A file system without ``fallocate`` just skips it.
     """
 
     segment_bytes: int = 1024 * 1024 * 1024

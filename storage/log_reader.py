@@ -18,8 +18,8 @@ while a :class:`LogReader` reads the same directory.  The reader is safe against
 
 The reader's picture of the directory (which segments exist, the log start offset) is refreshed when the
 directory's mtime changes (segment created or deleted, checkpoint renamed) and whenever an offset is beyond
-the segments it knows.  A :class:`~storage.segment.FetchSlice` it returns stays valid until the next call on
-the reader.  Not thread-safe: one reader per thread.
+the segments it knows.  A :class:`~storage.segment_file.FetchSlice` it returns stays valid until the next
+call on the reader.  Not thread-safe: one reader per thread.
 """
 
 from __future__ import annotations
@@ -30,17 +30,16 @@ from collections.abc import Iterator
 
 from storage.checkpoints import LeaderEpochCache, read_offset_checkpoint
 from storage.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
-from storage.log import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
+from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from storage.log_config import LogConfig
+from storage.log_dir import (
     LEADER_EPOCH_CHECKPOINT_FILE,
     LOG_START_OFFSET_CHECKPOINT_FILE,
-    _split_batches,
     list_segment_base_offsets,
     parse_topic_partition,
 )
-from storage.log_config import LogConfig
-from storage.segment import FetchSlice, LogSegment, OffsetAndTimestamp
+from storage.segment import LogSegment, OffsetAndTimestamp
+from storage.segment_file import FetchSlice, split_batches
 
 __all__ = ["LogReader", "open_read_only"]
 
@@ -184,7 +183,7 @@ class LogReader:
             piece = self.read(offset, max_bytes, max_offset=max_offset)
             if piece.size_bytes == 0:
                 return
-            yield from _split_batches(piece.read_bytes())
+            yield from split_batches(piece.read_bytes())
             offset = piece.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:

@@ -2,21 +2,26 @@
 
 While a segment is active, ``storage.segment`` reserves its blocks ahead of the appends with
 ``fallocate(FALLOC_FL_KEEP_SIZE)`` (:func:`reservation_end` says how far, :func:`reserve_blocks` asks the
-kernel), so the file's size, and everything a reader sees, stays the data's; ext4 then skips its per-page
-block reservation on each write.  Python has no ``os.fallocate``, so the C library's is bound here with
-ctypes; where there is none, or the file lives in memory (:func:`preallocation_helps`), nothing is reserved.
+kernel, a :class:`BlockReservation` keeps one segment's account), so the file's size, and everything a
+reader sees, stays the data's; ext4 then skips its per-page block reservation on each write.  The unused
+reservation is given back on roll and close (``ftruncate`` to the file's own size).  Python has no
+``os.fallocate``, so the C library's is bound here with ctypes; where there is none, or the file lives in
+memory (:func:`preallocation_helps`), nothing is reserved.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import logging
+import os
 from collections.abc import Callable
 from typing import Final
 
 __all__ = [
     "PREALLOCATE_MAX_AHEAD_BYTES",
     "PREALLOCATE_MIN_AHEAD_BYTES",
+    "BlockReservation",
     "preallocation_helps",
     "reservation_end",
     "reserve_blocks",
@@ -26,6 +31,7 @@ PREALLOCATE_MIN_AHEAD_BYTES: Final = 1024 * 1024  # log.preallocate: reserve ahe
 PREALLOCATE_MAX_AHEAD_BYTES: Final = 32 * 1024 * 1024  # holds, within these bounds (see reservation_end)
 _FALLOC_FL_KEEP_SIZE: Final = 0x01  # <linux/falloc.h>: reserve blocks, leave the file size alone
 _MEMORY_FILE_SYSTEMS: Final = frozenset({0x01021994, 0x858458F6})  # statfs f_type of tmpfs, ramfs
+_log = logging.getLogger("storage.segment")
 
 
 def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
@@ -83,3 +89,49 @@ def reserve_blocks(fd: int, position: int, length_bytes: int) -> int:
         if error != errno.EINTR:
             return error
     return 0
+
+
+class BlockReservation:
+    """One segment's blocks reserved ahead of its appends: through which position (:attr:`end`), and
+    whether it reserves at all (:attr:`enabled`: ``log.preallocate``, until a ``fallocate`` fails or the
+    file turns out to live in memory)."""
+
+    __slots__ = ("enabled", "end", "path")
+
+    def __init__(self, enabled: bool, path: str) -> None:
+        self.enabled = enabled
+        self.end = 0
+        self.path = path  # the segment file, for the log line
+
+    def attach(self, fd: int, size_bytes: int) -> None:
+        """An append descriptor opened on a file holding ``size_bytes``: what lies past them (a crash's
+        leftover) counts as not reserved, and is given back by :meth:`release`."""
+        self.enabled = self.enabled and preallocation_helps(fd)
+        self.end = size_bytes
+
+    def reserve(self, fd: int, size_bytes: int, end: int, segment_bytes: int) -> None:
+        """For a file holding ``size_bytes`` and a write to reach ``end``: reserve blocks through
+        :func:`reservation_end`.  Where that fails (a full disk, a file system without ``fallocate``) the
+        segment stops reserving and its writes go on as without."""
+        new_end = reservation_end(size_bytes, end, segment_bytes)
+        error = reserve_blocks(fd, self.end, new_end - self.end)
+        if error:
+            _log.debug("%s: not preallocating (%s)", self.path, os.strerror(error))
+            self.enabled = False
+            return
+        self.end = new_end
+
+    def cut(self, size_bytes: int) -> None:
+        """The file was truncated to ``size_bytes`` (which also freed the blocks past it)."""
+        self.end = min(self.end, size_bytes)
+
+    def release(self, fd: int) -> None:
+        """Give back the blocks reserved past the end of the data of ``fd`` (-1: none to give back).
+        ``ftruncate`` to the file's own size frees them (checked on ext4 and tmpfs); the size, the bytes
+        and the mtime (retention of segments without timestamps reads it) stay as they were."""
+        if fd >= 0:
+            st = os.fstat(fd)
+            if st.st_blocks * 512 > st.st_size:
+                os.ftruncate(fd, st.st_size)
+                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.end = 0

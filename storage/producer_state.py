@@ -66,14 +66,11 @@ replayed from the log is the ``append_time_ms`` the caller passes, normally the 
 batch's own timestamp.  A client may stamp its batches with an old timestamp, and a batch that looked old
 would otherwise expire its producer as soon as the log recovered, just when its retries arrive.
 
-Producer ids: :class:`ProducerIdBlockAllocator` hands out unique, increasing ids for InitProducerId.  It
-persists the end of a reserved block of ids *before* handing out any id from that block, so a crash loses at
-most the rest of a block and never hands the same id out twice.
+Producer ids come from the broker's ``storage.producer_ids.ProducerIdBlockAllocator``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -86,15 +83,15 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
+from storage.atomic_file import TMP_SUFFIX, write_atomically
 from storage.batch_header import CONTROL_FLAG_MASK, NO_SEQUENCE, TRANSACTIONAL_FLAG_MASK, BatchHeader
-from storage.errors import ApplianceError, ConfigError, CorruptRecordError, LogLockedError
+from storage.errors import ApplianceError, ConfigError
 
 __all__ = [
     "APPEND",
     "BATCHES_RETAINED",
     "DEFAULT_PRODUCER_ID_EXPIRATION_MS",
     "DUPLICATE_SEQUENCE_NUMBER",
-    "ID_FILE",
     "INVALID_PRODUCER_EPOCH",
     "INVALID_RECORD",
     "INVALID_TXN_STATE",
@@ -107,7 +104,6 @@ __all__ = [
     "UNKNOWN_PRODUCER_ID",
     "BatchMetadata",
     "ProducerEntry",
-    "ProducerIdBlockAllocator",
     "ProducerStateManager",
     "Verdict",
     "delete_snapshots_above",
@@ -130,7 +126,6 @@ BATCHES_RETAINED = 5  # Kafka's NUM_BATCHES_TO_RETAIN, = max.in.flight.requests.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 SNAPSHOTS_RETAINED = 2
 _SEQUENCE_MASK = 0x7FFFFFFF  # sequences are non-negative int32 and wrap from 2**31-1 to 0
-_INT64_MAX = (1 << 63) - 1
 
 
 class Verdict(NamedTuple):
@@ -238,7 +233,6 @@ _SNAPSHOT_CRC_START = 12  # the CRC covers the count, the offset and the entries
 assert (SNAPSHOT_HEADER.size, SNAPSHOT_PRODUCER.size, SNAPSHOT_BATCH.size) == (24, 24, 32)
 _SNAPSHOT_NAME = re.compile(r"^(\d{20})\.snapshot$")
 _SNAPSHOT_SUFFIX = ".snapshot"
-_TMP_SUFFIX = ".tmp"
 
 
 def snapshot_path(directory: str | os.PathLike[str], offset: int) -> Path:
@@ -268,29 +262,6 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never a torn mix."""
-    tmp = path.with_name(path.name + _TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
 
 
 class ProducerStateManager:
@@ -536,11 +507,14 @@ class ProducerStateManager:
         struct.pack_into(">I", data, 8, crc)
         return bytes(data)
 
-    def write_snapshot(self, directory: str | os.PathLike[str], offset: int) -> Path:
-        """Store the state as it is at log end offset ``offset``; keep the newest two snapshots."""
+    def write_snapshot(self, directory: str | os.PathLike[str], offset: int, *, durable: bool = True) -> Path:
+        """Store the state as it is at log end offset ``offset``; keep the newest two snapshots.
+
+        ``durable=False`` does not wait for the disk (``storage.atomic_file``): a power cut may then lose or
+        tear this snapshot, which loading detects (CRC) and answers with an older one or the log."""
         directory = Path(directory)
         path = snapshot_path(directory, offset)
-        _write_durably(path, self.snapshot_bytes(offset))
+        write_atomically(path, self.snapshot_bytes(offset), durable=durable)
         for old in list_snapshots(directory)[:-SNAPSHOTS_RETAINED]:
             _unlink_quietly(snapshot_path(directory, old))
         return path
@@ -558,7 +532,7 @@ class ProducerStateManager:
         if not directory.is_dir():
             return None
         for name in os.listdir(directory):
-            if name.endswith(_SNAPSHOT_SUFFIX + _TMP_SUFFIX):
+            if name.endswith(_SNAPSHOT_SUFFIX + TMP_SUFFIX):
                 _unlink_quietly(directory / name)  # a crash during write_snapshot
         for offset in reversed(list_snapshots(directory)):
             path = snapshot_path(directory, offset)
@@ -621,108 +595,3 @@ def _parse_snapshot(data: bytes, offset: int) -> dict[int, ProducerEntry] | str:
     if position != size:
         return f"{size - position} trailing bytes after {count} producers"
     return entries
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Producer id allocator file, declared once (20 bytes, big-endian).
-#
-#     0                   1                   2                   3
-#     0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
-#    +---------------------------------------------------------------+
-#    |                   magic "APID"                    @0          |
-#    +-------------------------------+-------------------------------+
-#    |     version (uint16) @4       |     reserved (uint16) @6      |
-#    +-------------------------------+-------------------------------+
-#    |        reserved until (int64)                     @8          |  no id >= this was ever handed out
-#    |                                                               |
-#    +---------------------------------------------------------------+
-#    |                   crc32c (uint32) of bytes 0..16  @16         |
-#    +---------------------------------------------------------------+
-ID_FILE = struct.Struct(">4sHHqI")
-_ID_MAGIC = b"APID"
-_ID_VERSION = 1
-_ID_BODY = struct.Struct(">4sHHq")  # the part under the CRC
-assert ID_FILE.size == 20 and _ID_BODY.size == 16
-
-
-class ProducerIdBlockAllocator:
-    """Unique, increasing producer ids for InitProducerId, persisted in the file at ``path``.
-
-    Ids are reserved ``block_size`` at a time.  The end of the block is written durably (temporary file,
-    fsync, rename, fsync of the directory) before the block's first id is handed out.  After a crash the next
-    process starts at the end of the last block that was reserved, so no id is handed out twice.  One
-    process owns the file at a time: a lock on ``<path>.lock`` is held until :meth:`close` (or until the
-    process dies).  A damaged file raises :class:`CorruptRecordError`.  It is never reset silently, because
-    that would hand out ids again.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], *, block_size: int = 1000) -> None:
-        if block_size < 1:
-            raise ConfigError(f"{path}: producer id block size must be at least 1, got {block_size}")
-        self.path = Path(path)
-        self.block_size = block_size
-        self._lock_fd: int | None = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-            raise LogLockedError(
-                f"{self.path}: producer id file is already in use by another allocator"
-            ) from None
-        try:
-            _unlink_quietly(self.path.with_name(self.path.name + _TMP_SUFFIX))
-            self._next_id = self._read_reserved_until()
-        except BaseException:
-            self.close()
-            raise
-        self._reserved_until = self._next_id  # nothing reserved by this process yet
-
-    def _read_reserved_until(self) -> int:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return 0
-        if len(data) != ID_FILE.size:
-            raise CorruptRecordError(f"{self.path}: {len(data)} bytes, expected {ID_FILE.size}")
-        magic, version, _reserved, reserved_until, stored_crc = ID_FILE.unpack(data)
-        computed_crc = _crc32c.crc32c(data[: _ID_BODY.size])
-        if magic != _ID_MAGIC or version != _ID_VERSION or stored_crc != computed_crc or reserved_until < 0:
-            raise CorruptRecordError(
-                f"{self.path}: magic {magic!r} (expected {_ID_MAGIC!r}), version {version} (expected "
-                f"{_ID_VERSION}), stored CRC {stored_crc:#010x}, computed {computed_crc:#010x}, "
-                f"reserved until {reserved_until}"
-            )
-        return int(reserved_until)
-
-    @property
-    def reserved_until(self) -> int:
-        """The end (exclusive) of the block this process has reserved."""
-        return self._reserved_until
-
-    def allocate(self) -> int:
-        """The next producer id.  Every 1 in ``block_size`` calls writes and syncs the file."""
-        if self._lock_fd is None:
-            raise ApplianceError(f"{self.path}: producer id allocator is closed")
-        if self._next_id >= self._reserved_until:
-            end = self._next_id + self.block_size
-            if end > _INT64_MAX:
-                raise ApplianceError(f"{self.path}: producer ids exhausted at {self._next_id}")
-            body = _ID_BODY.pack(_ID_MAGIC, _ID_VERSION, 0, end)
-            _write_durably(self.path, body + struct.pack(">I", _crc32c.crc32c(body)))
-            self._reserved_until = end
-        producer_id = self._next_id
-        self._next_id += 1
-        return producer_id
-
-    def close(self) -> None:
-        """Release the file.  The unused rest of the block is lost, which is harmless."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def __enter__(self) -> ProducerIdBlockAllocator:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -36,7 +36,8 @@ def copy_bytes(out: np.ndarray, position: int, data: np.ndarray, start: int, end
     """Copy ``data[start:end]`` to ``out[position:]``; return the position after it.
 
     A plain loop with unsigned indexes: numba skips the negative-index wraparound test for them, so LLVM
-    vectorizes the copy (slice assignment, or signed indexes, run 10-15x slower on 100-byte records).
+    vectorizes the copy (slice assignment, or signed indexes, run many times slower on small records:
+    docs/storage.md).
     """
     for k in range(end - start):
         out[np.uint64(position + k)] = data[np.uint64(start + k)]

@@ -7,7 +7,7 @@ Rules (applied by :func:`load_segments`, called by ``Log.open``):
 2. Otherwise the segments below the *recovery point* (the offset below which everything was fsynced, from
    ``recovery-point-offset-checkpoint``) are trusted the same way, and every segment from the one holding the
    recovery point to the last is scanned: each batch's structure, offsets and CRC-32C are checked
-   (``storage.batch_scan``, ~memory speed) and both indexes are rebuilt from what is valid.
+   (``storage.batch_scan``) and both indexes are rebuilt from what is valid.
 3. An invalid batch in the *last* segment is a torn or corrupt tail: the file is cut at that batch (the valid
    prefix is kept, nothing after it) and a warning names the file, the position and the reason.
 4. An invalid batch in any *other* segment is never skipped nor cut silently: later segments hold data after

@@ -4,19 +4,23 @@ Theory of operation
 -------------------
 A segment holds consecutive record batches, byte for byte as producers built them (with ``baseOffset`` and
 ``partitionLeaderEpoch`` stamped).  The ``.log`` file is opened ``O_APPEND`` by the log's single writer and
-appended with one ``os.write`` per append call, or one ``os.writev`` of the batches' own buffers (ring
-memory: no copy; ``IOV_MAX`` buffers per call); nothing is fsynced per append (the page cache holds it;
-:meth:`LogSegment.flush` is ``fdatasync``).  After the bytes are written, the sparse indexes get their
-entries, so an index entry never points at bytes that are not in the file yet.  The common append of one
-batch (``Log.append_batches``' hot path, written flat in the log: see there why) checks the segment's
-*append budget* instead of the roll rules themselves: bytes, offsets, timestamps and index entries left
-before a roll rule could fire (:meth:`LogSegment.refresh_append_budget`); it writes the batch, indexes it
-by the rule below and keeps the budget current as it goes.
+appended with one write per append call (``storage.segment_file``: how the file is written and walked);
+nothing is fsynced per append (the page cache holds it; :meth:`LogSegment.flush` is ``fdatasync``).  After
+the bytes are written, the sparse indexes get their entries, so an index entry never points at bytes that
+are not in the file yet.  The segment keeps its own accounting (size, next offset, max timestamp, bytes
+since the last index entry); the log reads it and never writes it.
+
+Roll rules (Kafka's): a non-empty active segment takes no batch that would pass ``segment.bytes``, whose
+offsets do not fit its int32 relative offsets, that is due an index entry when the indexes are full, or
+that comes ``segment.ms`` after its first batch's max timestamp (or after its creation when that batch had
+no timestamp); the log rolls before such a batch.  :meth:`LogSegment.fits` and
+:meth:`LogSegment.batches_that_fit` apply them.  The common append of one batch (``Log.append_batches``'
+hot path, :meth:`LogSegment.append_batch`) checks the segment's *append budget* instead: bytes, offsets,
+timestamps and index entries left before a rule could fire (:meth:`LogSegment.refresh_append_budget`); it
+writes the batch, indexes it by the rule below and keeps the budget current as it goes.
 
 Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
-appends with ``fallocate(FALLOC_FL_KEEP_SIZE)`` (``storage.preallocate``: how far, and the binding), so the
-file's size, and everything a reader sees, stays the data's; ext4 then skips its per-page block reservation
-on each write.  The unused reservation is given back on seal and close (``ftruncate`` to the file's own size).
+appends without changing its size, and given back on seal and close (``storage.preallocate``).
 
 Index rule (Kafka's, applied per batch in order, identically by the live append and by the rebuild in
 ``storage.batch_scan.plan_index_entries``): remember the batch with the largest max timestamp so far; if more
@@ -25,10 +29,9 @@ batch position)`` to ``.index`` and, if the max timestamp grew, ``(max timestamp
 ``.timeindex``.  On roll/close a last time entry records the segment's largest timestamp, then both indexes
 are trimmed (``storage.index_file``).
 
-Reading never maps the ``.log`` file: batch headers are read with ``pread`` (a file the writer truncates
-under a reader would kill a mapping reader with SIGBUS; ``pread`` just returns fewer bytes).  To find the
-batch holding offset ``o``: the offset index gives the last indexed batch ending at or before ``o``, then a
-forward walk over at most ``index.interval.bytes`` of headers.  Readers in other processes
+Reading never maps the ``.log`` file (``storage.segment_file``: its headers are read with ``pread``).  To
+find the batch holding offset ``o``: the offset index gives the last indexed batch ending at or before
+``o``, then a forward walk over at most ``index.interval.bytes`` of headers.  Readers in other processes
 (``storage.log_reader``) use the same code in *verify* mode: every index answer is checked against the
 header it points at, and a wrong one (stale, torn) falls back to walking from position 0.
 """
@@ -39,43 +42,41 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
 
 import numpy as np
 
-from storage.batch_header import BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader
+from storage.batch_header import BatchHeader
 from storage.batch_scan import SegmentScan, describe, plan_index_entries, scan_segment
 from storage.errors import CorruptRecordError
-from storage.index_file import IndexFile
 from storage.log_config import INT32_MAX, LogConfig
-from storage.offset_index import OFFSET_INDEX_ENTRY, OffsetIndex
-from storage.preallocate import preallocation_helps, reservation_end, reserve_blocks
-from storage.time_index import NO_TIMESTAMP, TIME_INDEX_ENTRY, TimeIndex
+from storage.offset_index import OFFSET_INDEX_ENTRY
+from storage.preallocate import BlockReservation
+from storage.segment_file import BatchBuffer, BatchHeaders, FetchSlice, write_fully, write_rest
+from storage.segment_indexes import IndexPaths
+from storage.time_index import NO_TIMESTAMP
 
 __all__ = [
     "INDEX_SUFFIX",
-    "IOV_MAX",
     "LOG_SUFFIX",
+    "OVER_BUDGET",
     "TIME_INDEX_SUFFIX",
-    "BatchBuffer",
-    "FetchSlice",
+    "BatchRow",
     "LogSegment",
     "OffsetAndTimestamp",
     "parse_segment_name",
     "segment_path",
-    "write_fully",
-    "write_rest",
 ]
 
 LOG_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
 TIME_INDEX_SUFFIX: Final = ".timeindex"
 _NAME_DIGITS: Final = 20
-_CHUNK_BYTES: Final = 16 * 1024  # pread size when walking small batches
-IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024  # buffers per writev
-BatchBuffer: TypeAlias = "memoryview | bytes | bytearray"  # 1-D bytes (format "B"): len() counts bytes
+OVER_BUDGET: Final = -1  # append_batch: the batch is not within the append budget, nothing was written
 _NO_LIMIT: Final = -(2**64)  # an append budget limit no int64 field is ever below or at
+_os_write = os.write
+_pack_offset_entry = OFFSET_INDEX_ENTRY.pack_into
+_OFFSET_ENTRY_BYTES: Final = OFFSET_INDEX_ENTRY.size
 _log = logging.getLogger(__name__)
 
 
@@ -91,111 +92,12 @@ def parse_segment_name(name: str, suffix: str = LOG_SUFFIX) -> int | None:
     return int(stem)
 
 
-def write_fully(fd: int, parts: Sequence[BatchBuffer], size_bytes: int) -> None:
-    """Write ``parts`` (1-D byte buffers, ``size_bytes`` in all) in order: one ``os.write`` for one buffer,
-    else one ``os.writev`` per :data:`IOV_MAX` buffers.  A regular file writes short only on trouble
-    (ENOSPC-like, a signal); the rest is then written piece by piece (and a real error raises)."""
-    if len(parts) == 1:
-        written = os.write(fd, parts[0])
-        if written < size_bytes:
-            write_rest(fd, parts, written)
-        return
-    if len(parts) <= IOV_MAX:
-        written = os.writev(fd, parts)
-        if written < size_bytes:
-            write_rest(fd, parts, written)
-        return
-    for first in range(0, len(parts), IOV_MAX):
-        group = parts[first : first + IOV_MAX]
-        written = os.writev(fd, group)
-        if written < sum(len(part) for part in group):
-            write_rest(fd, group, written)
-
-
-def write_rest(fd: int, parts: Sequence[BatchBuffer], written: int) -> None:
-    """Finish a short write: the bytes of ``parts`` after the first ``written``."""
-    for part in parts:
-        view = memoryview(part).cast("B")
-        if written >= len(view):
-            written -= len(view)
-            continue
-        view = view[written:]
-        written = 0
-        while view:
-            view = view[os.write(fd, view) :]
-
-
-@dataclass(frozen=True, slots=True)
-class FetchSlice:
-    """Bytes to send for a fetch: ``size_bytes`` bytes of ``path`` from ``position``, whole batches only.
-
-    ``fd`` is an open read-only descriptor of that file owned by the log (or reader) that returned the
-    slice: use it with ``os.sendfile(sock, fd, position, size_bytes)`` or :meth:`read_bytes`, never close it.
-    It stays valid until the next call on that log/reader that may delete or close segments (retention,
-    truncation, refresh, close).  ``first_offset`` is the base offset of the first batch sent (it may be
-    below the offset asked for: Kafka sends the whole batch holding it); ``next_offset`` is where to fetch
-    next.  An empty slice (``size_bytes == 0``) means nothing is readable there yet.
-    """
-
-    path: str
-    fd: int
-    position: int
-    size_bytes: int
-    first_offset: int
-    next_offset: int
-
-    def read_bytes(self) -> bytes:
-        """The slice's bytes, read with pread (for tests and local consumers)."""
-        parts = []
-        done = 0
-        while done < self.size_bytes:
-            chunk = os.pread(self.fd, self.size_bytes - done, self.position + done)
-            if not chunk:
-                raise CorruptRecordError(
-                    f"{self.path}: file ends at position {self.position + done}, slice needs "
-                    f"{self.position + self.size_bytes}"
-                )
-            parts.append(chunk)
-            done += len(chunk)
-        return b"".join(parts)
+BatchRow: TypeAlias = tuple[int, int, int, int]  # a batch's base offset, last offset, size, max timestamp
 
 
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int  # ms
-
-
-class _Headers:
-    """Batch headers of a ``.log`` file read with pread, a chunk at a time, up to ``end``."""
-
-    __slots__ = ("_at", "_buf", "_last_size", "end", "fd")
-
-    def __init__(self, fd: int, end: int) -> None:
-        self.fd = fd
-        self.end = end
-        self._buf = b""
-        self._at = 0
-        self._last_size = 0
-
-    def at(self, position: int) -> BatchHeader | None:
-        """The header of a whole, plausible batch at ``position`` (ending by ``end``), else None."""
-        if position + HEADER_SIZE > self.end:
-            return None
-        rel = position - self._at
-        if rel < 0 or rel + HEADER_SIZE > len(self._buf):
-            want = HEADER_SIZE if self._last_size >= _CHUNK_BYTES else min(_CHUNK_BYTES, self.end - position)
-            self._buf = os.pread(self.fd, want, position)
-            self._at = position
-            rel = 0
-            if len(self._buf) < HEADER_SIZE:
-                return None
-        header = BatchHeader._make(BATCH_HEADER.unpack_from(self._buf, rel))
-        size = header.batch_length + LOG_OVERHEAD
-        if (header.magic != MAGIC or size < HEADER_SIZE or position + size > self.end
-                or header.last_offset_delta < 0):
-            return None
-        self._last_size = size
-        return header
 
 
 class LogSegment:
@@ -223,22 +125,18 @@ class LogSegment:
         self.bytes_since_last_index_entry = 0
         self.rolling_timestamp = NO_TIMESTAMP  # max timestamp of the first batch (segment.ms)
         self.created_ms = int(time.time() * 1000)
-        self.offset_index: OffsetIndex = OffsetIndex(IndexFile(self.index_path, OFFSET_INDEX_ENTRY,
-                                                               writable=False), base_offset)
-        self.time_index: TimeIndex = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY,
-                                                         writable=False), base_offset)
+        self._index_paths = IndexPaths(self.index_path, self.time_index_path, base_offset)
+        self.offset_index, self.time_index = self._index_paths.unmapped()
         self.index_identity: tuple[int, int] = (0, 0)  # (inode, size) of .index when a view mapped it
-        # The append budget: what one batch may take with no roll rule able to fire, so the log's hot path
-        # (Log.append_batches) checks these instead of the rules.  refresh_append_budget recomputes it after
-        # every change but the hot path's own, which keeps room_bytes and index_entries_left current.
+        # The append budget: what one batch may take with no roll rule able to fire, so append_batch (the
+        # log's hot path) checks these instead of the rules.  refresh_append_budget recomputes it after
+        # every change but append_batch's own, which keeps room_bytes and index_entries_left current.
         self.room_bytes = -1  # bytes before segment.bytes (or the reservation); -1: closed or empty
         self.last_offset_limit = base_offset + INT32_MAX  # relative offsets are int32
         self.timestamp_limit = _NO_LIMIT  # a batch max timestamp above it may be due for segment.ms
         self.index_entries_left = 0  # index entries that fit, in pages already faulted in (a lower bound)
         self.index_interval_bytes = config.index_interval_bytes
-        # log.preallocate: while active, blocks are reserved (KEEP_SIZE) up to _reserved_end
-        self._preallocate = config.preallocate  # False also after a failed fallocate, or on tmpfs
-        self._reserved_end = 0
+        self._reservation = BlockReservation(config.preallocate, self.log_path)  # log.preallocate
 
     def __repr__(self) -> str:
         state = "active" if self.is_active else ("closed" if self.writable else "view")
@@ -259,13 +157,9 @@ class LogSegment:
                 ) from None
             fd = os.open(segment.log_path, os.O_WRONLY | os.O_APPEND)
         segment.append_fd = fd
-        segment._preallocate = segment._preallocate and preallocation_helps(fd)
+        segment._reservation.attach(fd, 0)
         segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
-        for path in (segment.index_path, segment.time_index_path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        segment._index_paths.unlink()
         segment._open_indexes_active(0, 0)
         return segment
 
@@ -280,8 +174,10 @@ class LogSegment:
         segment = cls(directory, base_offset, config, writable=True)
         segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
         segment.size_bytes = os.fstat(segment.read_fd).st_size
-        problem = segment._load_indexes(next_offset_limit)
-        if problem is not None:
+        indexes = segment._index_paths.open_checked(BatchHeaders(segment.read_fd, segment.size_bytes),
+                                                    next_offset_limit)
+        if isinstance(indexes, str):
+            problem = indexes
             _log.warning("%s: rebuilding indexes: %s", segment.log_path, problem)
             scan = scan_segment(segment.log_path, base_offset,
                                 index_interval_bytes=config.index_interval_bytes)
@@ -291,6 +187,7 @@ class LogSegment:
                 raise CorruptRecordError(describe(segment.log_path, scan.error))
             segment._adopt_scan(scan, closed=not active)
         else:
+            segment.offset_index, segment.time_index = indexes
             segment._restore_state_from_indexes()
         if active:
             segment.reopen_for_append()
@@ -328,55 +225,14 @@ class LogSegment:
         self.offset_index.close()
         self.time_index.close()
         self.index_identity = identity
-        try:
-            self.offset_index = OffsetIndex.open_view(self.index_path, self.base_offset)
-            self.time_index = TimeIndex.open_view(self.time_index_path, self.base_offset)
-        except (FileNotFoundError, ValueError):
-            self.offset_index = OffsetIndex(IndexFile(self.index_path, OFFSET_INDEX_ENTRY, writable=False),
-                                            self.base_offset)
-            self.time_index = TimeIndex(IndexFile(self.time_index_path, TIME_INDEX_ENTRY, writable=False),
-                                        self.base_offset)
-
-    def _load_indexes(self, next_offset_limit: int | None) -> str | None:
-        for path, entry in ((self.index_path, OFFSET_INDEX_ENTRY), (self.time_index_path, TIME_INDEX_ENTRY)):
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                return f"{os.path.basename(path)} is missing"
-            if size % entry.size:
-                return f"{os.path.basename(path)}: size {size} bytes is not a multiple of {entry.size}"
-        self.offset_index = OffsetIndex.open_closed(self.index_path, self.base_offset)
-        self.time_index = TimeIndex.open_closed(self.time_index_path, self.base_offset)
-        problem = self.offset_index.sanity_problem(log_size_bytes=self.size_bytes,
-                                                   next_offset_limit=next_offset_limit)
-        if problem is None:
-            problem = self.time_index.sanity_problem(next_offset_limit=next_offset_limit)
-            problem = None if problem is None else f"{os.path.basename(self.time_index_path)}: {problem}"
-        else:
-            problem = f"{os.path.basename(self.index_path)}: {problem}"
-        if problem is None:
-            last = self.offset_index.last_entry()
-            if last is not None:
-                header = _Headers(self.read_fd, self.size_bytes).at(last.position)
-                if header is None or header.last_offset != last.offset:
-                    problem = (f"{os.path.basename(self.index_path)}: last entry {tuple(last)} does not "
-                               "match the batch at its position")
-        if problem is not None:
-            self.offset_index.close()
-            self.time_index.close()
-        return problem
+        self.offset_index, self.time_index = self._index_paths.open_view()
 
     def _restore_state_from_indexes(self) -> None:
         last = self.offset_index.last_entry()
         start = 0 if last is None else last.position
         self.bytes_since_last_index_entry = self.size_bytes - start
-        headers = _Headers(self.read_fd, self.size_bytes)
-        position, next_offset = start, self.base_offset
-        header = headers.at(position)
-        while header is not None:
-            next_offset = header.last_offset + 1
-            position += header.size
-            header = headers.at(position)
+        headers = BatchHeaders(self.read_fd, self.size_bytes)
+        position, next_offset = headers.end_from(start, self.base_offset)
         if position != self.size_bytes:
             raise CorruptRecordError(
                 f"{self.log_path}: batch headers end at position {position} but the file has "
@@ -398,32 +254,13 @@ class LogSegment:
         self.bytes_since_last_index_entry = scan.valid_bytes - last_position
         self.offset_index.close()
         self.time_index.close()
-        if closed:
-            timestamps, relative = scan.time_timestamps, scan.time_relative_offsets
-            if scan.max_timestamp > (int(timestamps[-1]) if len(timestamps) else NO_TIMESTAMP):
-                timestamps = np.append(timestamps, scan.max_timestamp)
-                relative = np.append(relative, scan.offset_of_max_timestamp - self.base_offset)
-            self.offset_index = OffsetIndex.write_closed(self.index_path, self.base_offset,
-                                                         scan.index_relative_offsets, scan.index_positions)
-            self.time_index = TimeIndex.write_closed(self.time_index_path, self.base_offset, timestamps,
-                                                     relative)
-        else:
-            for path in (self.index_path, self.time_index_path):
-                try:
-                    os.unlink(path)  # a fresh inode: a reader keeps mapping the old one safely
-                except FileNotFoundError:
-                    pass
-            self._open_indexes_active(0, 0)
-            self.offset_index.append_many(scan.index_relative_offsets, scan.index_positions)
-            self.time_index.append_many(scan.time_timestamps, scan.time_relative_offsets)
+        self.offset_index, self.time_index = self._index_paths.write_rebuilt(
+            scan, closed=closed, max_bytes=self.config.segment_index_bytes)
         self.refresh_append_budget()
 
     def _open_indexes_active(self, index_entries: int, time_entries: int) -> None:
-        max_bytes = self.config.segment_index_bytes
-        self.offset_index = OffsetIndex.open_active(self.index_path, self.base_offset, max_bytes=max_bytes,
-                                                    entries=index_entries)
-        self.time_index = TimeIndex.open_active(self.time_index_path, self.base_offset, max_bytes=max_bytes,
-                                                entries=time_entries)
+        self.offset_index, self.time_index = self._index_paths.open_active(self.config.segment_index_bytes,
+                                                                           index_entries, time_entries)
         self.refresh_append_budget()
 
     def reopen_for_append(self) -> None:
@@ -433,8 +270,7 @@ class LogSegment:
             return
         if self.append_fd < 0:
             self.append_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
-            self._preallocate = self._preallocate and preallocation_helps(self.append_fd)
-        self._reserved_end = self.size_bytes  # what lies past it (a crash's leftover) is released on seal
+        self._reservation.attach(self.append_fd, self.size_bytes)
         index_entries = self.offset_index.entries
         time_entries = self.time_index.entries
         self.offset_index.close()
@@ -446,12 +282,12 @@ class LogSegment:
         return self.append_fd >= 0
 
     # --- writing (the log's single writer) -----------------------------------------------------------------
-    def append(self, data: BatchBuffer, batches: Sequence[tuple[int, int, int, int]]) -> int:
+    def append(self, data: BatchBuffer, batches: Sequence[BatchRow]) -> int:
         """Write ``data`` (whole batches) with one ``os.write``: :meth:`append_parts` with one part."""
         return self.append_parts((data,), len(data), batches)
 
     def append_parts(self, parts: Sequence[BatchBuffer], size_bytes: int,
-                     batches: Sequence[tuple[int, int, int, int]]) -> int:
+                     batches: Sequence[BatchRow]) -> int:
         """Write whole batches and index them; returns the position written at.
 
         ``parts`` is one buffer holding every batch, or one buffer per batch (written with ``os.writev``
@@ -460,8 +296,9 @@ class LogSegment:
         (the log checked there is room: ``index_room``).
         """
         start = self.size_bytes
-        if start + size_bytes > self._reserved_end and self._preallocate:
-            self._reserve_ahead(start + size_bytes)
+        reservation = self._reservation
+        if start + size_bytes > reservation.end and reservation.enabled:
+            reservation.reserve(self.append_fd, start, start + size_bytes, self.config.segment_bytes)
         write_fully(self.append_fd, parts, size_bytes)
         position = start
         interval = self.config.index_interval_bytes
@@ -491,6 +328,87 @@ class LogSegment:
         self.refresh_append_budget()
         return start
 
+    def fits(self, size_bytes: int, last_offset: int, batch_count: int, max_timestamp: int,
+             now_ms: int) -> bool:
+        """Whether ``batch_count`` batches, ``size_bytes`` in all, ending at ``last_offset`` and none with a
+        max timestamp above ``max_timestamp``, all go into this non-empty segment with no roll rule firing
+        (an index entry counted for every batch).  False for an empty segment: see
+        :meth:`batches_that_fit`."""
+        config = self.config
+        rolling = self.rolling_timestamp
+        return (0 < self.size_bytes <= config.segment_bytes - size_bytes
+                and last_offset - self.base_offset <= INT32_MAX
+                and self.index_room() >= batch_count
+                and (max_timestamp - rolling if rolling >= 0 else now_ms - self.created_ms)
+                <= config.segment_ms)
+
+    def batches_that_fit(self, batches: Sequence[BatchRow], now_ms: int) -> int:
+        """How many of ``batches`` (``(base offset, last offset, size, max timestamp)``), from the first, go
+        into this segment before a roll rule fires, each rule applied batch by batch with the index rule
+        counting the entries; an empty segment takes the first batch whatever it is."""
+        config = self.config
+        size = self.size_bytes
+        since = self.bytes_since_last_index_entry
+        room = self.index_room()
+        rolling = self.rolling_timestamp
+        for i, (_, last, batch_size, max_timestamp) in enumerate(batches):
+            if size > 0 and (
+                size + batch_size > config.segment_bytes
+                or last - self.base_offset > INT32_MAX
+                or (since > config.index_interval_bytes and room <= 0)
+                or (max_timestamp - rolling if rolling >= 0 else now_ms - self.created_ms) > config.segment_ms
+            ):
+                return i
+            if since > config.index_interval_bytes:
+                room -= 1
+                since = 0
+            if size == 0:
+                rolling = max_timestamp
+            since += batch_size
+            size += batch_size
+        return len(batches)
+
+    def append_batch(self, view: BatchBuffer, size_bytes: int, last_offset: int, max_timestamp: int) -> int:
+        """The log's hot path: write one stamped batch if it is within the append budget, index it by the
+        index rule and account for it, with no roll rule evaluated.  Returns the position written at, or
+        :data:`OVER_BUDGET` with nothing done (the log's general path then decides: roll, then
+        :meth:`append_parts`).  ``view`` holds exactly the batch: ``size_bytes`` bytes whose offsets end at
+        ``last_offset``, from :attr:`next_offset` on."""
+        room = self.room_bytes - size_bytes
+        if room < 0:
+            if not self._extend_reservation(size_bytes):  # once per reserved chunk
+                return OVER_BUDGET
+            room = self.room_bytes - size_bytes
+        since = self.bytes_since_last_index_entry
+        index_due = since > self.index_interval_bytes
+        if (last_offset > self.last_offset_limit or max_timestamp > self.timestamp_limit
+                or (index_due and self.index_entries_left <= 0)):
+            return OVER_BUDGET
+        fd = self.append_fd
+        written = _os_write(fd, view)
+        if written != size_bytes:
+            write_rest(fd, (view,), written)
+        position = self.size_bytes
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if index_due:  # the index rule, after the bytes are in the file
+            offsets = self.offset_index.file  # IndexFile.append's work, without its call: the budget
+            _pack_offset_entry(offsets.mm, offsets.entries * _OFFSET_ENTRY_BYTES,  # type: ignore[arg-type]
+                               last_offset - self.base_offset, position)  # keeps it in faulted-in pages
+            offsets.entries += 1
+            top = self.max_timestamp
+            if top > self.time_index.last_timestamp:
+                self.time_index.maybe_append(top, self.offset_of_max_timestamp)
+            self.index_entries_left -= 1  # a time entry only comes with an offset entry
+            self.bytes_since_last_index_entry = size_bytes
+        else:
+            self.bytes_since_last_index_entry = since + size_bytes
+        self.size_bytes = position + size_bytes
+        self.room_bytes = room
+        self.next_offset = last_offset + 1
+        return position
+
     def append_walked(self, parts: Sequence[BatchBuffer], size_bytes: int, positions: np.ndarray,
                       sizes: np.ndarray, last_offsets: np.ndarray, max_timestamps: np.ndarray) -> int:
         """:meth:`append_parts` for many batches described by arrays (``storage.batch_scan.walk_batches``'
@@ -499,8 +417,9 @@ class LogSegment:
         written at."""
         count = len(positions)
         start = self.size_bytes
-        if start + size_bytes > self._reserved_end and self._preallocate:
-            self._reserve_ahead(start + size_bytes)
+        reservation = self._reservation
+        if start + size_bytes > reservation.end and reservation.enabled:
+            reservation.reserve(self.append_fd, start, start + size_bytes, self.config.segment_bytes)
         write_fully(self.append_fd, parts, size_bytes)
         time_index = self.time_index
         state = np.array([self.bytes_since_last_index_entry, self.max_timestamp, self.offset_of_max_timestamp,
@@ -524,56 +443,35 @@ class LogSegment:
         return start
 
     def refresh_append_budget(self) -> None:
-        """Recompute the append budget from the segment's state (after any change to it but the log's hot
-        path's own, which keeps the budget up to date as it goes).  A closed segment, an empty one and one
-        whose first batch had no timestamp (its age decides, which needs the clock) get none: the log's
-        general path (:meth:`append_parts` after its own roll checks) serves them."""
+        """Recompute the append budget from the segment's state (after any change to it but
+        :meth:`append_batch`'s own, which keeps the budget up to date as it goes).  A closed segment, an
+        empty one and one whose first batch had no timestamp (its age decides, which needs the clock) get
+        none: the log's general path (:meth:`append_parts` after its own roll checks) serves them."""
         config = self.config
         size = self.size_bytes
         limit = config.segment_bytes
-        if self._preallocate and self._reserved_end < limit:
-            limit = self._reserved_end  # past it append_parts reserves the next chunk first
+        reservation = self._reservation
+        if reservation.enabled and reservation.end < limit:
+            limit = reservation.end  # past it append_parts reserves the next chunk first
         self.room_bytes = limit - size if size > 0 and self.append_fd >= 0 else -1
         rolling = self.rolling_timestamp
         self.timestamp_limit = rolling + config.segment_ms if rolling >= 0 else _NO_LIMIT
         # past the faulted-in pages of .index, IndexFile.append (the general path) faults in the next ones
         self.index_entries_left = min(self.index_room(), self.offset_index.file.prefaulted_entries_left())
 
-    def extend_reservation(self, size_bytes: int) -> bool:
-        """The log's hot path, for a batch of ``size_bytes`` beyond ``room_bytes``: when only the blocks
+    def _extend_reservation(self, size_bytes: int) -> bool:
+        """:meth:`append_batch`, for a batch of ``size_bytes`` beyond ``room_bytes``: when only the blocks
         reserved ahead (``preallocate``) stand in its way, reserve the next chunk (as :meth:`append_parts`
         would) and recompute the budget.  Returns whether the batch now fits ``room_bytes``; False, with
         nothing done, for a closed or empty segment and for a batch that would pass ``segment.bytes``."""
         end = self.size_bytes + size_bytes
-        if (self.room_bytes < 0 or not self._preallocate or end <= self._reserved_end
+        reservation = self._reservation
+        if (self.room_bytes < 0 or not reservation.enabled or end <= reservation.end
                 or end > self.config.segment_bytes):
             return False
-        self._reserve_ahead(end)
+        reservation.reserve(self.append_fd, self.size_bytes, end, self.config.segment_bytes)
         self.refresh_append_budget()
         return self.room_bytes >= size_bytes
-
-    def _reserve_ahead(self, end: int) -> None:
-        """``log.preallocate``: reserve blocks through ``end`` and beyond (``reservation_end``).  Where
-        that fails (a full disk, a file system without ``fallocate``) or would not help (tmpfs), this
-        segment stops preallocating and its writes go on as without."""
-        new_end = reservation_end(self.size_bytes, end, self.config.segment_bytes)
-        error = reserve_blocks(self.append_fd, self._reserved_end, new_end - self._reserved_end)
-        if error:
-            _log.debug("%s: not preallocating (%s)", self.log_path, os.strerror(error))
-            self._preallocate = False
-            return
-        self._reserved_end = new_end
-
-    def _release_reserved(self) -> None:
-        """Give back the blocks reserved past the end of the data (roll, close).  ``ftruncate`` to the file's
-        own size frees them (checked on ext4 and tmpfs); the size, the bytes and the mtime (retention of
-        segments without timestamps reads it) stay as they were."""
-        if self.append_fd >= 0 and self.config.preallocate:  # (also a crash's leftover, on tmpfs too)
-            st = os.fstat(self.append_fd)
-            if st.st_blocks * 512 > st.st_size:
-                os.ftruncate(self.append_fd, st.st_size)
-                os.utime(self.append_fd, ns=(st.st_atime_ns, st.st_mtime_ns))
-        self._reserved_end = 0
 
     def index_room(self) -> int:
         """How many more index entries fit before the segment must roll."""
@@ -592,7 +490,7 @@ class LogSegment:
         position = found[0]
         dropped = self.size_bytes - position
         os.ftruncate(self.append_fd, position)  # also frees blocks reserved past it (log.preallocate)
-        self._reserved_end = min(self._reserved_end, position)
+        self._reservation.cut(position)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         self.size_bytes = position
@@ -612,14 +510,9 @@ class LogSegment:
         if last_time is not None:
             found = self.find_batch(last_time.offset, verify=False)
             start = 0 if found is None else found[0]
-        headers = _Headers(self.read_fd, self.size_bytes)
-        position = start
-        header = headers.at(position)
-        while header is not None:
-            if header.max_timestamp > self.max_timestamp:
-                self.max_timestamp, self.offset_of_max_timestamp = header.max_timestamp, header.last_offset
-            position += header.size
-            header = headers.at(position)
+        headers = BatchHeaders(self.read_fd, self.size_bytes)
+        self.max_timestamp, self.offset_of_max_timestamp = headers.max_timestamp_from(
+            start, self.max_timestamp, self.offset_of_max_timestamp)
         self.next_offset = self.end_of_data(verify=False)[1]
         first = headers.at(0)
         self.rolling_timestamp = NO_TIMESTAMP if first is None else first.max_timestamp
@@ -633,7 +526,7 @@ class LogSegment:
         self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, final=True)
         self.offset_index.trim()
         self.time_index.trim()
-        self._release_reserved()
+        self._reservation.release(self.append_fd if self.config.preallocate else -1)
         os.close(self.append_fd)
         self.append_fd = -1
         self.room_bytes = -1
@@ -645,20 +538,12 @@ class LogSegment:
         self.time_index.flush()
 
     def index_files_fsync(self) -> None:
-        for path in (self.index_path, self.time_index_path):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        self._index_paths.fsync()
 
     def close(self) -> None:
         self.offset_index.close()
         self.time_index.close()
-        self._release_reserved()
+        self._reservation.release(self.append_fd if self.config.preallocate else -1)
         for fd in (self.append_fd, self.read_fd):
             if fd >= 0:
                 os.close(fd)
@@ -682,7 +567,7 @@ class LogSegment:
                    end: int | None = None) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is >= ``offset``, or None."""
         end = self._end() if end is None else end
-        headers = _Headers(self.read_fd, end)
+        headers = BatchHeaders(self.read_fd, end)
         position = 0
         entry = self.offset_index.lookup(offset)
         if entry is not None and entry.position < end:
@@ -691,30 +576,19 @@ class LogSegment:
                 header = headers.at(position)
                 if header is None or header.last_offset != entry.offset:
                     position = 0
-        header = headers.at(position)
-        while header is not None:
-            if header.last_offset >= offset:
-                return position, header
-            position += header.size
-            header = headers.at(position)
-        return None
+        return headers.first_reaching(position, offset)
 
     def end_of_data(self, *, verify: bool, end: int | None = None) -> tuple[int, int]:
         """``(position, next offset)`` after the last whole batch (walked from the last index entry)."""
         end = self._end() if end is None else end
-        headers = _Headers(self.read_fd, end)
-        position, next_offset = 0, self.base_offset
+        headers = BatchHeaders(self.read_fd, end)
+        position = 0
         entry = self.offset_index.last_entry()
         if entry is not None and entry.position < end:
             header = headers.at(entry.position)
             if header is not None and header.last_offset == entry.offset:
                 position = entry.position
-        header = headers.at(position)
-        while header is not None:
-            next_offset = header.last_offset + 1
-            position += header.size
-            header = headers.at(position)
-        return position, next_offset
+        return headers.end_from(position, self.base_offset)
 
     def read(self, offset: int, max_bytes: int, *, max_offset: int | None, verify: bool,
              end: int | None = None) -> FetchSlice | None:
@@ -739,7 +613,7 @@ class LogSegment:
     def _boundary(self, position: int, first: BatchHeader, limit: int, end: int,
                   verify: bool) -> tuple[int, int]:
         """The last batch boundary <= ``limit`` after the first batch, and the offset after it."""
-        headers = _Headers(self.read_fd, end)
+        headers = BatchHeaders(self.read_fd, end)
         stop = position + first.size
         next_offset = first.last_offset + 1
         if stop >= limit:
@@ -750,12 +624,7 @@ class LogSegment:
             if header is not None and (not verify or header.last_offset == entry.offset):
                 stop = entry.position
                 next_offset = header.base_offset
-        header = headers.at(stop)
-        while header is not None and stop + header.size <= limit:
-            stop += header.size
-            next_offset = header.last_offset + 1
-            header = headers.at(stop)
-        return stop, next_offset
+        return headers.boundary_within(stop, next_offset, limit)
 
     def find_timestamp(self, timestamp: int, *, verify: bool) -> OffsetAndTimestamp | None:
         """Base offset and max timestamp of the first batch whose max timestamp is >= ``timestamp``."""
@@ -764,15 +633,8 @@ class LogSegment:
         found = self.find_batch(self.base_offset if entry is None else entry.offset, verify=verify, end=end)
         if found is None:
             return None
-        position, header = found
-        headers = _Headers(self.read_fd, end)
-        current: BatchHeader | None = header
-        while current is not None:
-            if current.max_timestamp >= timestamp:
-                return OffsetAndTimestamp(current.base_offset, current.max_timestamp)
-            position += current.size
-            current = headers.at(position)
-        return None
+        header = BatchHeaders(self.read_fd, end).first_with_timestamp(found[0], timestamp)
+        return None if header is None else OffsetAndTimestamp(header.base_offset, header.max_timestamp)
 
     def largest_timestamp(self) -> int:
         """The segment's largest batch timestamp, or the file's mtime when it holds none (retention)."""

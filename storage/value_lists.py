@@ -1,8 +1,8 @@
 """Value lists: records read where CPython keeps them.
 
 The producer's per-record path gathers values in a plain Python list of ``bytes``.  Packing such a list into
-a column first (``b"".join`` and one ``len`` per record) costs ~35 ns per 100-byte record and, for large
-values, a second full copy through freshly allocated memory.  So ``storage.batch_builder``'s
+a column first (``b"".join`` and one ``len`` per record) costs interpreter time per record and, for large
+values, a second full copy through freshly allocated memory (docs/storage.md).  So ``storage.batch_builder``'s
 :func:`~storage.batch_builder.build_into` and :func:`~storage.batch_builder.build` also take the list itself
 (value-only records: null keys, no headers, the batch's timestamp): the two kernels here,
 ``_list_records_size`` and ``_encode_list``, read each value where CPython keeps it (the object layout is

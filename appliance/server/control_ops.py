@@ -44,7 +44,7 @@ from ipc.ring_layout import DEFAULT_ACK_SLOTS
 from ipc.shm import ShmNames
 from ipc.state_page import StatePage, monotonic_ms
 from storage.errors import ApplianceError, TopicExistsError, UnknownTopicOrPartitionError
-from storage.producer_state import ProducerIdBlockAllocator
+from storage.producer_ids import ProducerIdBlockAllocator
 
 __all__ = ["MAX_REPLICATION_FACTOR", "ControlOps", "Supervised", "check_replication_factor"]
 

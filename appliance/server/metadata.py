@@ -44,27 +44,10 @@ from appliance.config.topic_metadata import (
     read_topics,
     topics_path,
 )
+from storage.atomic_file import write_atomically
 from storage.errors import ConfigError, TopicExistsError, UnknownTopicOrPartitionError
 
 __all__ = ["MetadataStore"]
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class MetadataStore:
@@ -231,4 +214,5 @@ class MetadataStore:
             "version": VERSION,
             "topics": {name: topic.to_json() for name, topic in self._topics.items()},
         }
-        _write_atomically(self.path, (json.dumps(document, indent=2, sort_keys=False) + "\n").encode())
+        data = (json.dumps(document, indent=2, sort_keys=False) + "\n").encode()
+        write_atomically(self.path, data, mode=0o600)

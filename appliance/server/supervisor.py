@@ -76,7 +76,7 @@ from ipc.ring import warm_up
 from ipc.shm import Permissions, reclaim
 from ipc.state_page import monotonic_ms
 from storage.errors import ApplianceError
-from storage.producer_state import ProducerIdBlockAllocator
+from storage.producer_ids import ProducerIdBlockAllocator
 
 __all__ = ["WRITER_STALL_S", "Supervisor"]
 

@@ -102,10 +102,7 @@ from storage.producer_state import (
     DUPLICATE_SEQUENCE_NUMBER,
     NONE,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
-    SNAPSHOTS_RETAINED,
     ProducerStateManager,
-    list_snapshots,
-    snapshot_path,
 )
 
 __all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec", "writer_main"]
@@ -450,16 +447,10 @@ class PartitionWriter:
             self._snapshot_quickly(self.log.log_end_offset)
 
     def _snapshot_quickly(self, offset: int) -> None:
-        """Snapshot the producer state at a roll without fsync (an fsync here stalls the round for up to
-        hundreds of ms).  Safe: a snapshot lost or torn by a power cut fails its CRC and the previous one is
-        used; one above the recovered log end is deleted.  The clean stop writes a durable one."""
-        directory = self.spec.directory
-        path = snapshot_path(directory, offset)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(self.producer_state.snapshot_bytes(offset))
-        os.rename(tmp, path)
-        for old in list_snapshots(directory)[:-SNAPSHOTS_RETAINED]:
-            snapshot_path(directory, old).unlink(missing_ok=True)
+        """Snapshot the producer state at a roll without fsync (an fsync here would stall the round).  Safe:
+        a snapshot lost or torn by a power cut fails its CRC and the previous one is used; one above the
+        recovered log end is deleted.  The clean stop writes a durable one."""
+        self.producer_state.write_snapshot(self.spec.directory, offset, durable=False)
 
     def _publish_offsets(self) -> None:
         end = self.log.log_end_offset

@@ -18,12 +18,13 @@ from batchgen import batch_of_size, build_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from storage.append_plan import AppendInfo
 from storage.batch_header import check_batch, parse_header, validate_batch
 from storage.errors import LogLockedError, NotLeaderError
-from storage.log import AppendInfo, Log
+from storage.log import Log
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
-from storage.segment import IOV_MAX
+from storage.segment_file import IOV_MAX
 
 TEMPLATES = [bytes(batch_of_size(size, records=records, timestamp_ms=1_700_000_000_000 + size))
              for size, records in ((80, 1), (150, 3), (333, 2), (700, 5), (1200, 1))]
@@ -166,7 +167,7 @@ def test_a_short_write_is_finished_or_raises(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import os, resource, signal
-        from storage.segment import write_fully
+        from storage.segment_file import write_fully
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
         parts = [bytes([i]) * 300 for i in range(1, 6)]

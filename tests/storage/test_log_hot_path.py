@@ -1,6 +1,6 @@
-"""The one-batch hot path of ``Log.append_batches`` / ``Log.append`` (written flat in the log): its index
-entries across the pages faulted in ahead of it, and the writer checks it makes without calling anything (a
-forked child, a closed log).  Its roll decisions against the general path:
+"""The one-batch hot path of ``Log.append_batches`` / ``Log.append`` (``LogSegment.append_batch``): its index
+entries across the pages faulted in ahead of it, and the writer checks the log makes before it (a forked
+child, a closed log).  Its roll decisions against the general path:
 tests/storage/test_log_prealloc_hot_path.py."""
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ import pytest
 
 from storage.batch_builder import build_batch
 from storage.errors import ConfigError
-from storage.log import RECOVERY_POINT_CHECKPOINT_FILE, Log
+from storage.log import Log
 from storage.log_config import LogConfig
+from storage.log_dir import RECOVERY_POINT_CHECKPOINT_FILE
 from storage.log_reader import LogReader
 from storage.preallocate import (
     PREALLOCATE_MAX_AHEAD_BYTES,

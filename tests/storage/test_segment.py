@@ -19,11 +19,11 @@ from storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
-    FetchSlice,
     LogSegment,
     parse_segment_name,
     segment_path,
 )
+from storage.segment_file import FetchSlice
 from storage.time_index import encode as encode_times
 
 
