@@ -252,11 +252,16 @@ class IndexFile:
         self._pack(self.mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
 
+    def append_prefaulted(self, first: int, second: int) -> None:
+        """:meth:`append` for the hot path, within :meth:`prefaulted_entries_left` (the caller counts them
+        down): no page is faulted in and nothing is checked."""
+        self._pack(self.mm, self.entries * self._entry_bytes, first, second)  # type: ignore[arg-type]
+        self.entries += 1
+
     def prefaulted_entries_left(self) -> int:
         """How many more entries fit in the pages already faulted in for writing (0 if not writable): that
-        many entries can be added with no page faulted in.  The active segment's one-batch append
-        (``LogSegment.append_batch``) adds that many itself, as :meth:`append` would (packed at
-        ``entries * entry.size``, then counted in ``entries``), to spare its hot path a call."""
+        many can be added by :meth:`append_prefaulted` with no page faulted in (the active segment's
+        one-batch append, ``LogSegment.append_batch``, keeps the count)."""
         if not self.writable or self.mm is None:
             return 0
         return min(self.max_entries, self._populated // self.entry.size) - self.entries

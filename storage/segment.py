@@ -50,7 +50,6 @@ from storage.batch_header import BatchHeader
 from storage.batch_scan import SegmentScan, describe, plan_index_entries, scan_segment
 from storage.errors import CorruptRecordError
 from storage.log_config import INT32_MAX, LogConfig
-from storage.offset_index import OFFSET_INDEX_ENTRY
 from storage.preallocate import BlockReservation
 from storage.segment_file import BatchBuffer, BatchHeaders, FetchSlice, write_fully, write_rest
 from storage.segment_indexes import IndexPaths
@@ -75,8 +74,6 @@ _NAME_DIGITS: Final = 20
 OVER_BUDGET: Final = -1  # append_batch: the batch is not within the append budget, nothing was written
 _NO_LIMIT: Final = -(2**64)  # an append budget limit no int64 field is ever below or at
 _os_write = os.write
-_pack_offset_entry = OFFSET_INDEX_ENTRY.pack_into
-_OFFSET_ENTRY_BYTES: Final = OFFSET_INDEX_ENTRY.size
 _log = logging.getLogger(__name__)
 
 
@@ -393,10 +390,7 @@ class LogSegment:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
         if index_due:  # the index rule, after the bytes are in the file
-            offsets = self.offset_index.file  # IndexFile.append's work, without its call: the budget
-            _pack_offset_entry(offsets.mm, offsets.entries * _OFFSET_ENTRY_BYTES,  # type: ignore[arg-type]
-                               last_offset - self.base_offset, position)  # keeps it in faulted-in pages
-            offsets.entries += 1
+            self.offset_index.file.append_prefaulted(last_offset - self.base_offset, position)  # the budget
             top = self.max_timestamp
             if top > self.time_index.last_timestamp:
                 self.time_index.maybe_append(top, self.offset_of_max_timestamp)
