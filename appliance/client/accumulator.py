@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numba
 import numpy as np
 
 from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns, Records
@@ -70,7 +69,6 @@ __all__ = [
     "check_headers",
     "pack_column",
     "record_payload",
-    "take_column",
 ]
 
 OPEN, SEALED, PUBLISHED, DONE = 0, 1, 2, 3
@@ -119,33 +117,6 @@ def pack_column(items: Sequence[Any], has_nulls: bool) -> ByteColumn:
     present = [b"" if item is None else item for item in items]
     np.cumsum(np.fromiter(map(len, present), np.int64, count), out=offsets[1:])
     return ByteColumn(np.frombuffer(b"".join(present), np.uint8), offsets, nulls)
-
-
-@numba.njit(cache=True)
-def _gather(data: np.ndarray, offsets: np.ndarray, indexes: np.ndarray, out: np.ndarray,
-            out_offsets: np.ndarray) -> None:
-    """Copy the strings ``indexes`` of (data, offsets) back to back into ``out``; fill ``out_offsets``."""
-    position = 0
-    out_offsets[0] = 0
-    for n in range(indexes.shape[0]):
-        i = indexes[n]
-        start = offsets[i]
-        for k in range(offsets[i + 1] - start):
-            out[position + k] = data[start + k]
-        position += offsets[i + 1] - start
-        out_offsets[n + 1] = position
-
-
-def take_column(column: ByteColumn, indexes: np.ndarray) -> ByteColumn:
-    """The strings at ``indexes`` of ``column``, copied into a new column (send_many grouping by key)."""
-    offsets = np.ascontiguousarray(column.offsets, np.int64)
-    picks = np.ascontiguousarray(indexes, np.int64)
-    lengths = offsets[picks + 1] - offsets[picks]
-    out = np.empty(int(lengths.sum()), np.uint8)
-    out_offsets = np.empty(len(picks) + 1, np.int64)
-    _gather(np.ascontiguousarray(column.data, np.uint8), offsets, picks, out, out_offsets)
-    nulls = None if column.nulls is None else np.asarray(column.nulls, np.bool_)[picks]
-    return ByteColumn(out, out_offsets, nulls)
 
 
 _TOKEN_WAIT_LIMIT_S = 10.0  # a token not given back for this long is a bug, not contention

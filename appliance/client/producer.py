@@ -122,7 +122,8 @@ from appliance.client.accumulator import (
 from appliance.client.bulk_columns import (
     batch_cuts,
     bulk_columns,
-    key_groups,
+    key_partitions,
+    partition_groups,
     record_bounds,
     slice_columns,
     take_records,
@@ -715,9 +716,10 @@ class Producer:
         ``values`` (and ``keys``): a list of bytes (None = null), a 2-D ``uint8`` array of fixed-size
         records (one per row), a ``(data, offsets)`` pair (record ``i`` is ``data[offsets[i]:offsets[i+1]]``)
         or a :class:`ByteColumn`.  ``timestamps``: int64 ms per record (default: now).  Records are cut into
-        batches of about ``batch.size`` bytes; with keys each goes to its key's partition, without keys and
-        partition whole batches go to the sticky partition.  The arrays are read when the batches are built:
-        do not change them until the handle is done.
+        batches of about ``batch.size`` bytes; with keys each goes to its key's partition (records with a
+        null key in runs of about a batch to the sticky partition), without keys and partition whole
+        batches go to the sticky partition; each partition's records keep the order given.  The arrays are
+        read when the batches are built: do not change them until the handle is done.
         """
         columns = bulk_columns(values, keys, headers, timestamps)
         count = columns.values.item_count
@@ -731,23 +733,9 @@ class Producer:
             if count == 0:
                 bulk.finish_empty()
                 return bulk
-            limit = min(self.config.max_request_size, state.max_message_bytes)
-            if int(sizes.max()) + HEADER_SIZE > limit:
-                big = int(np.argmax(sizes))
-                raise InvalidRecordError(
-                    f"topic {state.name}: record {big} takes up to {int(sizes[big])} bytes, more than a "
-                    f"batch of max.request.size {self.config.max_request_size} / max.message.bytes "
-                    f"{state.max_message_bytes}; nothing was sent"
-                )
-            groups: list[tuple[int | None, np.ndarray | None]]
-            if partition is not None:
-                groups = [(_check_partition(state, partition), None)]
-            elif columns.keys is not None:
-                groups = key_groups(columns.keys, len(state.partitions))
-            else:
-                groups = [(None, None)]
+            self._check_bulk_fits(state, sizes)
             touched: dict[PartitionQueue, None] = {}
-            for target, indexes in groups:
+            for target, indexes in self._bulk_groups(state, columns, sizes, partition):
                 if indexes is None:
                     self._queue_bulk(state, target, columns, sizes, None, now_ms, bulk, touched)
                 else:
@@ -756,6 +744,34 @@ class Producer:
             for part in touched:
                 self._publish_pending(part, self.config.max_block_ms)
         return bulk
+
+    def _check_bulk_fits(self, state: _Topic, sizes: np.ndarray) -> None:
+        """InvalidRecordError naming the first record no batch can hold (nothing is queued then)."""
+        limit = min(self.config.max_request_size, state.max_message_bytes)
+        if int(sizes.max()) + HEADER_SIZE > limit:
+            big = int(np.argmax(sizes))
+            raise InvalidRecordError(
+                f"topic {state.name}: record {big} takes up to {int(sizes[big])} bytes, more than a "
+                f"batch of max.request.size {self.config.max_request_size} / max.message.bytes "
+                f"{state.max_message_bytes}; nothing was sent"
+            )
+
+    def _bulk_groups(self, state: _Topic, columns: RecordColumns, sizes: np.ndarray,
+                     partition: int | None) -> list[tuple[int | None, np.ndarray | None]]:
+        """Where ``send_many``'s records go: ``(partition, record indexes)`` in input order per partition;
+        ``(None, None)``: all of them, whole batches to the sticky partition; indexes None: all of them."""
+        if partition is not None:
+            return [(_check_partition(state, partition), None)]
+        if columns.keys is None:
+            return [(None, None)]
+        targets = key_partitions(columns.keys, len(state.partitions))
+        unkeyed = np.flatnonzero(targets < 0)
+        for start, stop, _ in batch_cuts(sizes[unkeyed], max(state.batch_room, 1)):
+            targets[unkeyed[start:stop]] = state.sticky.current  # a run of about a batch: one partition
+            with self._token:
+                state.sticky.switch(state.sticky.current)
+                state.sticky_batch = state.partitions[state.sticky.current].open
+        return list(partition_groups(targets))
 
     def _queue_bulk(self, state: _Topic, target: int | None, columns: RecordColumns, sizes: np.ndarray,
                     indexes: np.ndarray | None, now_ms: int, bulk: BulkHandle,
