@@ -283,7 +283,7 @@ class _DuplicatingChannel:
     def publish_into(self, max_bytes: int, build: Callable[[np.ndarray], int], token: ProducerBatch, *,
                      timeout_ms: int | None = None) -> int:
         seq = self.inner.publish_into(max_bytes, build, token, timeout_ms=timeout_ms)
-        copy = ProducerBatch(token.producer, token.topic, token.partition, 0)
+        copy = ProducerBatch(token.waiter, token.topic, token.partition, 0)
         copy.state = PUBLISHED
         self.copies[id(copy)] = token
         self.inner.publish_into(max_bytes, build, copy, timeout_ms=timeout_ms)
