@@ -75,7 +75,7 @@ from appliance.client.accumulator import DONE, OPEN, PUBLISHED, SEALED, Producer
 from appliance.client.linger_timer import RoundTimer
 from appliance.client.partition_queue import PartitionQueue
 from appliance.client.producer_config import ProducerConfig
-from appliance.client.route import BatchChannel, Route
+from appliance.client.route import BatchChannel, ConnectionLostError, Route
 from ipc.control import ControlError
 from ipc.ring import RingFailedError
 from storage.batch_builder import NO_SPACE, build_into
@@ -225,18 +225,26 @@ class Sender:
                     self._publish_first(part, batch, min(_remaining_ms(deadline_ns), _PUBLISH_SLICE_MS))
                 except RingFailedError as exc:
                     failures += 1
-                    self._channel_failed(part, exc, failures)
+                    self._channel_failed(part, exc, failures, deadline_ns, timeout_ms)
                 except (BackPressureError, ControlError) as exc:
                     self._no_room(part, exc, deadline_ns, timeout_ms)
         finally:
             self._after_publishing(part, now, caller)
 
-    def _channel_failed(self, part: PartitionQueue, exc: RingFailedError, failures: int) -> None:
+    def _channel_failed(self, part: PartitionQueue, exc: RingFailedError, failures: int, deadline_ns: int,
+                        timeout_ms: int) -> None:
         """The channel of ``part`` failed while publishing: replace it (its unanswered batches go back to
-        the queue).  A channel failing a third time in one publish is an error."""
+        the queue).  A ring failing a third time in one publish is an error; a lost connection is opened
+        again until ``timeout_ms`` has passed, then it is back-pressure."""
         self._replace_channel(part)
-        if failures > 2:
+        if failures <= 2:
+            return
+        if not isinstance(exc, ConnectionLostError):
             raise ApplianceError(f"partition {part.name}: new rings keep failing: {exc}") from exc
+        if time.monotonic_ns() >= deadline_ns:
+            raise BackPressureError(
+                f"partition {part.name}: its connection broke {failures} times within {timeout_ms} ms ({exc})"
+            ) from exc
 
     def _no_room(self, part: PartitionQueue, exc: BackPressureError | ControlError, deadline_ns: int,
                  timeout_ms: int) -> None:

@@ -24,11 +24,14 @@ carries the batches.  :class:`TcpRoute` is the route for a remote appliance (or 
   partition a resend.
 
 **Failures.**  A connection that breaks, or a request not answered within ``request.timeout.ms``, leaves
-the outcome of its requests unknown: the channel raises :class:`ConnectionLostError` (a
-:class:`~ipc.ring.RingFailedError`, which the producer already answers by taking the answers that did arrive,
-dropping the channel and publishing every unanswered batch again, in order, with the same sequence numbers,
-through a new one).  The broker's idempotence state recognises a batch it appended before and answers with
-its original offsets, so it appears once in the log.  An answer ``NOT_LEADER_OR_FOLLOWER`` (or no leader)
+the outcome of its requests unknown: the channel raises
+:class:`~appliance.client.route.ConnectionLostError` (a :class:`~ipc.ring.RingFailedError`, which the
+producer answers as it answers a failed ring: by taking the answers that did arrive, dropping the channel
+and publishing every unanswered batch again, in order, with the same sequence numbers, through a new one;
+a connection that keeps breaking is opened again until the publish's time limit has passed, ``max.block.ms``
+for a send).  The broker's
+idempotence state recognises a batch it appended before and answers with its original offsets, so it
+appears once in the log.  An answer ``NOT_LEADER_OR_FOLLOWER`` (or no leader)
 is a retriable error for the producer and marks the channel stale: the next publish raises
 :class:`ConnectionLostError`, and the new channel goes to the leader a fresh Metadata names.  When no
 broker can be reached at all, :meth:`TcpRoute.alive` turns false (the bootstrap connection reads end of
@@ -41,6 +44,11 @@ connection client here matches every request to one.
 **Threads.**  The producer calls every method under its lock except :meth:`TcpChannel.wait_acked`, which
 only waits for the socket to become readable (``select``) and touches no state, as a ring wait only parks
 on a semaphore; the bytes are read under the lock by :meth:`TcpChannel.poll`.
+
+Fault points (tests only): ``route.faults["lose-response"] = n`` breaks a channel's connection as each of
+the next ``n`` Produce answers arrives, dropping it unread, as a network failure would: the broker
+appended that request's batch (and maybe those of the requests behind it, also in flight), the producer
+does not know, and sends them all again; the broker recognises the duplicates.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import numpy as np
 
 from appliance.client.kafka_cluster import KafkaCluster
 from appliance.client.producer_config import ProducerConfig
+from appliance.client.route import ConnectionLostError
 from ipc.kafka import (
     ErrorCode,
     InitProducerIdRequest,
@@ -66,7 +75,6 @@ from ipc.kafka import (
     error_name,
 )
 from ipc.kafka_client import BrokerConnectionError, KafkaConnection
-from ipc.ring import RingFailedError
 from storage.errors import (
     ApplianceError,
     BackPressureError,
@@ -94,20 +102,15 @@ _RETRY_INIT = frozenset({
 })  # fmt: skip
 
 
-class ConnectionLostError(RingFailedError):
-    """The connection to a partition's leader broke, a request was not answered within
-    ``request.timeout.ms``, or the leader moved.  Answers that arrived were taken; the outcome of the
-    requests still unanswered is unknown.  Open a new channel and send them again, in order, with the same
-    sequence numbers (the broker recognises those it appended)."""
-
-
 class TcpChannel:
     """One partition's batches as Produce requests on a connection to its leader
     (``appliance.client.route.BatchChannel``)."""
 
     def __init__(self, connection: KafkaConnection, *, topic: str, partition: int, acks: int,
-                 request_timeout_ms: int, max_in_flight: int, max_body_bytes: int) -> None:
+                 request_timeout_ms: int, max_in_flight: int, max_body_bytes: int,
+                 faults: dict[str, int] | None = None) -> None:
         self.connection = connection
+        self.faults = {} if faults is None else faults  # the route's fault points (see the module docstring)
         self.topic = topic
         self.partition = partition
         self.acks = acks
@@ -186,6 +189,12 @@ class TcpChannel:
                 ) from None
             if response is None:
                 break
+            if self.faults and self.faults.get("lose-response", 0) > 0:  # lost on its way back
+                self.faults["lose-response"] -= 1
+                self.connection.close()
+                raise ConnectionLostError(
+                    f"channel {self.name}: fault point lose-response; {len(self.in_flight)} unanswered"
+                )
             _, batch = self.in_flight.popleft()
             self.completed.append((batch, self._result(response)))
             count += 1
@@ -263,6 +272,7 @@ class TcpRoute:
             )
         except ValueError as exc:
             raise ConfigError(f"producer setting bootstrap.servers: {exc}") from None
+        self.faults: dict[str, int] = {}  # fault points for tests (see the module docstring)
         self._lost = False  # a connection attempt failed: alive() is false until reconnect() succeeds
         self._opened: set[tuple[str, int]] = set()  # partitions that had a channel (ask again for a new one)
         self._until_connected(self.config.max_block_ms)
@@ -357,7 +367,7 @@ class TcpRoute:
             raise BackPressureError(f"partition {topic}-{partition}: {exc}") from None
         return TcpChannel(connection, topic=topic, partition=partition, acks=acks,
                           request_timeout_ms=self.config.request_timeout_ms, max_in_flight=max_in_flight,
-                          max_body_bytes=self.config.max_request_size)  # fmt: skip
+                          max_body_bytes=self.config.max_request_size, faults=self.faults)  # fmt: skip
 
     def drop_channel(self, channel: BatchChannel) -> None:
         channel.close()
