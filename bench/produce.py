@@ -7,7 +7,8 @@ What one run does
    user agent, message; records longer than a line hold several lines, shorter ones a line's start), so zstd
    sees what it would see on real logs (ratio ~4-5 at 100 B+); ``random`` are incompressible bytes.  The pool
    holds at least two batches' worth of records, so a batch never repeats a record (zstd would flatter).
-2. ``--producers K`` producers, each its own ``appliance.Producer``; with K > 1 each runs in a forked process.
+2. ``--producers K`` producers, each its own ``appliance.Producer`` (over the local rings, or over TCP with
+   ``--bootstrap-server``); with K > 1 each runs in a forked process.
    Each attaches to every partition of the topic and sends warm-up records (rings attached, kernels loaded)
    before the clock starts; then all start together.
 3. Records go through ``send()`` (one call per record, like Kafka's perf test) or ``send_many()`` (``--api
@@ -114,7 +115,8 @@ class ProduceSettings:
 
 
 class TcpProducerUnavailable(ApplianceError):
-    """Producing over TCP (``bootstrap.servers``) is not built in this tree."""
+    """Producing over TCP (``bootstrap.servers``) is not possible: ``appliance.Producer`` could not reach
+    the broker."""
 
 
 def producer_settings(settings: ProduceSettings, app: Appliance, bootstrap: str | None) -> dict[str, object]:
@@ -136,116 +138,23 @@ def producer_settings(settings: ProduceSettings, app: Appliance, bootstrap: str 
 
 
 def tcp_producer_status(bootstrap: str) -> tuple[bool, str]:
-    """Whether this tree can produce over TCP to ``bootstrap``; why not, or which client will.
-    ``appliance.Producer`` with ``bootstrap.servers`` first; else
-    ``appliance.client.remote_producer.RemoteProducer`` (built separately; the bench drives it through
-    :class:`RemoteSendAdapter`).  Constructing one against the broker is the test."""
+    """Whether ``appliance.Producer`` can produce over TCP to ``bootstrap``; why not, or which client will.
+    Constructing one against the broker is the test."""
     from appliance.client.producer import Producer
 
-    reasons = []
     try:
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
-    except Exception as exc:  # ConfigError while not wired in; a broker that does not answer
-        reasons.append(f"appliance.Producer: {exc}")
-    else:
-        producer.close(timeout=5)
-        return True, "appliance.Producer (bootstrap.servers)"
-    try:
-        remote = _remote_producer_class()({"bootstrap.servers": bootstrap, "acks": "1"})
-    except Exception as exc:
-        reasons.append(f"appliance.client.remote_producer: {type(exc).__name__}: {exc}")
-        return False, "; ".join(reasons)
-    remote.close(timeout=5)
-    return True, ("appliance.client.remote_producer.RemoteProducer (it has send_many only: the bench gathers "
-                  "send() records into send_many calls of batch.size bytes)")
-
-
-def _remote_producer_class() -> Any:
-    from appliance.client.remote_producer import RemoteProducer  # built concurrently: imported only when used
-
-    return RemoteProducer
+    except Exception as exc:  # a broker that does not answer, a bad address
+        return False, f"appliance.Producer: {exc}"
+    producer.close(timeout=5)
+    return True, "appliance.Producer (bootstrap.servers)"
 
 
 def open_producer(config: dict[str, object]) -> Any:
-    """An ``appliance.Producer`` for ``config``; over TCP, when it refuses ``bootstrap.servers``, the
-    :class:`RemoteSendAdapter` around ``RemoteProducer``."""
+    """The ``appliance.Producer`` of a run (local rings, or TCP with ``bootstrap.servers``)."""
     from appliance.client.producer import Producer
 
-    if not config.get("bootstrap.servers"):
-        return Producer(config)
-    try:
-        return Producer(config)
-    except ConfigError:
-        return RemoteSendAdapter(_remote_producer_class()(config))
-
-
-class RemoteSendAdapter:
-    """``RemoteProducer`` (``send_many`` only, no callbacks, no background thread) behind the small part of
-    ``appliance.Producer`` the bench uses: ``send`` gathers records into ``send_many`` calls of ``batch.size``
-    bytes (the RemoteProducer has no per-record path); callbacks run when the bench sees their
-    ``SendResult`` done, which it checks after every call."""
-
-    def __init__(self, remote: Any) -> None:
-        self.remote = remote
-        self.batch_bytes = int(remote.config.batch_size)
-        self._values: list[bytes] = []
-        self._callbacks: list[Callable[[Any, Any], None]] = []
-        self._bytes = 0
-        self._topic = ""
-        self._pending: list[tuple[Any, list[Callable[[Any, Any], None]]]] = []
-
-    def send(self, topic: str, value: bytes, partition: int | None = None,
-             callback: Callable[[Any, Any], None] | None = None) -> None:
-        if partition is not None:
-            self._settle(self.remote.send_many(topic, [value], partition=partition), [callback] if callback
-                         else [])
-            return
-        if topic != self._topic and self._values:
-            self._ship()
-        self._topic = topic
-        self._values.append(value)
-        self._bytes += len(value)
-        if callback is not None:
-            self._callbacks.append(callback)
-        if self._bytes >= self.batch_bytes:
-            self._ship()
-
-    def send_many(self, topic: str, values: Any, callback: Callable[[Any, Any], None] | None = None) -> None:
-        self._settle(self.remote.send_many(topic, values), [callback] if callback else [])
-
-    def _ship(self) -> None:
-        values, callbacks = self._values, self._callbacks
-        self._values, self._callbacks, self._bytes = [], [], 0
-        self._settle(self.remote.send_many(self._topic, values), callbacks)
-
-    def _settle(self, result: Any, callbacks: list[Callable[[Any, Any], None]]) -> None:
-        self._pending.append((result, callbacks))
-        self._check()
-
-    def _check(self) -> None:
-        while self._pending and self._pending[0][0].done:
-            result, callbacks = self._pending.pop(0)
-            error = None
-            try:
-                result.get(0)
-            except ApplianceError as exc:
-                error = exc
-            for callback in callbacks:
-                callback(error, None)
-
-    def flush(self) -> None:
-        if self._values:
-            self._ship()
-        while self._pending:
-            self.remote.poll(50)
-            self._check()
-        self.remote.flush()
-
-    def close(self, timeout: float | None = None) -> None:
-        try:
-            self.flush()
-        finally:
-            self.remote.close(timeout)
+    return Producer(config)
 
 
 # ----------------------------------------------------------------------------------------------- payloads
