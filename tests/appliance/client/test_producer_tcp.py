@@ -18,8 +18,17 @@ from appliance.client.consumer import Consumer, ConsumerRecord
 from appliance.client.partitioner import murmur2, to_positive
 from appliance.client.producer import Producer
 from appliance.client.producer_config import ProducerConfig
-from appliance.client.tcp_route import TcpRoute
-from ipc.kafka import MetadataRequest
+from appliance.client.tcp_route import FrameBuffer, ProduceFrame, TcpRoute
+from ipc.kafka import (
+    ApiKey,
+    MetadataRequest,
+    PartitionProduceData,
+    ProduceRequest,
+    RequestHeader,
+    TopicProduceData,
+    decode_request,
+    encode_request,
+)
 from ipc.kafka_client import BrokerConnectionError, KafkaConnection
 from storage.errors import InvalidRecordError
 
@@ -148,3 +157,29 @@ def test_zstd_batches_read_back(bootstrap: str) -> None:
     with Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd"}) as producer:
         producer.send_many("zstd", lines, partition=1).get()
     assert [r.value for r in read(bootstrap, "zstd", 2, 3000)[1]] == lines
+
+
+@pytest.mark.parametrize("version", [3, 8])
+def test_a_produce_frame_built_in_place_is_the_codecs_encoding(version: int) -> None:
+    """The frame a batch is built into (``ProduceFrame``) is, byte for byte, what the codec encodes for the
+    same request, and decodes back to it; the shared buffer serves frames of other sizes after it."""
+    buffer = FrameBuffer()
+    frames = {name: ProduceFrame(version=version, client_id="c", topic=name, partition=3, acks=-1,
+                                 timeout_ms=30_000, buffer=buffer)
+              for name in ("topic", "a-much-longer-name")}
+    for name, records in (("topic", b"x" * 1000), ("a-much-longer-name", b"batch"), ("topic", b"y" * 10)):
+
+        def build(region: np.ndarray, records: bytes = records) -> int:
+            region[: len(records)] = np.frombuffer(records, np.uint8)
+            return len(records)
+
+        frame = frames[name].build(2000, build)
+        assert frame is not None
+        built = bytes(ProduceFrame.with_correlation_id(frame, 77))
+        request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=30_000,
+                                 topic_data=[TopicProduceData(name, [PartitionProduceData(3, records)])])
+        assert built == encode_request(RequestHeader(ApiKey.PRODUCE, version, 77, "c"), request)
+        decoded = decode_request(built[4:])
+        assert decoded.header.correlation_id == 77
+        assert bytes(decoded.body.topic_data[0].partition_data[0].records) == records
+    assert frames["topic"].build(2000, lambda region: 0) is None  # the builder wrote nothing
