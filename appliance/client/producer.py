@@ -170,9 +170,6 @@ class Producer:
         self._sender = Sender(cfg, route, self._lock, producer_id=self.producer_id,
                               producer_epoch=self.producer_epoch, lingering=self._lingering, seal=self._seal)
         self._waiter = self._sender.await_batches  # how this producer's handles wait (BatchWaiter)
-        from ipc.ring import warm_up
-
-        warm_up()
 
     # -- the per-record path --------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from appliance.client.commit_channel import CommittedChannel
 from ipc.control import ControlClient, ControlError
-from ipc.ring import RingFailedError
+from ipc.ring import RingFailedError, warm_up
 from ipc.ring_publisher import RingPublisher
 from ipc.state_page import StatePage
 from storage.errors import UnknownTopicOrPartitionError
@@ -94,6 +94,7 @@ class LocalRoute:
         self.path = control_socket
         self.timeout_s = max(timeout_ms, 1) / 1000
         self.client = ControlClient.connect(control_socket, timeout_s=self.timeout_s)
+        warm_up()  # the rings' numba kernels, loaded now so that the first frame does not pay for them
 
     def partitions_for(self, topic: str) -> tuple[int, int]:
         try:
