@@ -302,7 +302,6 @@ class Producer:
         if not self._send_at_once:
             self._sender.wake_by(batch.first_append_ns + self.config.linger_ms * 1_000_000)
 
-
     def _make_room(self, state: _Topic, part: PartitionQueue, payload_bytes: int, timestamped: bool) -> None:
         """A record of ``payload_bytes`` does not fit the open batch of ``part``: seal it (unless a flush or
         the timer did meanwhile) and publish what is sealed.  Raises InvalidRecordError for a record no
