@@ -5,9 +5,10 @@ What one run does
 1. Payloads: a pool of distinct records of exactly ``--record-size`` bytes, cycled through.  ``json`` (the
    default) are log-like JSON lines (timestamp, level, service, host, trace id, method, path, status, latency,
    user agent, message; records longer than a line hold several lines, shorter ones a line's start), so zstd
-   sees what it would see on real logs (ratio ~4-5 at 100 B+); ``random`` are incompressible bytes.  The pool
+   sees what it would see on real logs; ``random`` are incompressible bytes.  The pool
    holds at least two batches' worth of records, so a batch never repeats a record (zstd would flatter).
-2. ``--producers K`` producers, each its own ``appliance.Producer``; with K > 1 each runs in a forked process.
+2. ``--producers K`` producers, each its own ``appliance.Producer`` (over the local rings, or over TCP with
+   ``--bootstrap-server``); with K > 1 each runs in a forked process.
    Each attaches to every partition of the topic and sends warm-up records (rings attached, kernels loaded)
    before the clock starts; then all start together.
 3. Records go through ``send()`` (one call per record, like Kafka's perf test) or ``send_many()`` (``--api
@@ -24,17 +25,13 @@ What one run does
    system), after ``os.sync()`` as the run itself; the probe files stay until the run is over.  The run is
    held against the faster of the two (``ratios.page_cache_write``); ``extra.page_cache_probes`` gives both
    samples, the ratio to each and to their mean, and the CPU per byte of the probe, the producers and the
-   writers (a probe near 0.2 ns/B got pages the host still backs, one near 2.5 ns/B pages it must fault in
-   first: on a virtual machine that, not the appliance, moves the figure tenfold).  memcpy and loopback
+   writers (a probe's CPU per byte tells pages the host still backs from pages it must fault in first: on
+   a virtual machine that, not the appliance, moves the figure; docs/performance.md).  memcpy and loopback
    ``sendfile`` are measured after the second probe, so nothing but ``os.sync()`` separates a probe from the
    run.  ``recycle_pages`` (the matrix sets it for records of 10 KiB and more): right before each probe and
    the run, as much memory as it will write is touched and freed (``perf_limits.recycle_pages``), so all
    three write into pages the host backs, as a long-running appliance's page cache does; without it, which
-   kind each gets depends on what was freed how long before (the tenfold swings).  (Until 2026-11-22 one
-   probe of a single cache-resident 1 MiB buffer ran ~2 s before the run, with ``sendfile`` and a 2 x 256
-   MiB memcpy in between: that limit cost ~0.2 ns of CPU per byte, against ~0.23 for writing the 8 MiB
-   pool and ~0.3 for distinct bytes, and it and the run drew on different pages; docs/performance.md,
-   issue 3.)
+   kind each gets depends on what was freed how long before.
 6. Afterwards the records in the log are counted (log end offsets): a lost or duplicated record is reported.
 """
 
@@ -114,7 +111,8 @@ class ProduceSettings:
 
 
 class TcpProducerUnavailable(ApplianceError):
-    """Producing over TCP (``bootstrap.servers``) is not built in this tree."""
+    """Producing over TCP (``bootstrap.servers``) is not possible: ``appliance.Producer`` could not reach
+    the broker."""
 
 
 def producer_settings(settings: ProduceSettings, app: Appliance, bootstrap: str | None) -> dict[str, object]:
@@ -136,116 +134,23 @@ def producer_settings(settings: ProduceSettings, app: Appliance, bootstrap: str 
 
 
 def tcp_producer_status(bootstrap: str) -> tuple[bool, str]:
-    """Whether this tree can produce over TCP to ``bootstrap``; why not, or which client will.
-    ``appliance.Producer`` with ``bootstrap.servers`` first; else
-    ``appliance.client.remote_producer.RemoteProducer`` (built separately; the bench drives it through
-    :class:`RemoteSendAdapter`).  Constructing one against the broker is the test."""
+    """Whether ``appliance.Producer`` can produce over TCP to ``bootstrap``; why not, or which client will.
+    Constructing one against the broker is the test."""
     from appliance.client.producer import Producer
 
-    reasons = []
     try:
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
-    except Exception as exc:  # ConfigError while not wired in; a broker that does not answer
-        reasons.append(f"appliance.Producer: {exc}")
-    else:
-        producer.close(timeout=5)
-        return True, "appliance.Producer (bootstrap.servers)"
-    try:
-        remote = _remote_producer_class()({"bootstrap.servers": bootstrap, "acks": "1"})
-    except Exception as exc:
-        reasons.append(f"appliance.client.remote_producer: {type(exc).__name__}: {exc}")
-        return False, "; ".join(reasons)
-    remote.close(timeout=5)
-    return True, ("appliance.client.remote_producer.RemoteProducer (it has send_many only: the bench gathers "
-                  "send() records into send_many calls of batch.size bytes)")
-
-
-def _remote_producer_class() -> Any:
-    from appliance.client.remote_producer import RemoteProducer  # built concurrently: imported only when used
-
-    return RemoteProducer
+    except Exception as exc:  # a broker that does not answer, a bad address
+        return False, f"appliance.Producer: {exc}"
+    producer.close(timeout=5)
+    return True, "appliance.Producer (bootstrap.servers)"
 
 
 def open_producer(config: dict[str, object]) -> Any:
-    """An ``appliance.Producer`` for ``config``; over TCP, when it refuses ``bootstrap.servers``, the
-    :class:`RemoteSendAdapter` around ``RemoteProducer``."""
+    """The ``appliance.Producer`` of a run (local rings, or TCP with ``bootstrap.servers``)."""
     from appliance.client.producer import Producer
 
-    if not config.get("bootstrap.servers"):
-        return Producer(config)
-    try:
-        return Producer(config)
-    except ConfigError:
-        return RemoteSendAdapter(_remote_producer_class()(config))
-
-
-class RemoteSendAdapter:
-    """``RemoteProducer`` (``send_many`` only, no callbacks, no background thread) behind the small part of
-    ``appliance.Producer`` the bench uses: ``send`` gathers records into ``send_many`` calls of ``batch.size``
-    bytes (the RemoteProducer has no per-record path); callbacks run when the bench sees their
-    ``SendResult`` done, which it checks after every call."""
-
-    def __init__(self, remote: Any) -> None:
-        self.remote = remote
-        self.batch_bytes = int(remote.config.batch_size)
-        self._values: list[bytes] = []
-        self._callbacks: list[Callable[[Any, Any], None]] = []
-        self._bytes = 0
-        self._topic = ""
-        self._pending: list[tuple[Any, list[Callable[[Any, Any], None]]]] = []
-
-    def send(self, topic: str, value: bytes, partition: int | None = None,
-             callback: Callable[[Any, Any], None] | None = None) -> None:
-        if partition is not None:
-            self._settle(self.remote.send_many(topic, [value], partition=partition), [callback] if callback
-                         else [])
-            return
-        if topic != self._topic and self._values:
-            self._ship()
-        self._topic = topic
-        self._values.append(value)
-        self._bytes += len(value)
-        if callback is not None:
-            self._callbacks.append(callback)
-        if self._bytes >= self.batch_bytes:
-            self._ship()
-
-    def send_many(self, topic: str, values: Any, callback: Callable[[Any, Any], None] | None = None) -> None:
-        self._settle(self.remote.send_many(topic, values), [callback] if callback else [])
-
-    def _ship(self) -> None:
-        values, callbacks = self._values, self._callbacks
-        self._values, self._callbacks, self._bytes = [], [], 0
-        self._settle(self.remote.send_many(self._topic, values), callbacks)
-
-    def _settle(self, result: Any, callbacks: list[Callable[[Any, Any], None]]) -> None:
-        self._pending.append((result, callbacks))
-        self._check()
-
-    def _check(self) -> None:
-        while self._pending and self._pending[0][0].done:
-            result, callbacks = self._pending.pop(0)
-            error = None
-            try:
-                result.get(0)
-            except ApplianceError as exc:
-                error = exc
-            for callback in callbacks:
-                callback(error, None)
-
-    def flush(self) -> None:
-        if self._values:
-            self._ship()
-        while self._pending:
-            self.remote.poll(50)
-            self._check()
-        self.remote.flush()
-
-    def close(self, timeout: float | None = None) -> None:
-        try:
-            self.flush()
-        finally:
-            self.remote.close(timeout)
+    return Producer(config)
 
 
 # ----------------------------------------------------------------------------------------------- payloads
@@ -369,14 +274,8 @@ def produce_into(producer: Any, topic: str, pool: np.ndarray, records: int, *, a
         return done
 
     throttled = rate_per_s > 0
-    if api == "send":
-        burst = max(1, int(rate_per_s * THROTTLE_BURST_S)) if throttled else UNTHROTTLED_BURST
-        values = [row.tobytes() for row in pool]
-    else:
-        burst = max(1, min(len(pool), batch_bytes // size))
-        if throttled:
-            burst = max(1, min(burst, int(rate_per_s * THROTTLE_BURST_S)))
-        values = []
+    burst = _burst(api, rate_per_s, len(pool), batch_bytes // size)
+    values = [row.tobytes() for row in pool] if api == "send" else []
     pool_count = len(pool)
     send = producer.send
     send_many = producer.send_many
@@ -409,6 +308,18 @@ def produce_into(producer: Any, topic: str, pool: np.ndarray, records: int, *, a
     outcome.records = sent
     outcome.payload_bytes = sent * size
     return outcome
+
+
+def _burst(api: str, rate_per_s: float, pool_count: int, records_per_batch: int) -> int:
+    """Records per call between two looks at the clock: ``send`` 1,000 unthrottled, a throttled rate's
+    THROTTLE_BURST_S worth; ``send_many`` a batch's worth of the pool, at most that much of the rate."""
+    throttled = rate_per_s > 0
+    if api == "send":
+        return max(1, int(rate_per_s * THROTTLE_BURST_S)) if throttled else UNTHROTTLED_BURST
+    burst = max(1, min(pool_count, records_per_batch))
+    if throttled:
+        burst = max(1, min(burst, int(rate_per_s * THROTTLE_BURST_S)))
+    return burst
 
 
 def _warm_up(producer: Any, topic: str, partitions: int, pool: np.ndarray, records: int, api: str) -> None:
@@ -478,53 +389,83 @@ def run_produce(app: Appliance, settings: ProduceSettings, *, progress: bool = F
             app.delete_topic(topic)
 
 
+@dataclass(frozen=True)
+class _Timed:
+    """The timed part of a run: each producer's outcome, the writers' CPU time meanwhile, the limits."""
+
+    outcomes: list[ProducerOutcome]
+    writer_cpu_ns: int
+    limits: Limits | None
+
+
+@dataclass(frozen=True)
+class _LogMark:
+    """The topic's log right before a run: its records (the sum of the log end offsets) and bytes."""
+
+    records: int
+    log_bytes: int
+
+
 def _run(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str, object], batch_bytes: int,
          progress_enabled: bool, notes: list[str], command: str) -> dict[str, Any]:
+    """One run against a fresh topic: the timed part between its two probes, then the JSON result."""
     started_at = time.time()
     pool = payload_pool(settings, batch_bytes)
-    per_producer = _split(settings.records, settings.producers)
     warmup = settings.warmup_records
     if warmup is None:
         warmup = min(max(settings.records // 10, 1), 50_000)
-    rate = settings.throughput / settings.producers if settings.throughput > 0 else -1.0
-    offsets_before = sum(app.end_offsets(topic))
-    bytes_before = app.log_bytes(topic)
+    before = _LogMark(sum(app.end_offsets(topic)), app.log_bytes(topic))
     progress = Progress(settings.records, settings.record_size, enabled=progress_enabled)
-    outcomes: list[ProducerOutcome] = []
-    limits: Limits | None = None
     probe = _probe(app, settings, pool)
-    writer_pids = app.writer_pids(topic)
     try:
-        if settings.producers == 1:
-            producer = open_producer(config)
-            try:
-                _warm_up(producer, topic, settings.partitions, pool, warmup, settings.api)
-                _probe_before(probe, settings)
-                writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
-                progress.restart()
-                with profiled(settings.profile):
-                    outcomes.append(produce_into(
-                        producer, topic, pool, per_producer[0], api=settings.api, rate_per_s=rate,
-                        batch_bytes=batch_bytes, counter=progress.update))
-                writer_cpu = process_cpu_ns(writer_pids, missing_ok=True) - writer_cpu
-            finally:
-                producer.close(timeout=60)
-        else:
-            writer_cpu = _run_processes(settings, topic, config, pool, per_producer, warmup, rate,
-                                        batch_bytes, progress, outcomes, writer_pids, probe)
-        limits = _probe_after(probe, settings)
+        timed = _timed_part(app, settings, topic, config, pool, warmup, batch_bytes, progress, probe)
     finally:
         progress.finish()
         if probe is not None:
             probe.remove()
+    warm_total = (warmup + settings.partitions) * settings.producers
+    return _result(app, settings, topic, timed, before, warm_total, notes, command, started_at)
+
+
+def _timed_part(app: Appliance, settings: ProduceSettings, topic: str, config: dict[str, object],
+                pool: np.ndarray, warmup: int, batch_bytes: int, progress: Progress,
+                probe: PageCacheProbe | None) -> _Timed:
+    """Warm the producers up, probe, produce (timed), probe again."""
+    per_producer = _split(settings.records, settings.producers)
+    rate = settings.throughput / settings.producers if settings.throughput > 0 else -1.0
+    writer_pids = app.writer_pids(topic)
+    outcomes: list[ProducerOutcome] = []
+    if settings.producers == 1:
+        producer = open_producer(config)
+        try:
+            _warm_up(producer, topic, settings.partitions, pool, warmup, settings.api)
+            _probe_before(probe, settings)
+            writer_cpu = process_cpu_ns(writer_pids, missing_ok=True)
+            progress.restart()
+            with profiled(settings.profile):
+                outcomes.append(produce_into(
+                    producer, topic, pool, per_producer[0], api=settings.api, rate_per_s=rate,
+                    batch_bytes=batch_bytes, counter=progress.update))
+            writer_cpu = process_cpu_ns(writer_pids, missing_ok=True) - writer_cpu
+        finally:
+            producer.close(timeout=60)
+    else:
+        writer_cpu = _run_processes(settings, topic, config, pool, per_producer, warmup, rate,
+                                    batch_bytes, progress, outcomes, writer_pids, probe)
+    return _Timed(outcomes, writer_cpu, _probe_after(probe, settings))
+
+
+def _result(app: Appliance, settings: ProduceSettings, topic: str, timed: _Timed, before: _LogMark,
+            warm_total: int, notes: list[str], command: str, started_at: float) -> dict[str, Any]:
+    """The JSON result of a run (``bench.stats.make_result``), with what the log holds now."""
+    outcomes, writer_cpu, limits = timed.outcomes, timed.writer_cpu_ns, timed.limits
     records = sum(o.records for o in outcomes)
     payload = sum(o.payload_bytes for o in outcomes)
     seconds = (max(o.end_ns for o in outcomes) - min(o.start_ns for o in outcomes)) / 1e9
     latencies = [x for o in outcomes for x in o.latencies_ns]
     errors = sum(o.errors for o in outcomes)
-    in_log = sum(app.end_offsets(topic)) - offsets_before
-    warm_total = (warmup + settings.partitions) * settings.producers
-    log_bytes = app.log_bytes(topic) - bytes_before
+    in_log = sum(app.end_offsets(topic)) - before.records
+    log_bytes = app.log_bytes(topic) - before.log_bytes
     if errors:
         first = next(o.first_error for o in outcomes if o.first_error)
         notes.append(f"{errors} sampled sends failed; first: {first}")

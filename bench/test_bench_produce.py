@@ -25,7 +25,7 @@ Each test prints one ``RESULT`` line: the figure its target names, the target, a
 runs while iterating: ``PRODUCE_BENCH_SEND_RECORDS`` (default 2,000,000), ``PRODUCE_BENCH_LARGE_RECORDS``
 (default 60,000).
 
-Targets (issue 3): one producer, one partition, 100-byte records, acks=1, no compression: >= 2,000,000
+Targets: one producer, one partition, 100-byte records, acks=1, no compression: >= 2,000,000
 records/s through ``send()``, >= 5,000,000 through ``send_many()``; 10 KiB records at >= 0.7 of page-cache
 write bandwidth.  The machine these run on has 2 cores shared by producer, writer and supervisor (and by
 anything else running): the ``producer_bound`` figures say what the client code itself costs.

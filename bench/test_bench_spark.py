@@ -6,8 +6,9 @@ Run: ``.venv/bin/python -m pytest bench/test_bench_spark.py --benchmark-enable -
 
 Set-up: ``appliance serve`` (supervisor, writers, broker) on a loopback port with a topic of 4 partitions;
 ``SPARK_BENCH_RECORDS`` records of 100-byte values (random bytes, null keys, no headers) produced over TCP
-with ``appliance.client.remote_producer.RemoteProducer`` in batches of about 1 MiB, 4 x 2.5 M records, about
-1.3 GB of log in the page cache.  One SparkSession ``local[2]`` (both cores), the data source registered.
+with ``appliance.Producer`` (``bootstrap.servers``, ``send_many``) in batches of about 1 MiB, 4 x 2.5 M
+records, about 1.3 GB of log in the page cache; the set-up prints how long that took (``set-up: produced``).
+One SparkSession ``local[2]`` (both cores), the data source registered.
 
 * ``test_spark_reads_a_topic``: ``spark.read.format("appliance")...load()`` written to Spark's ``noop``
   sink, so every column of every row (key, value, topic, partition, offset, timestamp, timestampType,
@@ -78,7 +79,7 @@ def workdir() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def bootstrap(workdir: Path) -> Iterator[str]:
     """``appliance serve`` with the benchmark topic, filled with RECORDS records; yields HOST:PORT."""
-    from appliance.client.remote_producer import RemoteProducer
+    from appliance.client.producer import Producer
     from ipc.kafka import MetadataRequest
     from ipc.kafka_client import BrokerConnectionError, KafkaConnection
 
@@ -105,7 +106,7 @@ def bootstrap(workdir: Path) -> Iterator[str]:
         rows = np.frombuffer(np.random.default_rng(1).bytes(VALUE_BYTES * min(RECORDS, 1_000_000)),
                              np.uint8).reshape(-1, VALUE_BYTES)
         started = time.perf_counter()
-        with RemoteProducer({"bootstrap.servers": served, "batch.size": 1 << 20}) as producer:
+        with Producer({"bootstrap.servers": served, "batch.size": 1 << 20}) as producer:
             for partition in range(PARTITIONS):
                 left = RECORDS // PARTITIONS + (1 if partition < RECORDS % PARTITIONS else 0)
                 while left:

@@ -265,8 +265,8 @@ class KafkaConnection:
                                                                 client_id), body),
             spec.api_key, api_version, timeout_ms=timeout_ms)
 
-    def send_encoded(self, encode: Callable[[int], bytes | bytearray], api_key: int, api_version: int, *,
-                     timeout_ms: int | None = None) -> int:
+    def send_encoded(self, encode: Callable[[int], bytes | bytearray | memoryview], api_key: int,
+                     api_version: int, *, timeout_ms: int | None = None) -> int:
         """:meth:`send` for a caller that encodes the request itself: ``encode(correlation_id)`` returns the
         whole frame (size prefix included) of an ``api_key`` request at ``api_version`` -- a follower patches
         the offsets into a Fetch it encoded once (``replicas.leader_connection``)."""

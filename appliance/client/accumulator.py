@@ -25,30 +25,28 @@ Life of a batch (``state``)::
                          DONE  <── ack: base offset, or an error (then ``error``) ─────────────────┘
 
 ("linger.ms passed" seals a batch only once its partition can take it: an in-flight slot free, nothing
-queued ahead; until then records keep joining it.  See ``appliance.client.producer``.)
+queued ahead; until then records keep joining it.  See ``appliance.client.sender``.)
 
 A batch's ``base_sequence`` (idempotent producers) is given when it is first published and kept for ever:
 a retry publishes the very same records with the very same sequence, which the writer recognises.
 Handles (:class:`RecordHandle`, :class:`BulkHandle`) point at batches; a record's offset is its batch's base
-offset plus its index, computed only when asked for.
+offset plus its index, computed only when asked for.  A handle that must wait (``get``) calls the
+:class:`BatchWaiter` its batches were made with: the producer's sender seals, publishes and waits for them.
+This module knows nothing of the producer itself.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-import numba
 import numpy as np
 
 from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns, Records
 from storage.batch_header import HEADER_SIZE
 from storage.compression import compress_bound
 from storage.errors import ApplianceError
-
-if TYPE_CHECKING:
-    from appliance.client.producer import Producer
 
 __all__ = [
     "DONE",
@@ -60,6 +58,7 @@ __all__ = [
     "SEALED",
     "TIMESTAMP_ESTIMATE_BYTES",
     "AppendToken",
+    "BatchWaiter",
     "BulkHandle",
     "BulkMetadata",
     "ColumnBatch",
@@ -70,7 +69,6 @@ __all__ = [
     "check_headers",
     "pack_column",
     "record_payload",
-    "take_column",
 ]
 
 OPEN, SEALED, PUBLISHED, DONE = 0, 1, 2, 3
@@ -87,6 +85,14 @@ TIMESTAMP_ESTIMATE_BYTES = 9
 
 Callback = Callable[[ApplianceError | None, Any], object]
 Header = tuple[str, bytes | None]
+
+
+class BatchWaiter(Protocol):
+    """How a handle waits for its batches: seal them if still open, publish them, and return once each is
+    acknowledged or failed; RequestTimeoutError after ``timeout`` seconds (they keep going).  The
+    producer's ``Sender.await_batches``."""
+
+    def __call__(self, batches: Sequence[ProducerBatch], timeout: float | None) -> None: ...
 
 
 class RecordMetadata(NamedTuple):
@@ -121,43 +127,17 @@ def pack_column(items: Sequence[Any], has_nulls: bool) -> ByteColumn:
     return ByteColumn(np.frombuffer(b"".join(present), np.uint8), offsets, nulls)
 
 
-@numba.njit(cache=True)
-def _gather(data: np.ndarray, offsets: np.ndarray, indexes: np.ndarray, out: np.ndarray,
-            out_offsets: np.ndarray) -> None:
-    """Copy the strings ``indexes`` of (data, offsets) back to back into ``out``; fill ``out_offsets``."""
-    position = 0
-    out_offsets[0] = 0
-    for n in range(indexes.shape[0]):
-        i = indexes[n]
-        start = offsets[i]
-        for k in range(offsets[i + 1] - start):
-            out[position + k] = data[start + k]
-        position += offsets[i + 1] - start
-        out_offsets[n + 1] = position
-
-
-def take_column(column: ByteColumn, indexes: np.ndarray) -> ByteColumn:
-    """The strings at ``indexes`` of ``column``, copied into a new column (send_many grouping by key)."""
-    offsets = np.ascontiguousarray(column.offsets, np.int64)
-    picks = np.ascontiguousarray(indexes, np.int64)
-    lengths = offsets[picks + 1] - offsets[picks]
-    out = np.empty(int(lengths.sum()), np.uint8)
-    out_offsets = np.empty(len(picks) + 1, np.int64)
-    _gather(np.ascontiguousarray(column.data, np.uint8), offsets, picks, out, out_offsets)
-    nulls = None if column.nulls is None else np.asarray(column.nulls, np.bool_)[picks]
-    return ByteColumn(out, out_offsets, nulls)
-
-
 _TOKEN_WAIT_LIMIT_S = 10.0  # a token not given back for this long is a bug, not contention
 
 
 class AppendToken:
     """Whoever holds this token may append records to a producer's open batches or seal them.
 
-    Why not the producer's lock: an uncontended ``RLock`` acquire and release cost ~80 ns here, more than
-    everything else ``send`` does for a record but the handle.  The token is one object in a one-item
-    list (:attr:`free`): ``free.pop()`` takes it and ``free.append(None)`` gives it back, each one C call
-    that CPython runs atomically (no other thread runs in between), ~20 ns together.
+    Why not the producer's lock: an uncontended ``RLock`` acquire and release costs more than everything
+    else ``send`` does for a record but the handle (docs/performance.md, "The producer: figures behind its
+    design").  The token is one object in a one-item list (:attr:`free`): ``free.pop()`` takes it and
+    ``free.append(None)`` gives it back, each one C call that CPython runs atomically (no other thread runs
+    in between).
 
     * The per-record path (``Producer.send`` with a value only) takes it with ``free.pop()`` and never waits:
       if it is taken (``IndexError``) it goes the general way instead.  It holds it for a few bytecodes
@@ -172,8 +152,8 @@ class AppendToken:
     producer lock, then token; while holding the token nothing blocks, takes it again, or runs user code
     (callbacks run under the producer's lock only, so a callback may send).  What the token cannot allow: a
     ``send`` from a signal handler or a finalizer (``__del__``) that interrupted a ``send`` on the same
-    thread (it would wait for itself: after 10 s it raises RuntimeError; with the old lock it went on and
-    could give two records one index).  Set a flag there and send from the loop.
+    thread: it would wait for itself, and after 10 s it raises RuntimeError (a re-entrant lock would let it
+    go on and could give two records one index).  Set a flag there and send from the loop.
     """
 
     __slots__ = ("free",)
@@ -229,7 +209,6 @@ class ProducerBatch:
         "null_values",
         "partition",
         "plan_cache",
-        "producer",
         "record_bytes",
         "room_bytes",
         "size_bytes",
@@ -238,10 +217,11 @@ class ProducerBatch:
         "timestamps",
         "topic",
         "values",
+        "waiter",
     )
 
-    def __init__(self, producer: Producer, topic: str, partition: int, size_bytes: int) -> None:
-        self.producer = producer
+    def __init__(self, waiter: BatchWaiter, topic: str, partition: int, size_bytes: int) -> None:
+        self.waiter = waiter  # how a handle waits for this batch (the producer's sender)
         self.topic = topic
         self.partition = partition
         self.values: list[bytes | None] = []  # every record's value, in order
@@ -398,10 +378,10 @@ class ColumnBatch(ProducerBatch):
 
     __slots__ = ("_columns", "bulk", "encoded_bound", "indexes")
 
-    def __init__(self, producer: Producer, topic: str, partition: int, columns: RecordColumns,
+    def __init__(self, waiter: BatchWaiter, topic: str, partition: int, columns: RecordColumns,
                  indexes: np.ndarray | slice, encoded_bound: int, timestamp_ms: int,
                  bulk: BulkHandle) -> None:
-        super().__init__(producer, topic, partition, 0)
+        super().__init__(waiter, topic, partition, 0)
         self._columns = columns
         self.indexes = indexes
         self.encoded_bound = encoded_bound  # records section bytes, at most (before compression)
@@ -464,7 +444,7 @@ class RecordHandle:
         seconds (the record may still be delivered later)."""
         batch = self._batch
         if batch.state != DONE:
-            batch.producer._await_batches([batch], timeout)
+            batch.waiter([batch], timeout)
         if batch.error is not None:
             raise batch.error
         return batch.metadata(self._index)
@@ -486,10 +466,10 @@ class RecordHandle:
 class BulkHandle:
     """What ``send_many`` returns: resolves to one :class:`BulkMetadata` for the whole lot."""
 
-    __slots__ = ("_callback", "_pending", "batches", "count", "error", "producer", "topic")
+    __slots__ = ("_callback", "_pending", "batches", "count", "error", "topic", "waiter")
 
-    def __init__(self, producer: Producer, topic: str, count: int, callback: Callback | None) -> None:
-        self.producer = producer
+    def __init__(self, waiter: BatchWaiter, topic: str, count: int, callback: Callback | None) -> None:
+        self.waiter = waiter
         self.topic = topic
         self.count = count
         self.batches: list[ColumnBatch] = []
@@ -522,7 +502,7 @@ class BulkHandle:
         """Wait for every batch; return where each record went.  Raises the first delivery error (the
         other batches may have been appended: see ``batches``), or RequestTimeoutError after ``timeout``."""
         if self._pending:
-            self.producer._await_batches(self.batches, timeout)
+            self.waiter(self.batches, timeout)
         if self.error is not None:
             raise self.error
         return self.metadata()

@@ -2,7 +2,13 @@
 
 Nothing here creates one Python object per record: a 2-D ``uint8`` array becomes a column without a copy
 (its rows back to back, offsets every ``width`` bytes), slices of a column are views (offsets keep
-pointing into the same data), and only grouping by key partition copies (one numba gather per column).
+pointing into the same data), and only grouping by partition copies (one numba gather per column,
+:func:`take_records`).  The Spark sink's writer uses the same helpers on the columns it takes from Arrow.
+
+Routing by key (:func:`key_partitions`, :func:`partition_groups`): Kafka's murmur2 partition of each key,
+``-1`` for a null key (the producer then gives runs of about a batch of those to its sticky partition),
+then the record indexes of each partition in input order, so that a partition's records keep the order
+they were given in.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numba
 import numpy as np
 
 from appliance.client.accumulator import (
@@ -20,7 +27,6 @@ from appliance.client.accumulator import (
     Header,
     as_bytes,
     pack_column,
-    take_column,
 )
 from appliance.client.partitioner import murmur2_column
 from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns
@@ -28,9 +34,11 @@ from storage.batch_builder import ByteColumn, HeaderColumns, RecordColumns
 __all__ = [
     "batch_cuts",
     "bulk_columns",
-    "key_groups",
+    "key_partitions",
+    "partition_groups",
     "record_bounds",
     "slice_columns",
+    "take_column",
     "take_records",
     "to_column",
 ]
@@ -59,23 +67,23 @@ def bulk_columns(values: Any, keys: Any, headers: Sequence[Sequence[Header]] | H
     return RecordColumns(value_column, key_column, header_columns, stamps)
 
 
-def key_groups(keys: ByteColumn, partitions: int) -> list[tuple[int | None, np.ndarray | None]]:
-    """The record indexes going to each key's partition (Kafka's murmur2), in input order within each;
-    records with a null key form the group ``None`` (the sticky partition)."""
-    parts = np.empty(keys.item_count, np.int32)
+def key_partitions(keys: ByteColumn, partitions: int) -> np.ndarray:
+    """Each record's partition by Kafka's murmur2 of its key (int64); -1 for a null key."""
+    targets = np.empty(keys.item_count, np.int64)
     data = np.ascontiguousarray(keys.data, np.uint8)
     offsets = np.ascontiguousarray(keys.offsets, np.int64)
-    if murmur2_column(data, offsets, partitions, parts) < 0:
+    if murmur2_column(data, offsets, partitions, targets) < 0:
         raise ValueError("send_many: keys offsets decrease or point past the keys data")
     if keys.nulls is not None:
-        parts[np.asarray(keys.nulls, bool)] = -1
-    order = np.argsort(parts, kind="stable")
-    bounds = np.flatnonzero(np.diff(parts[order])) + 1
-    groups: list[tuple[int | None, np.ndarray | None]] = []
-    for chunk in np.split(order, bounds):
-        target = int(parts[chunk[0]])
-        groups.append((None if target < 0 else target, chunk))
-    return groups
+        targets[np.asarray(keys.nulls, bool)] = -1
+    return targets
+
+
+def partition_groups(targets: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(partition, record indexes)`` for each partition in ``targets``, the indexes in input order."""
+    order = np.argsort(targets, kind="stable")
+    bounds = np.flatnonzero(np.diff(targets[order])) + 1
+    return [(int(targets[chunk[0]]), chunk) for chunk in np.split(order, bounds)]
 
 
 def batch_cuts(sizes: np.ndarray, room_bytes: int) -> list[tuple[int, int, int]]:
@@ -93,7 +101,8 @@ def batch_cuts(sizes: np.ndarray, room_bytes: int) -> list[tuple[int, int, int]]
 
 
 def record_bounds(columns: RecordColumns) -> np.ndarray:
-    """Bytes each record takes in a batch, at most (as ``_record_size``), for a whole column set."""
+    """Bytes each record takes in a batch, at most (the ``batch.size`` accounting of
+    ``appliance.client.accumulator``), for a whole column set."""
     sizes = np.diff(np.asarray(columns.values.offsets, np.int64)) + RECORD_ESTIMATE_BYTES
     if columns.values.nulls is not None:
         sizes[np.asarray(columns.values.nulls, bool)] = RECORD_ESTIMATE_BYTES
@@ -156,20 +165,47 @@ def slice_columns(columns: RecordColumns, start: int, stop: int) -> RecordColumn
     return RecordColumns(values, cut(columns.keys), headers, stamps)
 
 
+@numba.njit(cache=True)
+def _gather(data: np.ndarray, offsets: np.ndarray, indexes: np.ndarray, out: np.ndarray,
+            out_offsets: np.ndarray) -> None:
+    """Copy the strings ``indexes`` of (data, offsets) back to back into ``out``; fill ``out_offsets``."""
+    position = 0
+    out_offsets[0] = 0
+    for n in range(indexes.shape[0]):
+        i = indexes[n]
+        start = offsets[i]
+        for k in range(offsets[i + 1] - start):
+            out[position + k] = data[start + k]
+        position += offsets[i + 1] - start
+        out_offsets[n + 1] = position
+
+
+def take_column(column: ByteColumn, indexes: np.ndarray) -> ByteColumn:
+    """The strings at ``indexes`` of ``column``, copied into a new column."""
+    offsets = np.ascontiguousarray(column.offsets, np.int64)
+    picks = np.ascontiguousarray(indexes, np.int64)
+    lengths = offsets[picks + 1] - offsets[picks]
+    out = np.empty(int(lengths.sum()), np.uint8)
+    out_offsets = np.empty(len(picks) + 1, np.int64)
+    _gather(np.ascontiguousarray(column.data, np.uint8), offsets, picks, out, out_offsets)
+    nulls = None if column.nulls is None else np.asarray(column.nulls, np.bool_)[picks]
+    return ByteColumn(out, out_offsets, nulls)
+
+
 def take_records(columns: RecordColumns, indexes: np.ndarray) -> RecordColumns:
-    """The records at ``indexes`` (copied into new columns)."""
+    """The records at ``indexes``, copied into new columns (headers included: the header index of each
+    picked record, then one gather of their names and one of their values)."""
     headers = None
     if columns.headers is not None:
-        pairs: list[list[tuple[str, bytes | None]]] = [[] for _ in range(len(indexes))]
         h = columns.headers
-        for out, i in enumerate(indexes.tolist()):
-            for j in range(int(h.offsets[i]), int(h.offsets[i + 1])):
-                name = bytes(h.keys.data[h.keys.offsets[j]:h.keys.offsets[j + 1]]).decode("utf-8")
-                null = h.values.nulls is not None and bool(h.values.nulls[j])
-                value = None if null else bytes(h.values.data[h.values.offsets[j]:h.values.offsets[j + 1]])
-                pairs[out].append((name, value))
-        headers = HeaderColumns.from_lists(pairs)
-    values = take_column(columns.values, indexes)
+        index = np.asarray(h.offsets, np.int64)
+        counts = index[indexes + 1] - index[indexes]
+        header_picks = np.repeat(index[indexes], counts) + (
+            np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
+        new_index = np.zeros(len(indexes) + 1, np.int64)
+        np.cumsum(counts, out=new_index[1:])
+        headers = HeaderColumns(new_index, take_column(h.keys, header_picks),
+                                take_column(h.values, header_picks))
     keys = None if columns.keys is None else take_column(columns.keys, indexes)
     stamps = None if columns.timestamps is None else columns.timestamps[indexes]
-    return RecordColumns(values, keys, headers, stamps)
+    return RecordColumns(take_column(columns.values, indexes), keys, headers, stamps)

@@ -23,7 +23,7 @@ published by the partition's replica-state owner):
 Batches complete strictly in publish order (the high watermark passes them in that order), so the producer's
 recovery of refused batches sees them as the ring reports them.  Waiting for the high watermark polls the
 page every :data:`HIGH_WATERMARK_POLL_S` (nothing posts a semaphore when it moves); waiting for the writer's
-ack parks on the ring's semaphore as before.
+ack parks on the ring's semaphore.
 """
 
 from __future__ import annotations

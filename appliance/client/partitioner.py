@@ -8,8 +8,8 @@ a Kafka client or this appliance's producer sent it.  murmur2 here is MurmurHash
 ``0x9747b28c``, little-endian 4-byte blocks, the tail folded in from its highest byte down, and the hash read
 as a signed 32-bit int; ``toPositive`` clears the sign bit (``h & 0x7fffffff``), which is not ``abs``.
 
-Two ways in: :func:`murmur2` hashes one key (a numba kernel: ~0.2 us per call, a memo in
-:class:`KeyPartitioner` makes repeated keys ~40 ns), :func:`murmur2_column` hashes a whole column of keys
+Two ways in: :func:`murmur2` hashes one key (a numba kernel; a memo of recent keys in
+:class:`KeyPartitioner` spares repeated keys the call), :func:`murmur2_column` hashes a whole column of keys
 (``send_many``) in one kernel call.
 
 **Records without a key** stick to one partition until the batch they fill is sealed, then the topic moves

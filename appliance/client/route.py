@@ -1,10 +1,13 @@
 """How the producer reaches partitions: a :class:`Route` hands out one :class:`BatchChannel` per partition.
 
-The producer's accumulator, sequencing and ack handling do not care how a batch reaches its writer.  Today
-there is one route, :class:`LocalRoute`: the supervisor's control socket (``appliance.control``) and one
-shared-memory ring per partition (``ipc.ring_publisher.RingPublisher``).  A route over TCP to a broker
-(``bootstrap.servers``) implements the same two protocols: its channel publishes a built batch in a Produce
-request and reports the response as the ring does, ``(batch, base offset or -error code)`` in publish order.
+The producer's accumulator, sequencing and ack handling do not care how a batch reaches its writer.  Two
+routes implement the two protocols: :class:`LocalRoute`, the supervisor's control socket
+(``appliance.control``) and one shared-memory ring per partition (``ipc.ring_publisher.RingPublisher``);
+and ``appliance.client.tcp_route.TcpRoute`` over TCP to a broker (``bootstrap.servers``), whose channel
+publishes a built batch in a Produce request and reports the response as the ring does, ``(batch, base
+offset or -error code)`` in publish order.  A channel that cannot go on raises
+:class:`~ipc.ring.RingFailedError` (a ring the writer failed) or :class:`ConnectionLostError` (a connection
+that broke); the producer then takes what was answered and sends the rest again through a new channel.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from appliance.client.commit_channel import CommittedChannel
 from ipc.control import ControlClient, ControlError
+from ipc.ring import RingFailedError, warm_up
 from ipc.ring_publisher import RingPublisher
 from ipc.state_page import StatePage
 from storage.errors import UnknownTopicOrPartitionError
@@ -26,8 +30,14 @@ from storage.errors import UnknownTopicOrPartitionError
 if TYPE_CHECKING:
     from appliance.client.accumulator import ProducerBatch
 
-__all__ = ["BatchChannel", "LocalRoute", "Route"]
+__all__ = ["BatchChannel", "ConnectionLostError", "LocalRoute", "Route"]
 
+
+class ConnectionLostError(RingFailedError):
+    """A channel's connection broke, a request was not answered within ``request.timeout.ms``, or the
+    partition's leader moved.  Answers that arrived were taken; the outcome of the requests still
+    unanswered is unknown.  Open a new channel and send them again, in order, with the same sequence
+    numbers (the broker recognises those it appended)."""
 
 
 class BatchChannel(Protocol):
@@ -57,7 +67,7 @@ class BatchChannel(Protocol):
 
 class Route(Protocol):
     """How the producer finds partitions and opens channels to them: the local appliance (the supervisor's
-    control socket and rings, :class:`LocalRoute`), later a broker over TCP."""
+    control socket and rings, :class:`LocalRoute`) or a broker over TCP (``TcpRoute``)."""
 
     def partitions_for(self, topic: str) -> tuple[int, int]:
         """(partition count, the topic's max.message.bytes); UnknownTopicOrPartitionError if none."""
@@ -84,6 +94,7 @@ class LocalRoute:
         self.path = control_socket
         self.timeout_s = max(timeout_ms, 1) / 1000
         self.client = ControlClient.connect(control_socket, timeout_s=self.timeout_s)
+        warm_up()  # the rings' numba kernels, loaded now so that the first frame does not pay for them
 
     def partitions_for(self, topic: str) -> tuple[int, int]:
         try:

@@ -16,7 +16,8 @@ carries the batches.  :class:`TcpRoute` is the route for a remote appliance (or 
 * ``init_producer_id`` -- InitProducerId (an idempotent producer id, epoch 0);
 * ``open_channel`` -- a :class:`TcpChannel`: its **own connection** to the partition's leader.  A batch is
   one Produce request (``acks`` 1 or -1, ``timeout_ms`` = ``request.timeout.ms``) sent as soon as it is
-  built; up to ``max.in.flight.requests.per.connection`` requests are outstanding (5 for an idempotent
+  built, straight into the request frame (:class:`ProduceFrame`); up to
+  ``max.in.flight.requests.per.connection`` requests are outstanding (5 for an idempotent
   producer, the batches a broker remembers per producer for de-duplication).  Kafka answers a connection's
   requests in order, so answers match the ``in_flight`` queue one for one, and a partition's answers come
   in the order of its batches -- which the producer's recovery relies on.  One connection per partition
@@ -24,11 +25,14 @@ carries the batches.  :class:`TcpRoute` is the route for a remote appliance (or 
   partition a resend.
 
 **Failures.**  A connection that breaks, or a request not answered within ``request.timeout.ms``, leaves
-the outcome of its requests unknown: the channel raises :class:`ConnectionLostError` (a
-:class:`~ipc.ring.RingFailedError`, which the producer already answers by taking the answers that did arrive,
-dropping the channel and publishing every unanswered batch again, in order, with the same sequence numbers,
-through a new one).  The broker's idempotence state recognises a batch it appended before and answers with
-its original offsets, so it appears once in the log.  An answer ``NOT_LEADER_OR_FOLLOWER`` (or no leader)
+the outcome of its requests unknown: the channel raises
+:class:`~appliance.client.route.ConnectionLostError` (a :class:`~ipc.ring.RingFailedError`, which the
+producer answers as it answers a failed ring: by taking the answers that did arrive, dropping the channel
+and publishing every unanswered batch again, in order, with the same sequence numbers, through a new one;
+a connection that keeps breaking is opened again until the publish's time limit has passed, ``max.block.ms``
+for a send).  The broker's
+idempotence state recognises a batch it appended before and answers with its original offsets, so it
+appears once in the log.  An answer ``NOT_LEADER_OR_FOLLOWER`` (or no leader)
 is a retriable error for the producer and marks the channel stale: the next publish raises
 :class:`ConnectionLostError`, and the new channel goes to the leader a fresh Metadata names.  When no
 broker can be reached at all, :meth:`TcpRoute.alive` turns false (the bootstrap connection reads end of
@@ -41,32 +45,44 @@ connection client here matches every request to one.
 **Threads.**  The producer calls every method under its lock except :meth:`TcpChannel.wait_acked`, which
 only waits for the socket to become readable (``select``) and touches no state, as a ring wait only parks
 on a semaphore; the bytes are read under the lock by :meth:`TcpChannel.poll`.
+
+Fault points (tests only): ``route.faults["lose-response"] = n`` breaks a channel's connection as each of
+the next ``n`` Produce answers arrives, dropping it unread, as a network failure would: the broker
+appended that request's batch (and maybe those of the requests behind it, also in flight), the producer
+does not know, and sends them all again; the broker recognises the duplicates.
 """
 
 from __future__ import annotations
 
 import select
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from appliance.client.kafka_cluster import KafkaCluster
 from appliance.client.producer_config import ProducerConfig
+from appliance.client.route import ConnectionLostError
 from ipc.kafka import (
+    APIS,
+    ApiKey,
     ErrorCode,
     InitProducerIdRequest,
     InitProducerIdResponse,
     PartitionProduceData,
     ProduceRequest,
     ProduceResponse,
+    RequestHeader,
     TopicProduceData,
+    encode_request,
     error_name,
 )
+from ipc.kafka.framing import REQUEST_HEADER_FIXED, SIZE_PREFIX
 from ipc.kafka_client import BrokerConnectionError, KafkaConnection
-from ipc.ring import RingFailedError
 from storage.errors import (
     ApplianceError,
     BackPressureError,
@@ -80,9 +96,12 @@ if TYPE_CHECKING:
     from appliance.client.accumulator import ProducerBatch
     from appliance.client.route import BatchChannel
 
-__all__ = ["ConnectionLostError", "TcpChannel", "TcpRoute"]
+__all__ = ["ConnectionLostError", "FrameBuffer", "ProduceFrame", "TcpChannel", "TcpRoute"]
 
 _WAIT_SLICE_S = 0.1  # a publish waiting for an in-flight slot re-checks this often
+_RECORDS_LENGTH = struct.Struct(">i")  # the records field's length prefix (Produce v3-v8)
+_CORRELATION_ID = struct.Struct(">i")
+_CORRELATION_ID_AT = REQUEST_HEADER_FIXED.size - _CORRELATION_ID.size  # the last field of the fixed header
 # Answers after which the partition's leader must be looked up again.
 _LEADER_MOVED = frozenset({
     ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
@@ -94,11 +113,70 @@ _RETRY_INIT = frozenset({
 })  # fmt: skip
 
 
-class ConnectionLostError(RingFailedError):
-    """The connection to a partition's leader broke, a request was not answered within
-    ``request.timeout.ms``, or the leader moved.  Answers that arrived were taken; the outcome of the
-    requests still unanswered is unknown.  Open a new channel and send them again, in order, with the same
-    sequence numbers (the broker recognises those it appended)."""
+class FrameBuffer:
+    """The memory a route's Produce frames are built in, one frame at a time, grown to the largest.
+
+    One per route, shared by its channels: the producer publishes under its lock, and ``sendall`` has
+    handed a frame to the kernel before the next publish begins, so no two frames need it at once.
+    Reusing it spares every batch fresh pages (on a virtual machine each first touch is a page fault)."""
+
+    def __init__(self) -> None:
+        self.data = np.empty(0, np.uint8)
+
+    def at_least(self, size: int) -> np.ndarray:
+        if len(self.data) < size:
+            self.data = np.empty(size, np.uint8)
+        return self.data
+
+
+class ProduceFrame:
+    """One partition's Produce request frame, encoded once; each batch is built in place at its end.
+
+    The codec speaks Produce v3-v8, none of them flexible: a request for one partition of one topic ends
+    with its records field, an INT32 length and the batch.  So the request is encoded once with empty
+    records (:attr:`head`, its last four bytes that length), and a batch is built right after it in the
+    route's :class:`FrameBuffer`; then only the size prefix, the records length and (as the connection
+    sends it) the correlation id, in the fixed request header, are written.  No copy of the batch is made
+    before the socket's."""
+
+    def __init__(self, *, version: int, client_id: str | None, topic: str, partition: int, acks: int,
+                 timeout_ms: int, buffer: FrameBuffer) -> None:
+        self.version = version
+        request = ProduceRequest(
+            transactional_id=None,
+            acks=acks,
+            timeout_ms=timeout_ms,
+            topic_data=[TopicProduceData(topic, [PartitionProduceData(partition, b"")])],
+        )  # fmt: skip
+        head = encode_request(RequestHeader(ApiKey.PRODUCE, version, 0, client_id), request)
+        if APIS[ApiKey.PRODUCE].is_flexible(version) or head[-_RECORDS_LENGTH.size:] != bytes(4):
+            raise ProtocolError(f"Produce v{version} does not end with its records (built in place)")
+        self.head = np.frombuffer(head, np.uint8)
+        self.buffer = buffer
+
+    def build(self, max_bytes: int, build: Callable[[np.ndarray], int]) -> memoryview | None:
+        """The whole frame with the batch ``build(region)`` wrote at the start of ``region`` (its size
+        returned); None if it wrote nothing (``size`` not in ``1..max_bytes``)."""
+        records_at = len(self.head)
+        frame = self.buffer.at_least(records_at + max_bytes)
+        frame[:records_at] = self.head
+        size = build(frame[records_at : records_at + max_bytes])
+        if not 0 < size <= max_bytes:
+            return None
+        view = frame.data[: records_at + size]
+        SIZE_PREFIX.pack_into(view, 0, records_at + size - SIZE_PREFIX.size)
+        _RECORDS_LENGTH.pack_into(view, records_at - _RECORDS_LENGTH.size, size)
+        return view
+
+    @staticmethod
+    def with_correlation_id(frame: memoryview, correlation_id: int) -> memoryview:
+        """``frame`` (from :meth:`build`) with ``correlation_id`` written into its request header."""
+        _CORRELATION_ID.pack_into(frame, SIZE_PREFIX.size + _CORRELATION_ID_AT, correlation_id)
+        return frame
+
+    def send(self, connection: KafkaConnection, frame: memoryview) -> int:
+        """Send a frame :meth:`build` returned; its correlation id."""
+        return connection.send_encoded(partial(self.with_correlation_id, frame), ApiKey.PRODUCE, self.version)
 
 
 class TcpChannel:
@@ -106,8 +184,13 @@ class TcpChannel:
     (``appliance.client.route.BatchChannel``)."""
 
     def __init__(self, connection: KafkaConnection, *, topic: str, partition: int, acks: int,
-                 request_timeout_ms: int, max_in_flight: int, max_body_bytes: int) -> None:
+                 request_timeout_ms: int, max_in_flight: int, max_body_bytes: int,
+                 faults: dict[str, int] | None = None, buffer: FrameBuffer | None = None) -> None:
         self.connection = connection
+        self.frame = ProduceFrame(version=connection.version_for(ApiKey.PRODUCE),
+                                  client_id=connection.client_id, topic=topic, partition=partition, acks=acks,
+                                  timeout_ms=request_timeout_ms, buffer=buffer or FrameBuffer())
+        self.faults = {} if faults is None else faults  # the route's fault points (see the module docstring)
         self.topic = topic
         self.partition = partition
         self.acks = acks
@@ -147,19 +230,11 @@ class TcpChannel:
                     "nothing was sent, slow down or retry"
                 )
             self._wait_readable(min(remaining, _WAIT_SLICE_S))
-        region = np.empty(max_bytes, np.uint8)
-        size = build(region)
-        records = region.data[:size]
-        if not 0 < size <= max_bytes:
-            raise ValueError(f"channel {self.name}: builder wrote {size} bytes into {max_bytes} bytes")
-        request = ProduceRequest(
-            transactional_id=None,
-            acks=self.acks,
-            timeout_ms=self.request_timeout_ms,
-            topic_data=[TopicProduceData(self.topic, [PartitionProduceData(self.partition, records)])],
-        )  # fmt: skip
+        frame = self.frame.build(max_bytes, build)
+        if frame is None:
+            raise ValueError(f"channel {self.name}: the builder wrote no batch into {max_bytes} bytes")
         try:
-            self.connection.send(request)
+            self.frame.send(self.connection, frame)
         except (BrokerConnectionError, RequestTimeoutError) as exc:
             # the request may be on its way: the producer sends it again through a new channel
             raise ConnectionLostError(f"channel {self.name}: {exc}") from None
@@ -186,6 +261,12 @@ class TcpChannel:
                 ) from None
             if response is None:
                 break
+            if self.faults and self.faults.get("lose-response", 0) > 0:  # lost on its way back
+                self.faults["lose-response"] -= 1
+                self.connection.close()
+                raise ConnectionLostError(
+                    f"channel {self.name}: fault point lose-response; {len(self.in_flight)} unanswered"
+                )
             _, batch = self.in_flight.popleft()
             self.completed.append((batch, self._result(response)))
             count += 1
@@ -263,6 +344,8 @@ class TcpRoute:
             )
         except ValueError as exc:
             raise ConfigError(f"producer setting bootstrap.servers: {exc}") from None
+        self.faults: dict[str, int] = {}  # fault points for tests (see the module docstring)
+        self._frames = FrameBuffer()  # every channel's Produce frames are built here
         self._lost = False  # a connection attempt failed: alive() is false until reconnect() succeeds
         self._opened: set[tuple[str, int]] = set()  # partitions that had a channel (ask again for a new one)
         self._until_connected(self.config.max_block_ms)
@@ -357,7 +440,8 @@ class TcpRoute:
             raise BackPressureError(f"partition {topic}-{partition}: {exc}") from None
         return TcpChannel(connection, topic=topic, partition=partition, acks=acks,
                           request_timeout_ms=self.config.request_timeout_ms, max_in_flight=max_in_flight,
-                          max_body_bytes=self.config.max_request_size)  # fmt: skip
+                          max_body_bytes=self.config.max_request_size, faults=self.faults,
+                          buffer=self._frames)  # fmt: skip
 
     def drop_channel(self, channel: BatchChannel) -> None:
         channel.close()

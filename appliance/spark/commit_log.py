@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.client.consumer import Consumer, TopicPartition
-from appliance.client.remote_producer import RemoteProducer
+from appliance.client.producer import Producer
 from ipc.kafka import (
     CreatableTopic,
     CreateTopicsRequest,
@@ -252,18 +252,18 @@ class CommitLog:
 
     # -- writing -------------------------------------------------------------------------------------------
 
-    def record_intent(self, producer: RemoteProducer, query_id: str, intent: Intent) -> None:
+    def record_intent(self, producer: Producer, query_id: str, intent: Intent) -> None:
         """Append an intent and wait until it is acknowledged (before the attempt's first record)."""
         entry = {"kind": "intent", "batch": intent.batch, "task": intent.task,
                  "producerId": intent.producer_id, "topic": intent.topic,
                  "start": {str(p): o for p, o in sorted(intent.start.items())}}
         self._append(producer, query_id, entry)
 
-    def record_commit(self, producer: RemoteProducer, query_id: str, batch_id: int, records: int,
+    def record_commit(self, producer: Producer, query_id: str, batch_id: int, records: int,
                       tasks: int) -> None:
         self._append(producer, query_id, {"kind": "commit", "batch": batch_id, "records": records,
                                           "tasks": tasks})
 
-    def _append(self, producer: RemoteProducer, query_id: str, entry: dict[str, Any]) -> None:
+    def _append(self, producer: Producer, query_id: str, entry: dict[str, Any]) -> None:
         value = json.dumps(entry, separators=(",", ":")).encode("utf-8")
         producer.send_many(self.topic, [value], keys=[query_id.encode("utf-8")], partition=0).get()

@@ -1,12 +1,12 @@
-"""Batch and streaming writes: DataFrame rows -> records, through the idempotent remote producer.
+"""Batch and streaming writes: DataFrame rows -> records, through the idempotent producer over TCP.
 
 A write takes the columns Spark's Kafka sink takes: ``value`` (binary or string, required), ``key``
 (binary or string), and optionally ``topic`` (string; else option ``topic``), ``partition`` (int; else
 murmur2 of the key, as Kafka's producer, or a sticky partition for null keys) and ``headers``
 (``array<struct<key: string, value: binary>>``).  Each task runs :func:`write_task` on an executor: Arrow
 batches come in (``DataSourceArrowWriter``: no per-row Python), their buffers become byte columns
-(``appliance.spark.arrow_columns``), and :class:`appliance.client.remote_producer.RemoteProducer` encodes and
-sends them over TCP.
+(``appliance.spark.arrow_columns``), and :class:`appliance.Producer` with ``bootstrap.servers`` encodes
+and sends them over TCP.  A task fails with the first delivery error of its records.
 
 Streaming writes are **exactly once** by ``(query id, batchId)`` through the sink's commit log (the
 protocol, its crash cases and its assumptions are in ``appliance.spark.commit_log``).  A batch write is
@@ -39,7 +39,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from appliance.client.remote_producer import RemoteProducer, take_records
+from appliance.client.bulk_columns import take_records
+from appliance.client.producer import BulkHandle, Producer
 from appliance.spark.arrow_columns import byte_column, header_columns
 from appliance.spark.commit_log import CommitLog, Intent, RowKey
 from appliance.spark.options import LATEST, SourceOptions
@@ -85,9 +86,10 @@ class _TaskWriter:
     def __init__(self, options: SourceOptions, identity: TaskIdentity | None) -> None:
         self.options = options
         self.identity = identity
-        self.producer = RemoteProducer({"bootstrap.servers": options.bootstrap_servers,
-                                        "compression.type": options.compression,
-                                        "client.id": "appliance-spark-writer"})
+        self.producer = Producer({"bootstrap.servers": options.bootstrap_servers,
+                                  "compression.type": options.compression,
+                                  "client.id": "appliance-spark-writer"})
+        self.sent: list[BulkHandle] = []  # sends not seen done yet, and those that failed
         self.log = CommitLog(options.bootstrap_servers, options.commit_log_topic)
         self.intended: set[str] = set()
         self.already: Counter[RowKey] | None = None  # a replay: rows earlier attempts wrote
@@ -165,8 +167,9 @@ class _TaskWriter:
     def _send(self, topic: str, records: RecordColumns, partition: int | None) -> None:
         if self.identity is not None and topic not in self.intended:
             self._intend(topic)
-        self.producer.send_many(topic, records.values, keys=records.keys, partition=partition,
-                                headers=records.headers)
+        self.sent.append(self.producer.send_many(topic, records.values, keys=records.keys,
+                                                 partition=partition, headers=records.headers))
+        self.sent = [handle for handle in self.sent if not handle.done() or handle.error is not None]
 
     def _intend(self, topic: str) -> None:
         """Record where this attempt's records to ``topic`` will start, before the first of them."""
@@ -205,10 +208,20 @@ class _TaskWriter:
         return keep
 
     def finish(self) -> None:
+        """Wait until every record is acknowledged; raise the first delivery error; close the producer."""
+        self.producer.flush()
+        for handle in self.sent:
+            handle.get(0)
         self.producer.close()
 
     def abandon(self) -> None:
-        self.producer.discard()
+        """Give up after an error: close without waiting (records not acknowledged fail; each may or may
+        not have been appended).  An error while closing is not reported: the one that made the task give
+        up is."""
+        try:
+            self.producer.close(timeout=0)
+        except ApplianceError:
+            pass
 
 
 def _columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:
@@ -259,8 +272,8 @@ def commit_batch(options: SourceOptions, messages: list[WriterCommitMessage | No
     log = CommitLog(options.bootstrap_servers, options.commit_log_topic)
     if log.state(identity.query_id, batch_id).committed:
         return  # a replayed batch whose commit record made it
-    with RemoteProducer({"bootstrap.servers": options.bootstrap_servers,
-                         "client.id": "appliance-spark-commit"}) as producer:
+    with Producer({"bootstrap.servers": options.bootstrap_servers,
+                   "client.id": "appliance-spark-commit"}) as producer:
         log.record_commit(producer, identity.query_id, batch_id, sum(m.records for m in ours), len(ours))
 
 

@@ -283,7 +283,7 @@ class _DuplicatingChannel:
     def publish_into(self, max_bytes: int, build: Callable[[np.ndarray], int], token: ProducerBatch, *,
                      timeout_ms: int | None = None) -> int:
         seq = self.inner.publish_into(max_bytes, build, token, timeout_ms=timeout_ms)
-        copy = ProducerBatch(token.producer, token.topic, token.partition, 0)
+        copy = ProducerBatch(token.waiter, token.topic, token.partition, 0)
         copy.state = PUBLISHED
         self.copies[id(copy)] = token
         self.inner.publish_into(max_bytes, build, copy, timeout_ms=timeout_ms)
@@ -370,9 +370,9 @@ def test_a_refusal_first_seen_by_the_publish_of_the_next_batch_loses_none_of_the
     """Every in-flight slot is taken by a batch the writer refuses and four behind it; the producer reads
     all five answers only when the next batch is about to go, so that collect starts and ends the recovery
     (the four go back to the front of the queue, renumbered).  Those four go first, and flush() returns only
-    once every record sent before it is acknowledged or failed.  (Once, the batch about to go was published
-    all the same, out of order, and the first batch put back was dropped from the queue: never sent, never
-    completed, and flush() did not wait for it.)"""
+    once every record sent before it is acknowledged or failed.  (What it guards against: the batch about to
+    go published all the same, out of order, and the first batch put back dropped from the queue: never
+    sent, never completed, and not waited for by flush().)"""
     client = appliance.client()
     client.create_topic("renumber", 2, configs={"max.message.bytes": 3000})
     writer = client.metadata(["renumber"]).topics["renumber"].partitions[0].writer_pid
@@ -568,8 +568,7 @@ def test_an_idle_partitions_in_flight_batch_is_acknowledged_promptly_while_anoth
         finally:
             producer.close()
     # A wall-clock bound is the only way to tell the timer's 10 ms look from its 100 ms full round; the
-    # median of five is checked, against 50 ms.  Measured at load ~1 (2 cores): ~11 ms each, one in five
-    # or so under 1 ms; without the look, medians 60-930 ms.
+    # median of five is checked, against 50 ms, between the two (what it measures: docs/performance.md).
     assert sorted(delays_s)[2] < 0.05, delays_s
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from appliance.client.consumer import Consumer
-from appliance.client.remote_producer import RemoteProducer
+from appliance.client.producer import Producer
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def produce(appliance: Any, topic: str, partitions: int, count: int, **settings:
     timestamps; where each landed, from the producer's acknowledgements."""
     sent: list[Row] = []
     config = {"bootstrap.servers": appliance.bootstrap, "batch.size": 8192, **settings}
-    with RemoteProducer(config) as producer:
+    with Producer(config) as producer:
         for partition in range(partitions):
             keys = [None if i % 7 == 0 else b"key-%d" % (i % 40) for i in range(count)]
             values = [None if i % 11 == 5 else b"value %d of %d" % (i, partition) for i in range(count)]
@@ -50,7 +50,7 @@ def produce(appliance: Any, topic: str, partitions: int, count: int, **settings:
             stamps = [1_700_000_000_000 + 1000 * i + partition for i in range(count)]
             placed = producer.send_many(topic, values, keys=keys, headers=headers, timestamps=stamps,
                                         partition=partition).get()
-            assert placed[0].base_offset == 0
+            assert placed.offsets[0] == 0
             for i in range(count):
                 sent.append((partition, i, keys[i], values[i], stamps[i],
                              tuple((name, value) for name, value in headers[i])))
@@ -73,7 +73,7 @@ def test_zstd_batches_read_back_and_spark_writes_back(spark: Any, appliance: Any
     sent = produce(appliance, "batch-zstd", 2, 800, **{"compression.type": "zstd"})
     frame = reader(spark, appliance, subscribe="batch-zstd")
     assert as_rows(frame) == sent
-    # the batch writer: key, value, headers, topic and partition columns, through the remote producer
+    # the batch writer: key, value, headers, topic and partition columns, through the producer over TCP
     columns = frame.selectExpr("key", "value", "headers", "partition", "'write-out' AS topic")
     (columns.write.format("appliance").option("bootstrap.servers", appliance.bootstrap)
      .option("compression.type", "zstd").mode("append").save())
@@ -125,7 +125,7 @@ def test_bad_input_is_refused_at_planning_time(spark: Any, appliance: Any) -> No
 
 def test_records_lost_to_retention_fail_or_are_skipped_as_failOnDataLoss_says(spark: Any,
                                                                               appliance: Any) -> None:
-    with RemoteProducer({"bootstrap.servers": appliance.bootstrap, "batch.size": 1024}) as producer:
+    with Producer({"bootstrap.servers": appliance.bootstrap, "batch.size": 1024}) as producer:
         producer.send_many("short-lived", [b"%04d" % i + b"." * 96 for i in range(400)], partition=0).get()
     with Consumer({"bootstrap.servers": appliance.bootstrap}) as consumer:
         deadline = time.monotonic() + 20  # the writer applies retention every 100 ms

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from appliance.client.consumer import Consumer
-from appliance.client.remote_producer import RemoteProducer
+from appliance.client.producer import Producer
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def expected_counts(lines: list[bytes]) -> dict[tuple[int, str, str], int]:
 def test_the_example_pipeline_matches_a_plain_python_computation(spark: Any, appliance: Any,
                                                                  tmp_path: Path) -> None:
     lines = log_lines(600)
-    with RemoteProducer({"bootstrap.servers": appliance.bootstrap, "compression.type": "zstd"}) as producer:
+    with Producer({"bootstrap.servers": appliance.bootstrap, "compression.type": "zstd"}) as producer:
         producer.send_many("logs", lines).get()  # no keys: sticky partitions, all three used
     pipeline = load_example()
     query = pipeline.start(spark, appliance.bootstrap, "logs", "log-counts", str(tmp_path / "parquet"),

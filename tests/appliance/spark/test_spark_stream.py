@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from appliance.client.consumer import Consumer
-from appliance.client.remote_producer import RemoteProducer
+from appliance.client.producer import Producer
 from appliance.spark.commit_log import CommitLog
 from appliance.spark.options import DEFAULT_COMMIT_LOG_TOPIC, parse_options
 from appliance.spark.writer import SinkCommitMessage, TaskIdentity, commit_batch
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 def produce_values(appliance: Any, topic: str, partitions: int, count: int, tag: str) -> list[bytes]:
     values = []
-    with RemoteProducer({"bootstrap.servers": appliance.bootstrap}) as producer:
+    with Producer({"bootstrap.servers": appliance.bootstrap}) as producer:
         for partition in range(partitions):
             batch = [f"{tag}-{partition}-{i}".encode() for i in range(count)]
             keys = [None if i % 4 == 0 else b"k%d" % (i % 9) for i in range(count)]

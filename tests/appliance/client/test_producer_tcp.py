@@ -1,7 +1,8 @@
-"""``appliance.client.remote_producer.RemoteProducer`` against a real ``appliance serve`` (supervisor,
-partition writers, broker on a loopback port): what is sent is in the log once, in order, where Kafka would
-put it -- also when responses are lost and batches are resent, and when the broker refuses a batch in the
-middle."""
+"""``appliance.Producer`` over TCP (``bootstrap.servers``, ``appliance.client.tcp_route``) against a real
+``appliance serve`` (supervisor, partition writers, broker on a loopback port): what ``send_many`` sends is
+in the log once, in order, where Kafka would put it -- also when Produce answers are lost and batches are
+sent again, and when the broker refuses a batch in the middle.  The CLI and ``send`` over TCP, and a broker
+killed mid-stream, are in test_produce_remote.py."""
 
 from __future__ import annotations
 
@@ -15,11 +16,21 @@ from support.harness import Appliance
 
 from appliance.client.consumer import Consumer, ConsumerRecord
 from appliance.client.partitioner import murmur2, to_positive
-from appliance.client.remote_producer import RemoteProducer, _gather, record_columns, take_records
-from ipc.kafka import MetadataRequest
+from appliance.client.producer import Producer
+from appliance.client.producer_config import ProducerConfig
+from appliance.client.tcp_route import FrameBuffer, ProduceFrame, TcpRoute
+from ipc.kafka import (
+    ApiKey,
+    MetadataRequest,
+    PartitionProduceData,
+    ProduceRequest,
+    RequestHeader,
+    TopicProduceData,
+    decode_request,
+    encode_request,
+)
 from ipc.kafka_client import BrokerConnectionError, KafkaConnection
-from storage.batch_builder import ByteColumn
-from storage.errors import ConfigError, InvalidRecordError, UnknownTopicOrPartitionError
+from storage.errors import InvalidRecordError
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +82,11 @@ def test_send_many_lands_once_with_keys_headers_timestamps(bootstrap: str) -> No
     values = [b"v%05d" % i for i in range(2000)]
     headers = [[("i", b"%d" % i)] if i % 2 else [] for i in range(2000)]
     stamps = [1_600_000_000_000 + i for i in range(2000)]
-    with RemoteProducer({"bootstrap.servers": bootstrap, "batch.size": 4096}) as producer:
+    with Producer({"bootstrap.servers": bootstrap, "batch.size": 4096}) as producer:
         assert producer.producer_id >= 0
-        placed = producer.send_many("plain", values, keys=keys, headers=headers, timestamps=stamps).get()
+        sent = producer.send_many("plain", values, keys=keys, headers=headers, timestamps=stamps)
+        sent.get()
+        placed = sent.batches
     assert sum(b.record_count for b in placed) == 2000
     assert len(placed) > 10  # cut into many batches, pipelined
     log = read(bootstrap, "plain", 3, 2000)
@@ -94,11 +107,16 @@ def test_lost_responses_are_resent_and_appended_once(bootstrap: str) -> None:
     appended those batches, the producer resends everything unacknowledged with the same sequences, and the
     broker answers the duplicates with their first offsets."""
     values = [b"r%04d" % i for i in range(2000)]
-    with RemoteProducer({"bootstrap.servers": bootstrap, "batch.size": 1024}) as producer:
-        first = producer.send_many("retry", values[:100], partition=0).get()
-        producer.faults["lose-response"] = 6
-        placed = first + producer.send_many("retry", values[100:], partition=0).get(timeout=20)
-        assert producer.faults["lose-response"] == 0  # every fault fired
+    config = {"bootstrap.servers": bootstrap, "batch.size": 1024}
+    route = TcpRoute(ProducerConfig.from_settings(config))
+    with Producer(config, route=route) as producer:
+        first = producer.send_many("retry", values[:100], partition=0)
+        first.get()
+        route.faults["lose-response"] = 6
+        rest = producer.send_many("retry", values[100:], partition=0)
+        rest.get(timeout=20)
+        placed = first.batches + rest.batches
+        assert route.faults["lose-response"] == 0  # every fault fired
     offsets = [(b.base_offset, b.record_count) for b in placed]
     assert offsets == [(sum(n for _, n in offsets[:i]), n) for i, (_, n) in enumerate(offsets)]
     log = read(bootstrap, "retry", 1, 2000)[0]
@@ -108,10 +126,11 @@ def test_lost_responses_are_resent_and_appended_once(bootstrap: str) -> None:
 
 def test_many_batches_in_flight_keep_their_order(bootstrap: str) -> None:
     rows = np.frombuffer(np.random.default_rng(7).bytes(100 * 20_000), np.uint8).reshape(-1, 100)
-    with RemoteProducer({"bootstrap.servers": bootstrap, "batch.size": 16384}) as producer:
+    with Producer({"bootstrap.servers": bootstrap, "batch.size": 16384}) as producer:
         first = producer.send_many("order", rows, partition=0)
         second = producer.send_many("order", rows[:5000], partition=1)
-        assert len(first.get()) > 100
+        first.get()
+        assert len(first.batches) > 100
         second.get()
     log = read(bootstrap, "order", 2, 25_000)
     assert b"".join(r.value for r in log[0]) == rows.tobytes()
@@ -124,7 +143,7 @@ def test_a_refused_batch_fails_alone_and_the_ones_behind_it_are_renumbered(boots
     into its sequence numbers and are appended (a gap would make the broker refuse them all)."""
     values = [b"s%03d" % i + b"." * 60 for i in range(60)]
     values[25] = b"x" * 3000
-    with RemoteProducer({"bootstrap.servers": bootstrap, "batch.size": 800}) as producer:
+    with Producer({"bootstrap.servers": bootstrap, "batch.size": 800}) as producer:
         result = producer.send_many("small", values, partition=0)
         with pytest.raises(InvalidRecordError, match=r"small-0.*MESSAGE_TOO_LARGE"):
             result.get()
@@ -135,59 +154,32 @@ def test_a_refused_batch_fails_alone_and_the_ones_behind_it_are_renumbered(boots
 
 def test_zstd_batches_read_back(bootstrap: str) -> None:
     lines = [b'{"service": "api", "n": %d, "msg": "request served"}' % i for i in range(3000)]
-    with RemoteProducer({"bootstrap.servers": bootstrap, "compression.type": "zstd"}) as producer:
+    with Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd"}) as producer:
         producer.send_many("zstd", lines, partition=1).get()
     assert [r.value for r in read(bootstrap, "zstd", 2, 3000)[1]] == lines
 
 
-def test_bad_settings_and_unknown_topics_are_clear_errors(bootstrap: str) -> None:
-    with pytest.raises(ConfigError, match=r"bootstrap\.servers"):
-        RemoteProducer({})
-    with pytest.raises(ConfigError, match="acks=0"):
-        RemoteProducer({"bootstrap.servers": bootstrap, "acks": "0"})
-    with RemoteProducer({"bootstrap.servers": bootstrap}) as producer:
-        with pytest.raises(UnknownTopicOrPartitionError, match="'nowhere' does not exist"):
-            producer.send_many("nowhere", [b"x"])
-        with pytest.raises(UnknownTopicOrPartitionError, match="keys-9: topic 'keys' has 4 partitions"):
-            producer.send_many("keys", [b"x"], partition=9)
-        with pytest.raises(ValueError, match="keys: 1 entries for 2 values"):
-            producer.send_many("keys", [b"a", b"b"], keys=[b"k"])
-        with pytest.raises(TypeError, match="encode text first"):
-            producer.send_many("keys", ["text"])
+@pytest.mark.parametrize("version", [3, 8])
+def test_a_produce_frame_built_in_place_is_the_codecs_encoding(version: int) -> None:
+    """The frame a batch is built into (``ProduceFrame``) is, byte for byte, what the codec encodes for the
+    same request, and decodes back to it; the shared buffer serves frames of other sizes after it."""
+    buffer = FrameBuffer()
+    frames = {name: ProduceFrame(version=version, client_id="c", topic=name, partition=3, acks=-1,
+                                 timeout_ms=30_000, buffer=buffer)
+              for name in ("topic", "a-much-longer-name")}
+    for name, records in (("topic", b"x" * 1000), ("a-much-longer-name", b"batch"), ("topic", b"y" * 10)):
 
+        def build(region: np.ndarray, records: bytes = records) -> int:
+            region[: len(records)] = np.frombuffer(records, np.uint8)
+            return len(records)
 
-def test_take_records_and_its_kernel_match_a_plain_oracle() -> None:
-    rng = np.random.default_rng(3)
-    values = [bytes(rng.integers(0, 256, int(rng.integers(0, 20)), np.uint8)) for _ in range(200)]
-    keys = [None if i % 4 == 0 else b"k%d" % i for i in range(200)]
-    headers = [[(f"h{j}", None if j % 2 else b"x" * j) for j in range(i % 3)] for i in range(200)]
-    columns = record_columns(values, keys, headers)
-    picks = rng.permutation(200)[:120]
-    taken = take_records(columns, picks)
-    assert _column_items(taken.values) == [values[i] for i in picks]
-    assert _column_items(taken.keys) == [keys[i] for i in picks]
-    assert taken.headers is not None
-    names = _column_items(taken.headers.keys)
-    header_values = _column_items(taken.headers.values)
-    index = taken.headers.offsets
-    for out, i in enumerate(picks):
-        first, last = index[out], index[out + 1]
-        pairs = list(zip(names[first:last], header_values[first:last], strict=True))
-        assert pairs == [(k.encode(), v) for k, v in headers[i]]
-    # the numba kernel's pure-Python twin gathers the same bytes
-    column = ByteColumn.from_list(values)
-    out = np.empty(sum(len(values[i]) for i in picks), np.uint8)
-    out_offsets = np.empty(len(picks) + 1, np.int64)
-    _gather.py_func(column.data, column.offsets, picks.astype(np.int64), out, out_offsets)
-    assert out.tobytes() == b"".join(values[i] for i in picks)
-
-
-def _column_items(column: ByteColumn | None) -> list[bytes | None]:
-    assert column is not None
-    items: list[bytes | None] = []
-    for i in range(column.item_count):
-        if column.nulls is not None and column.nulls[i]:
-            items.append(None)
-        else:
-            items.append(bytes(column.data[column.offsets[i] : column.offsets[i + 1]]))
-    return items
+        frame = frames[name].build(2000, build)
+        assert frame is not None
+        built = bytes(ProduceFrame.with_correlation_id(frame, 77))
+        request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=30_000,
+                                 topic_data=[TopicProduceData(name, [PartitionProduceData(3, records)])])
+        assert built == encode_request(RequestHeader(ApiKey.PRODUCE, version, 77, "c"), request)
+        decoded = decode_request(built[4:])
+        assert decoded.header.correlation_id == 77
+        assert bytes(decoded.body.topic_data[0].partition_data[0].records) == records
+    assert frames["topic"].build(2000, lambda region: 0) is None  # the builder wrote nothing
