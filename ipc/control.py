@@ -224,6 +224,7 @@ class PartitionInfo:
     isr: tuple[int, ...] = ()  # in-sync replicas, leader first (a partition of factor 1: the leader)
     committed_high_watermark: int = -1  # replicated: the ISR's HW (acks=all); -1 not replicated
     followers: tuple[FollowerInfo, ...] = ()  # replicated: what the leader knows of each follower
+    offline: str = ""  # why the partition cannot be served (damaged log, ...); empty: online
 
     @classmethod
     def from_json(cls, topic: str, raw: Mapping[str, Any]) -> PartitionInfo:
@@ -244,6 +245,7 @@ class PartitionInfo:
             isr=tuple(int(r) for r in raw.get("isr", ())),
             committed_high_watermark=int(raw.get("committed_high_watermark", -1)),
             followers=tuple(FollowerInfo.from_json(f) for f in raw.get("followers", ())),
+            offline=str(raw.get("offline", "")),
         )
 
 

@@ -41,6 +41,7 @@ def topic_meta(info: TopicInfo) -> TopicMeta:
         state_pages={p.partition: p.state_page for p in info.partitions},
         replicas=replicas,
         min_insync_replicas=info.min_insync_replicas,
+        offline={p.partition: p.offline for p in info.partitions if p.offline},
     )
 
 

@@ -60,6 +60,8 @@ class TopicMeta:
     # better for the partitions it leads: appliance.broker.replication)
     isr: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     min_insync_replicas: int = 1  # the topic's min.insync.replicas
+    # partition -> why it is offline (a damaged log the supervisor would not open); absent: online
+    offline: Mapping[int, str] = field(default_factory=dict)
 
 
 class PartitionHandle:
