@@ -266,7 +266,7 @@ class ReplicaNode:
                 continue
             if local is None:
                 local = store.create_topic(topic.name, topic.partitions, len(topic.replicas),
-                                           replicas=topic.replicas)
+                                           replicas=topic.replicas, internal=True)  # the leader's copy
                 _log.info("replica %d: now holding topic %s (%d partitions, replicas %s)", self.node_id,
                           topic.name, topic.partitions, list(topic.replicas))
             for partition in range(local.partitions):
