@@ -165,8 +165,7 @@ class TopicChanges:
                            "every second and at the next start", topic.name, why)  # fmt: skip
             self._last_failure[topic.name] = why
             return False
-        if self._last_failure.pop(topic.name, None) is not None:
-            _log.info("topic %s: its pending deletion finished", topic.name)
+        self._last_failure.pop(topic.name, None)
         return True
 
     # -- what is left over --------------------------------------------------------------------------------
@@ -179,7 +178,8 @@ class TopicChanges:
             except (ApplianceError, OSError) as exc:
                 self._last_failure[name] = _describe(exc)
         for topic in self.store.deleting.values():
-            self._finish(topic)
+            if self._finish(topic):
+                _log.info("topic %s: its pending deletion finished", topic.name)
         remove_deleted_directories(self.store.log_dirs)
 
 
