@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from appliance.config.cluster_id import meta_properties_path, read_cluster_id, write_cluster_id
 from appliance.config.server_config import Config, ConfigError
 from appliance.config.topic_metadata import TopicMetadata
 from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory
@@ -174,7 +175,9 @@ class ReplicaNode:
         self._store = MetadataStore.open(config.log_dirs)
         self._directory = LeaderDirectory(self.leaders, node_id=self.node_id,
                                           sasl_plain=replica_credentials(self.node_id, self._secret),
-                                          timeout_ms=config.replica_socket_timeout_ms)
+                                          timeout_ms=config.replica_socket_timeout_ms,
+                                          cluster_id=read_cluster_id(config.log_dirs),
+                                          on_cluster_id=self._keep_cluster_id)
         self._selector = selectors.DefaultSelector()
         self._wakeup_r.setblocking(False)
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, "wakeup")
@@ -189,6 +192,14 @@ class ReplicaNode:
                 f"{', '.join(self.leaders)}; control socket {config.control_socket}")
         _log.info("%s", text)
         sdnotify.ready(text)
+
+    def _keep_cluster_id(self, cluster_id: str) -> None:
+        """Store the cluster id learnt from the leader (``appliance.config.cluster_id``)."""
+        try:
+            write_cluster_id(self.config.log_dirs, cluster_id)
+        except OSError as e:  # kept in memory meanwhile; learnt again at the next start
+            _log.error("replica %d: cannot store cluster id %s in %s: %s", self.node_id, cluster_id,
+                       meta_properties_path(self.config.log_dirs), e)
 
     def _bind_control_socket(self) -> None:
         assert self._selector is not None

@@ -9,7 +9,8 @@ Start-up, in this order (each step needs the previous one)::
        a second appliance on the same data dir, or with the same instance id, stops here
        (``appliance.server.instance``)
     3. reclaim the instance's shared memory a crashed run left (ipc.shm.reclaim)
-    4. open the topic metadata store; finish the topic deletions a failure or crash interrupted
+    4. the cluster id (created at a node's first start: ``appliance.config.cluster_id``); open the topic
+       metadata store; finish the topic deletions a failure or crash interrupted
        (``appliance.server.topic_changes``); create the configured topics that are missing
     5. recover every partition log (storage Log.open: torn tails cut, indexes rebuilt) and close it cleanly
        (``appliance.server.partitions``)
@@ -55,6 +56,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from appliance.config.cluster_id import ensure_cluster_id, meta_properties_path
 from appliance.config.server_config import Config
 from appliance.config.topic_metadata import META_DIR, TopicMetadata, assign_replicas
 from appliance.server import sdnotify
@@ -202,6 +204,8 @@ class Supervisor:
     def _open_metadata(self) -> None:
         """Open the topic metadata, create the configured topics that are missing, open the producer ids."""
         config = self.config
+        cluster_id = ensure_cluster_id(config.log_dirs, config.instance_id)
+        _log.info("cluster id %s (%s)", cluster_id, meta_properties_path(config.log_dirs))
         faults = ControlFaults(config.test_faults)
         store = self._store = MetadataStore.open(config.log_dirs, reserve=True, faults=faults)
         self._changes = TopicChanges(self, store, faults)
