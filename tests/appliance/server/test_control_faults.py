@@ -7,7 +7,10 @@ What a user must see: the other topics' metadata stays right throughout, the fai
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,3 +227,61 @@ def test_a_create_failing_half_way_is_rolled_back_and_a_retry_works(cwd: Path, p
         assert consume_count(running.bootstrap, KEEP, 2) == 10
     finally:
         running.app.close()
+
+
+# -- a real full disk ---------------------------------------------------------------------------------------
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0  # fmt: skip
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until the file system is full (to the last block)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        size = 1 << 20
+        while size >= 512:
+            try:
+                os.write(fd, bytes(size))
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+                size //= 2
+    finally:
+        os.close(fd)
+
+
+def test_a_topic_is_deleted_on_a_full_tmpfs_through_the_reserve(cwd: Path) -> None:
+    data = cwd / "data"
+    if not _mount_tmpfs(data, "6m"):
+        pytest.skip("needs root and tmpfs to mount a small file system")
+    running = Running(cwd, "preallocate=false", "segment.bytes=262144", "segment.index.bytes=65536")
+    try:
+        running.app.start()
+        produce(running.bootstrap, KEEP, 10)
+        with running.app.client() as client:
+            client.create_topic("junk", 2)
+        wait_until("junk is listed", lambda: running.topics() == {KEEP: 2, "junk": 2})
+        produce(running.bootstrap, "junk", 10)
+        _fill(data / "filler")
+        assert os.statvfs(data).f_bavail == 0
+        result = running.app.cli("topics", "delete", "junk", "--bootstrap-server", running.bootstrap)
+        assert result.returncode == 0, result.stderr
+        assert "released the metadata reserve" in running.app.log()
+        wait_until("junk is gone", lambda: running.topics() == {KEEP: 2})
+        assert running.recorded() == {"topics": [KEEP], "deleting": []}
+        assert running.directories("junk") == []
+        assert consume_count(running.bootstrap, KEEP, 2) == 10
+        (data / "filler").unlink()
+        reserve = data / "meta" / ".reserve"
+        wait_until("the reserve is back", lambda: reserve.exists() and reserve.stat().st_size >= 262144)
+        assert running.app.stop() == 0
+        running.app.start()
+        assert running.topics() == {KEEP: 2}
+    finally:
+        running.app.close()
+        subprocess.run(["umount", "-l", str(data)], capture_output=True)
