@@ -85,6 +85,9 @@ class TopicChanges:
         self.faults = faults
         self._rollbacks: set[str] = set()  # created, failed, and not yet marked for deletion
         self._last_failure: dict[str, str] = {}  # topic -> why its pending change failed last (logged once)
+        # topics whose deletion steps run now: the supervisor serves control requests while it waits for
+        # writers to stop, so a request may arrive in the middle of a deletion; it must not start it again
+        self._finishing: set[str] = set()
 
     @property
     def pending(self) -> bool:
@@ -148,7 +151,11 @@ class TopicChanges:
         self.faults.hit("delete.recorded")
 
     def _finish(self, topic: TopicMetadata) -> bool:
-        """Steps 2-4 of a deletion; False (logged once per distinct failure) if one failed."""
+        """Steps 2-4 of a deletion; False (logged once per distinct failure) if one failed or they are
+        running already."""
+        if topic.name in self._finishing:
+            return False
+        self._finishing.add(topic.name)
         try:
             self.supervisor.stop_partitions(topic)
             self.faults.hit("delete.stopped")
@@ -165,6 +172,8 @@ class TopicChanges:
                            "every second and at the next start", topic.name, why)  # fmt: skip
             self._last_failure[topic.name] = why
             return False
+        finally:
+            self._finishing.discard(topic.name)
         self._last_failure.pop(topic.name, None)
         return True
 
