@@ -204,6 +204,16 @@ def raise_for_error(response: Mapping[str, Any]) -> None:
 # -- what the client gets back -------------------------------------------------------------------------------
 
 
+def _topic_info(raw: Any) -> TopicInfo:
+    """One topic of a ``metadata`` reply; one that cannot be read is listed as failed, the others stand."""
+    try:
+        return TopicInfo.from_json(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        name = str(raw.get("name", "?")) if isinstance(raw, Mapping) else "?"
+        return TopicInfo.failed(name, "", ErrorCode.UNKNOWN_SERVER_ERROR.name,
+                                f"topic {name!r}: unreadable description in the metadata reply: {exc!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     """One partition: its state page (read offsets there, lock-free), its log dir and its writer."""
@@ -276,14 +286,26 @@ class TopicInfo:
     max_message_bytes: int
     replicas: tuple[int, ...] = ()  # node ids holding a copy, leader first (factor 1: the leader alone)
     min_insync_replicas: int = 1
+    # a topic the supervisor could not describe: the Kafka error name and why (no partitions then)
+    error: str = ""
+    message: str = ""
 
     @property
     def partition_count(self) -> int:
         return len(self.partitions)
 
     @classmethod
+    def failed(cls, name: str, topic_id: str, error: str, message: str) -> TopicInfo:
+        """A topic listed with an error instead of its description."""
+        return cls(name=name, topic_id=topic_id, replication_factor=0, configs={}, partitions=(),
+                   max_message_bytes=0, error=error, message=message)
+
+    @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> TopicInfo:
         name = str(raw["name"])
+        if raw.get("error"):
+            topic_id, error = str(raw.get("topic_id", "")), str(raw["error"])
+            return cls.failed(name, topic_id, error, str(raw.get("message", "")))
         return cls(
             name=name,
             topic_id=str(raw["topic_id"]),
@@ -391,7 +413,7 @@ class ControlClient:
         if topics is not None:
             request["topics"] = list(topics)
         reply = self.request(request)
-        infos = (TopicInfo.from_json(raw) for raw in reply["topics"])
+        infos = (_topic_info(raw) for raw in reply["topics"])
         return ClusterMetadata(
             instance_id=str(reply["instance_id"]),
             shm_prefix=str(reply["shm_prefix"]),

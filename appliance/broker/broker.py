@@ -79,6 +79,7 @@ from appliance.broker.listeners import Listeners, Listening
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
 from appliance.broker.replication import LeaderReplication
+from appliance.config.cluster_id import legacy_cluster_id, read_cluster_id
 from appliance.config.server_config import Config
 from ipc.kafka import (
     ApiKey,
@@ -142,7 +143,8 @@ class Broker:
             self.table, config.node_id, replica_lag_time_max_ms=config.replica_lag_time_max_ms,
             min_insync_replicas=lambda meta: meta.min_insync_replicas,
         )
-        self.ctx = BrokerContext(config, self.table, cluster, cluster_id=f"appliance-{config.instance_id}",
+        cluster_id = read_cluster_id(config.log_dirs) or legacy_cluster_id(config.instance_id)
+        self.ctx = BrokerContext(config, self.table, cluster, cluster_id=cluster_id,
                                  replication=self.replication)
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
         self.fetches = FetchWaiters()

@@ -30,6 +30,13 @@ REQUEST_TIMEOUT_S = 5.0  # a call blocks the broker's loop: give up (RequestTime
 
 def topic_meta(info: TopicInfo) -> TopicMeta:
     """The broker's view of a topic the supervisor described (replicas leader first, as it lists them)."""
+    if info.error:
+        try:
+            code = ErrorCode[info.error]
+        except KeyError:
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+        return TopicMeta(name=info.name, partitions=0, topic_id=info.topic_id, error=int(code),
+                         error_message=info.message)
     replicas = {p.partition: info.replicas for p in info.partitions} if len(info.replicas) > 1 else {}
     return TopicMeta(
         name=info.name,

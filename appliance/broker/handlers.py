@@ -18,7 +18,12 @@ Conventions, as Kafka has them:
   "earliest" (-2) is the log start offset.  A timestamp finds the first batch whose max timestamp is at or
   after it, below the high watermark, else offset -1.
 * Metadata creates a topic it is asked about and does not know when ``auto.create.topics.enable`` and the
-  request's ``allow_auto_topic_creation`` (v4+; always on before v4) say so.
+  request's ``allow_auto_topic_creation`` (v4+; always on before v4) say so; never one whose name begins
+  with ``__`` (reserved for internal topics: INVALID_TOPIC_EXCEPTION, as CreateTopics answers).
+* Metadata builds each topic's answer, and each partition's, on its own: a topic the supervisor could not
+  describe is answered with its error (LEADER_NOT_AVAILABLE: retriable), a partition whose answer fails
+  with KAFKA_STORAGE_ERROR (a file or shared-memory error) or UNKNOWN_SERVER_ERROR (a bug), each logged
+  with its name; every other topic and partition is answered in full.
 * Consumer groups are not coordinated here yet: group requests answer COORDINATOR_NOT_AVAILABLE, which
   clients treat as "try later".  Consumers that use ``assign()`` with explicit or reset offsets need none.
 """
@@ -35,7 +40,7 @@ from appliance.broker import log_dirs
 from appliance.broker.cluster import Cluster, ClusterError
 from appliance.broker.partitions import PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker.replication import LeaderReplication
-from appliance.config.server_config import Config, check_topic_name, parse_override
+from appliance.config.server_config import Config, check_new_topic_name, check_topic_name, parse_override
 from ipc.kafka import (
     ApiKey,
     ApiVersionsResponse,
@@ -107,6 +112,13 @@ class BrokerContext:
     advertised: dict[str, tuple[str, int]] = field(default_factory=dict)
     replication: LeaderReplication | None = None  # the ISR of the replicated partitions led here
     _refreshed_at: float = -1e18
+    _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
+
+    def log_failure(self, what: str, why: str) -> None:
+        """Log a topic's or partition's failure once per distinct reason (Metadata is asked often)."""
+        if self._failures_logged.get(what) != why:
+            self._failures_logged[what] = why
+            log.error("metadata: %s: %s", what, why)
 
     @property
     def node_id(self) -> int:
@@ -181,6 +193,9 @@ def metadata(
                 continue
             ctx.refresh_topics(soon=True)
             meta = table.topics.get(name)
+        if meta is None and auto_create and check_new_topic_name(name) is not None:
+            topics.append(MetadataResponseTopic(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name))
+            continue
         if meta is None and auto_create:
             code, meta = _create(ctx, name, None, None, {}, "auto-created by Metadata")
             if meta is None:
@@ -189,7 +204,7 @@ def metadata(
         if meta is None:
             topics.append(MetadataResponseTopic(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name))
             continue
-        topics.append(_topic_metadata(ctx, meta))
+        topics.append(_topic_metadata_or_error(ctx, meta))
     host, port = ctx.advertised.get(listener) or next(iter(ctx.advertised.values()), ("127.0.0.1", 9092))
     return MetadataResponse(
         brokers=[MetadataResponseBroker(node_id=ctx.node_id, host=host, port=port, rack=None)],
@@ -199,33 +214,62 @@ def metadata(
     )
 
 
+def _topic_metadata_or_error(ctx: BrokerContext, meta: TopicMeta) -> MetadataResponseTopic:
+    """One topic's answer; its error alone if the supervisor could not describe it or building it fails."""
+    if meta.error:
+        ctx.log_failure(f"topic {meta.name}", f"{ErrorCode(meta.error).name}: {meta.error_message}")
+        return MetadataResponseTopic(error_code=meta.error, name=meta.name)
+    try:
+        return _topic_metadata(ctx, meta)
+    except Exception as e:  # a bug costs this topic's answer, not the others'
+        log.exception("metadata: topic %s", meta.name)
+        ctx.log_failure(f"topic {meta.name}", repr(e))
+        return MetadataResponseTopic(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, name=meta.name)
+
+
 def _topic_metadata(ctx: BrokerContext, meta: TopicMeta) -> MetadataResponseTopic:
-    table = ctx.table
-    partitions = []
-    for index in range(meta.partitions):
-        leader = table.leader(meta, index)
-        code = ErrorCode.NONE
-        epoch = 0
-        if leader == ctx.node_id:
-            handle, lookup_code = table.lookup(meta.name, index)
-            if handle is None:
-                code, leader = ErrorCode.LEADER_NOT_AVAILABLE, -1
-                log.debug("metadata: %s-%d: %s", meta.name, index, lookup_code.name)
-            else:
-                epoch = handle.leader_epoch()
-        partitions.append(
-            MetadataResponsePartition(
-                error_code=code,
-                partition_index=index,
-                leader_id=leader,
-                leader_epoch=epoch,
-                replica_nodes=list(table.replicas(meta, index)),
-                isr_nodes=list(_isr(ctx, meta, index)),
-                offline_replicas=[],
-            )
-        )
+    partitions = [_partition_metadata_or_error(ctx, meta, index) for index in range(meta.partitions)]
     return MetadataResponseTopic(
         error_code=ErrorCode.NONE, name=meta.name, is_internal=False, partitions=partitions
+    )
+
+
+def _partition_metadata_or_error(
+    ctx: BrokerContext, meta: TopicMeta, index: int
+) -> MetadataResponsePartition:
+    try:
+        return _partition_metadata(ctx, meta, index)
+    except Exception as e:  # this partition's answer only
+        storage = isinstance(e, OSError | ApplianceError)
+        code = ErrorCode.KAFKA_STORAGE_ERROR if storage else ErrorCode.UNKNOWN_SERVER_ERROR
+        if code == ErrorCode.UNKNOWN_SERVER_ERROR:
+            log.exception("metadata: partition %s-%d", meta.name, index)
+        ctx.log_failure(f"partition {meta.name}-{index}", f"{code.name}: {e}")
+        return MetadataResponsePartition(error_code=code, partition_index=index, leader_id=-1,
+                                         leader_epoch=-1, replica_nodes=[], isr_nodes=[],
+                                         offline_replicas=[])  # fmt: skip
+
+
+def _partition_metadata(ctx: BrokerContext, meta: TopicMeta, index: int) -> MetadataResponsePartition:
+    table = ctx.table
+    leader = table.leader(meta, index)
+    code = ErrorCode.NONE
+    epoch = 0
+    if leader == ctx.node_id:
+        handle, lookup_code = table.lookup(meta.name, index)
+        if handle is None:
+            code, leader = ErrorCode.LEADER_NOT_AVAILABLE, -1
+            log.debug("metadata: %s-%d: %s", meta.name, index, lookup_code.name)
+        else:
+            epoch = handle.leader_epoch()
+    return MetadataResponsePartition(
+        error_code=code,
+        partition_index=index,
+        leader_id=leader,
+        leader_epoch=epoch,
+        replica_nodes=list(table.replicas(meta, index)),
+        isr_nodes=list(_isr(ctx, meta, index)),
+        offline_replicas=[],
     )
 
 
@@ -325,7 +369,7 @@ def _create_one(
     ctx: BrokerContext, topic: Any, duplicated: bool, validate_only: bool
 ) -> tuple[ErrorCode, str | None]:
     name = topic.name
-    reason = check_topic_name(name)
+    reason = check_new_topic_name(name)
     if reason is not None:
         return ErrorCode.INVALID_TOPIC_EXCEPTION, reason
     if duplicated:

@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 The supervisor owns cluster metadata (topics, partition counts, replication); the broker keeps a copy, a
-:class:`PartitionTable`, replaced whole by :meth:`PartitionTable.update` whenever the broker asks the
+:class:`PartitionTable`, refreshed by :meth:`PartitionTable.update` whenever the broker asks the
 supervisor for fresh metadata (on Metadata requests, after CreateTopics/DeleteTopics, and when a request
-names a topic the copy does not know).
+names a topic the copy does not know).  It is refreshed topic by topic: a topic the supervisor lists with
+an error (it could not describe it) keeps the picture the broker had of it, with the error attached
+(``TopicMeta.error``), so its open handles stay and the other topics refresh as usual.
 
 For each partition a request touches, the table opens a :class:`PartitionHandle` lazily and keeps it:
 
@@ -25,6 +27,7 @@ partition, or this appliance is not its leader) -- is not kept; the caller answe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -62,6 +65,9 @@ class TopicMeta:
     min_insync_replicas: int = 1  # the topic's min.insync.replicas
     # partition -> why it is offline (a damaged log the supervisor would not open); absent: online
     offline: Mapping[int, str] = field(default_factory=dict)
+    # the supervisor could not describe the topic: the Kafka error code for it and why (0: none)
+    error: int = 0
+    error_message: str = ""
 
 
 class PartitionHandle:
@@ -136,7 +142,15 @@ class PartitionTable:
     # -- metadata -----------------------------------------------------------------------------------------
 
     def update(self, topics: Mapping[str, TopicMeta]) -> None:
-        """Replace the topic list; handles of topics that are gone (or were re-created) are closed."""
+        """Take the new topic list, topic by topic (module docstring); handles of topics that are gone (or
+        were re-created) are closed."""
+        merged = {}
+        for name, fresh in topics.items():
+            known = self.topics.get(name)
+            if fresh.error and known is not None and known.topic_id == fresh.topic_id:
+                fresh = dataclasses.replace(known, error=fresh.error, error_message=fresh.error_message)
+            merged[name] = fresh
+        topics = merged
         for key, handle in list(self._handles.items()):
             topic, partition = key
             new = topics.get(topic)

@@ -25,7 +25,7 @@ from ipc.control import ControlClient, ControlError
 from ipc.ring import RingFailedError, warm_up
 from ipc.ring_publisher import RingPublisher
 from ipc.state_page import StatePage
-from storage.errors import UnknownTopicOrPartitionError
+from storage.errors import ApplianceError, UnknownTopicOrPartitionError
 
 if TYPE_CHECKING:
     from appliance.client.accumulator import ProducerBatch
@@ -104,6 +104,8 @@ class LocalRoute:
             attachment = self.client.attach(topic, 0)
             self.client.detach(attachment)
             info = self.client.metadata([topic]).topics[topic]
+        if info.error:  # listed, but the supervisor cannot describe it now
+            raise ApplianceError(f"topic {topic!r}: {info.error}: {info.message}")
         return info.partition_count, info.max_message_bytes
 
     def init_producer_id(self) -> tuple[int, int]:

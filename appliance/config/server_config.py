@@ -68,6 +68,7 @@ __all__ = [
     "ConfigError",
     "FrozenMap",
     "TopicConfig",
+    "check_new_topic_name",
     "check_topic_name",
     "config_from_mapping",
     "load_config",
@@ -114,6 +115,22 @@ def check_topic_name(name: str) -> str | None:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         return f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'"
     return None
+
+
+INTERNAL_TOPIC_PREFIX: Final = "__"  # Kafka's internal topics: __consumer_offsets, __transaction_state
+
+
+def check_new_topic_name(name: str, *, internal: bool = False) -> str | None:
+    """Why a topic named ``name`` may not be created, or ``None``: :func:`check_topic_name`, and names
+    beginning with ``__`` are reserved for the appliance's internal topics.  ``internal=True`` is the
+    allowance of the path that creates those topics itself (none yet); every path a client reaches
+    (CreateTopics, Metadata auto-creation, ``appliance topics create``, a local producer's attach, the
+    configuration's ``[topics.NAME]``) passes False, and gets INVALID_TOPIC_EXCEPTION (ConfigError)."""
+    reason = check_topic_name(name)
+    if reason is not None or internal or not name.startswith(INTERNAL_TOPIC_PREFIX):
+        return reason
+    return (f"topic names beginning with {INTERNAL_TOPIC_PREFIX!r} are reserved for the appliance's internal "
+            "topics (__consumer_offsets, __transaction_state); choose a name without the leading '__'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +200,7 @@ class Config:
     replica_dirs: tuple[str, ...]
     replica_leader: str | None
     cluster_secret_file: str | None
+    test_faults: tuple[str, ...]  # tests only: appliance.server.faults
     topics: Mapping[str, TopicConfig]  # declared in [topics.NAME], in file order
     shm_gid: int | None  # appliance.shm.group resolved to a group id
     source: str | None  # the file read, if any
@@ -405,7 +423,7 @@ def _topics_layer(value: object, label: str, seen: dict[str, _Seen],
     if not isinstance(value, dict):
         raise ConfigError(f"{label}: topics must hold tables, one per topic: [topics.NAME]")
     for topic, table in value.items():
-        reason = check_topic_name(topic)
+        reason = check_new_topic_name(topic)
         if reason:
             raise ConfigError(f"{label}: [topics.{toml_str(topic)}]: {reason}")
         if not isinstance(table, dict):

@@ -99,9 +99,16 @@ def _policy(value: object) -> object:
     for item in items:
         if item not in CLEANUP_POLICIES:
             raise Invalid(f"unknown policy {item!r}: expected delete, compact or both")
+        if item == "compact":
+            raise Invalid("compaction is not built yet: a compacted topic would keep every record (and "
+                          "retention would never delete them); use delete")
         if item not in result:
             result.append(item)
     return tuple(sorted(result, key=CLEANUP_POLICIES.index))
+
+
+def _fault_list(value: object) -> object:
+    return tuple(item for item in string_list(value) if item)
 
 
 def _ring_bytes(value: object) -> object:
@@ -188,7 +195,8 @@ _PER_TOPIC: Final = (
        "CreateTime keeps the producer's timestamps; LogAppendTime stamps the append time",
        "log.message.timestamp.type"),
     _s("cleanup.policy", "cleanup_policy", "delete", _policy,
-       "delete (retention), compact (keep the latest record per key) or both", "log.cleanup.policy"),
+       "delete (retention); compact (and compact,delete) is refused: compaction is not built yet",
+       "log.cleanup.policy"),
     _s("min.insync.replicas", "min_insync_replicas", 1, integer(1, 100),
        "acks=all writes need this many in-sync replicas, else NotEnoughReplicas"),
 )
@@ -249,6 +257,9 @@ SETTINGS: Final = SettingTable((
        "whichever of them leads, in the highest leader epoch)"),
     _s("appliance.cluster.secret.file", "cluster_secret_file", "", _optional_path,
        "file holding the shared secret replicas present to the leader"),
+    _s("appliance.test.faults", "test_faults", [], _fault_list,
+       "tests only: fault points of the control operations to fire, NAME or NAME:COUNT "
+       "(appliance.server.faults); never set in production"),
 ))
 
 TOPIC_SETTINGS: Final = SettingTable((

@@ -16,11 +16,14 @@ writer).  It keeps it in one JSON file in the first log dir, ``<log.dirs[0]>/met
           "log_dirs": ["/srv/a", "/srv/b", "/srv/a"],             where each partition's directory lives
           "replicas": [0, 1, 2]                                   replicated topics: the node ids holding
         }                                                         a copy (every partition alike)
-      }
-    }
+      },
+      "deleting": {"old": {...}}                                  topics whose deletion has not finished,
+    }                                                             as under "topics" (optional)
 
 Any process may read the file at any time with :func:`read_topics` (each read sees one whole version); it
-learns of changes through the control socket.  A damaged file stops the start with
+learns of changes through the control socket.  A topic under ``"deleting"`` is gone for every reader (the
+supervisor finishes removing it: ``appliance.server.topic_changes``); only the store reads that part
+(:func:`read_pending_deletes`).  A damaged file stops the start with
 :class:`~storage.errors.CorruptRecordError` naming the file and what is wrong: metadata is never guessed or
 reset silently (the logs would be orphaned). """
 
@@ -45,6 +48,7 @@ __all__ = [
     "TopicMetadata",
     "assign_replicas",
     "partition_directory",
+    "read_pending_deletes",
     "read_topics",
     "topics_path",
 ]
@@ -159,7 +163,15 @@ def read_topics(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:
     For readers in other processes; the file may be replaced under them at any time (each read sees one
     whole version).
     """
-    file = Path(path)
+    return _read_part(Path(path), "topics")
+
+
+def read_pending_deletes(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:
+    """The topics the file marks for deletion (``"deleting"``): the store finishes removing them."""
+    return _read_part(Path(path), "deleting")
+
+
+def _read_part(file: Path, part: str) -> dict[str, TopicMetadata]:
     try:
         data = file.read_bytes()
     except FileNotFoundError:
@@ -171,7 +183,7 @@ def read_topics(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:
     if not isinstance(document, dict) or document.get("version") != VERSION:
         version = document.get("version") if isinstance(document, dict) else None
         raise _fail(file, f"version {version!r}, expected {VERSION}")
-    topics = document.get("topics")
+    topics = document.get(part, {} if part == "deleting" else None)
     if not isinstance(topics, dict):
-        raise _fail(file, 'no "topics" object')
+        raise _fail(file, f'no "{part}" object')
     return {name: _parse_topic(file, name, raw) for name, raw in topics.items()}

@@ -15,6 +15,12 @@ leader that comes back without being told to follow (it then runs with a lower e
 address used to reach a leader is the one it answered on (its advertised address may be a name this
 host cannot resolve).
 
+**One cluster.**  Every answer carries the leader's cluster id (``appliance.config.cluster_id``).  A
+directory built without one (a replica on an empty directory) takes the first id a leader reports and
+hands it to ``on_cluster_id`` to be stored; from then on, an address answering with another id is not a
+leader to this replica: it is listed among the unreachable ones with an INCONSISTENT_CLUSTER_ID reason
+(logged once), as Kafka refuses a broker whose ``meta.properties`` names another cluster.
+
 The view is refreshed by the replica process every :data:`REFRESH_INTERVAL_MS` and, rate-limited to
 :data:`MIN_REFRESH_INTERVAL_MS`, whenever a fetcher asks for its leader again after an error
 (:meth:`LeaderDirectory.leader_for` is the fetchers' *leader source*).  It also gives the replica its
@@ -96,9 +102,15 @@ class LeaderDirectory:
     """The candidate leaders of one replica and the latest :class:`ClusterView`.  See the module doc."""
 
     def __init__(self, addresses: Sequence[str], *, node_id: int, sasl_plain: tuple[str, str] | None,
-                 timeout_ms: int = 5000, clock_ms: Callable[[], int] | None = None) -> None:
+                 timeout_ms: int = 5000, clock_ms: Callable[[], int] | None = None,
+                 cluster_id: str | None = None,
+                 on_cluster_id: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        """``cluster_id``: the replica's stored cluster id (None: take the leader's; ``on_cluster_id``
+        stores it)."""
         if not addresses:
             raise ValueError("a replica needs at least one leader address")
+        self.cluster_id = cluster_id
+        self._on_cluster_id = on_cluster_id
         self.addresses = tuple(addresses)
         self.node_id = node_id
         self.sasl_plain = sasl_plain
@@ -158,7 +170,7 @@ class LeaderDirectory:
             if self._dead_until.get(address, 0) > now:
                 continue
             answer = self._metadata(address)
-            if answer is None:
+            if answer is None or not self._same_cluster(address, answer.cluster_id):
                 continue
             answered.append(address)
             brokers = {b.node_id for b in answer.brokers}
@@ -194,6 +206,26 @@ class LeaderDirectory:
         self._view = view
         self._silent_since_ms = None
         return view
+
+    def _same_cluster(self, address: str, cluster_id: str | None) -> bool:
+        """Whether ``address`` answered as a leader of this replica's cluster (module docstring)."""
+        if not cluster_id or cluster_id == self.cluster_id:
+            return True
+        if self.cluster_id is None:
+            self.cluster_id = cluster_id
+            _log.info("replica %d: joining cluster %s (the id its leader %s reports)", self.node_id,
+                      cluster_id, address)  # fmt: skip
+            if self._on_cluster_id is not None:
+                self._on_cluster_id(cluster_id)
+            return True
+        why = (f"INCONSISTENT_CLUSTER_ID: {address} reports cluster id {cluster_id!r} but this node belongs "
+               f"to cluster {self.cluster_id!r} (its meta/meta.properties); it does not follow a leader of "
+               "another cluster: point appliance.replica.leader at this cluster's leader, or start this "
+               "node on an empty directory to join that cluster")
+        if self._last_error.get(address) != why:
+            _log.error("replica %d: %s", self.node_id, why)
+        self._last_error[address] = why
+        return False
 
     def _metadata(self, address: str) -> Any:
         conn = self._connections.get(address)

@@ -37,6 +37,7 @@ the same configuration.  What refuses a promotion and what each partition starts
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import selectors
@@ -50,9 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from appliance.config.cluster_id import meta_properties_path, read_cluster_id, write_cluster_id
 from appliance.config.server_config import Config, ConfigError
 from appliance.config.topic_metadata import TopicMetadata
-from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory
+from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory, TopicView
 from appliance.follower.promotion import (
     PromotionRefused,
     SyncVerdict,
@@ -174,7 +176,9 @@ class ReplicaNode:
         self._store = MetadataStore.open(config.log_dirs)
         self._directory = LeaderDirectory(self.leaders, node_id=self.node_id,
                                           sasl_plain=replica_credentials(self.node_id, self._secret),
-                                          timeout_ms=config.replica_socket_timeout_ms)
+                                          timeout_ms=config.replica_socket_timeout_ms,
+                                          cluster_id=read_cluster_id(config.log_dirs),
+                                          on_cluster_id=self._keep_cluster_id)
         self._selector = selectors.DefaultSelector()
         self._wakeup_r.setblocking(False)
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, "wakeup")
@@ -189,6 +193,14 @@ class ReplicaNode:
                 f"{', '.join(self.leaders)}; control socket {config.control_socket}")
         _log.info("%s", text)
         sdnotify.ready(text)
+
+    def _keep_cluster_id(self, cluster_id: str) -> None:
+        """Store the cluster id learnt from the leader (``appliance.config.cluster_id``)."""
+        try:
+            write_cluster_id(self.config.log_dirs, cluster_id)
+        except OSError as e:  # kept in memory meanwhile; learnt again at the next start
+            _log.error("replica %d: cannot store cluster id %s in %s: %s", self.node_id, cluster_id,
+                       meta_properties_path(self.config.log_dirs), e)
 
     def _bind_control_socket(self) -> None:
         assert self._selector is not None
@@ -256,25 +268,38 @@ class ReplicaNode:
             return
         self._view_seen = view
         for topic in view.topics.values():
-            if self.node_id not in topic.replicas:
-                continue
-            local = store.topics.get(topic.name)
-            if local is not None and local.partitions != topic.partitions:
-                _log.error("replica %d: topic %s has %d partitions at the leader and %d here; not following "
-                           "it (remove this replica's copy)", self.node_id, topic.name, topic.partitions,
-                           local.partitions)
-                continue
-            if local is None:
-                local = store.create_topic(topic.name, topic.partitions, len(topic.replicas),
-                                           replicas=topic.replicas)
-                _log.info("replica %d: now holding topic %s (%d partitions, replicas %s)", self.node_id,
-                          topic.name, topic.partitions, list(topic.replicas))
-            for partition in range(local.partitions):
-                if (local.name, partition) not in self._followed:
-                    self._follow(local, partition)
+            if self.node_id in topic.replicas:
+                self._guarded(f"following topic {topic.name}", functools.partial(self._hold, topic))
         for name, local in store.topics.items():
             if self.node_id in local.replicas and name not in view.topics:
-                self._forget_topic(local)
+                self._guarded(f"removing topic {name}", functools.partial(self._forget_topic, local))
+
+    def _guarded(self, what: str, step: Callable[[], None]) -> None:
+        """One topic's step of a reconciliation; a failure (a full disk) is logged, retried at the next view,
+        and costs no other topic."""
+        try:
+            step()
+        except (ApplianceError, OSError) as e:
+            _log.error("replica %d: %s failed (retried at the next refresh): %s", self.node_id, what, e)
+
+    def _hold(self, topic: TopicView) -> None:
+        """Record (if new) and follow every partition of a topic the leaders list with this node."""
+        store = self._store
+        assert store is not None
+        local = store.topics.get(topic.name)
+        if local is not None and local.partitions != topic.partitions:
+            _log.error("replica %d: topic %s has %d partitions at the leader and %d here; not following "
+                       "it (remove this replica's copy)", self.node_id, topic.name, topic.partitions,
+                       local.partitions)
+            return
+        if local is None:
+            local = store.create_topic(topic.name, topic.partitions, len(topic.replicas),
+                                       replicas=topic.replicas, internal=True)  # the leader's copy
+            _log.info("replica %d: now holding topic %s (%d partitions, replicas %s)", self.node_id,
+                      topic.name, topic.partitions, list(topic.replicas))
+        for partition in range(local.partitions):
+            if (local.name, partition) not in self._followed:
+                self._follow(local, partition)
 
     def _follow(self, topic: TopicMetadata, partition: int) -> None:
         config = self.config
@@ -406,7 +431,7 @@ class ReplicaNode:
         warning = unclean_warning(self._sync_problems(verdicts), unclean)
         if warning is not None:
             _log.warning("replica %d: %s", self.node_id, warning)
-        promoted = [self._lead(self._followed[verdict.key], verdict) for verdict in verdicts]
+        promoted = self._lead_all(verdicts)
         self._followed.clear()
         self._exec_argv = [sys.executable, "-m", "appliance.cli", "serve", *self.argv,
                            "--override", "appliance.replica.leader="]
@@ -414,6 +439,30 @@ class ReplicaNode:
         warnings = [] if warning is None else [warning]
         return ok_response(node_id=self.node_id, promoted=promoted, warnings=warnings,
                            listeners=[str(listener) for listener in self.config.listeners])
+
+    def _lead_all(self, verdicts: list[SyncVerdict]) -> list[dict[str, Any]]:
+        """Lead every partition, or none: if recording one fails (a full disk), the partitions already
+        stopped follow again and the promotion is refused with the reason."""
+        promoted = []
+        try:
+            for verdict in verdicts:
+                promoted.append(self._lead(self._followed[verdict.key], verdict))
+        except (ApplianceError, OSError) as e:
+            for verdict in verdicts[: len(promoted) + 1]:
+                self._follow_again(self._followed[verdict.key])
+            topic, partition = verdicts[len(promoted)].key
+            raise PromotionRefused(f"replica {self.node_id}: recording the leadership of {topic}-{partition} "
+                                   f"failed ({e}); nothing was promoted and this replica follows its leader "
+                                   "again: cure the cause, then promote again") from e
+        return promoted
+
+    def _follow_again(self, followed: _Followed) -> None:
+        """Undo a partition's part of a failed promotion: follow it again if its fetcher was stopped."""
+        store = self._store
+        if not followed.stop.is_set() or store is None:
+            return
+        del self._followed[(followed.topic, followed.partition)]
+        self._follow(store.get(followed.topic), followed.partition)
 
     def _refuse_if_spawned(self) -> None:
         if self.spawned_by is not None:

@@ -9,13 +9,20 @@ UnknownTopicOrPartitionError        UNKNOWN_TOPIC_OR_PARTITION
 TopicExistsError                    TOPIC_ALREADY_EXISTS
 ConfigError                         INVALID_CONFIG
 a missing or mistyped field         INVALID_REQUEST
-ApplianceError, OSError             UNKNOWN_SERVER_ERROR (logged)
+OSError (a file system error)       KAFKA_STORAGE_ERROR (logged)
+ApplianceError                      UNKNOWN_SERVER_ERROR (logged)
 anything else (a bug)               UNKNOWN_SERVER_ERROR (logged with its traceback): a bug costs one request
 =================================== ===============================
 
 The ops read the topic metadata store, the partitions' state pages and the ring table; what starts or stops
 processes (a new topic's writers, a deleted topic's) they ask of the supervisor (:class:`Supervised`).
 While the supervisor stops, the ops that would create something refuse and the others still answer.
+Creating and deleting a topic are all-or-nothing (``appliance.server.topic_changes``).
+
+``metadata`` describes each topic on its own: a partition the supervisor does not serve is reported with
+``offline`` saying so, and a topic that cannot be described at all is listed with ``error`` and
+``message`` (logged with its name); the other topics are answered in full.  Topics marked for deletion are
+not listed.
 
 Producer ids of node N start at N << 40: a replica promoted to leader never hands out an id its former
 leader gave (the producer-ids file is per node).  Node ids must differ below 2**22.
@@ -25,18 +32,17 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from appliance.config.server_config import Config, ConfigError, check_topic_name
+from appliance.config.server_config import Config, ConfigError, check_new_topic_name
 from appliance.config.topic_metadata import TopicMetadata, assign_replicas
 from appliance.server.children import Child, unique_memory_bytes
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition
 from appliance.server.rings import RingTable
+from appliance.server.topic_changes import TopicChanges
 from ipc.control import error_response, ok_response
 from ipc.control_server import ServerConnection
 from ipc.kafka.errors import ErrorCode
@@ -68,13 +74,6 @@ class Supervised(Protocol):
     @property
     def stopping(self) -> bool: ...
 
-    def start_partitions(self, topic: TopicMetadata) -> None:
-        """Recover each partition of a new topic and start its writer."""
-
-    def stop_partitions(self, topic: TopicMetadata) -> list[Partition]:
-        """Stop the writers of a topic being deleted; unlink its rings, state pages and doorbells."""
-        ...
-
     def children(self) -> list[Child]: ...
 
     def control_connections(self) -> int: ...
@@ -92,10 +91,12 @@ class ControlOps:
     """The supervisor's answers on its control socket.  See the module docstring."""
 
     def __init__(self, supervisor: Supervised, store: MetadataStore, allocator: ProducerIdBlockAllocator,
-                 partitions: Mapping[tuple[str, int], Partition], rings: RingTable) -> None:  # fmt: skip
+                 partitions: Mapping[tuple[str, int], Partition], rings: RingTable,
+                 changes: TopicChanges) -> None:  # fmt: skip
         self.supervisor = supervisor
         self.config = supervisor.config
         self.store = store
+        self.changes = changes
         self.allocator = allocator
         self.partitions = partitions
         self.rings = rings
@@ -116,7 +117,10 @@ class ControlOps:
             return error_response(ErrorCode.INVALID_CONFIG, str(exc))
         except (KeyError, TypeError, ValueError) as exc:
             return error_response(ErrorCode.INVALID_REQUEST, f"op {op}: bad or missing field: {exc!r}")
-        except (ApplianceError, OSError) as exc:
+        except OSError as exc:
+            _log.error("op %s failed: %s", op, exc)
+            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"op {op} failed: {exc}")
+        except ApplianceError as exc:
             _log.error("op %s failed: %s", op, exc)
             return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc}")
         except Exception as exc:  # a bug must cost one request, not the appliance
@@ -140,12 +144,12 @@ class ControlOps:
             instance_id=self.config.instance_id,
             shm_prefix=self.supervisor.names.prefix,
             node_id=self.config.node_id,
-            topics=[self._topic_json(t) for t in topics],
+            topics=[self._topic_json_or_error(t) for t in topics],
         )
 
     def _op_create_topic(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         name = message["topic"]
-        reason = check_topic_name(name) if isinstance(name, str) else "a topic name must be a string"
+        reason = check_new_topic_name(name) if isinstance(name, str) else "a topic name must be a string"
         if reason is not None:
             return error_response(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}")
         partitions = message.get("partitions") or self.config.num_partitions
@@ -170,26 +174,15 @@ class ControlOps:
     def _create_topic(
         self, name: str, partitions: int, replication: int, configs: Mapping[str, Any]
     ) -> TopicMetadata:
-        if self.supervisor.stopping:
-            raise ApplianceError("the appliance is stopping")
-        topic = self.store.create_topic(name, partitions, replication, configs,
-                                        replicas=assign_replicas(self.config.node_id, replication))
-        self.supervisor.start_partitions(topic)
-        _log.info("created topic %s with %d partitions", name, partitions)
-        return topic
+        replicas = assign_replicas(self.config.node_id, replication)
+        return self.changes.create(name, partitions, replication, configs, replicas)
 
     def _op_delete_topic(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         if not self.config.delete_topic_enable:
             return error_response(ErrorCode.TOPIC_DELETION_DISABLED, "delete.topic.enable is false")
-        topic = self.store.get(str(message["topic"]))
-        parts = self.supervisor.stop_partitions(topic)
-        self.store.delete_topic(topic.name)
-        for part in parts:
-            if os.path.isdir(part.directory):  # renamed first, as Kafka does: a crash leaves no half topic
-                doomed = f"{part.directory}.{uuid.uuid4().hex}-delete"
-                os.rename(part.directory, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
-        _log.info("deleted topic %s (%d partitions)", topic.name, topic.partitions)
+        pending = self.changes.delete(str(message["topic"]))
+        if pending:  # recorded: gone for clients; the rest is finished later (topic_changes)
+            return ok_response(pending=f"the deletion is recorded and finishes later: {pending}")
         return ok_response()
 
     # -- producers ----------------------------------------------------------------------------------------
@@ -198,7 +191,14 @@ class ControlOps:
         self, connection: ServerConnection, message: Mapping[str, Any]
     ) -> dict[str, Any]:
         node_base = (self.config.node_id % 2**22) << _PRODUCER_ID_NODE_SHIFT
-        return ok_response(producer_id=node_base + self.allocator.allocate(), producer_epoch=0)
+        reserve = self.store.reserve
+        if reserve is None:
+            producer_id = self.allocator.allocate()
+        else:  # a new block of ids is an atomic rewrite in the meta directory, like the topic metadata
+            path = self.allocator.path
+            producer_id = reserve.write(self.allocator.allocate, f"reserving producer ids in {path}",
+                                        tmp=f"{path}.tmp")
+        return ok_response(producer_id=node_base + producer_id, producer_epoch=0)
 
     def _op_attach(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         name = str(message["topic"])
@@ -232,10 +232,9 @@ class ControlOps:
         """Create a topic a producer attaches to (auto.create.topics.enable); the refusal, if any."""
         if not self.config.auto_create_topics_enable:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist (auto-creation is off)")
-        if check_topic_name(name) is not None:
-            return error_response(
-                ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {check_topic_name(name)}"
-            )
+        reason = check_new_topic_name(name)
+        if reason is not None:
+            return error_response(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}")
         check_replication_factor(name, self.config.default_replication_factor)
         self._create_topic(name, self.config.num_partitions, self.config.default_replication_factor, {})
         return None
@@ -250,7 +249,11 @@ class ControlOps:
             raise UnknownTopicOrPartitionError(
                 f"topic {name!r} has partitions 0..{topic.partitions - 1}, not {partition!r}"
             )
-        return self.partitions[(name, partition)]
+        part = self.partitions.get((name, partition))
+        if part is None:
+            raise UnknownTopicOrPartitionError(f"partition {name}-{partition} is not served now (see the "
+                                               "supervisor's log)")  # fmt: skip
+        return part
 
     def _op_detach(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         ring = str(message["ring"])
@@ -307,22 +310,49 @@ class ControlOps:
 
     # -- a topic as JSON ----------------------------------------------------------------------------------
 
+    def _topic_json_or_error(self, topic: TopicMetadata) -> dict[str, Any]:
+        """The topic as JSON; if that fails, its name with an error (module docstring)."""
+        try:
+            return self._topic_json(topic)
+        except Exception as exc:
+            _log.exception("metadata: cannot describe topic %s", topic.name)
+            return {"name": topic.name, "topic_id": topic.topic_id,
+                    "error": ErrorCode.LEADER_NOT_AVAILABLE.name,
+                    "message": f"topic {topic.name!r} cannot be described now: {exc!r}"}  # fmt: skip
+
     def _topic_json(self, topic: TopicMetadata) -> dict[str, Any]:
         node = self.config.node_id
         now_ms = monotonic_ms()
         replicated = topic.replication_factor > 1
-        partitions = [self._partition_json(self.partitions[(topic.name, p)], node, now_ms, replicated)
-                      for p in range(topic.partitions)]  # fmt: skip
+        partitions = []
+        for p in range(topic.partitions):
+            part = self.partitions.get((topic.name, p))
+            if part is None:
+                partitions.append(self._unserved_json(topic, p, node))
+            else:
+                partitions.append(self._partition_json(part, node, now_ms, replicated))
+        effective = self.config.topic(topic.name, topic.configs)
         return {
             "name": topic.name,
             "topic_id": topic.topic_id,
             "replication_factor": topic.replication_factor,
             "replicas": [node, *(r for r in topic.replicas if r != node)],
-            "min_insync_replicas": self.config.topic(topic.name, topic.configs).min_insync_replicas,
+            "min_insync_replicas": effective.min_insync_replicas,
             "configs": self._effective_overrides(topic),
-            "max_message_bytes": self.partitions[(topic.name, 0)].spec.log_config.max_message_bytes,
+            "max_message_bytes": effective.max_message_bytes,
             "partitions": partitions,
         }
+
+    def _unserved_json(self, topic: TopicMetadata, partition: int, node: int) -> dict[str, Any]:
+        """A partition of a recorded topic that has no writer, state page or doorbell here: offline."""
+        names = self.supervisor.names
+        return {
+            "partition": partition, "state_page": names.state_page(topic.name, partition),
+            "doorbell": names.doorbell(topic.name, partition), "directory": topic.directory(partition),
+            "leader_epoch": -1, "log_start_offset": -1, "log_end_offset": -1, "high_watermark": -1,
+            "leader": node, "isr": [node], "writer_pid": 0,
+            "offline": f"partition {topic.name}-{partition} is not served (see the supervisor's log)",
+        }  # fmt: skip
 
     @staticmethod
     def _partition_json(part: Partition, node: int, now_ms: int, replicated: bool) -> dict[str, Any]:

@@ -21,6 +21,16 @@ assigns ``[0, 1, 2]``).  Every partition of the topic has the same replicas, and
 replica keeps the same file in its own first log dir, copied from the leader's metadata, so it can be
 promoted.  ``replicas`` is absent for a topic of factor 1 (held by whichever node serves it).
 
+**Deletions in progress.**  A topic being deleted is first moved from ``"topics"`` to ``"deleting"``
+(:meth:`MetadataStore.mark_deleting`), then, once its directories are gone, forgotten
+(:meth:`MetadataStore.forget_deleted`); the steps between are ``appliance.server.topic_changes``.  A name
+marked for deletion cannot be created again until the deletion finished.
+
+**A full disk.**  Every rewrite goes through the meta directory's reserve (``appliance.server.meta_reserve``,
+when the store is given one): a write that fails for lack of space releases the reserve and is tried again,
+so a full disk never makes a deletion impossible.  A change whose write fails is undone in memory: the table
+always equals the file.
+
 **Placement.**  A new partition goes to the log dir holding the fewest partitions (Kafka's rule), ties to the
 earlier dir.  A partition whose recorded dir is no longer in ``log.dirs`` is looked for in the others, by its
 directory name ``<topic>-<partition>``.
@@ -35,16 +45,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from appliance.config.server_config import check_topic_name
+from appliance.config.server_config import check_new_topic_name
 from appliance.config.topic_metadata import (
     MAX_PARTITIONS,
     VERSION,
     TopicMetadata,
     partition_directory,
+    read_pending_deletes,
     read_topics,
     topics_path,
 )
-from storage.atomic_file import write_atomically
+from appliance.server.faults import ControlFaults
+from appliance.server.meta_reserve import MetaReserve
+from storage.atomic_file import TMP_SUFFIX, write_atomically
 from storage.errors import ConfigError, TopicExistsError, UnknownTopicOrPartitionError
 
 __all__ = ["MetadataStore"]
@@ -53,17 +66,24 @@ __all__ = ["MetadataStore"]
 class MetadataStore:
     """The supervisor's topic table, persisted on every change.  Not thread-safe; one process writes it."""
 
-    def __init__(self, path: Path, log_dirs: tuple[str, ...], topics: dict[str, TopicMetadata]) -> None:
+    def __init__(self, path: Path, log_dirs: tuple[str, ...], topics: dict[str, TopicMetadata],
+                 deleting: dict[str, TopicMetadata] | None = None, *, reserve: MetaReserve | None = None,
+                 faults: ControlFaults | None = None) -> None:  # fmt: skip
         self.path = path
         self.log_dirs = log_dirs
         self._topics = topics
+        self._deleting = dict(deleting or {})
+        self.reserve = reserve
+        self.faults = faults or ControlFaults()
 
     @classmethod
-    def open(cls, log_dirs: Iterable[str]) -> MetadataStore:
+    def open(cls, log_dirs: Iterable[str], *, reserve: bool = False,
+             faults: ControlFaults | None = None) -> MetadataStore:  # fmt: skip
         """Load (or start) the store of an appliance with these ``log.dirs``; creates ``<first>/meta``.
 
         Partitions whose recorded log dir left ``log.dirs`` are relocated to where their directory is found
-        (or to the emptiest dir) and the file is rewritten.
+        (or to the emptiest dir) and the file is rewritten.  ``reserve``: keep the meta directory's
+        reserve (``appliance.server.meta_reserve``) and write through it.
         """
         dirs = tuple(os.path.abspath(d) for d in log_dirs)
         if not dirs:
@@ -73,7 +93,11 @@ class MetadataStore:
         stale = path.with_name(path.name + ".tmp")
         if stale.exists():
             stale.unlink()  # a crash during a write: the previous version is intact
-        store = cls(path, dirs, read_topics(path))
+        ballast = None
+        if reserve:
+            ballast = MetaReserve(path.parent, path)
+            ballast.ensure()
+        store = cls(path, dirs, read_topics(path), read_pending_deletes(path), reserve=ballast, faults=faults)
         if store._relocate():
             store._save()
         return store
@@ -84,6 +108,11 @@ class MetadataStore:
     def topics(self) -> dict[str, TopicMetadata]:
         """A copy of the table, by name, in creation order."""
         return dict(self._topics)
+
+    @property
+    def deleting(self) -> dict[str, TopicMetadata]:
+        """A copy of the topics marked for deletion whose deletion has not finished."""
+        return dict(self._deleting)
 
     def get(self, name: str) -> TopicMetadata:
         topic = self._topics.get(name)
@@ -108,18 +137,26 @@ class MetadataStore:
         *,
         replicas: tuple[int, ...] = (),
         topic_id: str | None = None,
+        internal: bool = False,
     ) -> TopicMetadata:
         """Record a new topic and place its partitions; the caller has validated ``configs``.
 
         ``replicas`` lists the node ids holding a copy (replication factor > 1; :func:`assign_replicas`);
         ``topic_id`` keeps an id given elsewhere (a replica copying its leader's topic), else a new UUID.
+        ``internal``: the name may begin with ``__`` (``check_new_topic_name``: the appliance's own topics,
+        or a replica's copy of its leader's topics).
 
-        Raises TopicExistsError, or ConfigError for a bad name or count.  Directories are not created here
+        Raises TopicExistsError (also while the name is marked for deletion), or ConfigError for a bad name
+        or count.  Directories are not created here
         (the log creates its own when first opened).
         """
-        reason = check_topic_name(name)
+        reason = check_new_topic_name(name, internal=internal)
         if reason:
             raise ConfigError(f"topic {name!r}: {reason}")
+        if name in self._deleting:
+            raise TopicExistsError(f"topic {name!r} is marked for deletion and its deletion has not finished "
+                                   "(the supervisor retries it every second; its log says why it failed); "
+                                   "create it again once it is gone")
         if name in self._topics:
             raise TopicExistsError(
                 f"topic {name!r} already exists ({self._topics[name].partitions} partitions)"
@@ -156,7 +193,8 @@ class MetadataStore:
         return topic
 
     def delete_topic(self, name: str) -> TopicMetadata:
-        """Forget a topic (the caller removes its directories); UnknownTopicOrPartitionError if none."""
+        """Forget a topic at once (the caller removes its directories); UnknownTopicOrPartitionError if
+        none.  (A replica forgetting its copy; the supervisor deletes through :meth:`mark_deleting`.)"""
         topic = self.get(name)
         del self._topics[name]
         try:
@@ -166,11 +204,35 @@ class MetadataStore:
             raise
         return topic
 
+    def mark_deleting(self, name: str) -> TopicMetadata:
+        """Move a topic to the deletions in progress (the commit point of a deletion); if the write fails,
+        nothing changed.  UnknownTopicOrPartitionError if there is no such topic."""
+        topic = self.get(name)
+        del self._topics[name]
+        self._deleting[name] = topic
+        try:
+            self._save()
+        except BaseException:
+            del self._deleting[name]
+            self._topics[name] = topic
+            raise
+        return topic
+
+    def forget_deleted(self, name: str) -> None:
+        """The deletion of ``name`` finished (its directories are gone): forget it.  If the write fails,
+        the topic stays marked (and is forgotten by a later call)."""
+        topic = self._deleting.pop(name)
+        try:
+            self._save()
+        except BaseException:
+            self._deleting[name] = topic
+            raise
+
     # -- internals -----------------------------------------------------------------------------------------
 
     def _colliding(self, name: str) -> str | None:
         folded = name.replace(".", "_")
-        for other in self._topics:
+        for other in (*self._topics, *self._deleting):
             if other.replace(".", "_") == folded:
                 return other
         return None
@@ -210,9 +272,19 @@ class MetadataStore:
         return changed
 
     def _save(self) -> None:
-        document = {
+        document: dict[str, Any] = {
             "version": VERSION,
             "topics": {name: topic.to_json() for name, topic in self._topics.items()},
         }
+        if self._deleting:
+            document["deleting"] = {name: topic.to_json() for name, topic in self._deleting.items()}
         data = (json.dumps(document, indent=2, sort_keys=False) + "\n").encode()
-        write_atomically(self.path, data, mode=0o600)
+
+        def write() -> None:
+            self.faults.hit("metadata.write")
+            write_atomically(self.path, data, mode=0o600)
+
+        if self.reserve is None:
+            write()
+        else:
+            self.reserve.write(write, f"writing {self.path}", tmp=f"{self.path}{TMP_SUFFIX}")

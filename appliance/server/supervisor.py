@@ -9,7 +9,9 @@ Start-up, in this order (each step needs the previous one)::
        a second appliance on the same data dir, or with the same instance id, stops here
        (``appliance.server.instance``)
     3. reclaim the instance's shared memory a crashed run left (ipc.shm.reclaim)
-    4. open the topic metadata store; create the configured topics that are missing
+    4. the cluster id (created at a node's first start: ``appliance.config.cluster_id``); open the topic
+       metadata store; finish the topic deletions a failure or crash interrupted
+       (``appliance.server.topic_changes``); create the configured topics that are missing
     5. recover every partition log (storage Log.open: torn tails cut, indexes rebuilt) and close it cleanly
        (``appliance.server.partitions``)
     6. load the numba kernels (ipc.ring.warm_up), so the forked writers share them
@@ -22,7 +24,9 @@ Start-up, in this order (each step needs the previous one)::
 Then it serves the control socket (``appliance.server.control_ops``), restarts a child that dies (a writer
 recovers its log as it opens it; the supervisor logs the exit status or signal and backs off when a child
 keeps dying), kills a writer whose heartbeat stopped for :data:`WRITER_STALL_S` (it is stuck) and restarts
-it, pings the systemd watchdog, and updates ``STATUS=``.
+it, pings the systemd watchdog, updates ``STATUS=``, and every second retries the topic deletions that have
+not finished and re-creates the meta directory's reserve if a full disk took it
+(``appliance.server.meta_reserve``).
 
 Who writes what: the supervisor owns the topic metadata, producer id allocation, the rings' existence
 (create/unlink: ``appliance.server.rings``) and each state page's leader epoch; each writer owns its
@@ -52,6 +56,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from appliance.config.cluster_id import ensure_cluster_id, meta_properties_path
 from appliance.config.server_config import Config
 from appliance.config.topic_metadata import META_DIR, TopicMetadata, assign_replicas
 from appliance.server import sdnotify
@@ -65,11 +70,13 @@ from appliance.server.children import (
     unique_memory_bytes,
 )
 from appliance.server.control_ops import ControlOps, check_replication_factor
+from appliance.server.faults import ControlFaults
 from appliance.server.instance import instance_lock_path, lock_file, lock_log_dirs, shm_names_for
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition, recover_partition
 from appliance.server.proctitle import set_proctitle
 from appliance.server.rings import RingTable
+from appliance.server.topic_changes import TopicChanges
 from appliance.server.writer import writer_main
 from ipc.control_server import ControlServer
 from ipc.ring import warm_up
@@ -88,6 +95,7 @@ _PRODUCER_ID_FILE: Final = "producer-ids"
 _STATUS_INTERVAL_S: Final = 5.0
 _MEMORY_REPORT_AFTER_S: Final = 2.0
 _MEMORY_INTERVAL_S: Final = 30.0
+_PENDING_INTERVAL_S: Final = 1.0  # unfinished deletions and a missing metadata reserve: retried this often
 
 _log = logging.getLogger("appliance.supervisor")
 
@@ -105,6 +113,8 @@ class Supervisor:
         self._instance_locked = False
         self._instance_lock_path = instance_lock_path(self.names)
         self._store: MetadataStore | None = None
+        self._changes: TopicChanges | None = None
+        self._next_pending_s = 0.0
         self._allocator: ProducerIdBlockAllocator | None = None
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._rings = RingTable(self.names, self.permissions, config.ring_bytes)
@@ -194,9 +204,17 @@ class Supervisor:
     def _open_metadata(self) -> None:
         """Open the topic metadata, create the configured topics that are missing, open the producer ids."""
         config = self.config
-        store = self._store = MetadataStore.open(config.log_dirs)
+        cluster_id = ensure_cluster_id(config.log_dirs, config.instance_id)
+        _log.info("cluster id %s (%s)", cluster_id, meta_properties_path(config.log_dirs))
+        faults = ControlFaults(config.test_faults)
+        store = self._store = MetadataStore.open(config.log_dirs, reserve=True, faults=faults)
+        self._changes = TopicChanges(self, store, faults)
+        self._changes.finish_pending()
         for name, declared in config.topics.items():
-            if name not in store:
+            if name in store.deleting:
+                _log.error("configured topic %s is not created: its earlier deletion has not finished yet "
+                           "(see above); it is created at the next start after it finished", name)
+            elif name not in store:
                 check_replication_factor(name, declared.replication_factor)
                 replicas = assign_replicas(config.node_id, declared.replication_factor)
                 store.create_topic(name, declared.partitions, declared.replication_factor, replicas=replicas)
@@ -256,7 +274,8 @@ class Supervisor:
 
     def _bind_control_socket(self) -> None:
         assert self._selector is not None and self._store is not None and self._allocator is not None
-        ops = ControlOps(self, self._store, self._allocator, self._partitions, self._rings)
+        assert self._changes is not None
+        ops = ControlOps(self, self._store, self._allocator, self._partitions, self._rings, self._changes)
         self._control = ControlServer.bind(
             self.config.control_socket, self._selector, ops.handle,
             permissions=self.permissions, backlog=128, log=_log, on_close=ops.connection_closed,
@@ -264,19 +283,20 @@ class Supervisor:
 
     # -- what the control operations ask of it ------------------------------------------------------------
 
-    def start_partitions(self, topic: TopicMetadata) -> None:
-        """Recover each partition of a new topic and start its writer."""
-        for p in range(topic.partitions):
-            self._spawn_writer(self._prepare_partition(topic, p))
+    def start_partition(self, topic: TopicMetadata, partition: int) -> None:
+        """Recover one partition of a new topic and start its writer."""
+        self._spawn_writer(self._prepare_partition(topic, partition))
 
-    def stop_partitions(self, topic: TopicMetadata) -> list[Partition]:
-        """Stop the writers of a topic being deleted; unlink its rings, state pages and doorbells."""
-        parts = [self._partitions.pop((topic.name, p)) for p in range(topic.partitions)]
+    def stop_partitions(self, topic: TopicMetadata) -> None:
+        """Stop the writers of those of the topic's partitions served here; unlink their rings, state pages
+        and doorbells.  A partition not served (any more) is skipped, so a deletion may repeat this."""
+        keys = [(topic.name, p) for p in range(topic.partitions) if (topic.name, p) in self._partitions]
+        parts = [self._partitions[key] for key in keys]
         self._stop_writers(parts, self.config.shutdown_timeout_ms)
-        for part in parts:
+        for key, part in zip(keys, parts, strict=True):
             self._rings.drop_partition(part)
             part.release()
-        return parts
+            del self._partitions[key]
 
     def children(self) -> list[Child]:
         """Every child: the writers, then the extra children."""
@@ -481,6 +501,17 @@ class Supervisor:
         if now >= self._next_heartbeat_check_s:
             self._next_heartbeat_check_s = now + min(1.0, WRITER_STALL_S / 4)
             self._check_heartbeats()
+        if now >= self._next_pending_s:
+            self._next_pending_s = now + _PENDING_INTERVAL_S
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        """Retry unfinished topic deletions; re-create the metadata reserve a full disk took."""
+        if self._changes is not None and self._changes.pending:
+            self._changes.finish_pending()
+        reserve = self._store.reserve if self._store is not None else None
+        if reserve is not None and not reserve.complete:
+            reserve.ensure()
 
     def _check_heartbeats(self) -> None:
         """Kill (once) a writer that claimed its state page but stopped beating: it is stuck."""

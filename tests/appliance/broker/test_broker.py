@@ -134,6 +134,8 @@ def standalone(tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[Standa
         TOPIC: TopicMeta(TOPIC, 2),
         "nodir": TopicMeta("nodir", 1),  # exists, but no log here yet
         "elsewhere": TopicMeta("elsewhere", 1, replicas={0: (7, 0)}),  # led by node 7
+        # the supervisor could not describe it
+        "broken": TopicMeta("broken", 0, error=ErrorCode.LEADER_NOT_AVAILABLE, error_message="bad"),
     }
     log_path = str(tmp_path / "broker.log")
     parent, child = multiprocessing.get_context("fork").Pipe()
@@ -228,7 +230,9 @@ def test_metadata_names_this_broker_topics_partitions_leaders_and_errors(standal
         assert [(b.node_id, b.host, b.port) for b in response.brokers] == [(0, host, port)]
         assert response.controller_id == 0
         topics = {t.name: t for t in response.topics}
-        assert set(topics) == {TOPIC, "nodir", "elsewhere"}
+        assert set(topics) == {TOPIC, "nodir", "elsewhere", "broken"}
+        broken = topics["broken"]
+        assert (broken.error_code, broken.partitions) == (ErrorCode.LEADER_NOT_AVAILABLE, [])
         events = topics[TOPIC]
         assert events.error_code == 0
         assert [
@@ -250,6 +254,10 @@ def test_metadata_names_this_broker_topics_partitions_leaders_and_errors(standal
     response = client.call(ApiKey.METADATA, 8, MetadataRequest(topics=[MetadataRequestTopic("fresh")]))
     assert response.topics[0].error_code == ErrorCode.POLICY_VIOLATION
     assert client.call(ApiKey.METADATA, 8, MetadataRequest(topics=[])).topics == []
+    assert "metadata: topic broken: LEADER_NOT_AVAILABLE: bad" in standalone.log_text()
+    # a name in the internal namespace is not auto-created (not even asked of the metadata owner)
+    response = client.call(ApiKey.METADATA, 8, MetadataRequest(topics=[MetadataRequestTopic("__offsets")]))
+    assert response.topics[0].error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
 # -- Fetch -----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from appliance.config.listeners import Listener, parse_listener
 from appliance.config.server_config import (
     Config,
     ConfigError,
+    check_new_topic_name,
     check_topic_name,
     config_from_mapping,
     load_config,
@@ -61,6 +62,7 @@ def test_defaults_with_no_file_are_kafkas(in_tmp: pathlib.Path) -> None:
         "delete_topic_enable": True, "max_message_bytes": 1048588, "message_timestamp_type": "CreateTime",
         "cleanup_policy": ("delete",), "ring_bytes": 16 * 1024 * 1024, "shm_group": None, "shm_gid": None,
         "replica_dirs": (), "replica_leader": None, "cluster_secret_file": None, "log_level": "INFO",
+        "test_faults": (),
     }
     assert {name: getattr(config, name) for name in expected} == expected
     assert config.broker_id == 0
@@ -73,11 +75,11 @@ def test_defaults_with_no_file_are_kafkas(in_tmp: pathlib.Path) -> None:
 
 
 def test_a_config_pickles_for_child_processes(tmp_path: pathlib.Path) -> None:
-    path = write(tmp_path / "p.toml", '[topics.orders]\npartitions = 3\n"cleanup.policy" = "compact"\n')
+    path = write(tmp_path / "p.toml", '[topics.orders]\npartitions = 3\n"cleanup.policy" = "delete"\n')
     config = load_config(path)
     copy = pickle.loads(pickle.dumps(config))
     assert copy == config
-    assert copy.topics["orders"].overrides == {"partitions": 3, "cleanup.policy": ("compact",)}
+    assert copy.topics["orders"].overrides == {"partitions": 3, "cleanup.policy": ("delete",)}
     with pytest.raises(TypeError):
         config.topics["x"] = config.topics["orders"]  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -337,7 +339,7 @@ def test_topics_tables(tmp_path: pathlib.Path) -> None:
 partitions = 12
 "replication.factor" = 1
 "retention.ms" = 5000
-"cleanup.policy" = "compact,delete"
+"cleanup.policy" = "delete"
 [topics."logs.v1"]
 segment.bytes = 1048576
 [topics.plain]
@@ -346,7 +348,7 @@ segment.bytes = 1048576
     assert list(config.topics) == ["orders", "logs.v1", "plain"]
     orders = config.topics["orders"]
     assert (orders.partitions, orders.replication_factor, orders.retention_ms) == (12, 1, 5000)
-    assert orders.cleanup_policy == ("delete", "compact")
+    assert orders.cleanup_policy == ("delete",)
     assert orders.segment_bytes == config.segment_bytes  # inherited
     logs = config.topic("logs.v1")
     assert (logs.partitions, logs.segment_bytes, logs.retention_ms) == (3, 1048576, 1000)
@@ -489,7 +491,7 @@ _values = st.fixed_dictionaries(
         "flush.messages": st.integers(1, 2**63 - 1),
         "auto.create.topics.enable": st.booleans(),
         "message.timestamp.type": st.sampled_from(["CreateTime", "logappendtime"]),
-        "cleanup.policy": st.sampled_from(["delete", "compact", "compact,delete", ["compact", "delete"]]),
+        "cleanup.policy": st.sampled_from(["delete", ["delete"], "delete,delete"]),
         "listeners": st.sampled_from(["PLAINTEXT://127.0.0.1:0", "PLAINTEXT://[::1]:9092,SSL://:9093"]),
         "appliance.ring.bytes": st.integers(16, 4096).map(lambda pages: pages * 4096),
         "appliance.replica.leader": st.sampled_from(["", "127.0.0.1:9092", "[::1]:1"]),
@@ -526,3 +528,22 @@ def test_every_setting_and_alias_is_documented() -> None:
     for setting in (*SETTINGS, *TOPIC_SETTINGS):
         for name in (setting.name, *(alias for alias, _ in setting.aliases)):
             assert f"`{name}`" in doc, name
+
+
+@pytest.mark.parametrize("policy", ["compact", "compact,delete", '["delete", "compact"]'])
+def test_compaction_is_refused_until_it_is_built(tmp_path: pathlib.Path, policy: str) -> None:
+    value = policy if policy.startswith("[") else f'"{policy}"'
+    for text in (f'"cleanup.policy" = {value}\n', f'[topics.orders]\n"cleanup.policy" = {value}\n',
+                 f'"log.cleanup.policy" = {value}\n'):
+        with pytest.raises(ConfigError, match="compaction is not built yet"):
+            load_config(write(tmp_path / "c.toml", text))
+    with pytest.raises(ConfigError, match="compaction is not built yet"):
+        load_config().topic("orders", {"cleanup.policy": policy.strip('[]"').replace('", "', ",")})
+
+
+def test_internal_topic_names_are_refused_in_the_file(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ConfigError, match="reserved for the appliance's internal topics"):
+        load_config(write(tmp_path / "i.toml", "[topics.__consumer_offsets]\npartitions = 1\n"))
+    assert check_new_topic_name("__x") is not None
+    assert check_new_topic_name("__x", internal=True) is None
+    assert check_new_topic_name("a__x") is None

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from appliance.config.topic_metadata import read_topics
+from appliance.server.faults import ControlFaults
 from appliance.server.metadata import MetadataStore
 from storage.errors import ConfigError, CorruptRecordError, TopicExistsError, UnknownTopicOrPartitionError
 
@@ -131,3 +132,37 @@ def test_trailing_garbage_and_a_stale_temporary_file(tmp_path: Path) -> None:
     path.write_bytes(good + b"}")
     with pytest.raises(CorruptRecordError, match="not valid JSON"):
         read_topics(path)
+
+
+def test_a_deletion_in_progress_is_recorded_apart_and_blocks_the_name(tmp_path: Path) -> None:
+    store = MetadataStore.open([str(tmp_path)])
+    store.create_topic("keep", 1, 1)
+    store.create_topic("gone", 2, 1)
+    store.mark_deleting("gone")
+    assert list(read_topics(store.path)) == ["keep"]  # every reader sees it gone
+    reopened = MetadataStore.open([str(tmp_path)])
+    assert list(reopened.topics) == ["keep"] and list(reopened.deleting) == ["gone"]
+    with pytest.raises(TopicExistsError, match="marked for deletion"):
+        reopened.create_topic("gone", 1, 1)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        reopened.get("gone")
+    reopened.forget_deleted("gone")
+    assert MetadataStore.open([str(tmp_path)]).deleting == {}
+    reopened.create_topic("gone", 1, 1)
+
+
+def test_a_failed_write_changes_nothing_and_the_reserve_makes_room(tmp_path: Path) -> None:
+    store = MetadataStore.open([str(tmp_path)], reserve=True, faults=ControlFaults(["metadata.write:2"]))
+    reserve = tmp_path / "meta" / ".reserve"
+    assert reserve.stat().st_size >= 256 * 1024
+    with pytest.raises(OSError, match="ENOSPC"):  # fails twice: before and after the reserve is released
+        store.create_topic("t", 1, 1)
+    assert "t" not in store and read_topics(store.path) == {}
+    assert not list(store.path.parent.glob("*.tmp"))
+    assert reserve.stat().st_size >= 256 * 1024  # made again at once: the disk is not really full
+    store.faults = ControlFaults(["metadata.write:1"])
+    store.create_topic("t", 1, 1)  # the first write fails, the second (after the release) succeeds
+    assert list(read_topics(store.path)) == ["t"]
+    with pytest.raises(ConfigError, match="reserved for the appliance's internal topics"):
+        store.create_topic("__t", 1, 1)
+    store.create_topic("__t", 1, 1, internal=True)

@@ -1,0 +1,79 @@
+"""Named fault points in the supervisor's control operations, armed by a test-only setting.
+
+Theory of operation
+-------------------
+A control operation that changes several things (the metadata file, the partition table, the directories)
+calls :meth:`ControlFaults.hit` between its steps with the step's name.  In production nothing is armed and
+``hit`` returns at once.  A test arms points with ``appliance.test.faults`` (``--override
+'appliance.test.faults=["delete.stopped"]'``): each entry is ``NAME`` (fire once) or ``NAME:COUNT`` (fire
+that many times); an armed point raises :class:`InjectedFault`, an ``OSError`` as the file system would
+raise, so the operation meets exactly the error a full or failing disk gives at that step and takes the
+path a real failure takes.  A point that has fired its count is spent: a retry then succeeds.
+
+The points (:data:`FAULT_POINTS`):
+
+======================= =======================================================================
+``metadata.write``      a write of the topic metadata file (ENOSPC: the disk is full)
+``create.recorded``     create: the topic is in the metadata file, no partition started yet
+``create.partition``    create: one partition is served, the others are not
+``delete.recorded``     delete: the topic is marked for deletion, its writers still run
+``delete.stopped``      delete: the writers stopped, the directories are still there
+``delete.removed``      delete: the directories are gone, the metadata file still has the mark
+======================= =======================================================================
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Iterable
+from typing import Final
+
+from storage.errors import ConfigError
+
+__all__ = ["FAULT_POINTS", "ControlFaults", "InjectedFault"]
+
+FAULT_POINTS: Final = frozenset({
+    "metadata.write",
+    "create.recorded",
+    "create.partition",
+    "delete.recorded",
+    "delete.stopped",
+    "delete.removed",
+})  # fmt: skip
+
+_ERRNO: Final = {"metadata.write": errno.ENOSPC}  # others: EIO
+
+_log = logging.getLogger("appliance.supervisor")
+
+
+class InjectedFault(OSError):
+    """An armed fault point fired (tests only): handled like the file system error it imitates."""
+
+
+class ControlFaults:
+    """The armed fault points and how many times each still fires."""
+
+    def __init__(self, armed: Iterable[str] = ()) -> None:
+        self._remaining: dict[str, int] = {}
+        for entry in armed:
+            name, _, count = entry.partition(":")
+            if name not in FAULT_POINTS:
+                raise ConfigError(f"appliance.test.faults: unknown fault point {name!r}; known: "
+                                  f"{sorted(FAULT_POINTS)}")  # fmt: skip
+            try:
+                times = int(count) if count else 1
+            except ValueError:
+                raise ConfigError(f"appliance.test.faults: {entry!r}: expected NAME or NAME:COUNT") from None
+            self._remaining[name] = self._remaining.get(name, 0) + times
+        if self._remaining:
+            _log.warning("test fault points armed: %s", self._remaining)
+
+    def hit(self, point: str) -> None:
+        """Raise :class:`InjectedFault` if ``point`` is armed (and count one firing); else nothing."""
+        left = self._remaining.get(point, 0)
+        if left <= 0:
+            return
+        self._remaining[point] = left - 1
+        code = _ERRNO.get(point, errno.EIO)
+        raise InjectedFault(code, f"{errno.errorcode[code]} at test fault point {point}")
