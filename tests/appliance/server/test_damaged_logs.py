@@ -268,6 +268,7 @@ def _offline_answers(serve: Appliance) -> None:
 
 def _local_clients_refuse(serve: Appliance) -> None:
     from appliance.client.consumer import Consumer
+    from appliance.client.producer import Producer
 
     client = serve.client()
     try:
@@ -276,6 +277,14 @@ def _local_clients_refuse(serve: Appliance) -> None:
         client.attach(TOPIC, 0)  # the others attach as before
     finally:
         client.close()
+    producer = Producer({"appliance.control.socket": str(serve.socket_path), "linger.ms": 0})
+    try:
+        with pytest.raises(PartitionOfflineError, match="partition t-1 is offline"):
+            producer.send(TOPIC, b"refused", partition=1).get(10)
+        producer.send(TOPIC, b"taken", partition=0).get(10)
+        producer.flush(10)
+    finally:
+        producer.close()
     consumer = Consumer({"log.dirs": str(serve.data)})
     try:
         with pytest.raises(PartitionOfflineError, match="partition t-1 is offline"):
