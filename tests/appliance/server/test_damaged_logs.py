@@ -190,23 +190,28 @@ def test_start_up_repairs_a_damaged_tail_or_index_after_a_clean_stop(serve: Appl
         wire.close()
 
 
-def _corrupt_a_middle_batch(serve: Appliance) -> tuple[Path, int, bytes]:
-    """Flip a byte inside a batch in the middle of partition 1's active segment; returns the file, the
-    batch's position and the file's bytes before the flip."""
-    active = _segments(serve)[-1]
-    data = active.read_bytes()
-    positions = _batch_positions(data)
-    position, size = positions[len(positions) // 2]
-    damaged = bytearray(data)
-    damaged[position + size - 20] ^= 0xFF  # a record byte: the CRC no longer matches
-    active.write_bytes(bytes(damaged))
-    return active, position, data
+def _corrupt(segment: Path, which: int, *, header: bool) -> int:
+    """Flip a byte of batch ``which`` of the segment file: its magic (``header``) or one of its records (its
+    CRC no longer matches); returns the batch's position."""
+    data = bytearray(segment.read_bytes())
+    position, size = _batch_positions(bytes(data))[which]
+    data[position + 16 if header else position + size - 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return position
 
 
-def test_corruption_takes_one_partition_offline_until_repaired(serve: Appliance) -> None:
+@pytest.mark.parametrize("case", ["crash, a record in the active segment",
+                                  "clean stop, a header in a closed segment"])
+def test_corruption_takes_one_partition_offline_until_repaired(serve: Appliance, case: str) -> None:
     acked = _fill(serve)
-    serve.kill_tree()  # a crash: the next start checks the logs from the recovery point
-    active, position, _ = _corrupt_a_middle_batch(serve)
+    if case.startswith("crash"):
+        serve.kill_tree()  # the next start checks the logs from the recovery point
+        active = _segments(serve)[-1]
+        position = _corrupt(active, len(_batch_positions(active.read_bytes())) // 2, header=False)
+    else:
+        assert serve.stop() == 0
+        active = _segments(serve)[0]  # its last batch, which its index names: the index check finds it
+        position = _corrupt(active, -1, header=True)
     damaged_bytes = active.read_bytes()
     serve.start()
     log = serve.log()
