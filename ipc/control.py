@@ -61,6 +61,7 @@ from ipc.wakeup import DEFAULT_SPIN_ITERATIONS
 from storage.errors import (
     ApplianceError,
     ConfigError,
+    PartitionOfflineError,
     ProtocolError,
     RequestTimeoutError,
     TopicExistsError,
@@ -168,6 +169,10 @@ class _TopicExists(TopicExistsError, ControlError):
     pass
 
 
+class _Offline(PartitionOfflineError, ControlError):
+    pass
+
+
 _CONFIG_ERRORS = frozenset(
     {
         ErrorCode.INVALID_TOPIC_EXCEPTION.name,
@@ -184,7 +189,8 @@ def raise_for_error(response: Mapping[str, Any]) -> None:
     """Raise the exception a failed response stands for (nothing for ``"ok": true``).
 
     UNKNOWN_TOPIC_OR_PARTITION raises an :class:`UnknownTopicOrPartitionError`, TOPIC_ALREADY_EXISTS a
-    :class:`appliance.server.metadata.TopicExistsError`, invalid requests a :class:`ConfigError`; all of them
+    :class:`appliance.server.metadata.TopicExistsError`, invalid requests a :class:`ConfigError`,
+    KAFKA_STORAGE_ERROR (``attach`` to an offline partition) a :class:`PartitionOfflineError`; all of them
     are also :class:`ControlError` carrying the error name and code. """
     if response.get("ok") is True:
         return
@@ -198,6 +204,8 @@ def raise_for_error(response: Mapping[str, Any]) -> None:
         raise _TopicExists(message, name, code)
     if name in _CONFIG_ERRORS:
         raise _BadConfig(message, name, code)
+    if name == ErrorCode.KAFKA_STORAGE_ERROR.name:
+        raise _Offline(message, name, code)
     raise ControlError(message, name, code)
 
 

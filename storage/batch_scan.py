@@ -20,7 +20,9 @@ no Python runs per byte and little runs per batch:
    timestamp grew.
 
 The first batch that fails (1)-(6) or its CRC ends the valid prefix; :class:`SegmentScan` says where and
-why, and the caller (``storage.recovery``) decides whether that is a torn tail to cut or an error.
+why, and the caller (``storage.recovery``) decides whether that is a torn tail to cut or an error: it asks
+:func:`valid_batches_after` whether any valid batch follows the damage (every position after it is tried:
+:func:`next_candidate` in numba for the structure, then the CRC).
 """
 
 from __future__ import annotations
@@ -59,10 +61,13 @@ __all__ = [
     "FULL",
     "TRUNCATED",
     "BatchArrays",
+    "FoundBatch",
     "ScanError",
     "SegmentScan",
+    "next_candidate",
     "plan_index_entries",
     "scan_segment",
+    "valid_batches_after",
     "walk_batches",
 ]
 
@@ -364,3 +369,76 @@ def describe(path: str, error: ScanError) -> str:
 
 def raise_for(path: str, error: ScanError) -> None:
     raise CorruptRecordError(describe(path, error))
+
+
+# -- after an invalid batch: does anything valid follow? --------------------------------------------------
+
+
+@numba.njit(cache=True)
+def next_candidate(buf: np.ndarray, start: int, end: int, segment_base_offset: int) -> int:
+    """The first position at or after ``start`` where a batch passes the structural rules (1)-(6) on its
+    own (magic 2, a length inside the file, counts not negative, offsets inside the segment's range), or
+    -1.  The caller checks its CRC."""
+    pos = start
+    while pos + HEADER_SIZE <= end:
+        if buf[pos + MAGIC_OFFSET] == MAGIC:
+            size = _be(buf, pos + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD
+            if HEADER_SIZE <= size <= end - pos:
+                delta = _be(buf, pos + LAST_OFFSET_DELTA_OFFSET, 4)
+                base = _be(buf, pos + BASE_OFFSET_OFFSET, 8)
+                if (delta >= 0 and _be(buf, pos + RECORDS_COUNT_OFFSET, 4) >= 0
+                        and base >= segment_base_offset and base + delta - segment_base_offset <= _INT32_MAX):
+                    return pos
+        pos += 1
+    return -1
+
+
+class FoundBatch(NamedTuple):
+    """A valid batch found past damage: where it starts, its size and offsets."""
+
+    position: int
+    size: int
+    base_offset: int
+    last_offset: int
+
+
+def valid_batches_after(path: str, start: int, segment_base_offset: int, *,
+                        limit: int | None = None) -> list[FoundBatch]:
+    """The valid batches (structure and CRC-32C) at or after position ``start`` of the segment file, found
+    by trying every position (:func:`next_candidate`), in file order; at most ``limit`` of them.
+
+    Random bytes pass the structural rules rarely and the CRC practically never (one in 2**32), so a batch
+    found is one that was written there."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size - start < HEADER_SIZE:
+            return []
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    found: list[FoundBatch] = []
+    try:
+        view = memoryview(mm)
+        array = np.frombuffer(mm, dtype=np.uint8)
+        try:
+            pos = start
+            while limit is None or len(found) < limit:
+                pos = int(next_candidate(array, pos, size, segment_base_offset))
+                if pos < 0:
+                    break
+                length = int(_be(array, pos + BATCH_LENGTH_OFFSET, 4)) + LOG_OVERHEAD
+                stored = int(_be(array, pos + CRC_OFFSET, 4)) & 0xFFFFFFFF
+                if crc32c.crc32c(view[pos + ATTRIBUTES_OFFSET : pos + length]) != stored:
+                    pos += 1
+                    continue
+                base = int(_be(array, pos + BASE_OFFSET_OFFSET, 8))
+                delta = int(_be(array, pos + LAST_OFFSET_DELTA_OFFSET, 4))
+                found.append(FoundBatch(pos, length, base, base + delta))
+                pos += length
+        finally:
+            del array
+            view.release()
+    finally:
+        mm.close()
+    return found

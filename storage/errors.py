@@ -18,10 +18,12 @@ __all__ = [
     "ConfigError",
     "CorruptRecordError",
     "InvalidRecordError",
+    "LogCorruptionError",
     "LogLockedError",
     "NotEnoughReplicasError",
     "NotLeaderError",
     "OffsetOutOfRangeError",
+    "PartitionOfflineError",
     "ProtocolError",
     "RequestTimeoutError",
     "TopicExistsError",
@@ -43,6 +45,16 @@ class CorruptRecordError(ApplianceError):
     On a socket or ring: the sender's batch was rejected and nothing was appended; resend a valid batch.
     In a closed segment: the file is damaged; the message names the file, position and offsets.
     """
+
+
+class LogCorruptionError(CorruptRecordError):
+    """A partition log holds an invalid batch with valid batches after it: cutting the log there would drop
+    records that were acknowledged, so it does not open.  ``damage`` (``storage.log_damage.LogDamage``)
+    says where.  Restore the partition from a replica, or cut it by hand with ``appliance repair``."""
+
+    def __init__(self, message: str, damage: object) -> None:
+        super().__init__(message)
+        self.damage = damage
 
 
 class InvalidRecordError(CorruptRecordError):
@@ -92,6 +104,12 @@ class BrokerConnectionError(ApplianceError, ConnectionError):
 
 class ProtocolError(ApplianceError):
     """Bytes on a socket do not form a valid Kafka request or response.  The connection is closed."""
+
+
+class PartitionOfflineError(ApplianceError):
+    """The partition is offline: its log is damaged and the appliance did not open it (the message says
+    where).  Nothing can be produced to or read from it until a person repairs it (``appliance repair``)
+    and the appliance restarts."""
 
 
 class LogLockedError(ApplianceError):

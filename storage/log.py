@@ -67,10 +67,10 @@ from storage.append_plan import (
     walked_rows,
     writable_bytes,
 )
-from storage.atomic_file import write_atomically
 from storage.batch_header import LOG_OVERHEAD, BatchHeader, check_batch
 from storage.batch_scan import BatchArrays
 from storage.checkpoints import LeaderEpochCache
+from storage.clean_shutdown import CleanStop, write_clean_stop
 from storage.errors import InvalidRecordError, LogLockedError, OffsetOutOfRangeError
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LONG_MAX, LogConfig
@@ -207,7 +207,8 @@ class Log:
                         segment.flush()
                         segment.index_files_fsync()
                 self._set_recovery_point(self.log_end_offset)
-                write_atomically(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
+                marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+                write_clean_stop(marker, CleanStop.of(self.active_segment))
         finally:
             self._flusher.stop()
             for segment in self._segments:

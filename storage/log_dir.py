@@ -13,7 +13,8 @@ A partition ``<topic>-<partition>`` lives in one directory::
         log-start-offset-checkpoint       the first offset a reader may ask for
         00000000000001048576.snapshot     idempotent-producer state at that offset (storage.producer_snapshot)
         .lock                             flock()ed by the one writer; holds its pid
-        .clean-shutdown                   present only while the log is closed cleanly
+        .clean-shutdown                   only while the log is closed cleanly (storage.clean_shutdown)
+        .offline                          why the appliance did not open a damaged log (appliance repair)
 
 Files ending in ``.tmp`` are replacements a crash left half written (``storage.atomic_file``), and index
 files without their ``.log`` are left from a segment deletion a crash interrupted: the writer deletes both
@@ -27,7 +28,7 @@ import fcntl
 import os
 from typing import Final
 
-from storage.atomic_file import TMP_SUFFIX
+from storage.atomic_file import TMP_SUFFIX, write_atomically
 from storage.checkpoints import read_offset_checkpoint, write_offset_checkpoint
 from storage.errors import CorruptRecordError, LogLockedError
 from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name, segment_path
@@ -37,18 +38,22 @@ __all__ = [
     "LEADER_EPOCH_CHECKPOINT_FILE",
     "LOCK_FILE",
     "LOG_START_OFFSET_CHECKPOINT_FILE",
+    "OFFLINE_FILE",
     "RECOVERY_POINT_CHECKPOINT_FILE",
     "delete_segment_files",
     "list_segment_base_offsets",
     "lock_log_directory",
     "parse_topic_partition",
+    "read_offline_note",
     "read_partition_checkpoint",
     "remove_stray_files",
+    "write_offline_note",
     "write_partition_checkpoint",
 ]
 
 LOCK_FILE: Final = ".lock"
 CLEAN_SHUTDOWN_FILE: Final = ".clean-shutdown"
+OFFLINE_FILE: Final = ".offline"
 LEADER_EPOCH_CHECKPOINT_FILE: Final = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT_FILE: Final = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE: Final = "log-start-offset-checkpoint"
@@ -136,3 +141,23 @@ def write_partition_checkpoint(directory: str, name: str, topic_partition: tuple
 def _checkpoint_key(topic_partition: tuple[str, int]) -> tuple[str, int]:
     topic, partition = topic_partition
     return "_".join(topic.split()) or "_", partition
+
+
+def write_offline_note(directory: str, reason: str | None) -> None:
+    """Write (``reason``) or remove (None) the ``.offline`` note: why the log was not opened.  Readers of
+    the directory (local consumers) refuse an offline partition with that reason."""
+    path = os.path.join(directory, OFFLINE_FILE)
+    if reason is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    write_atomically(path, reason.encode() + b"\n")
+
+
+def read_offline_note(directory: str) -> str | None:
+    """The reason in the ``.offline`` note, or None when the partition is not marked offline."""
+    try:
+        with open(os.path.join(directory, OFFLINE_FILE), "rb") as f:
+            return f.read().decode(errors="replace").strip() or "its log is damaged"
+    except (FileNotFoundError, NotADirectoryError):
+        return None

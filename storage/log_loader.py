@@ -2,8 +2,8 @@
 
 :func:`load_log` is the writer's whole start-up, in this order:
 
-1. note whether ``.clean-shutdown`` is there (a clean close) and delete what a crash left behind
-   (``storage.log_dir.remove_stray_files``);
+1. read ``.clean-shutdown`` (a clean close: ``storage.clean_shutdown``) and delete what a crash left behind
+   (``storage.log_dir.remove_stray_files``); the close is trusted if the directory is as it recorded;
 2. read the leader-epoch cache and the recovery-point and log-start-offset checkpoints;
 3. delete segments wholly below the log start offset (a crash between moving the log start offset and
    deleting the files leaves them);
@@ -16,11 +16,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 from storage.atomic_file import fsync_directory
 from storage.checkpoints import LeaderEpochCache
+from storage.clean_shutdown import CleanStop, read_clean_stop
 from storage.log_config import LogConfig
 from storage.log_dir import (
     CLEAN_SHUTDOWN_FILE,
@@ -37,6 +39,8 @@ from storage.recovery import load_segments
 from storage.segment import LogSegment
 
 __all__ = ["LoadedLog", "load_log"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -55,12 +59,13 @@ def load_log(directory: str, config: LogConfig, topic_partition: tuple[str, int]
     recovered segments' structure without checking their CRCs."""
     tp = topic_partition
     clean_marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
-    clean = os.path.exists(clean_marker)
+    marker = read_clean_stop(clean_marker)
     remove_stray_files(directory)
     epochs = LeaderEpochCache.load(os.path.join(directory, LEADER_EPOCH_CHECKPOINT_FILE))
     recovery_point = read_partition_checkpoint(directory, RECOVERY_POINT_CHECKPOINT_FILE, tp) or 0
     log_start_offset = read_partition_checkpoint(directory, LOG_START_OFFSET_CHECKPOINT_FILE, tp) or 0
     bases = list_segment_base_offsets(directory)
+    clean = _trust_clean_stop(directory, marker, bases)
     while len(bases) > 1 and bases[1] <= log_start_offset:
         delete_segment_files(directory, bases.pop(0))
     if not bases:
@@ -80,7 +85,18 @@ def load_log(directory: str, config: LogConfig, topic_partition: tuple[str, int]
     epochs.truncate_from_start(log_start_offset)
     write_partition_checkpoint(directory, RECOVERY_POINT_CHECKPOINT_FILE, tp, log_end_offset)
     write_partition_checkpoint(directory, LOG_START_OFFSET_CHECKPOINT_FILE, tp, log_start_offset)
-    if clean:
+    if marker is not None:
         os.unlink(clean_marker)
         fsync_directory(directory)
     return LoadedLog(segments, log_start_offset, log_end_offset, epochs)
+
+
+def _trust_clean_stop(directory: str, marker: CleanStop | str | None, bases: list[int]) -> bool:
+    """Step 1's check: True if the marker is there and the directory is as the clean stop recorded it."""
+    if marker is None:
+        return False
+    problem = marker if isinstance(marker, str) else marker.check(directory, bases)
+    if problem is None:
+        return True
+    _log.warning("%s: not as the clean stop left it: %s; recovering it as after a crash", directory, problem)
+    return False

@@ -169,26 +169,31 @@ class LogSegment:
         batch: a corrupt one raises :class:`CorruptRecordError`).
         """
         segment = cls(directory, base_offset, config, writable=True)
-        segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
-        segment.size_bytes = os.fstat(segment.read_fd).st_size
-        indexes = segment._index_paths.open_checked(BatchHeaders(segment.read_fd, segment.size_bytes),
-                                                    next_offset_limit)
-        if isinstance(indexes, str):
-            problem = indexes
-            _log.warning("%s: rebuilding indexes: %s", segment.log_path, problem)
-            scan = scan_segment(segment.log_path, base_offset,
-                                index_interval_bytes=config.index_interval_bytes)
-            if scan.error is not None or scan.valid_bytes != segment.size_bytes:
-                segment.close()
-                assert scan.error is not None
-                raise CorruptRecordError(describe(segment.log_path, scan.error))
-            segment._adopt_scan(scan, closed=not active)
-        else:
-            segment.offset_index, segment.time_index = indexes
-            segment._restore_state_from_indexes()
-        if active:
-            segment.reopen_for_append()
+        try:
+            segment._load_trusted(active, next_offset_limit)
+        except BaseException:
+            segment.close()
+            raise
         return segment
+
+    def _load_trusted(self, active: bool, next_offset_limit: int | None) -> None:
+        self.read_fd = os.open(self.log_path, os.O_RDONLY)
+        self.size_bytes = os.fstat(self.read_fd).st_size
+        headers = BatchHeaders(self.read_fd, self.size_bytes)
+        indexes = self._index_paths.open_checked(headers, next_offset_limit)
+        if isinstance(indexes, str):
+            _log.warning("%s: rebuilding indexes: %s", self.log_path, indexes)
+            scan = scan_segment(self.log_path, self.base_offset,
+                                index_interval_bytes=self.config.index_interval_bytes)
+            if scan.error is not None or scan.valid_bytes != self.size_bytes:
+                assert scan.error is not None
+                raise CorruptRecordError(describe(self.log_path, scan.error))
+            self._adopt_scan(scan, closed=not active)
+        else:
+            self.offset_index, self.time_index = indexes
+            self._restore_state_from_indexes()
+        if active:
+            self.reopen_for_append()
 
     @classmethod
     def from_scan(cls, directory: str, base_offset: int, config: LogConfig, scan: SegmentScan, *,
@@ -233,7 +238,7 @@ class LogSegment:
         if position != self.size_bytes:
             raise CorruptRecordError(
                 f"{self.log_path}: batch headers end at position {position} but the file has "
-                f"{self.size_bytes} bytes (run recovery)"
+                f"{self.size_bytes} bytes"
             )
         self.next_offset = next_offset
         last_time = self.time_index.last_entry()

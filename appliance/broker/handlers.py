@@ -255,7 +255,10 @@ def _partition_metadata(ctx: BrokerContext, meta: TopicMeta, index: int) -> Meta
     leader = table.leader(meta, index)
     code = ErrorCode.NONE
     epoch = 0
-    if leader == ctx.node_id:
+    offline_replicas: list[int] = []
+    if index in meta.offline:  # as Kafka lists a partition whose leader's log dir is offline
+        code, offline_replicas, leader = ErrorCode.LEADER_NOT_AVAILABLE, [leader], -1
+    elif leader == ctx.node_id:
         handle, lookup_code = table.lookup(meta.name, index)
         if handle is None:
             code, leader = ErrorCode.LEADER_NOT_AVAILABLE, -1
@@ -269,7 +272,7 @@ def _partition_metadata(ctx: BrokerContext, meta: TopicMeta, index: int) -> Meta
         leader_epoch=epoch,
         replica_nodes=list(table.replicas(meta, index)),
         isr_nodes=list(_isr(ctx, meta, index)),
-        offline_replicas=[],
+        offline_replicas=offline_replicas,
     )
 
 

@@ -20,6 +20,10 @@ For each partition a request touches, the table opens a :class:`PartitionHandle`
 Reads are bounded by what the state page says, never by what the file holds: bytes past the high watermark
 may be on disk already and are still invisible to consumers.
 
+A partition the supervisor reports *offline* (``TopicMeta.offline``: its log is damaged and was not opened)
+gets no handle: every request for it is answered KAFKA_STORAGE_ERROR, as Kafka answers for a partition on
+an offline log directory.
+
 A handle that cannot be opened -- no directory yet, no state page yet (the supervisor is still creating the
 partition, or this appliance is not its leader) -- is not kept; the caller answers NOT_LEADER_OR_FOLLOWER
 (retriable: the client refreshes metadata and tries again) and the next request tries to open it again.
@@ -159,6 +163,7 @@ class PartitionTable:
                 new is None
                 or partition >= new.partitions
                 or (old is not None and old.topic_id != new.topic_id)
+                or partition in new.offline
             ):
                 handle.close()
                 del self._handles[key]
@@ -173,18 +178,25 @@ class PartitionTable:
     def leader(self, topic: TopicMeta, partition: int) -> int:
         return self.replicas(topic, partition)[0]
 
+    def offline_reason(self, topic: str, partition: int) -> str | None:
+        """Why the partition is offline (the supervisor did not open its damaged log), or None."""
+        meta = self.topics.get(topic)
+        return None if meta is None else meta.offline.get(partition)
+
     # -- handles ------------------------------------------------------------------------------------------
 
     def lookup(self, topic: str, partition: int) -> tuple[PartitionHandle | None, ErrorCode]:
         """The handle of a partition this broker leads, or None and the error code Kafka answers with:
         UNKNOWN_TOPIC_OR_PARTITION (no such topic or partition), NOT_LEADER_OR_FOLLOWER (led elsewhere, or
-        not ready here yet)."""
+        not ready here yet), KAFKA_STORAGE_ERROR (offline: its log is damaged, :meth:`offline_reason`)."""
         handle = self._handles.get((topic, partition))
         if handle is not None:
             return handle, ErrorCode.NONE
         meta = self.topics.get(topic)
         if meta is None or not 0 <= partition < meta.partitions:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if partition in meta.offline:
+            return None, ErrorCode.KAFKA_STORAGE_ERROR
         if self.leader(meta, partition) != self.node_id:
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         handle = self._open(meta, partition)

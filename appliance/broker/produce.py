@@ -181,7 +181,7 @@ class Produce:
             return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported"
         handle, code = self.ctx.lookup(topic, index)
         if handle is None:
-            return code, None
+            return code, self.ctx.table.offline_reason(topic, index)
         answer.log_start_offset = handle.page.log_start_offset
         if records is None or len(records) == 0:
             return ErrorCode.INVALID_RECORD, "no records"

@@ -22,6 +22,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "print the record batches of segment files, like kafka-dump-log",
     ),
     "produce": ("appliance.cli.produce:main", "send stdin lines as records, like kafka-console-producer"),
+    "repair": (
+        "appliance.cli.repair:main",
+        "cut a damaged partition log the appliance took offline at its first invalid batch",
+    ),
     "replica": ("appliance.cli.replica:main", "follow a leader: copy its replicated partitions to this node"),
     "replicas": ("appliance.cli.replica:replicas_main", "replication status, promote a replica to leader"),
     "serve": ("appliance.cli.serve:main", "run the appliance (the supervisor and its processes)"),

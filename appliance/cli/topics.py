@@ -25,8 +25,10 @@ none`` and -1 for what a partition without a leader cannot tell); a replicated p
 adds ``CommittedHighWatermark`` -- what acks=all waits for; consumers see ``HighWatermark`` once every
 in-sync follower knows it -- after ``HighWatermark``, then ``WriterPid WriterUniqueMemory WriterRestarts``,
 and one line per follower: its log end offset, its lag in records and in milliseconds since it was last
-caught up.  Over ``--bootstrap-server`` the topic line has no ``TopicId`` and no ``Configs`` (the protocol
-versions spoken here do not carry them).
+caught up.  A partition whose log is damaged and was not opened (offline: ``appliance repair``) shows
+``Leader: none`` and ``Offline: <node>`` as kafka-topics shows offline replicas, and on the local path
+``OfflineReason:`` with the file, position, offsets and what to do.  Over ``--bootstrap-server`` the topic
+line has no ``TopicId`` and no ``Configs`` (the protocol versions spoken here do not carry them).
 
 Exit status: 0 done; 1 refused or failed (the reason on stderr: unknown topic, topic exists, invalid name,
 partition count or setting, no appliance there); 2 bad arguments.
@@ -152,7 +154,7 @@ def describe_local(topic: TopicInfo) -> TopicDescription:
         partitions.append(
             PartitionDescription(
                 partition=p.partition,
-                leader=p.leader,
+                leader=-1 if p.offline else p.leader,
                 leader_epoch=p.leader_epoch,
                 replicas=topic.replicas or (p.leader,),
                 isr=p.isr or (p.leader,),
@@ -162,6 +164,8 @@ def describe_local(topic: TopicInfo) -> TopicDescription:
                 size_bytes=size_bytes,
                 committed_high_watermark=p.committed_high_watermark if topic.replicas[1:] else -1,
                 local=p,
+                offline_replicas=(p.leader,) if p.offline else (),
+                offline_reason=p.offline,
             )
         )
     return TopicDescription(
@@ -279,8 +283,12 @@ def format_topic(topic: TopicDescription) -> str:
             f"LogEndOffset: {p.log_end_offset}\tHighWatermark: {p.high_watermark}{committed}\t"
             f"LeaderEpoch: {p.leader_epoch}\tBytesOnDisk: {p.size_bytes}"
         )
+        if p.offline_replicas:  # kafka-topics prints the offline replicas so
+            line += f"\tOffline: {_ids(p.offline_replicas)}"
+        if p.offline_reason:
+            line += f"\tOfflineReason: {p.offline_reason}"
         local = p.local
-        if local is not None:
+        if local is not None and not p.offline_reason:
             memory = f"{local.writer_uss_bytes / 2**20:.1f}MiB" if local.writer_uss_bytes else "-"
             line += (
                 f"\tWriterPid: {local.writer_pid}\tWriterUniqueMemory: {memory}\t"

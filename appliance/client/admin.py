@@ -85,6 +85,8 @@ class PartitionDescription:
     size_bytes: int  # the segment files' bytes on the leader's disk
     committed_high_watermark: int = -1  # replicated, from the control socket only: what acks=all waits for
     local: PartitionInfo | None = None  # the control socket's view: writer pid, memory, restarts, followers
+    offline_replicas: tuple[int, ...] = ()  # replicas whose copy cannot be served (a damaged log)
+    offline_reason: str = ""  # why, when the control socket knows (a local description); else empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,7 @@ class KafkaAdmin:
                         log_end_offset=got.get("log_end_offset", -1),
                         high_watermark=got.get("high_watermark", -1),
                         size_bytes=got.get("size_bytes", -1),
+                        offline_replicas=tuple(p.offline_replicas),
                     )
                 )
             factor = len(parts[0].replicas) if parts else 0

@@ -86,7 +86,8 @@ from ipc.dir_watch import DirectoryWatch, wait_any
 from ipc.shm import ShmNames, shm_path
 from ipc.state_page import StatePage, wait_for_high_watermarks
 from ipc.wakeup import FUTEX_WAITV_AVAILABLE, MAX_FUTEX_WAITERS
-from storage.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from storage.errors import OffsetOutOfRangeError, PartitionOfflineError, UnknownTopicOrPartitionError
+from storage.log_dir import read_offline_note
 from storage.log_reader import LogReader
 
 __all__ = [
@@ -250,6 +251,9 @@ class LocalPartition:
                 f"{', '.join(source.log_dirs)}"
             )
         self.directory = directory
+        offline = None if source.offline else read_offline_note(directory)
+        if offline is not None:
+            raise PartitionOfflineError(f"partition {self.name} is offline: {offline}")
         self._reader = LogReader(directory, topic_partition=(topic, partition))
         self._page: StatePage | None = None
         self._page_name = source.names.state_page(topic, partition)

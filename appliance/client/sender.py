@@ -80,7 +80,13 @@ from ipc.control import ControlError
 from ipc.ring import RingFailedError
 from storage.batch_builder import NO_SPACE, build_into
 from storage.batch_builder import build as build_bytes
-from storage.errors import ApplianceError, BackPressureError, InvalidRecordError, RequestTimeoutError
+from storage.errors import (
+    ApplianceError,
+    BackPressureError,
+    InvalidRecordError,
+    PartitionOfflineError,
+    RequestTimeoutError,
+)
 
 __all__ = ["Sender"]
 
@@ -250,7 +256,12 @@ class Sender:
                  timeout_ms: int) -> None:
         """A publish found no room within its slice (or the control socket failed): reconnect if the
         appliance went away; raise once ``timeout_ms`` has passed (or for a control error); else return,
-        to try again."""
+        to try again.  An offline partition (its log is damaged) fails its queued batches with that error."""
+        if isinstance(exc, PartitionOfflineError):
+            for batch in part.sealed:
+                if batch.state != DONE:
+                    batch.complete(-1, exc)
+            return
         if not self.route.alive():
             self.reconnect()
             return

@@ -210,6 +210,9 @@ class ControlOps:
             if refusal is not None:
                 return refusal
         part = self._partition(name, partition)
+        if part.offline:
+            return error_response(ErrorCode.KAFKA_STORAGE_ERROR,
+                                  f"partition {part.name} is offline: {part.offline}")
         producer_id = message.get("producer_id", -1)
         record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1)
         _log.debug("pid %d attached ring %s (producer id %s)", connection.peer_pid, record.names.ring,
@@ -377,6 +380,7 @@ class ControlOps:
             "writer_uss_bytes": part.writer.uss_bytes,
             "writer_restarts": part.writer.restarts,
             "rings": len(part.rings),
+            "offline": part.offline,
         }
 
     def _effective_overrides(self, topic: TopicMetadata) -> dict[str, Any]:

@@ -17,6 +17,17 @@ seeded from ``replica-state.json`` (the checkpointed high watermark, the ISR siz
 ``min.insync.replicas``).  The writer does not publish the high watermark of such a partition: the broker's
 replication layer does (``appliance.broker.replication``).
 
+Offline
+-------
+A log that does not open because it is damaged beyond what recovery cuts by itself (``storage.recovery``
+rule 4: an invalid batch with valid batches after it; rule 5) takes only its partition *offline*: the
+supervisor logs one error naming the file, the position, the offsets, the reason and what to do, writes the
+reason into the directory's ``.offline`` note (local consumers read it), and keeps the partition with
+``offline`` set: a state page and doorbell exist (so names stay valid) but no writer is started, ``attach``
+is refused with KAFKA_STORAGE_ERROR, ``metadata`` reports the reason, and the broker answers the partition
+with KAFKA_STORAGE_ERROR.  Every other partition starts and serves.  ``appliance repair`` and a restart
+bring it back (the note is removed when the log opens).
+
 The writer's channel carries JSON lines both ways (``appliance.server.writer``): :meth:`Partition.tell_writer`
 sends a command and rings the doorbell, :meth:`Partition.read_writer` reads the writer's reports.
 """
@@ -41,9 +52,10 @@ from ipc.state_page import StatePage
 from ipc.wakeup import Doorbell
 from replicas.leader_epochs import begin_leader_epoch
 from replicas.replica_state import read_replica_state
-from storage.errors import LogLockedError
+from storage.errors import CorruptRecordError, LogLockedError
 from storage.log import Log
 from storage.log_config import LogConfig
+from storage.log_dir import write_offline_note
 
 __all__ = ["Partition", "RingRecord", "open_log", "recover_partition"]
 
@@ -82,6 +94,7 @@ class Partition:
     doorbell: Doorbell
     writer: Child
     rings: dict[str, RingRecord] = field(default_factory=dict)
+    offline: str = ""  # why the log was not opened (module docstring, "Offline"); empty: served
 
     @property
     def name(self) -> str:
@@ -157,11 +170,21 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
         _log.warning("topic %s: message.timestamp.type LogAppendTime is not applied yet; batches keep "
                      "their CreateTime timestamps", topic.name)  # fmt: skip
     replicated = topic.replication_factor > 1
-    log = open_log(directory, log_config, (topic.name, partition), should_stop)
+    offline = ""
     try:
-        state = _starting_state(log, directory, replicated, config.node_id)
-    finally:
-        log.close(clean=True)
+        log = open_log(directory, log_config, (topic.name, partition), should_stop)
+    except CorruptRecordError as exc:
+        offline = (f"{exc}; run `appliance repair {directory}` (or restore the partition from a replica), "
+                   "then restart the appliance")
+        _log.error("partition %s-%d is OFFLINE, its log was not opened: %s (the other partitions serve)",
+                   topic.name, partition, offline)  # fmt: skip
+        state = _StartingState(0, 0, 0, 0, high_watermark=0, isr_size=1)
+    else:
+        try:
+            state = _starting_state(log, directory, replicated, config.node_id)
+        finally:
+            log.close(clean=True)
+    write_offline_note(directory, offline or None)
     page_name = names.state_page(topic.name, partition)
     doorbell_name = names.doorbell(topic.name, partition)
     page = StatePage.create(page_name, permissions)
@@ -185,7 +208,8 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
         retention_check_interval_ms=config.retention_check_interval_ms,
         retention_enabled="delete" in effective.cleanup_policy,
     )
-    return Partition(topic.name, partition, directory, spec, page, doorbell, Child("writer", spec.name))
+    return Partition(topic.name, partition, directory, spec, page, doorbell, Child("writer", spec.name),
+                     offline=offline)
 
 
 def open_log(

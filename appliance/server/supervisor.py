@@ -13,12 +13,12 @@ Start-up, in this order (each step needs the previous one)::
        metadata store; finish the topic deletions a failure or crash interrupted
        (``appliance.server.topic_changes``); create the configured topics that are missing
     5. recover every partition log (storage Log.open: torn tails cut, indexes rebuilt) and close it cleanly
-       (``appliance.server.partitions``)
+       (``appliance.server.partitions``); a log damaged beyond that takes its partition offline alone
     6. load the numba kernels (ipc.ring.warm_up), so the forked writers share them
     7. create each partition's state page (offsets published) and doorbell
     8. bind the control socket (0600, or 0660 with appliance.shm.group)
-    9. fork one writer per partition, then the extra children (the broker, the replicas of
-       appliance.replica.dirs: ``appliance.server.children``), after all imports
+    9. fork one writer per partition (none for an offline one), then the extra children (the broker, the
+       replicas of appliance.replica.dirs: ``appliance.server.children``), after all imports
    10. sd_notify READY=1 (after the extra children that asked for it said they are ready)
 
 Then it serves the control socket (``appliance.server.control_ops``), restarts a child that dies (a writer
@@ -172,7 +172,8 @@ class Supervisor:
         warm_up()
         self._bind_control_socket()
         for partition in prepared:
-            self._spawn_writer(partition)
+            if not partition.offline:  # an offline partition gets no writer (appliance.server.partitions)
+                self._spawn_writer(partition)
         for spec in self.extra_specs:
             child = Child(role="extra", name=spec.name)
             self._extras[spec.name] = (spec, child)
@@ -237,9 +238,10 @@ class Supervisor:
             if self._stop_requested:
                 return None
             prepared.append(self._prepare_partition(topic, p))
-        _log.info(
-            "recovered %d partition logs in %.0f ms", len(prepared), (time.monotonic() - started) * 1000
-        )
+        offline = [p.name for p in prepared if p.offline]
+        elapsed_ms = (time.monotonic() - started) * 1000
+        _log.info("recovered %d partition logs in %.0f ms%s", len(prepared), elapsed_ms,
+                  f"; OFFLINE (damaged, not served): {', '.join(offline)}" if offline else "")  # fmt: skip
         return prepared
 
     def _prepare_partition(self, topic: TopicMetadata, partition: int) -> Partition:
@@ -284,8 +286,10 @@ class Supervisor:
     # -- what the control operations ask of it ------------------------------------------------------------
 
     def start_partition(self, topic: TopicMetadata, partition: int) -> None:
-        """Recover one partition of a new topic and start its writer."""
-        self._spawn_writer(self._prepare_partition(topic, partition))
+        """Recover one partition of a new topic and start its writer (none if its log is offline)."""
+        part = self._prepare_partition(topic, partition)
+        if not part.offline:
+            self._spawn_writer(part)
 
     def stop_partitions(self, topic: TopicMetadata) -> None:
         """Stop the writers of those of the topic's partitions served here; unlink their rings, state pages

@@ -60,6 +60,11 @@ exactly one writer process: a second process opening the log to delete segments 
 (the round is in the log, nothing acknowledged) and ``"acknowledged"`` (acks published, space not
 released); a test makes it raise to stop the writer exactly there, as a SIGKILL would.
 
+**Orphaned**: when the supervisor dies (killed) the kernel sends the writer SIGTERM (``PR_SET_PDEATHSIG``)
+and its channel reaches EOF: the writer drains its rings as at a stop, fsyncs the log, and closes it
+*without* the clean-shutdown marker: nobody stopped the appliance cleanly, so the next start checks the
+log as after a crash (``storage.recovery``).
+
 **Snapshots** of the producer state are written when the active segment rolls (not fsynced: a lost one is
 detected and an older one used) and at a clean stop (fsynced), at the log end offset, so a restart replays
 at most about one segment's headers.
@@ -670,6 +675,7 @@ def writer_main(spec: WriterSpec, channel: socket.socket) -> int:
             holder[0].request_stop()
 
     signal.signal(signal.SIGTERM, on_term)
+    parent = os.getppid()  # the supervisor (fork_child made sure it is alive and set PR_SET_PDEATHSIG)
     writer = PartitionWriter.open(spec, channel)
     holder.append(writer)
     try:
@@ -678,5 +684,11 @@ def writer_main(spec: WriterSpec, channel: socket.socket) -> int:
         _log.exception("writer %s: failed; closing the log uncleanly (the next start recovers it)", spec.name)
         writer.close(clean=False)
         raise
+    if os.getppid() != parent:  # orphaned: the supervisor was killed (module docstring, "Orphaned")
+        _log.warning("writer %s: the supervisor (pid %d) is gone; closing the log without the clean-shutdown "
+                     "marker (the next start checks it as after a crash)", spec.name, parent)  # fmt: skip
+        writer.log.flush()
+        writer.close(clean=False)
+        return code
     writer.close(clean=True)
     return code

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from storage.batch_header import ATTRIBUTES_OFFSET, parse_header, validate_batch
 from storage.batch_scan import BAD_MAGIC, BAD_OFFSETS, END, FULL, TRUNCATED, plan_index_entries, walk_batches
-from storage.errors import CorruptRecordError
+from storage.errors import CorruptRecordError, LogCorruptionError
 from storage.log import Log
 from storage.log_config import LogConfig
 
@@ -100,9 +100,20 @@ def test_torn_tail_is_cut_to_the_last_whole_batch(tmp_path: Path, data: st.DataO
         log.close()
 
 
+def _intact_batch_after(original: bytes, damaged: bytes, kept: int) -> bool:
+    """Whether a batch of ``original`` starting after position ``kept`` is still whole in ``damaged``."""
+    position = 0
+    while position < len(original):
+        size = parse_header(original, position).size
+        if position > kept and damaged[position : position + size] == original[position : position + size]:
+            return True
+        position += size
+    return False
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_garbage_in_the_tail_keeps_exactly_the_earlier_valid_batches(
+def test_garbage_keeps_the_earlier_valid_batches_or_refuses_when_valid_ones_follow(
         tmp_path: Path, data: st.DataObject, template: tuple[Path, list[bytes]]) -> None:
     directory = tmp_path / "garbage-0"
     batches = _copy(template, directory)
@@ -112,9 +123,14 @@ def test_garbage_in_the_tail_keeps_exactly_the_earlier_valid_batches(
     garbage = data.draw(st.binary(min_size=1, max_size=64), label="garbage")
     damaged = original[:at] + garbage + original[at + len(garbage) :]
     active.write_bytes(damaged)
+    kept = _valid_prefix(damaged, int(active.stem))
+    if _intact_batch_after(original, damaged, kept):  # rule 4: acknowledged records follow the damage
+        with pytest.raises(LogCorruptionError, match=f"{active}: invalid record batch at position {kept}"):
+            Log.open(directory, CONFIG)
+        assert active.read_bytes() == damaged  # nothing cut
+        return
     log = Log.open(directory, CONFIG)
     try:
-        kept = _valid_prefix(damaged, int(active.stem))
         assert log.active_segment.size_bytes == kept
         earlier = b"".join(batches)[: sum(len(b) for b in batches) - len(original)]
         assert b"".join(log.batches()) == earlier + damaged[:kept]
@@ -171,7 +187,7 @@ def test_trusted_closed_segment_with_a_bad_index_is_rebuilt_and_its_corruption_f
     closed.write_bytes(bytes(data))
     Log.open(directory, CONFIG).close()  # below the recovery point and cleanly closed: trusted as is
     closed.with_suffix(".index").write_bytes(b"\x00" * 13)
-    expected = f"{closed}: invalid record batch at position 72 \\(offsets 1..2\\)"
+    expected = f"{closed}: invalid record batch at position 72 \\(its header claims offsets 1..2\\)"
     with pytest.raises(CorruptRecordError, match=expected):
         Log.open(directory, CONFIG)
 
