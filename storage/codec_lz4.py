@@ -19,9 +19,10 @@ every Kafka reader takes: 64 KiB blocks, independent, no block or content checks
 **Reading** (:func:`lz4_decompress`, through ``cramjam``, which decompresses straight into a buffer it is
 given): any frame the LZ4 library accepts, several frames one after the other too (librdkafka reads those).
 Before decompressing, the frame's blocks are walked (a few bytes per 64 KiB block) to know how much it can
-inflate to: the declared content size when there is one, else the sum of its blocks' maximum sizes; that
-bound, capped at ``max_bytes``, sizes the output buffer, so a hostile frame cannot take more memory than
-the limit and a frame that would pass it is refused.
+inflate to: the sum of its blocks' maximum sizes, or the declared content size when there is one (a frame
+declaring more than its blocks can hold is corrupt; one declaring more than ``max_bytes`` is refused before
+any byte is inflated); that bound, capped at ``max_bytes``, sizes the output buffer, so a hostile frame
+cannot take more memory than the limit and a frame that would pass it is refused.
 
 **The header checksum quirk (KAFKA-3160).**  Kafka's own LZ4 code before 0.10 computed HC over the magic
 bytes as well as the descriptor; Kafka's clients (the Java client for magic 0, librdkafka and kafka-python
@@ -150,6 +151,8 @@ def frame_layout(view: memoryview, start: int, where: str) -> FrameLayout:
         at += 4
     if at > end:
         raise bad("truncated frame: its last block runs past the data")
+    if content_size > bound:
+        raise bad(f"the frame declares {content_size} bytes, its blocks hold at most {bound}")
     return FrameLayout(at, checksum_at, content_size, content_size if content_size >= 0 else bound)
 
 
@@ -165,6 +168,9 @@ def lz4_decompress(data: bytes | bytearray | memoryview, where: str, max_bytes: 
         start = layout.end
     bound = sum(layout.max_output_bytes for _, layout in frames)
     capped = bound > max_bytes
+    if capped and all(layout.content_size >= 0 for _, layout in frames):
+        raise CorruptRecordError(f"{where}: lz4 frames declare {bound} bytes, more than the {max_bytes}-byte "
+                                 f"limit: lz4 records decompress past {max_bytes} bytes")
     out = bytearray(min(bound, max_bytes))
     written = 0
     for frame, layout in frames:

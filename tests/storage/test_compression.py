@@ -142,6 +142,10 @@ def test_lz4_bounds_hold_for_frames_that_declare_their_size_and_for_those_that_d
     lying[14] = (xxhash.xxh32_intdigest(bytes(lying[4:14])) >> 8) & 0xFF
     with pytest.raises(CorruptRecordError, match=r"^b: not valid lz4 data: "):
         decompress(COMPRESSION_LZ4, bytes(lying), where="b")
+    lying[6:14] = (1 << 30).to_bytes(8, "little")  # more than its blocks can hold: refused unread
+    lying[14] = (xxhash.xxh32_intdigest(bytes(lying[4:14])) >> 8) & 0xFF
+    with pytest.raises(CorruptRecordError, match="declares 1073741824 bytes, its blocks hold at most"):
+        decompress(COMPRESSION_LZ4, bytes(lying), where="b")
 
 
 def test_unknown_codecs_are_refused_by_number() -> None:
