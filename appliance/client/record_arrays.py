@@ -484,18 +484,38 @@ def decode_run(
                     end_row += 1
                 chunk = _decode_plain(buf, table, row, end_row, topic, partition, where)
         except CorruptRecordError as exc:
-            if row > 0:  # what precedes the bad batch now; the read that starts at it raises
-                return _run_before(chunks, table, row, position, STOP_UNDECODABLE)
-            skip_to = int(table[end_row - 1, COL_LAST_OFFSET]) + 1
+            bad = _first_undecodable(buf, table, row, end_row, where, max_decompressed_bytes)
+            if bad > row:  # the plain batches before it in this chunk are sound
+                _keep(chunks, _decode_plain(buf, table, row, bad, topic, partition, where), min_offset)
+            if bad > 0:  # what precedes the bad batch now; the read that starts at it raises
+                return _run_before(chunks, table, bad, position, STOP_UNDECODABLE)
+            skip_to = int(table[bad, COL_LAST_OFFSET]) + 1
             raise CorruptRecordError(f"{exc}; the records cannot be read: seek to offset {skip_to} to skip "
-                                     f"{'this batch' if end_row == row + 1 else 'these batches'}") from None
+                                     f"this batch") from None
         row = end_row
-        if len(chunk) and int(chunk.offsets[-1]) >= min_offset:
-            if int(chunk.offsets[0]) < min_offset:
-                chunk = chunk.slice(int(np.searchsorted(chunk.offsets, min_offset)))
-            chunks.append(chunk)
+        _keep(chunks, chunk, min_offset)
     next_offset = int(table[rows - 1, COL_LAST_OFFSET]) + 1 if rows else -1
     return DecodedRun(chunks, next_offset, stop, code, rows, stop - position)
+
+
+def _keep(chunks: list[RecordArrays], chunk: RecordArrays, min_offset: int) -> None:
+    """Append ``chunk`` without its records below ``min_offset`` (views), unless nothing is left."""
+    if len(chunk) and int(chunk.offsets[-1]) >= min_offset:
+        if int(chunk.offsets[0]) < min_offset:
+            chunk = chunk.slice(int(np.searchsorted(chunk.offsets, min_offset)))
+        chunks.append(chunk)
+
+
+def _first_undecodable(buf: np.ndarray, table: np.ndarray, row: int, end_row: int, where: str,
+                       max_decompressed_bytes: int) -> int:
+    """The first table row in ``[row, end_row)`` whose records do not decode (the cold path of an error)."""
+    for bad in range(row, end_row - 1):
+        try:
+            decode_batch(buf.data, int(table[bad, COL_POSITION]), where=where, verify_crc=False,
+                         max_decompressed_bytes=max_decompressed_bytes)
+        except CorruptRecordError:
+            return bad
+    return end_row - 1
 
 
 def _run_before(chunks: list[RecordArrays], table: np.ndarray, row: int, position: int,
