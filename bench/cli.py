@@ -105,7 +105,7 @@ def _produce_options(parser: argparse.ArgumentParser, *, records: int | None) ->
     parser.add_argument("--producers", type=_count, default=1,
                         help="producers, each a process of its own when more than 1 (1)")
     parser.add_argument("--acks", choices=("0", "1", "all", "-1"), default="1", help="acks (1)")
-    parser.add_argument("--compression", choices=("none", "zstd", "gzip"), default="none",
+    parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"), default="none",
                         help="compression.type (none)")
     parser.add_argument("--batch-size", type=parse_size, default=None, help="batch.size (producer default)")
     parser.add_argument("--linger-ms", type=_count, default=None, help="linger.ms (producer default)")

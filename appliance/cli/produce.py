@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="Kafka console-producer reader properties: parse.key=true, key.separator=SEP")
     parser.add_argument("--acks", choices=("0", "1", "all", "-1"), default="all",
                         help="0: do not wait; 1 or all: wait for the writer's ack (default all)")
-    parser.add_argument("--compression", choices=("none", "gzip", "zstd"), default="none",
+    parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"), default="none",
                         help="compress each batch (default none)")
     parser.add_argument("--partition", type=int, metavar="N", help="send every record to partition N")
     parser.add_argument("--linger-ms", type=int, metavar="MS", help="linger.ms (default 5)")

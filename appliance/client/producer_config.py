@@ -40,13 +40,12 @@ from appliance.config.settings import (
     text,
 )
 from storage.batch_header import COMPRESSION_NONE, COMPRESSION_ZSTD, HEADER_SIZE
-from storage.compression import COMPRESSION_GZIP, compress_bound
+from storage.compression import CODECS_BY_NAME, compress_bound
 from storage.errors import ConfigError
 
 __all__ = ["DEFAULTS", "SETTINGS", "ProducerConfig"]
 
-_COMPRESSION_CODECS: Final = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "zstd": COMPRESSION_ZSTD}
-_CODEC_NAMES = choice(tuple(_COMPRESSION_CODECS))
+_COMPRESSION_CODECS: Final = CODECS_BY_NAME  # none, gzip, snappy, lz4, zstd
 _ORIGIN: Final = Origin("producer setting")
 
 
@@ -61,13 +60,6 @@ def _acks(value: object) -> object:
     raise Invalid("expected 0, 1, all or -1")
 
 
-def _compression(value: object) -> object:
-    try:
-        return _CODEC_NAMES(value)
-    except Invalid as exc:
-        raise Invalid(f"{exc} (snappy and lz4 are not supported)") from None
-
-
 def _servers(value: object) -> object:
     """HOST:PORT[,HOST:PORT...] as one comma-separated string or a list; "" for none."""
     return ",".join(string_list(value))
@@ -79,7 +71,8 @@ SETTINGS: Final = SettingTable((
     Setting("linger.ms", 5, integer(0, text=True), "seal a batch this long after its first record"),
     Setting("batch.size", 1_048_576, integer(0, text=True),
             "bytes per batch (Kafka: 16384; see the module docstring)"),
-    Setting("compression.type", "none", _compression, "none, gzip or zstd (snappy and lz4: no)"),
+    Setting("compression.type", "none", choice(tuple(_COMPRESSION_CODECS)),
+            "none, gzip, snappy, lz4 or zstd"),
     Setting("compression.zstd.level", 3, integer(-131072, 22, text=True), "zstd level"),
     Setting("enable.idempotence", True, boolean(text=True), "producer id, epoch, sequences: exactly once"),
     Setting("max.block.ms", 60_000, integer(0, text=True), "longest wait for ring space or metadata"),
@@ -130,7 +123,7 @@ class ProducerConfig:
 
     def batch_room(self, max_message_bytes: int) -> int:
         """Records-section bytes a batch may hold for a topic: ``batch.size``, within ``max.request.size``
-        and the topic's ``max.message.bytes``, less a batch header (and zstd/gzip's worst-case growth)."""
+        and the topic's ``max.message.bytes``, less a batch header (and the codec's worst-case growth)."""
         limit = min(self.batch_size, self.max_request_size, max_message_bytes)
         if self.compression != COMPRESSION_NONE:  # incompressible records grow a little
             limit -= compress_bound(self.compression, limit) - limit

@@ -19,7 +19,10 @@ hundred nanoseconds and the per-record work happens inside numba:
    with storage's own record kernel (``storage.batch_reader``), and rebases key/value/header positions so
    they index the whole buffer.  **No key or value is copied**: ``RecordArrays.data`` *is* the buffer.
    A compressed batch becomes a chunk of its own over its decompressed bytes (``storage.batch_reader.
-   decode_batch``).  Control batches (transaction markers) are skipped, as Kafka's consumers skip them.
+   decode_batch``, every codec of ``storage.compression``).  Control batches (transaction markers) are
+   skipped, as Kafka's consumers skip them.  A batch whose records do not decode -- compressed data that is
+   not valid for its codec, a malformed record -- is never skipped and never an empty result: the run ends
+   before it, and a run that starts at it raises naming the partition, the batch's offsets and the reason.
 
 Records below ``min_offset`` (a position inside a batch: Kafka always hands out whole batches) are sliced
 off, which costs nothing (array views).  :meth:`RecordArrays.records` builds :class:`ConsumerRecord` tuples
@@ -68,6 +71,7 @@ __all__ = [
     "STOP_MAX_OFFSET",
     "STOP_TABLE_FULL",
     "STOP_TRUNCATED",
+    "STOP_UNDECODABLE",
     "ConsumerRecord",
     "DecodedRun",
     "RecordArrays",
@@ -111,6 +115,7 @@ STOP_MAX_OFFSET: Final = 1  # the next batch reaches max_offset (the high waterm
 STOP_MAX_BYTES: Final = 2  # the next batch would pass max_bytes
 STOP_TABLE_FULL: Final = 3  # the table has no more rows
 STOP_TRUNCATED: Final = 4  # the buffer ends inside the next batch (a partial trailing batch)
+STOP_UNDECODABLE: Final = 5  # the next batch's records do not decode (decode_run: the next read raises)
 BAD_MAGIC: Final = -1  # magic is not 2
 BAD_LENGTH: Final = -2  # batchLength below a header, negative lastOffsetDelta/recordsCount, or a record
 #                         count an uncompressed batch cannot hold
@@ -443,8 +448,13 @@ def decode_run(
     at most ``max_bytes`` of them (but at least one), dropping records below ``min_offset``.
 
     Raises :class:`CorruptRecordError` naming ``where``, the byte position and the offsets for bytes that
-    are not valid batches (bad magic, length, CRC, record encoding).  A partial trailing batch is not an
-    error: ``stop_code`` is then :data:`STOP_TRUNCATED` and ``stop_position`` where it starts.
+    are not valid batches (bad magic, length, CRC), and for records that do not decode (compressed data
+    that is not valid for its codec, a malformed record) when they are in the first batch: then the message
+    says which offset to seek to.  Records that do not decode in a later batch end the run before it
+    (``stop_code`` :data:`STOP_UNDECODABLE`), so the records before it are delivered and the next read,
+    starting at it, raises: as Kafka's consumer returns the records before a corrupt batch and then fails.
+    A partial trailing batch is not an error: ``stop_code`` is then :data:`STOP_TRUNCATED` and
+    ``stop_position`` where it starts.
     """
     table = np.empty((max_batches, TABLE_COLUMNS), dtype=np.int64)
     rows, stop, code = _scan_batches(buf, position, end, max_offset, max_bytes, table)
@@ -463,23 +473,56 @@ def decode_run(
         if attributes & CONTROL_FLAG_MASK:
             row += 1
             continue
-        if attributes & COMPRESSION_CODEC_MASK:
-            chunk = _decode_compressed(buf, table, row, topic, partition, where, max_decompressed_bytes)
-            row += 1
-        else:
-            end_row = row + 1
-            while end_row < rows and not int(table[end_row, COL_ATTRIBUTES]) & (
-                COMPRESSION_CODEC_MASK | CONTROL_FLAG_MASK
-            ):
-                end_row += 1
-            chunk = _decode_plain(buf, table, row, end_row, topic, partition, where)
-            row = end_row
-        if len(chunk) and int(chunk.offsets[-1]) >= min_offset:
-            if int(chunk.offsets[0]) < min_offset:
-                chunk = chunk.slice(int(np.searchsorted(chunk.offsets, min_offset)))
-            chunks.append(chunk)
+        end_row = row + 1
+        try:
+            if attributes & COMPRESSION_CODEC_MASK:
+                chunk = _decode_compressed(buf, table, row, topic, partition, where, max_decompressed_bytes)
+            else:
+                while end_row < rows and not int(table[end_row, COL_ATTRIBUTES]) & (
+                    COMPRESSION_CODEC_MASK | CONTROL_FLAG_MASK
+                ):
+                    end_row += 1
+                chunk = _decode_plain(buf, table, row, end_row, topic, partition, where)
+        except CorruptRecordError as exc:
+            bad = _first_undecodable(buf, table, row, end_row, where, max_decompressed_bytes)
+            if bad > row:  # the plain batches before it in this chunk are sound
+                _keep(chunks, _decode_plain(buf, table, row, bad, topic, partition, where), min_offset)
+            if bad > 0:  # what precedes the bad batch now; the read that starts at it raises
+                return _run_before(chunks, table, bad, position, STOP_UNDECODABLE)
+            skip_to = int(table[bad, COL_LAST_OFFSET]) + 1
+            raise CorruptRecordError(f"{exc}; the records cannot be read: seek to offset {skip_to} to skip "
+                                     f"this batch") from None
+        row = end_row
+        _keep(chunks, chunk, min_offset)
     next_offset = int(table[rows - 1, COL_LAST_OFFSET]) + 1 if rows else -1
     return DecodedRun(chunks, next_offset, stop, code, rows, stop - position)
+
+
+def _keep(chunks: list[RecordArrays], chunk: RecordArrays, min_offset: int) -> None:
+    """Append ``chunk`` without its records below ``min_offset`` (views), unless nothing is left."""
+    if len(chunk) and int(chunk.offsets[-1]) >= min_offset:
+        if int(chunk.offsets[0]) < min_offset:
+            chunk = chunk.slice(int(np.searchsorted(chunk.offsets, min_offset)))
+        chunks.append(chunk)
+
+
+def _first_undecodable(buf: np.ndarray, table: np.ndarray, row: int, end_row: int, where: str,
+                       max_decompressed_bytes: int) -> int:
+    """The first table row in ``[row, end_row)`` whose records do not decode (the cold path of an error)."""
+    for bad in range(row, end_row - 1):
+        try:
+            decode_batch(buf.data, int(table[bad, COL_POSITION]), where=where, verify_crc=False,
+                         max_decompressed_bytes=max_decompressed_bytes)
+        except CorruptRecordError:
+            return bad
+    return end_row - 1
+
+
+def _run_before(chunks: list[RecordArrays], table: np.ndarray, row: int, position: int,
+                code: int) -> DecodedRun:
+    """The run cut before table row ``row``: its batches are read again (from there) by the next read."""
+    stop = int(table[row, COL_POSITION])
+    return DecodedRun(chunks, int(table[row, COL_BASE_OFFSET]), stop, code, row, stop - position)
 
 
 def _check_crcs(buf: np.ndarray, table: np.ndarray, where: str) -> None:

@@ -21,7 +21,7 @@ Options, modelled on Spark's Kafka source and sink (``kafka.``-prefixed spelling
     maxRecordsPerPartition  split offset ranges so no task reads more than this (default 1000000)
     failOnDataLoss          true | false: offsets lost to retention (or a deleted topic) fail the query
     topic                   where rows without a ``topic`` column go                   writes
-    compression.type        none | zstd | gzip for written batches                     writes
+    compression.type        none | gzip | snappy | lz4 | zstd for written batches     writes
     commitLogTopic          the sink's commit log (default appliance-spark-commits)    streaming writes
     txnAppId, txnVersion    exactly-once for batch writes inside foreachBatch: a stable id and the batchId
                             (one write per pair: a second write with the same pair is taken for a replay)
@@ -103,7 +103,8 @@ _OPTIONS: Final = SettingTable((
            "records one Spark task reads at most"),
     _option("failOnDataLoss", True, boolean(text=True), "offsets lost to retention fail the query"),
     _option("topic", "", text, "where rows without a topic column go (writes)"),
-    _option("compression.type", "none", choice(("none", "zstd", "gzip")), "codec of written batches"),
+    _option("compression.type", "none", choice(("none", "gzip", "snappy", "lz4", "zstd")),
+            "codec of written batches"),
     _option("commitLogTopic", "", text, "the streaming sink's commit log (default appliance-spark-commits)"),
     _option("txnAppId", "", text, "a stable id of the writing job (exactly-once batch writes)"),
     _option("txnVersion", None, optional(integer(0, text=True)), "the foreachBatch batchId"),

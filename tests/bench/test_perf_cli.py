@@ -71,6 +71,18 @@ def test_produce_and_consume_write_the_documented_json(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("la-perf-")]  # its appliance is gone
 
 
+def test_consume_by_codec_reports_the_decompression_share(tmp_path: Path) -> None:
+    consumed = _bench(tmp_path, "consume", "--records", "20000", "--compression", "lz4", "--no-limits",
+                      "--json", str(tmp_path / "lz4.json"))
+    assert consumed.returncode == 0, consumed.stderr
+    assert "20,000 records consumed" in consumed.stdout
+    assert "note: lz4: records sections " in consumed.stdout and "of the timed read" in consumed.stdout
+    result = _check_result(tmp_path / "lz4.json", "consume", 20_000, 100, limits=False)
+    assert result["config"]["compression"] == "lz4"
+    extra = result["extra"]
+    assert extra["compression_ratio"] > 1 and extra["decompress_s"] > 0 and extra["decompress_share"] > 0
+
+
 def test_bad_options_are_refused_with_a_message(tmp_path: Path) -> None:
     done = _bench(tmp_path, "produce", "--records", "lots")
     assert done.returncode == 2 and "--records" in done.stderr and "expected a number" in done.stderr

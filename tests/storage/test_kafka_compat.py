@@ -19,7 +19,15 @@ with warnings.catch_warnings():
 from storage.batch_builder import ByteColumn, RecordColumns, build, build_batch
 from storage.batch_header import stamp, validate_batch
 from storage.batch_reader import Record, decode_batch, iter_batches, iter_records
-from storage.compression import COMPRESSION_GZIP, COMPRESSION_NONE, COMPRESSION_ZSTD
+from storage.compression import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+)
+
+EVERY_CODEC = [COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD]
 
 VALUES = [b"first value", None, b"", b"\x00\xff binary \x80", b"v" * 1000, b"last"]
 KEYS = [b"key-0", b"key-1", None, b"", None, b"\xfe"]
@@ -54,7 +62,7 @@ def _expected(base_offset: int, timestamps: list[int]) -> list[Record]:
     ]
 
 
-@pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_ZSTD, COMPRESSION_GZIP])
+@pytest.mark.parametrize("compression", EVERY_CODEC)
 def test_our_batches_decode_with_kafka_python(compression: int) -> None:
     batch = build_batch(
         VALUES,
@@ -159,7 +167,7 @@ def _kafka_build(
     return bytes(builder.build())
 
 
-@pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_ZSTD, COMPRESSION_GZIP])
+@pytest.mark.parametrize("compression", EVERY_CODEC)
 def test_kafka_python_batches_decode_with_ours(compression: int) -> None:
     values = [v if v is None else v * 20 for v in VALUES]  # compressible, so kafka-python keeps the codec
     batch = _kafka_build(compression, values, KEYS, HEADERS, TIMESTAMPS)
@@ -183,7 +191,7 @@ def test_array_built_batch_of_many_records_decodes_with_kafka_python() -> None:
     nulls = rng.random(count) < 0.1
     timestamps = 1_700_000_000_000 + rng.integers(-5000, 5000, count)
     columns = RecordColumns(ByteColumn(data, offsets, nulls), timestamps=timestamps)
-    for compression in (COMPRESSION_NONE, COMPRESSION_ZSTD):
+    for compression in EVERY_CODEC:
         batch = build(columns, base_offset=10**12, compression=compression)
         got = _kafka_records(batch)
         assert [r.offset for r in got] == list(range(10**12, 10**12 + count))
@@ -207,7 +215,7 @@ records_st = st.lists(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(records_st, st.sampled_from([COMPRESSION_NONE, COMPRESSION_ZSTD]))
+@given(records_st, st.sampled_from(EVERY_CODEC))
 def test_round_trips_through_kafka_python_both_ways(records: list[Any], compression: int) -> None:
     values = [r[0] for r in records]
     keys = [r[1] for r in records]

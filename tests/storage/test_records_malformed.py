@@ -19,7 +19,7 @@ from storage.batch_header import (
     write_crc,
 )
 from storage.batch_reader import decode_batch, iter_batches, iter_records
-from storage.compression import COMPRESSION_ZSTD
+from storage.compression import CODECS_BY_NAME, COMPRESSION_ZSTD
 from storage.errors import CorruptRecordError
 from storage.varint import encode_varint
 
@@ -239,18 +239,24 @@ def test_malformed_records_inside_zstd_name_decompressed_byte() -> None:
     assert from_arrays == from_iterator
 
 
-def test_corrupt_compressed_payload_and_unsupported_codecs() -> None:
-    _all_readers_reject(
-        _with_records(b"\x28\xb5\x2f\xfd garbage", 1, COMPRESSION_ZSTD), "zstd records do not"
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_garbage_payload_under_a_valid_crc_names_the_batch_and_the_codec(codec: str) -> None:
+    garbage = b"\x28\xb5\x2f\xfd\x04\x22\x4d\x18 this is not compressed data \xff\xff\xff\xff" * 3
+    batch = _with_records(garbage, 3, CODECS_BY_NAME[codec])
+    messages = _all_readers_reject(
+        batch, rf"record batch at position 0 \(offsets 500\.\.502\): not valid {codec} data: "
     )
-    valid = _valid(COMPRESSION_ZSTD)
-    cut = _with_records(valid[HEADER_SIZE:-4], 3, COMPRESSION_ZSTD)
-    _all_readers_reject(cut, "zstd frame is truncated")
-    for codec, name in ((2, "snappy"), (3, "lz4"), (7, "unknown")):
-        _all_readers_reject(
-            _with_records(b"\x00" * 10, 1, codec), f"unsupported compression codec {codec} \\({name}"
-        )
-    _all_readers_reject(_with_records(b"not gzip", 1, 1), "gzip records do not decompress")
+    assert messages[0] == messages[1]
+
+
+def test_truncated_compressed_payloads_and_unknown_codecs() -> None:
+    for codec in ("gzip", "snappy", "lz4", "zstd"):
+        valid = _valid(CODECS_BY_NAME[codec])
+        cut = _with_records(valid[HEADER_SIZE:-4], 3, CODECS_BY_NAME[codec])
+        _all_readers_reject(cut, f"not valid {codec} data: .*(truncated|corrupt|past|holds)")
+    for codec in (5, 7):
+        batch = _with_records(b"\x00" * 10, 1, codec)
+        _all_readers_reject(batch, f"unsupported compression codec {codec} \\(unknown\\({codec}")
 
 
 def test_negative_counts_in_the_header() -> None:

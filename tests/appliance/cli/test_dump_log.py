@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.codec_batches import garbage_batch
 
 from appliance.cli.dump_log import format_bytes
 from storage.batch_builder import build_batch
 from storage.batch_header import BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC_OFFSET, stamp, write_crc
-from storage.compression import COMPRESSION_ZSTD
+from storage.compression import CODECS_BY_NAME, COMPRESSION_ZSTD
 
 APPLIANCE = str(Path(sys.executable).with_name("appliance"))
 
@@ -144,6 +145,28 @@ def test_verify_finds_malformed_records_under_a_good_crc(tmp_path: Path) -> None
         f"{path}: record batch at position 0 (offsets 0..0): record 0 of 1 at position 66: negative length"
         in (result.stderr)
     )
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_print_records_reports_an_undecodable_batch_and_goes_on_with_the_next(tmp_path: Path,
+                                                                              codec: str) -> None:
+    number = CODECS_BY_NAME[codec]
+    before = bytearray(build_batch([b"before-%d" % i for i in range(3)], timestamp_ms=5, compression=number))
+    bad = bytearray(garbage_batch(number, 4))
+    after = bytearray(build_batch([b"after-%d" % i for i in range(2)], timestamp_ms=6, compression=number))
+    for batch, base in ((before, 0), (bad, 3), (after, 7)):
+        stamp(batch, 0, base, partition_leader_epoch=0)
+    path = tmp_path / "t-0" / "00000000000000000000.log"
+    path.parent.mkdir()
+    path.write_bytes(before + bad + after)
+    result = _run(path, "--print-records")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"appliance dump-log: error: {path}: record batch at position "
+                                    f"{len(before)} (offsets 3..6): not valid {codec} data: ")
+    values = [line.split(" value: ")[1].split(" ")[0] for line in result.stdout.splitlines()
+              if line.startswith("| offset:")]
+    assert values == ['"before-0"', '"before-1"', '"before-2"', '"after-0"', '"after-1"']
+    assert "Summary: 3 batches, 9 records" in result.stdout
 
 
 def test_index_files_print_their_entries(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ from support.harness import REPO, Appliance
 from appliance.cli.main import _COMMANDS
 from appliance.cli.produce import MalformedLineError, _parser, producer_settings, read_records
 from appliance.client.partitioner import KeyPartitioner
-from storage.batch_header import COMPRESSION_ZSTD, parse_header
+from storage.batch_header import parse_header
 from storage.batch_reader import Record, iter_records
+from storage.compression import CODECS_BY_NAME
 from storage.errors import ConfigError
 
 
@@ -122,7 +123,8 @@ def test_settings_from_the_command_line(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Appliance]:
     serve = Appliance(None, "topics.lines.partitions=3", "topics.plain.partitions=1",
-                      "topics.squeezed.partitions=1", "listeners=PLAINTEXT://127.0.0.1:0")
+                      "topics.squeezed.partitions=1", "topics.plain-lz4.partitions=1",
+                      "topics.plain-snappy.partitions=1", "listeners=PLAINTEXT://127.0.0.1:0")
     try:
         serve.start()
         yield serve
@@ -161,12 +163,14 @@ def test_the_console_script_sends_keyed_lines(appliance: Appliance) -> None:
         assert all(partitioner.partition(r.key or b"") == p for r in _records(appliance, "lines", p))
 
 
-def test_produce_sends_lines_in_order_and_compressed(appliance: Appliance) -> None:
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "snappy"])
+def test_produce_sends_lines_in_order_and_compressed(appliance: Appliance, codec: str) -> None:
+    topic = "plain" if codec == "zstd" else f"plain-{codec}"
     lines = [b"line %06d " % i + b"y" * (i % 50) for i in range(100_000)]
-    done = _produce(appliance, "plain", "--compression", "zstd", "--acks", "1", stdin=b"\r\n".join(lines))
+    done = _produce(appliance, topic, "--compression", codec, "--acks", "1", stdin=b"\r\n".join(lines))
     assert done.returncode == 0 and done.stderr == b"", done.stderr.decode()
-    assert [r.value for r in _records(appliance, "plain", 0)] == lines
-    assert {parse_header(b).compression for b in appliance.batches("plain", 0)} == {COMPRESSION_ZSTD}
+    assert [r.value for r in _records(appliance, topic, 0)] == lines
+    assert {parse_header(b).compression for b in appliance.batches(topic, 0)} == {CODECS_BY_NAME[codec]}
 
 
 def test_produce_stops_at_a_malformed_line_after_sending_the_ones_before(appliance: Appliance) -> None:

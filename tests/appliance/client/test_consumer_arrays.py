@@ -17,6 +17,7 @@ from appliance.client.record_arrays import (
     STOP_MAX_OFFSET,
     STOP_TABLE_FULL,
     STOP_TRUNCATED,
+    STOP_UNDECODABLE,
     TABLE_COLUMNS,
     ConsumerRecord,
     _decode_run,
@@ -248,3 +249,30 @@ def test_record_arrays_api() -> None:
     tail = chunk.slice(1)
     assert tail.offsets.tolist() == [1, 2] and tail.values() == [None, b"v2"]
     assert np.shares_memory(tail.data, chunk.data)
+
+
+@pytest.mark.parametrize("bad_codec", ["none", "lz4"])
+def test_a_batch_that_does_not_decode_ends_the_run_before_it_and_then_raises(bad_codec: str) -> None:
+    from storage.batch_header import BATCH_HEADER, HEADER_SIZE, LOG_OVERHEAD, stamp, write_crc
+    from storage.compression import CODECS_BY_NAME
+
+    good = [bytearray(build_batch([b"v%d" % i for i in range(n)], timestamp_ms=1)) for n in (3, 2)]
+    records = b"\x0e\x00\x00\x00\x01\x05" + b"x" * 9 if bad_codec == "none" else b"not lz4 at all"
+    bad = bytearray(HEADER_SIZE + len(records))
+    BATCH_HEADER.pack_into(bad, 0, 0, len(bad) - LOG_OVERHEAD, 0, 2, 0, CODECS_BY_NAME[bad_codec], 0, 5, 5,
+                           -1, -1, -1, 1)
+    bad[HEADER_SIZE:] = records
+    write_crc(bad, 0, len(bad))
+    after = bytearray(build_batch([b"after"], timestamp_ms=2))
+    for batch, base in ((good[0], 0), (good[1], 3), (bad, 5), (after, 6)):
+        stamp(batch, 0, base, partition_leader_epoch=0)
+    buf = np.frombuffer(bytes(good[0] + good[1] + bad + after), dtype=np.uint8)
+    run = decode_run(buf, 0, len(buf), topic="t", partition=0, min_offset=1, max_offset=1 << 62,
+                     max_bytes=1 << 30, where="t-0")
+    assert [o for c in run.chunks for o in c.offsets.tolist()] == [1, 2, 3, 4]  # what precedes it
+    assert (run.next_offset, run.stop_code, run.batch_count) == (5, STOP_UNDECODABLE, 2)
+    assert run.stop_position == len(good[0]) + len(good[1])
+    with pytest.raises(CorruptRecordError, match=r"^t-0: record batch at position \d+ \(offsets 5\.\.5\): "
+                       r".*; the records cannot be read: seek to offset 6 to skip this batch$"):
+        decode_run(buf, run.stop_position, len(buf), topic="t", partition=0, min_offset=5,
+                   max_offset=1 << 62, max_bytes=1 << 30, where="t-0")

@@ -455,8 +455,10 @@ def test_settings_are_checked_with_kafkas_rules() -> None:
     with pytest.raises(ConfigError, match=r"max.in.flight.requests.per.connection=6"):
         ProducerConfig.from_settings({"enable.idempotence": "true",
                                       "max.in.flight.requests.per.connection": 6})
-    with pytest.raises(ConfigError, match="snappy and lz4 are not supported"):
-        ProducerConfig.from_settings(compression_type="snappy")
+    with pytest.raises(ConfigError, match="expected one of none, gzip, snappy, lz4, zstd"):
+        ProducerConfig.from_settings(compression_type="lzo")
+    assert [ProducerConfig.from_settings(compression_type=name).compression
+            for name in ("none", "gzip", "snappy", "lz4", "zstd")] == [0, 1, 2, 3, 4]
     with pytest.raises(ConfigError, match=r"linger.ms=-1"):
         ProducerConfig.from_settings(linger_ms=-1)
     assert ProducerConfig.from_settings({"acks": 1}).idempotent is False, "Kafka: default follows acks"

@@ -39,6 +39,7 @@ logger.hadoop.level = error
 TOPICS = {
     "batch-read": 3, "batch-zstd": 2, "bad-input": 2, "short-lived": 1, "stream-in": 2, "stream-out": 2,
     "replay-in": 2, "replay-out": 3, "logs": 3, "log-counts": 2, "pattern-a": 1, "write-out": 2,
+    "codecs-in": 4, "codecs-out": 4, "codecs-bad": 4,
 }  # fmt: skip
 
 
