@@ -348,7 +348,7 @@ class Log:
                 try:
                     position = segment.append_batch(view, size, last, max_timestamp)
                 except OSError as exc:
-                    error = self._append_failed(exc, base)
+                    error = self._append_failed(exc, base, len(self._segments))
                     if error is None:
                         raise
                     raise error from exc
@@ -375,12 +375,13 @@ class Log:
         latest_epoch = check_leader_epoch(self._epochs.latest_epoch, leader_epoch, self.name)
         first_offset = self._segments[-1].next_offset
         plan = stamp_as_leader(parts, headers, first_offset, leader_epoch)
+        count = len(self._segments)
         try:
             if leader_epoch > latest_epoch:
                 self._epochs.assign(leader_epoch, first_offset)
             return self._write(parts, plan)
         except OSError as exc:
-            error = self._append_failed(exc, first_offset)
+            error = self._append_failed(exc, first_offset, count)
             if error is None:
                 raise
             raise error from exc
@@ -404,7 +405,7 @@ class Log:
             if sum(h.size for h in headers) != len(view) or not headers:
                 raise InvalidRecordError(f"{self._where}: follower append: the validated batches hold "
                                          f"{sum(h.size for h in headers)} bytes, the buffer {len(view)}")
-        end = self.log_end_offset
+        end, count = self.log_end_offset, len(self._segments)
         plan = check_as_follower(headers, end, self.name)
         try:
             for header in headers:
@@ -413,7 +414,7 @@ class Log:
                     self._epochs.assign(epoch, header.base_offset)
             return self._write((view,), plan)
         except OSError as exc:
-            error = self._append_failed(exc, end)
+            error = self._append_failed(exc, end, count)
             if error is None:
                 raise
             raise error from exc
@@ -433,12 +434,12 @@ class Log:
         """
         self._check_writable()
         view = writable_bytes(buf)
-        end = self.log_end_offset
+        end, count = self.log_end_offset, len(self._segments)
         check_walked(view, batches, end, self.name)
         try:
             return self._append_walked(view, batches)
         except OSError as exc:
-            error = self._append_failed(exc, end)
+            error = self._append_failed(exc, end, count)
             if error is None:
                 raise
             raise error from exc
@@ -524,21 +525,22 @@ class Log:
             segment = self._roll(batches[stop][0])
             start = stop
 
-    def _append_failed(self, exc: OSError, end: int) -> KafkaStorageError | None:
-        """An append from log end offset ``end`` failed with ``exc``: put the log back exactly as it was
-        (:meth:`_undo_append`) and return the error to raise for a full disk (None: raise ``exc``)."""
-        self._undo_append(end)
+    def _append_failed(self, exc: OSError, end: int, segment_count: int) -> KafkaStorageError | None:
+        """An append from log end offset ``end`` with ``segment_count`` segments failed with ``exc``: put
+        the log back exactly as it was (:meth:`_undo_append`) and return the error to raise for a full
+        disk (None: raise ``exc``)."""
+        self._undo_append(end, segment_count)
         if not is_disk_full(exc):
             return None
         return KafkaStorageError.for_partition(self.name, os.path.dirname(self.directory) or ".",
                                                describe_os_error(exc))
 
-    def _undo_append(self, end: int) -> None:
-        """Cut the log back to log end offset ``end`` after a failed append: the segments it rolled to are
-        deleted, the segment holding ``end`` is the active one again (reopened if a roll had sealed it),
-        its bytes from ``end`` on are dropped (a failed write cut back its own), and the leader epochs
-        recorded from ``end`` on are forgotten."""
-        while len(self._segments) > 1 and self._segments[-1].base_offset > end:
+    def _undo_append(self, end: int, segment_count: int) -> None:
+        """Cut the log back to log end offset ``end`` and ``segment_count`` segments after a failed append:
+        the segments it rolled to are deleted, the last one before them is the active one again (reopened
+        if a roll had sealed it), its bytes from ``end`` on are dropped (a failed write cut back its own),
+        and the leader epochs recorded from ``end`` on are forgotten."""
+        while len(self._segments) > segment_count:
             self._bases.pop()
             self._segments.pop().delete()
         segment = self._segments[-1]
