@@ -570,7 +570,13 @@ class Log:
                 f"partition {self.name}: the log was opened by process {self._pid}, not this forked "
                 f"process {os.getpid()}; a log has exactly one writer"
             )
-        self._flusher.raise_error()
+        try:
+            self._flusher.raise_error()
+        except OSError as exc:  # a rolled segment's recovery point not checkpointed: nothing is lost
+            if not is_disk_full(exc):
+                raise
+            raise KafkaStorageError.for_partition(self.name, os.path.dirname(self.directory) or ".",
+                                                  describe_os_error(exc)) from exc
 
     # --- rolling and flushing -------------------------------------------------------------------------------
     def roll(self) -> int:

@@ -210,6 +210,7 @@ class ProducerBatch:
         "partition",
         "plan_cache",
         "record_bytes",
+        "refused_code",
         "room_bytes",
         "size_bytes",
         "state",
@@ -247,6 +248,7 @@ class ProducerBatch:
         self.base_offset = -1
         self.error: ApplianceError | None = None
         self.attempts = 0
+        self.refused_code = 0  # the Kafka error code of the last answer refusing it (0: none yet)
 
     @property
     def record_count(self) -> int:

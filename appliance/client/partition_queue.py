@@ -32,8 +32,13 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from appliance.client.accumulator import DONE, PUBLISHED, SEALED, ProducerBatch
-from ipc.ring_publisher import OUT_OF_ORDER_SEQUENCE_NUMBER, RETRIABLE_CODES, error_for_code
-from storage.errors import RequestTimeoutError
+from ipc.ring_publisher import (
+    KAFKA_STORAGE_ERROR,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    RETRIABLE_CODES,
+    error_for_code,
+)
+from storage.errors import ApplianceError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from appliance.client.route import BatchChannel
@@ -84,6 +89,7 @@ class PartitionQueue:
             return
         code = -result
         self.recovering = True
+        batch.refused_code = code
         if batch.state != DONE:
             # behind a batch refused in this recovery, "out of order" only means "send me again in order"
             behind = code == OUT_OF_ORDER_SEQUENCE_NUMBER and bool(self.answered)
@@ -152,11 +158,20 @@ class PartitionQueue:
             waiting += [batch for _, batch in self.channel.in_flight]
         for batch in waiting:
             if batch.state != DONE and now_ns - batch.created_ns > limit_ns:
-                where = "in the ring, not acknowledged" if batch.state == PUBLISHED else "not published"
-                batch.complete(-1, RequestTimeoutError(
-                    f"partition {self.name}: batch of {batch.describe()} {where} within "
-                    f"delivery.timeout.ms {delivery_timeout_ms}; it may still be appended"
-                ))
+                batch.complete(-1, self._expired(batch, delivery_timeout_ms))
+
+    def _expired(self, batch: ProducerBatch, delivery_timeout_ms: int) -> ApplianceError:
+        """Why ``batch`` failed at ``delivery.timeout.ms``: the storage error it was last refused with,
+        when that is what kept it out of the log (a full disk), else a timeout (outcome unknown)."""
+        if batch.refused_code == KAFKA_STORAGE_ERROR and batch.state != PUBLISHED:
+            return error_for_code(KAFKA_STORAGE_ERROR, topic=self.topic_name, partition=self.index,
+                                  detail=f"{batch.describe()}, refused until delivery.timeout.ms "
+                                         f"{delivery_timeout_ms} ran out")
+        where = "in the ring, not acknowledged" if batch.state == PUBLISHED else "not published"
+        return RequestTimeoutError(
+            f"partition {self.name}: batch of {batch.describe()} {where} within "
+            f"delivery.timeout.ms {delivery_timeout_ms}; it may still be appended"
+        )
 
     def abandon(self, error: RequestTimeoutError) -> None:
         """Fail everything not acknowledged (the producer closes; the caller closes the channel)."""

@@ -80,6 +80,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from appliance.server.disk_space import DiskSpace
 from appliance.server.publish_trace import PublishTrace
 from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
@@ -94,7 +95,13 @@ from storage.batch_header import (
     parse_header,
     validate_batch,
 )
-from storage.errors import CorruptRecordError, ProtocolError
+from storage.errors import (
+    CorruptRecordError,
+    KafkaStorageError,
+    ProtocolError,
+    describe_os_error,
+    is_disk_full,
+)
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.producer_state import (
@@ -138,6 +145,7 @@ class WriterSpec:
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
     peek_bytes: int = DEFAULT_PEEK_BYTES
     broker_wake_fd: int = -1  # the broker's wake-up eventfd, added to after each round with work (-1: none)
+    log_dir_min_free_bytes: int = 0  # log.dir.min.free.bytes of the partition's log dir (0: no reserve)
 
     @property
     def name(self) -> str:
@@ -216,6 +224,8 @@ class PartitionWriter:
         self._next_retention_s = time.monotonic() + spec.retention_check_interval_ms / 1000
         self._closed = False
         self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
+        self.disk = DiskSpace(spec.name, os.path.dirname(os.path.normpath(spec.directory)) or ".",
+                              spec.log_dir_min_free_bytes)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
@@ -325,8 +335,9 @@ class PartitionWriter:
         if not chunks:
             return 0
         state = self.producer_state
-        next_offset = self.log.log_end_offset
+        end_before = next_offset = self.log.log_end_offset
         now_ms = time.time_ns() // 1_000_000
+        full = self.disk.error is not None and self.disk.refused(time.monotonic_ns())
         pieces: list[memoryview] = []
         headers: list[BatchHeader] = []
         total_bytes = 0
@@ -346,6 +357,10 @@ class PartitionWriter:
                     continue
                 verdict = state.check(header)
                 if verdict.code == NONE:
+                    if full:  # the log directory cannot take writes (disk_space): nothing is appended
+                        results[i] = -ErrorCode.KAFKA_STORAGE_ERROR
+                        self._count_error(ErrorCode.KAFKA_STORAGE_ERROR)
+                        continue
                     results[i] = next_offset
                     state.update(header, next_offset, now_ms)
                     pieces.append(body)
@@ -370,8 +385,9 @@ class PartitionWriter:
                         self._reject(ring, chunk.first_seq + i, verdict.code, state.describe(header, verdict))
             all_results.append(results)
             frames += chunk.count
-        if pieces:
-            self._append(pieces, headers, total_bytes, next_offset)
+        if pieces and not self._append_or_refuse(pieces, headers, total_bytes, next_offset):
+            self._refuse_round(all_results, end_before)
+            pieces = []
         if self._faults is not None:
             self._faults("appended")
         for (ring, chunk), results in zip(chunks, all_results, strict=True):
@@ -387,6 +403,38 @@ class PartitionWriter:
         self.stats.rounds += 1
         self.stats.frames += frames
         return frames
+
+    def _append_or_refuse(self, pieces: list[memoryview], headers: list[BatchHeader], total_bytes: int,
+                          expected_end: int) -> bool:
+        """:meth:`_append`, unless the log directory is below its reserve or the append meets a full disk
+        (the log is then back as before it); False when nothing was appended for lack of space."""
+        if not self.disk.may_write(total_bytes, time.monotonic_ns()):
+            return False
+        try:
+            self._append(pieces, headers, total_bytes, expected_end)
+        except KafkaStorageError as exc:
+            self.disk.failed(exc)
+            return False
+        return True
+
+    def _refuse_round(self, all_results: list[np.ndarray], end_before: int) -> None:
+        """The round's batches were not appended (no space): every frame given an offset from
+        ``end_before`` on (appended ones, and duplicates of them within the round) is answered
+        KAFKA_STORAGE_ERROR, and the producer state forgets them (reloaded as it was at ``end_before``)."""
+        refused = 0
+        for results in all_results:
+            mask = results >= end_before
+            results[mask] = -ErrorCode.KAFKA_STORAGE_ERROR
+            refused += int(mask.sum())
+        self.stats.by_error[ErrorCode.KAFKA_STORAGE_ERROR] = (
+            self.stats.by_error.get(ErrorCode.KAFKA_STORAGE_ERROR, 0) + refused)
+        self.producer_state.truncate_to(
+            end_before, self.spec.directory, headers_from=lambda offset: _headers(self.log, offset),
+            append_time_ms=time.time_ns() // 1_000_000)
+        self._publish_offsets()
+
+    def _count_error(self, code: int) -> None:
+        self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
 
     def _refuse(self, ring: _Ring, seq: int, body: memoryview) -> int:
         """A frame ``check_batch`` refused or too large: log why (validating again for the full story,
@@ -449,8 +497,15 @@ class PartitionWriter:
     def _snapshot_quickly(self, offset: int) -> None:
         """Snapshot the producer state at a roll without fsync (an fsync here would stall the round).  Safe:
         a snapshot lost or torn by a power cut fails its CRC and the previous one is used; one above the
-        recovered log end is deleted.  The clean stop writes a durable one."""
-        self.producer_state.write_snapshot(self.spec.directory, offset, durable=False)
+        recovered log end is deleted.  The clean stop writes a durable one.  On a full disk there is no
+        snapshot (nothing of it is left behind) and the round goes on: a restart replays further."""
+        try:
+            self.producer_state.write_snapshot(self.spec.directory, offset, durable=False)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            _log.warning("writer %s: no producer-state snapshot at offset %d: %s", self.name, offset,
+                         describe_os_error(exc))
 
     def _publish_offsets(self) -> None:
         end = self.log.log_end_offset
@@ -542,12 +597,20 @@ class PartitionWriter:
         return self._channel is not None and bool(self._poll.poll(0))
 
     def _timers(self) -> None:
-        self.log.maybe_flush()
-        now = time.monotonic()
-        if now < self._next_retention_s:
-            return
-        self._next_retention_s = now + self.spec.retention_check_interval_ms / 1000
-        self.run_retention()
+        if self.disk.error is not None:
+            self.disk.refused(time.monotonic_ns())  # full: measure again, so writes resume while idle
+        try:
+            self.log.maybe_flush()
+            now = time.monotonic()
+            if now < self._next_retention_s:
+                return
+            self._next_retention_s = now + self.spec.retention_check_interval_ms / 1000
+            self.run_retention()
+        except (OSError, KafkaStorageError) as exc:  # a checkpoint on a full disk: tried again next time
+            if isinstance(exc, OSError) and not is_disk_full(exc):
+                raise
+            _log.warning("writer %s: flush or retention put off: %s", self.name,
+                         describe_os_error(exc) if isinstance(exc, OSError) else exc)
 
     def run_retention(self) -> int:
         """Delete the segments retention allows, publish the log start offset, expire idle producers."""
