@@ -151,14 +151,20 @@ class PartitionQueue:
                 self.sealed.appendleft(batch)
 
     def expire(self, now_ns: int, delivery_timeout_ms: int) -> None:
-        """Fail the batches older than ``delivery.timeout.ms`` (their outcome is unknown)."""
+        """Fail the batches older than ``delivery.timeout.ms`` (their outcome is unknown).  A batch refused
+        with KAFKA_STORAGE_ERROR and sent again is left to its answer (:meth:`acknowledged` fails it with
+        the storage error if it is refused again) for as long again."""
         limit_ns = delivery_timeout_ms * 1_000_000
         waiting: list[ProducerBatch] = list(self.sealed) + [b for b in self.answered if b.state != DONE]
         if self.channel is not None:
             waiting += [batch for _, batch in self.channel.in_flight]
         for batch in waiting:
-            if batch.state != DONE and now_ns - batch.created_ns > limit_ns:
-                batch.complete(-1, self._expired(batch, delivery_timeout_ms))
+            if batch.state == DONE or now_ns - batch.created_ns <= limit_ns:
+                continue
+            if (batch.state == PUBLISHED and batch.refused_code == KAFKA_STORAGE_ERROR
+                    and now_ns - batch.created_ns <= 2 * limit_ns):
+                continue  # sent again after a storage error: its answer, due any moment, says how it ended
+            batch.complete(-1, self._expired(batch, delivery_timeout_ms))
 
     def _expired(self, batch: ProducerBatch, delivery_timeout_ms: int) -> ApplianceError:
         """Why ``batch`` failed at ``delivery.timeout.ms``: the storage error it was last refused with,

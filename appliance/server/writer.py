@@ -277,7 +277,7 @@ class PartitionWriter:
         self.rings.clear()
         try:
             if clean:
-                self.producer_state.write_snapshot(self.spec.directory, self.log.log_end_offset)
+                self._snapshot(self.log.log_end_offset, durable=True)
             self.log.close(clean=clean)
         finally:
             if self._trace is not None:
@@ -497,10 +497,14 @@ class PartitionWriter:
     def _snapshot_quickly(self, offset: int) -> None:
         """Snapshot the producer state at a roll without fsync (an fsync here would stall the round).  Safe:
         a snapshot lost or torn by a power cut fails its CRC and the previous one is used; one above the
-        recovered log end is deleted.  The clean stop writes a durable one.  On a full disk there is no
-        snapshot (nothing of it is left behind) and the round goes on: a restart replays further."""
+        recovered log end is deleted.  The clean stop writes a durable one."""
+        self._snapshot(offset, durable=False)
+
+    def _snapshot(self, offset: int, *, durable: bool) -> None:
+        """A producer-state snapshot at ``offset``; on a full disk none (nothing of it is left behind) and
+        the writer goes on: the next start replays the log from an older snapshot."""
         try:
-            self.producer_state.write_snapshot(self.spec.directory, offset, durable=False)
+            self.producer_state.write_snapshot(self.spec.directory, offset, durable=durable)
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
