@@ -197,6 +197,7 @@ class PartitionWriter:
         doorbell: Doorbell,
         channel: socket.socket | None,
         faults: FaultPoint | None = None,
+        free_bytes: Callable[[], int] | None = None,
     ) -> None:
         self.spec = spec
         self._faults = faults
@@ -225,16 +226,18 @@ class PartitionWriter:
         self._closed = False
         self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
         self.disk = DiskSpace(spec.name, os.path.dirname(os.path.normpath(spec.directory)) or ".",
-                              spec.log_dir_min_free_bytes)
+                              spec.log_dir_min_free_bytes, free_bytes)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
     @classmethod
     def open(
-        cls, spec: WriterSpec, channel: socket.socket | None = None, *, faults: FaultPoint | None = None
+        cls, spec: WriterSpec, channel: socket.socket | None = None, *, faults: FaultPoint | None = None,
+        free_bytes: Callable[[], int] | None = None,
     ) -> PartitionWriter:
         """Open (recovering if the last stop was unclean) the log, load the producer state, claim the state
-        page and publish the offsets.  LogLockedError if another writer holds the log."""
+        page and publish the offsets.  LogLockedError if another writer holds the log.  ``free_bytes``:
+        how the log dir's free bytes are measured (default ``statvfs``; a test's seam)."""
         started = time.monotonic()
         log = Log.open(spec.directory, spec.log_config, topic_partition=(spec.topic, spec.partition))
         try:
@@ -256,7 +259,7 @@ class PartitionWriter:
         except BaseException:
             log.close(clean=False)
             raise
-        writer = cls(spec, log, state, page, doorbell, channel, faults)
+        writer = cls(spec, log, state, page, doorbell, channel, faults, free_bytes)
         page.claim_writer()
         writer._publish_offsets()
         page.log_start_offset = log.log_start_offset
