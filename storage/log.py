@@ -41,6 +41,7 @@ unclean stop ``storage.recovery`` checks only the segments from the recovery poi
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import logging
 import os
@@ -375,16 +376,10 @@ class Log:
         latest_epoch = check_leader_epoch(self._epochs.latest_epoch, leader_epoch, self.name)
         first_offset = self._segments[-1].next_offset
         plan = stamp_as_leader(parts, headers, first_offset, leader_epoch)
-        count = len(self._segments)
-        try:
+        with self._undone_if_failed(first_offset):
             if leader_epoch > latest_epoch:
                 self._epochs.assign(leader_epoch, first_offset)
             return self._write(parts, plan)
-        except OSError as exc:
-            error = self._append_failed(exc, first_offset, count)
-            if error is None:
-                raise
-            raise error from exc
 
     def append_as_follower(self, buf: bytes | bytearray | memoryview, *,
                            validated: Sequence[BatchHeader] | None = None) -> AppendInfo:
@@ -405,19 +400,13 @@ class Log:
             if sum(h.size for h in headers) != len(view) or not headers:
                 raise InvalidRecordError(f"{self._where}: follower append: the validated batches hold "
                                          f"{sum(h.size for h in headers)} bytes, the buffer {len(view)}")
-        end, count = self.log_end_offset, len(self._segments)
-        plan = check_as_follower(headers, end, self.name)
-        try:
+        plan = check_as_follower(headers, self.log_end_offset, self.name)
+        with self._undone_if_failed(self.log_end_offset):
             for header in headers:
                 epoch = header.partition_leader_epoch
                 if epoch >= 0 and epoch != self._epochs.latest_epoch:
                     self._epochs.assign(epoch, header.base_offset)
             return self._write((view,), plan)
-        except OSError as exc:
-            error = self._append_failed(exc, end, count)
-            if error is None:
-                raise
-            raise error from exc
 
     def append_walked_as_follower(self, buf: bytes | bytearray | memoryview,
                                   batches: BatchArrays) -> AppendInfo:
@@ -434,15 +423,9 @@ class Log:
         """
         self._check_writable()
         view = writable_bytes(buf)
-        end, count = self.log_end_offset, len(self._segments)
-        check_walked(view, batches, end, self.name)
-        try:
+        check_walked(view, batches, self.log_end_offset, self.name)
+        with self._undone_if_failed(self.log_end_offset):
             return self._append_walked(view, batches)
-        except OSError as exc:
-            error = self._append_failed(exc, end, count)
-            if error is None:
-                raise
-            raise error from exc
 
     def _append_walked(self, view: memoryview, batches: BatchArrays) -> AppendInfo:
         count = len(batches.positions)
@@ -524,6 +507,19 @@ class Log:
                 return first_position, first_segment
             segment = self._roll(batches[stop][0])
             start = stop
+
+    @contextlib.contextmanager
+    def _undone_if_failed(self, end: int) -> Iterator[None]:
+        """Around an append from log end offset ``end`` (the general paths): an ``OSError`` puts the log
+        back as it was, and a full disk is raised as :class:`KafkaStorageError`."""
+        count = len(self._segments)
+        try:
+            yield
+        except OSError as exc:
+            error = self._append_failed(exc, end, count)
+            if error is None:
+                raise
+            raise error from exc
 
     def _append_failed(self, exc: OSError, end: int, segment_count: int) -> KafkaStorageError | None:
         """An append from log end offset ``end`` with ``segment_count`` segments failed with ``exc``: put

@@ -22,6 +22,11 @@ writes the batch, indexes it by the rule below and keeps the budget current as i
 Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
 appends without changing its size, and given back on seal and close (``storage.preallocate``).
 
+A full disk (``ENOSPC``, ``EDQUOT``): room in both indexes for every entry an append can add is allocated
+before its bytes are written (``IndexFile.reserve_entries``); a write that fails, whole or part-way, is cut
+back to the segment's size before it (``ftruncate``) and the error goes on, with the segment's accounting and
+indexes untouched.  The segment is then exactly as before the append; the log undoes the rest (a roll).
+
 Index rule (Kafka's, applied per batch in order, identically by the live append and by the rebuild in
 ``storage.batch_scan.plan_index_entries``): remember the batch with the largest max timestamp so far; if more
 than ``index.interval.bytes`` were appended since the last offset-index entry, add ``(batch last offset,

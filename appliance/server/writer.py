@@ -36,9 +36,7 @@ A writer whose channel reaches EOF (the supervisor died) stops as if told to.
 A writer killed anywhere loses nothing acknowledged: acks are written after the append, space is released
 after the acks.  A restarted writer reads the unreleased frames again.  Those it had appended are
 duplicates: the producer state recovered from the log (snapshot + tail) recognises the last five batches of
-each producer; older ones (a round may append many batches of one producer) are found in the *resume map*,
-the (producer id, epoch, first and last sequence) -> offsets of the log tail that the re-read frames can
-cover (as many records as they hold), built from the log the first time a re-read frame looks out of order.
+each producer; older ones are found in the *resume map* (``appliance.server.resume_map``).
 
 Bad input never stops the writer: a frame that is not one valid batch is answered CORRUPT_MESSAGE (a bad
 CRC, garbage, a length that does not match) or MESSAGE_TOO_LARGE, nothing of it is appended, the ring goes on.
@@ -55,6 +53,16 @@ the caches are cold, and the command poll and the beat then cost a measurable sh
 ``flush.ms`` flush, and every ``log.retention.check.interval.ms`` retention (``Log.delete_retained_segments``,
 then the new log start offset is published) and producer-id expiry.  Retention runs here because a log has
 exactly one writer process: a second process opening the log to delete segments would be refused the lock.
+
+**A full log directory** (``appliance.server.disk_space``) is a state, not a crash.  An append that meets
+``ENOSPC``/``EDQUOT`` raises ``KafkaStorageError`` with the log already back as it was (``storage.log``), and
+a round that would leave less than ``log.dir.min.free.bytes`` free is not appended at all; either way every
+frame of the round given an offset is answered KAFKA_STORAGE_ERROR (56, retriable) and the producer state
+is reloaded as it was before the round (so a retry is not taken for a duplicate).  From then on new batches
+are answered KAFKA_STORAGE_ERROR without touching the log (retries of appended ones still get their
+offsets), until a measurement of the log dir, at most every 100 ms when frames arrive and on the idle
+timer, finds room: then writes resume.  Acks, heartbeats, retention and commands go on throughout; a flush,
+a retention pass or a snapshot that finds no room is put off, not fatal.
 
 **Fault points** (for crash tests, never set in production): ``faults(name)`` is called at ``"appended"``
 (the round is in the log, nothing acknowledged) and ``"acknowledged"`` (acks published, space not
@@ -74,7 +82,7 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -82,6 +90,7 @@ import numpy as np
 
 from appliance.server.disk_space import DiskSpace
 from appliance.server.publish_trace import PublishTrace
+from appliance.server.resume_map import ResumeMap, log_headers, published_records
 from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
 from ipc.ring import Chunk, RingConsumer, RingFailedError, RingNames
@@ -89,10 +98,8 @@ from ipc.state_page import StatePage
 from ipc.wakeup import Doorbell, Waiter
 from storage.batch_header import (
     HEADER_SIZE,
-    LAST_OFFSET_DELTA_OFFSET,
     BatchHeader,
     check_batch,
-    parse_header,
     validate_batch,
 )
 from storage.errors import (
@@ -123,7 +130,6 @@ _ERRORS_LOGGED_PER_RING: Final = (
 
 _log = logging.getLogger("appliance.writer")
 
-ResumeKey = tuple[int, int, int, int]  # producer id, epoch, first sequence, last sequence
 FaultPoint = Callable[[str], None]  # called with a fault point's name; raising there stops the writer
 
 
@@ -216,10 +222,7 @@ class PartitionWriter:
         self.stats = RoundStats()
         self._max_message_bytes = spec.log_config.max_message_bytes
         self._active_base = log.active_segment.base_offset
-        self._start_log_end_offset = log.log_end_offset
-        self._resume_records = 0
-        self._resume_map: dict[ResumeKey, tuple[int, int]] | None = None
-        self._resume_map_records = 0
+        self._resume = ResumeMap(log, spec.name)
         self._stopping = False
         self._stop_timeout_ms = _DEFAULT_STOP_TIMEOUT_MS
         self._next_retention_s = time.monotonic() + spec.retention_check_interval_ms / 1000
@@ -246,7 +249,7 @@ class PartitionWriter:
             replay_from = state.recover(
                 spec.directory,
                 log_end_offset=log.log_end_offset,
-                headers_from=lambda offset: _headers(log, offset),
+                headers_from=lambda offset: log_headers(log, offset),
                 append_time_ms=now_ms,
             )
             state.expire(now_ms)
@@ -295,9 +298,9 @@ class PartitionWriter:
         if names.ring in self.rings:
             return
         consumer = RingConsumer.attach(names)
-        resumed = _published_records(consumer)
+        resumed = published_records(consumer)
         self.rings[names.ring] = _Ring(names, consumer, resumed)
-        self._resume_records += resumed
+        self._resume.records += resumed
         _log.debug("writer %s: serving ring %s (%d records waiting)", self.name, names.ring, resumed)
 
     def detach_ring(self, ring_name: str) -> None:
@@ -375,7 +378,7 @@ class PartitionWriter:
                     self.stats.duplicates += 1
                 else:
                     found = (
-                        self._resumed_duplicate(header)
+                        self._resume.lookup(header)
                         if verdict.code == OUT_OF_ORDER_SEQUENCE_NUMBER
                         else None
                     )
@@ -432,7 +435,7 @@ class PartitionWriter:
         self.stats.by_error[ErrorCode.KAFKA_STORAGE_ERROR] = (
             self.stats.by_error.get(ErrorCode.KAFKA_STORAGE_ERROR, 0) + refused)
         self.producer_state.truncate_to(
-            end_before, self.spec.directory, headers_from=lambda offset: _headers(self.log, offset),
+            end_before, self.spec.directory, headers_from=lambda offset: log_headers(self.log, offset),
             append_time_ms=time.time_ns() // 1_000_000)
         self._publish_offsets()
 
@@ -521,33 +524,6 @@ class PartitionWriter:
             self.state_page.set_high_watermark(end, wake_readers=False)
         if self._trace is not None:
             self._trace.published(end)
-
-    # -- duplicates a restart re-reads ----------------------------------------------------------------------
-
-    def _resumed_duplicate(self, header: BatchHeader) -> int | None:
-        """The base offset of an appended batch with this batch's producer id, epoch and sequences, among
-        the log's last records that re-read frames could cover; None if there is none."""
-        if self._resume_records == 0 or header.producer_id < 0:
-            return None
-        if self._resume_map is None or self._resume_map_records < self._resume_records:
-            self._resume_map = self._build_resume_map(self._resume_records)
-            self._resume_map_records = self._resume_records
-        key = (header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
-        found = self._resume_map.get(key)
-        return None if found is None else found[0]
-
-    def _build_resume_map(self, records: int) -> dict[ResumeKey, tuple[int, int]]:
-        end = self._start_log_end_offset
-        start = max(self.log.log_start_offset, end - records)
-        resume: dict[ResumeKey, tuple[int, int]] = {}
-        for header in _headers(self.log, start, max_offset=end):
-            if header.producer_id >= 0 and header.base_sequence >= 0:
-                key = (header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
-                resume[key] = (header.base_offset, header.last_offset)
-        _log.info(
-            "writer %s: resume map of %d batches from offsets %d..%d", self.name, len(resume), start, end
-        )
-        return resume
 
     # -- the loop -----------------------------------------------------------------------------------------
 
@@ -687,37 +663,11 @@ class PartitionWriter:
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def _headers(log: Log, offset: int, *, max_offset: int | None = None) -> Iterator[BatchHeader]:
-    """Headers of the log's batches from the one holding ``offset`` (the log start if below it)."""
-    start = max(offset, log.log_start_offset)
-    if start >= log.log_end_offset:
-        return
-    for batch in log.batches(start, max_offset=max_offset):
-        yield parse_header(batch)
-
-
 def _wake_broker(fd: int) -> None:
     """Add one to the broker's wake-up eventfd (non-blocking; a counter already at its maximum, or a
     descriptor gone, is not this writer's problem: the broker's fallback tick re-checks anyway)."""
     with contextlib.suppress(OSError):
         os.eventfd_write(fd, 1)
-
-
-def _published_records(consumer: RingConsumer) -> int:
-    """Records held by the frames published in a ring and not yet released (peeked, then rewound)."""
-    records = 0
-    try:
-        while (chunk := consumer.peek()) is not None:
-            view = chunk.view
-            for start, length in zip(chunk.body_starts.tolist(), chunk.body_lengths.tolist(), strict=True):
-                if length >= HEADER_SIZE:
-                    at = start + LAST_OFFSET_DELTA_OFFSET
-                    delta = int.from_bytes(view[at : at + 4].tobytes(), "big", signed=True)
-                    records += max(delta, 0) + 1
-    except RingFailedError:
-        pass
-    consumer.rewind()
-    return records
 
 
 def _error_name(code: int) -> str:
