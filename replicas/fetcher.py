@@ -102,7 +102,13 @@ from storage.batch_header import (
 )
 from storage.batch_reader import iter_batches
 from storage.batch_scan import END, FULL, TRUNCATED, BatchArrays, walk_batches
-from storage.errors import CorruptRecordError, InvalidRecordError, ProtocolError, RequestTimeoutError
+from storage.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    KafkaStorageError,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log
 
 __all__ = [
@@ -573,6 +579,9 @@ class _Copier:
             except InvalidRecordError as error:
                 self.problem = (f"{error}; truncating again", True)
                 return used
+            except KafkaStorageError as error:  # a full disk: nothing appended; fetch again after a back-off
+                self.problem = (str(error), False)
+                return used
             self.appended_bytes += stop - used
             self.fetch_offset = info.last_offset + 1
             used = stop
@@ -617,6 +626,9 @@ class _Copier:
                 info = log.append_as_follower(records[start:end], validated=headers)
             except InvalidRecordError as error:
                 self.problem = (f"{error}; truncating again", True)
+                return 0
+            except KafkaStorageError as error:  # a full disk: nothing appended; fetch again after a back-off
+                self.problem = (str(error), False)
                 return 0
             self.appended_bytes += end - start
             self.fetch_offset = info.last_offset + 1
