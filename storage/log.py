@@ -758,8 +758,9 @@ class Log:
         doomed = self._segments[:count]
         start = max(self._log_start_offset, self._segments[count].base_offset)
         if start != self._log_start_offset:
+            # before any unlink, and before the log changes: a checkpoint that finds no room changes nothing
+            self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, start)
             self._log_start_offset = start
-            self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, start)  # before any unlink
             self._epochs.truncate_from_start(start)
         del self._segments[:count]
         del self._bases[:count]

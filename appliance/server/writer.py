@@ -592,7 +592,7 @@ class PartitionWriter:
         except (OSError, KafkaStorageError) as exc:  # a checkpoint on a full disk: tried again next time
             if isinstance(exc, OSError) and not is_disk_full(exc):
                 raise
-            _log.warning("writer %s: flush or retention put off: %s", self.name,
+            _log.warning("writer %s: flush put off: %s", self.name,
                          describe_os_error(exc) if isinstance(exc, OSError) else exc)
 
     def run_retention(self) -> int:
@@ -600,7 +600,12 @@ class PartitionWriter:
         deleted = 0
         if self.spec.retention_enabled:
             high_watermark = self.state_page.high_watermark
-            deleted = self.log.delete_retained_segments(high_watermark=high_watermark)
+            try:
+                deleted = self.log.delete_retained_segments(high_watermark=high_watermark)
+            except OSError as exc:  # the log start offset's checkpoint found no room: nothing was deleted
+                if not is_disk_full(exc):
+                    raise
+                _log.warning("writer %s: retention put off: %s", self.name, describe_os_error(exc))
             if deleted:
                 self.state_page.log_start_offset = self.log.log_start_offset
                 _log.info("writer %s: retention deleted %d segments, log start offset now %d",

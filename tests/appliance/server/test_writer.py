@@ -638,3 +638,38 @@ def test_a_snapshot_that_finds_no_room_is_skipped_and_the_writer_goes_on(bench: 
     finally:
         writer.close()
     assert list_snapshots(spec.directory), "the clean stop, with room again, writes one"
+
+
+def test_retention_on_a_full_disk_is_put_off_then_frees_the_space_that_resumes_writes(bench: Bench) -> None:
+    """Full, with no room even for the log start offset's checkpoint: retention deletes nothing and changes
+    nothing; once that checkpoint fits, retention deletes, and the space it frees lets writes resume."""
+    spec = dataclasses.replace(bench.spec(segment_bytes=500, retention_bytes=600), log_dir_min_free_bytes=1)
+    free = FreeBytes(1 << 30)
+    writer = PartitionWriter.open(spec, free_bytes=free)
+    try:
+        producer = bench.producer(writer)
+        for _ in range(10):
+            producer.send(build_batch([b"y" * 200]))
+            writer.drain_round()
+        free.free = 0
+        DISK_FAULTS.arm("segment.write")  # the disk is full: the next write fails
+        producer.send(build_batch([b"refused"]))
+        writer.drain_round()
+        assert acks(producer)[-1] == STORAGE_ERROR and writer.disk.full
+        segments = writer.log.segments
+        DISK_FAULTS.arm("checkpoint.write", times=-1)
+        try:
+            assert writer.run_retention() == 0
+        finally:
+            DISK_FAULTS.disarm()
+        assert writer.log.segments == segments and writer.log.log_start_offset == 0
+        assert writer.run_retention() >= 3
+        assert bench.page.log_start_offset == writer.log.log_start_offset > 0
+        free.free = 1 << 30  # what retention freed
+        _wait_for_recheck()
+        producer.send(build_batch([b"resumed"]))
+        writer.drain_round()
+        assert acks(producer) == [10]
+        producer.close()
+    finally:
+        writer.close()
