@@ -134,7 +134,7 @@ def test_a_full_log_dir_refuses_writes_keeps_serving_and_resumes(kind: str, rese
 
 def _check_full_then_resumed(serve: Appliance, bootstrap: str, ballast: Path | None) -> None:
     local = {"appliance.control.socket": str(serve.socket_path), "acks": "all", "linger.ms": 1,
-             "delivery.timeout.ms": 3000, "retry.backoff.ms": 50}
+             "delivery.timeout.ms": 1500, "retry.backoff.ms": 50}
     admin = _admin(bootstrap)
     with Producer(local) as producer, Producer({**local, "appliance.control.socket": "",
                                                 "bootstrap.servers": bootstrap}) as remote:
