@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from appliance.client.accumulator import DONE, PUBLISHED, SEALED, ProducerBatch
@@ -38,7 +39,7 @@ from ipc.ring_publisher import (
     RETRIABLE_CODES,
     error_for_code,
 )
-from storage.errors import ApplianceError, RequestTimeoutError
+from storage.errors import ApplianceError, KafkaStorageError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from appliance.client.route import BatchChannel
@@ -52,7 +53,7 @@ class PartitionQueue:
     """The producer-side state of one partition (guarded by the producer's lock).  See the module doc."""
 
     __slots__ = ("answered", "channel", "collected_ns", "index", "next_sequence", "not_before_ns", "open",
-                 "recovering", "sealed", "topic_name")
+                 "recovering", "sealed", "storage_detail", "topic_name")
 
     def __init__(self, topic_name: str, index: int, open_batch: ProducerBatch) -> None:
         self.topic_name = topic_name
@@ -65,6 +66,9 @@ class PartitionQueue:
         self.answered: list[ProducerBatch] = []  # answered with an error while recovering, in publish order
         self.not_before_ns = 0  # retry.backoff.ms: publish nothing before this monotonic time
         self.collected_ns = 0  # when the producer last read the acks of ``channel`` (monotonic ns)
+        # where the partition's log dir is and what it has free, asked when a batch fails with a storage
+        # error (the route's storage_detail; None: not known)
+        self.storage_detail: Callable[[], tuple[str, str]] | None = None
 
     @property
     def name(self) -> str:
@@ -97,6 +101,8 @@ class PartitionQueue:
             expired = time.monotonic_ns() - batch.created_ns > delivery_timeout_ms * 1_000_000
             if retriable and batch.attempts <= retries and not expired:
                 batch.state = SEALED
+            elif code == KAFKA_STORAGE_ERROR:
+                batch.complete(-1, self._storage_error(batch.describe()))
             else:
                 batch.complete(-1, error_for_code(code, topic=self.topic_name, partition=self.index,
                                                   detail=batch.describe()))
@@ -170,14 +176,24 @@ class PartitionQueue:
         """Why ``batch`` failed at ``delivery.timeout.ms``: the storage error it was last refused with,
         when that is what kept it out of the log (a full disk), else a timeout (outcome unknown)."""
         if batch.refused_code == KAFKA_STORAGE_ERROR and batch.state != PUBLISHED:
-            return error_for_code(KAFKA_STORAGE_ERROR, topic=self.topic_name, partition=self.index,
-                                  detail=f"{batch.describe()}, refused until delivery.timeout.ms "
-                                         f"{delivery_timeout_ms} ran out")
+            return self._storage_error(f"{batch.describe()}, refused until delivery.timeout.ms "
+                                       f"{delivery_timeout_ms} ran out")
         where = "in the ring, not acknowledged" if batch.state == PUBLISHED else "not published"
         return RequestTimeoutError(
             f"partition {self.name}: batch of {batch.describe()} {where} within "
             f"delivery.timeout.ms {delivery_timeout_ms}; it may still be appended"
         )
+
+    def _storage_error(self, detail: str) -> ApplianceError:
+        """KAFKA_STORAGE_ERROR for a batch (``detail``), naming the log dir and its free space where the
+        route can say (a local appliance: :attr:`storage_detail`)."""
+        error = error_for_code(KAFKA_STORAGE_ERROR, topic=self.topic_name, partition=self.index,
+                               detail=detail)
+        directory, cause = self.storage_detail() if self.storage_detail is not None else ("", "")
+        if not directory:
+            return error
+        return KafkaStorageError(f"{error} (log directory {directory}: {cause})", partition=self.name,
+                                 directory=directory, cause=cause)
 
     def abandon(self, error: RequestTimeoutError) -> None:
         """Fail everything not acknowledged (the producer closes; the caller closes the channel)."""

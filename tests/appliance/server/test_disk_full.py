@@ -144,7 +144,9 @@ def _check_full_then_resumed(serve: Appliance, bootstrap: str, ballast: Path | N
         producer.flush(30)
         junk: list[bytes] = []
         error = _fill(producer, "junk", junk, _VALUE_BYTES)
+        # the named error: partition, log dir, cause (its free bytes), what to do
         assert error.partition == "junk-0" and "KAFKA_STORAGE_ERROR" in str(error), error
+        assert error.directory == str(serve.data) and "bytes free" in error.cause, error
         assert "free space" in str(error).lower()
         for size in (4096, 256, 16):  # what a file system's last partly used blocks still take
             _fill(producer, "data", data, size)
