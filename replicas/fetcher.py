@@ -108,6 +108,8 @@ from storage.errors import (
     KafkaStorageError,
     ProtocolError,
     RequestTimeoutError,
+    describe_os_error,
+    is_disk_full,
 )
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log
 
@@ -505,9 +507,17 @@ class PartitionFetcher:
         with self._checkpoint_lock:  # close() may run while the fetching thread checkpoints
             leader = self.leader
             high_watermark = self._high_watermark
-            write_replica_state(self.log.directory, PersistedReplicaState(
-                self.topic, self.partition, leader.leader_id if leader else -1,
-                leader.leader_epoch if leader else -1, (), high_watermark))
+            try:
+                write_replica_state(self.log.directory, PersistedReplicaState(
+                    self.topic, self.partition, leader.leader_id if leader else -1,
+                    leader.leader_epoch if leader else -1, (), high_watermark))
+            except OSError as exc:  # a full disk: the high watermark is checkpointed at a later step
+                if not is_disk_full(exc):
+                    raise
+                _log.warning("partition %s: high watermark not checkpointed: %s", self.name,
+                             describe_os_error(exc))
+                self._last_checkpoint_ms = self._clock_ms()  # tried again an interval later
+                return
             self._checkpointed_high_watermark = high_watermark
             self._last_checkpoint_ms = self._clock_ms()
 
