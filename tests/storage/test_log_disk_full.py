@@ -165,3 +165,18 @@ def test_a_clean_close_on_a_full_disk_leaves_a_log_the_next_open_recovers(tmp_pa
     assert not (tmp_path / "t-0" / ".clean-shutdown").exists()
     with Log.open(tmp_path / "t-0", _CONFIG) as reopened:
         assert _state(reopened).batches == expected
+
+
+def test_index_files_are_never_sparse_and_grow_only_as_entries_need(tmp_path: Path) -> None:
+    """What a reader maps is allocated (no hole to fault on a full disk), and an active index holds at most
+    one growth chunk (256 KiB) beyond its entries, not ``segment.index.bytes`` (10 MiB) up front."""
+    config = LogConfig(index_interval_bytes=1)
+    log = Log.open(tmp_path / "t-0", config)
+    for i in range(0, 6000, 2):
+        _append_one(log, i, path="hot" if i % 4 else "general")
+        if i % 1000 == 0:
+            for index in (*tmp_path.glob("t-0/*.index"), *tmp_path.glob("t-0/*.timeindex")):
+                st = index.stat()
+                assert st.st_blocks * 512 >= st.st_size, f"{index.name} is sparse"
+                assert st.st_size <= 12 * log.log_end_offset + 256 * 1024 + 4096, index.name  # + a chunk
+    log.close()
