@@ -28,7 +28,7 @@ class LogState(NamedTuple):
     log_end_offset: int
     segments: list[tuple[int, int, int]]  # base offset, size, next offset
     files: dict[str, str]  # .log file name -> digest of its bytes
-    names: list[str]  # every file of the directory but the index files' allocated size
+    names: list[str]  # the segments' files (the checkpoints are written by a background flush meanwhile)
     batches: list[bytes]  # what reads return, from the log start
     epochs: list[tuple[int, int]]
     read_positions: list[int]  # Log.read(offset) through the indexes, for every offset
@@ -42,7 +42,7 @@ def _state(log: Log) -> LogState:
         end,
         [(s.base_offset, s.size_bytes, s.next_offset) for s in log.segments],
         files,
-        sorted(p.name for p in directory.iterdir()),
+        sorted(p.name for p in directory.iterdir() if p.suffix in (".log", ".index", ".timeindex")),
         list(log.batches()),
         [tuple(e) for e in log.leader_epoch_cache.entries],
         [log.read(offset, 1).position for offset in range(log.log_start_offset, end)],
