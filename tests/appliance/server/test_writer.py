@@ -656,6 +656,7 @@ def test_retention_on_a_full_disk_is_put_off_then_frees_the_space_that_resumes_w
         producer.send(build_batch([b"refused"]))
         writer.drain_round()
         assert acks(producer)[-1] == STORAGE_ERROR and writer.disk.full
+        writer.log.flush()  # the rolled segments' background flushes are done: only retention meets the fault
         segments = writer.log.segments
         DISK_FAULTS.arm("checkpoint.write", times=-1)
         try:
