@@ -61,6 +61,7 @@ from ipc.wakeup import DEFAULT_SPIN_ITERATIONS
 from storage.errors import (
     ApplianceError,
     ConfigError,
+    KafkaStorageError,
     PartitionOfflineError,
     ProtocolError,
     RequestTimeoutError,
@@ -144,8 +145,8 @@ def ok_response(**fields: Any) -> dict[str, Any]:
     return {"ok": True, **fields}
 
 
-def error_response(code: ErrorCode, message: str) -> dict[str, Any]:
-    return {"ok": False, "error": code.name, "code": int(code), "message": message}
+def error_response(code: ErrorCode, message: str, **fields: Any) -> dict[str, Any]:
+    return {"ok": False, "error": code.name, "code": int(code), "message": message, **fields}
 
 
 class ControlError(ApplianceError):
@@ -173,6 +174,13 @@ class _Offline(PartitionOfflineError, ControlError):
     pass
 
 
+class _Storage(KafkaStorageError, ControlError):
+    def __init__(self, message: str, error: str, code: int) -> None:
+        KafkaStorageError.__init__(self, message)
+        self.error = error
+        self.code = code
+
+
 _CONFIG_ERRORS = frozenset(
     {
         ErrorCode.INVALID_TOPIC_EXCEPTION.name,
@@ -190,8 +198,9 @@ def raise_for_error(response: Mapping[str, Any]) -> None:
 
     UNKNOWN_TOPIC_OR_PARTITION raises an :class:`UnknownTopicOrPartitionError`, TOPIC_ALREADY_EXISTS a
     :class:`appliance.server.metadata.TopicExistsError`, invalid requests a :class:`ConfigError`,
-    KAFKA_STORAGE_ERROR (``attach`` to an offline partition) a :class:`PartitionOfflineError`; all of them
-    are also :class:`ControlError` carrying the error name and code. """
+    KAFKA_STORAGE_ERROR a :class:`PartitionOfflineError` when the reply says ``"offline": true`` (``attach``
+    to an offline partition), else a :class:`KafkaStorageError` (a file system error); all of them are also
+    :class:`ControlError` carrying the error name and code. """
     if response.get("ok") is True:
         return
     name = str(response.get("error", "UNKNOWN_SERVER_ERROR"))
@@ -205,7 +214,9 @@ def raise_for_error(response: Mapping[str, Any]) -> None:
     if name in _CONFIG_ERRORS:
         raise _BadConfig(message, name, code)
     if name == ErrorCode.KAFKA_STORAGE_ERROR.name:
-        raise _Offline(message, name, code)
+        if response.get("offline") is True:
+            raise _Offline(message, name, code)
+        raise _Storage(message, name, code)
     raise ControlError(message, name, code)
 
 

@@ -42,6 +42,7 @@ from storage.errors import (
     ApplianceError,
     CorruptRecordError,
     InvalidRecordError,
+    KafkaStorageError,
     NotEnoughReplicasError,
     NotLeaderError,
     RequestTimeoutError,
@@ -99,6 +100,15 @@ _ERROR_CLASSES: dict[int, type[ApplianceError]] = {
     INVALID_TXN_STATE: InvalidRecordError,
     UNKNOWN_PRODUCER_ID: InvalidRecordError,
     INVALID_RECORD: InvalidRecordError,
+    KAFKA_STORAGE_ERROR: KafkaStorageError,
+}
+_ADVICE: dict[int, str] = {
+    KAFKA_STORAGE_ERROR: (
+        ": the partition's log directory cannot take writes (its file system is full, or its free space is "
+        "below log.dir.min.free.bytes; the writer's log names the directory and the cause); nothing was "
+        "appended.  Free space there (delete topics, lower retention.ms or retention.bytes): writes resume "
+        "by themselves"
+    ),
 }
 
 
@@ -111,10 +121,14 @@ def error_for_code(code: int, *, topic: str, partition: int, detail: str = "") -
 
     cls = _ERROR_CLASSES.get(code, ApplianceError)
     what = f" ({detail})" if detail else ""
-    advice = " (retriable)" if code in RETRIABLE_CODES else ""
-    return cls(
+    advice = (" (retriable)" if code in RETRIABLE_CODES else "") + _ADVICE.get(code, "")
+    error = cls(
         f"partition {topic}-{partition}: batch{what} refused by the writer: {error_name(code)}{advice}"
     )
+    if isinstance(error, KafkaStorageError):
+        error.partition = f"{topic}-{partition}"
+        error.cause = "KAFKA_STORAGE_ERROR"
+    return error
 
 
 class RingPublisher(Generic[T]):

@@ -102,7 +102,15 @@ from storage.batch_header import (
 )
 from storage.batch_reader import iter_batches
 from storage.batch_scan import END, FULL, TRUNCATED, BatchArrays, walk_batches
-from storage.errors import CorruptRecordError, InvalidRecordError, ProtocolError, RequestTimeoutError
+from storage.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    KafkaStorageError,
+    ProtocolError,
+    RequestTimeoutError,
+    describe_os_error,
+    is_disk_full,
+)
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log
 
 __all__ = [
@@ -499,9 +507,17 @@ class PartitionFetcher:
         with self._checkpoint_lock:  # close() may run while the fetching thread checkpoints
             leader = self.leader
             high_watermark = self._high_watermark
-            write_replica_state(self.log.directory, PersistedReplicaState(
-                self.topic, self.partition, leader.leader_id if leader else -1,
-                leader.leader_epoch if leader else -1, (), high_watermark))
+            try:
+                write_replica_state(self.log.directory, PersistedReplicaState(
+                    self.topic, self.partition, leader.leader_id if leader else -1,
+                    leader.leader_epoch if leader else -1, (), high_watermark))
+            except OSError as exc:  # a full disk: the high watermark is checkpointed at a later step
+                if not is_disk_full(exc):
+                    raise
+                _log.warning("partition %s: high watermark not checkpointed: %s", self.name,
+                             describe_os_error(exc))
+                self._last_checkpoint_ms = self._clock_ms()  # tried again an interval later
+                return
             self._checkpointed_high_watermark = high_watermark
             self._last_checkpoint_ms = self._clock_ms()
 
@@ -573,6 +589,9 @@ class _Copier:
             except InvalidRecordError as error:
                 self.problem = (f"{error}; truncating again", True)
                 return used
+            except KafkaStorageError as error:  # a full disk: nothing appended; fetch again after a back-off
+                self.problem = (str(error), False)
+                return used
             self.appended_bytes += stop - used
             self.fetch_offset = info.last_offset + 1
             used = stop
@@ -617,6 +636,9 @@ class _Copier:
                 info = log.append_as_follower(records[start:end], validated=headers)
             except InvalidRecordError as error:
                 self.problem = (f"{error}; truncating again", True)
+                return 0
+            except KafkaStorageError as error:  # a full disk: nothing appended; fetch again after a back-off
+                self.problem = (str(error), False)
                 return 0
             self.appended_bytes += end - start
             self.fetch_offset = info.last_offset + 1

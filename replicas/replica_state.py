@@ -54,7 +54,15 @@ from typing import Final, NamedTuple
 
 from ipc.kafka import ErrorCode
 from storage.atomic_file import write_atomically
-from storage.errors import CorruptRecordError, NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError
+from storage.disk_faults import DISK_FAULTS
+from storage.errors import (
+    CorruptRecordError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    describe_os_error,
+    is_disk_full,
+)
 
 __all__ = [
     "ACKS_ALL",
@@ -105,6 +113,8 @@ def write_replica_state(directory: str, state: PersistedReplicaState) -> None:
         "high_watermark": state.high_watermark,
     }
     data = (json.dumps(document, separators=(", ", ": ")) + "\n").encode()
+    if DISK_FAULTS.armed:
+        DISK_FAULTS.check("checkpoint.write", path)
     write_atomically(path, data, tmp_suffix=_WRITING_SUFFIX)
 
 
@@ -432,8 +442,7 @@ class PartitionReplicaState:
         """Persist the high watermark if it moved and ``checkpoint_interval_ms`` has passed."""
         if (self._high_watermark != self._checkpointed_high_watermark
                 and now_ms - self._last_checkpoint_ms >= self.checkpoint_interval_ms):
-            self._persist(now_ms)
-            return True
+            return self._persist(now_ms)
         return False
 
     def close(self, now_ms: int) -> None:
@@ -456,16 +465,30 @@ class PartitionReplicaState:
     def _change_isr(self, isr: Iterable[int], now_ms: int, why: str) -> None:
         before = self._isr
         after = tuple(sorted(set(isr)))
-        self._persist(now_ms, after)  # on disk first: a crash right after must not forget the change
+        if not self._persist(now_ms, after):  # on disk first: a crash right after must not forget the change
+            _log.warning("partition %s: ISR change from %s to %s put off: %s", self.name, list(before),
+                         list(after), why)
+            return
         self._isr = after
         verb = "expanded" if len(self._isr) > len(before) else "shrunk"
         _log.info("partition %s: ISR %s from %s to %s: %s", self.name, verb, list(before), list(self._isr),
                   why)
 
-    def _persist(self, now_ms: int, isr: tuple[int, ...] | None = None) -> None:
+    def _persist(self, now_ms: int, isr: tuple[int, ...] | None = None) -> bool:
+        """Write the replica state; False, with nothing changed, where the log dir is full (a later call
+        tries again)."""
         if self.directory is not None:
-            write_replica_state(self.directory, PersistedReplicaState(
-                self.topic, self.partition, self.broker_id, self.leader_epoch,
-                self._isr if isr is None else isr, self._high_watermark))
+            try:
+                write_replica_state(self.directory, PersistedReplicaState(
+                    self.topic, self.partition, self.broker_id, self.leader_epoch,
+                    self._isr if isr is None else isr, self._high_watermark))
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                _log.warning("partition %s: cannot persist the replica state in %s: %s", self.name,
+                             self.directory, describe_os_error(exc))
+                self._last_checkpoint_ms = now_ms  # a checkpoint is tried again an interval later
+                return False
         self._checkpointed_high_watermark = self._high_watermark
         self._last_checkpoint_ms = now_ms
+        return True

@@ -15,7 +15,8 @@ the steps and what a crash (of the process, or of the machine: a power cut) leav
     4. ``rename`` it over ``path``: the commit point                             old or new, whole
     5. ``fsync`` the directory: the rename itself is on disk                     the new file
 
-so when it returns the new contents survive a power cut.  Up to step 3 the temporary file may be left behind,
+so when it returns the new contents survive a power cut.  A step that fails (a full disk: ``ENOSPC``) removes
+the temporary file and raises, ``path`` untouched.  Up to step 3 a crash may leave the temporary file behind,
 empty or partly written: whoever owns the file deletes ``path + tmp_suffix`` when it opens (the log's writer
 deletes every ``*.tmp`` of its partition directory, which is why a file another process writes there uses
 another ``tmp_suffix``).  Without step 3 a power cut after step 4 could leave ``path`` empty or torn (the
@@ -29,6 +30,7 @@ producer-state snapshots (CRC-checked; an older one or the log serves instead); 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Final
 
@@ -45,14 +47,19 @@ def write_atomically(path: str | os.PathLike[str], data: bytes | bytearray | mem
     tmp = target + tmp_suffix
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk leaves no half-written temporary file behind
+            os.unlink(tmp)
+        raise
     if durable:
         fsync_directory(os.path.dirname(target) or ".")
 

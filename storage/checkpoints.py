@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Final, NamedTuple
 
 from storage.atomic_file import write_atomically
+from storage.disk_faults import DISK_FAULTS
 from storage.errors import CorruptRecordError
 
 __all__ = [
@@ -48,6 +49,8 @@ UNDEFINED_EPOCH_OFFSET: Final = -1
 def write_checkpoint(path: str, lines: Iterable[str]) -> None:
     """Kafka's checkpoint file: version, count, then the lines."""
     body = list(lines)
+    if DISK_FAULTS.armed:
+        DISK_FAULTS.check("checkpoint.write", path)
     write_atomically(path, "".join(f"{line}\n" for line in [str(CHECKPOINT_VERSION), str(len(body)), *body])
                      .encode())
 

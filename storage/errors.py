@@ -11,6 +11,9 @@ This module lives in ``storage`` because ``storage`` is the lowest package: ever
 
 from __future__ import annotations
 
+import errno
+import os
+
 __all__ = [
     "ApplianceError",
     "BackPressureError",
@@ -18,6 +21,7 @@ __all__ = [
     "ConfigError",
     "CorruptRecordError",
     "InvalidRecordError",
+    "KafkaStorageError",
     "LogCorruptionError",
     "LogLockedError",
     "NotEnoughReplicasError",
@@ -28,7 +32,11 @@ __all__ = [
     "RequestTimeoutError",
     "TopicExistsError",
     "UnknownTopicOrPartitionError",
+    "describe_os_error",
+    "is_disk_full",
 ]
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a file system (or a quota) out of space
 
 
 class ApplianceError(Exception):
@@ -114,3 +122,43 @@ class PartitionOfflineError(ApplianceError):
 
 class LogLockedError(ApplianceError):
     """Another process already writes this partition log.  A log has exactly one writer."""
+
+
+class KafkaStorageError(ApplianceError):
+    """A partition's log directory cannot take writes: the file system is full (``ENOSPC``), a quota is
+    exhausted (``EDQUOT``), or its free space is below ``log.dir.min.free.bytes``.  Kafka's
+    KAFKA_STORAGE_ERROR (code 56), retriable.
+
+    Nothing of the refused batches was appended, and what an append had half-written was cut back.  Retry:
+    writes resume by themselves, without a restart, once the log directory has room again (retention, a
+    deleted topic, a person freeing space).  ``partition``, ``directory`` and ``cause`` say which partition,
+    which log directory and why (empty where the refusal came from a remote writer that did not say).
+    """
+
+    def __init__(self, message: str, *, partition: str = "", directory: str = "", cause: str = "") -> None:
+        super().__init__(message)
+        self.partition = partition
+        self.directory = directory
+        self.cause = cause
+
+    @classmethod
+    def for_partition(cls, partition: str, directory: str, cause: str) -> KafkaStorageError:
+        """The error for ``partition`` whose log directory ``directory`` cannot take writes because of
+        ``cause`` (an ``os.strerror`` text, or the reserve's shortfall)."""
+        return cls(
+            f"partition {partition}: log directory {directory} cannot take writes: {cause}; nothing was "
+            f"appended (KAFKA_STORAGE_ERROR, retriable).  Free space in {directory} (delete topics, lower "
+            "retention.ms or retention.bytes): writes resume by themselves",
+            partition=partition, directory=directory, cause=cause,
+        )
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a file system saying it has no room (ENOSPC, EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``exc`` as a cause: its errno name and text (``ENOSPC: No space left on device``)."""
+    code = exc.errno or 0
+    return f"{errno.errorcode.get(code, str(code))}: {os.strerror(code)}"

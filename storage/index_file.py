@@ -11,12 +11,19 @@ binary search over the mapped bytes, in numba (:func:`index_search`); entries ar
 Index files are *disposable*: they are not checksummed and are rebuilt from the segment's log file when a
 sanity check fails or after an unclean stop.  Their lifecycle, as Kafka's:
 
-* the active segment's index is preallocated to ``segment.index.bytes`` (a sparse file) and mapped
-  read-write; entries are appended in place; the unused tail stays zero;
+* the active segment's index may hold up to ``segment.index.bytes``, but its file only ever covers blocks
+  that are really allocated: it grows in chunks as entries need room (:meth:`IndexFile.reserve_entries`,
+  ``posix_fallocate``, by as much as it holds, one page at least, :data:`_ALLOCATE_MAX_BYTES` at most)
+  and is mapped read-write at that size; entries are appended in place; the allocated tail stays zero.
+  A sparse file would be a trap: touching a page of a mapped hole makes the kernel allocate it then, and
+  on a full file system that fault is SIGBUS, in the writer and in every reader mapping the file.  A
+  failed allocation (``ENOSPC``) leaves the file and its mapping as they were and raises; opening an
+  active index where there is no room maps what the file already holds;
 * on roll or close it is *trimmed* to its used size.  Trimming writes the used bytes to a new file and
   renames it over the old one (``storage.atomic_file``, not durable: an index is rebuilt when it is lost),
   so the file a concurrent reader has mapped is never shrunk in place (touching a mapped page past the end
-  of a shrunk file would kill the reader with SIGBUS);
+  of a shrunk file would kill the reader with SIGBUS); the old mapping is dropped only once the new file
+  is in place, so a trim that fails (a full disk) leaves the index as it was;
 * truncation (``truncate_to``) zeroes the dropped entries in place; the file is never shrunk.
 
 Readers in other processes (``storage.log_reader``) map the files read-only and do not know how many
@@ -35,6 +42,8 @@ import numba
 import numpy as np
 
 from storage.atomic_file import write_atomically
+from storage.disk_faults import DISK_FAULTS
+from storage.errors import is_disk_full
 
 __all__ = [
     "NOT_FOUND",
@@ -57,6 +66,7 @@ NOT_FOUND: Final = -1  # kernel code: no entry has a key <= target (or the index
 _MADV_POPULATE_WRITE: Final = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _POPULATE_BYTES: Final = 256 * 1024
 _populate_supported = [True]
+_ALLOCATE_MAX_BYTES: Final = 256 * 1024  # an active index file grows by at most this much at a time
 
 
 @numba.njit(cache=True)
@@ -152,33 +162,38 @@ class IndexFile:
     # --- opening -----------------------------------------------------------------------------------------
     @classmethod
     def open_active(cls, path: str, entry: struct.Struct, *, max_bytes: int, entries: int) -> IndexFile:
-        """Map ``path`` read-write, grown (sparse) to ``max_bytes``; ``entries`` are already used."""
+        """Map ``path`` read-write with ``entries`` already used and room for ``max_bytes`` in all; the file
+        is allocated for the used entries and one chunk more (:meth:`reserve_entries`), or, where the file
+        system has no room, mapped as it is."""
         index = cls(path, entry, writable=True)
-        size = max_bytes - max_bytes % entry.size
+        index.max_entries = max(max_bytes // entry.size, entries)
         used = entries * entry.size
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            current = os.fstat(fd).st_size
-            size = max(size, used)
-            if current > size:
-                # Shrinking a file that a reader may map is what IndexFile never does in place.
-                data = os.pread(fd, size, 0)
+            st = os.fstat(fd)
+            current = st.st_size
+            if current > index.max_entries * entry.size or st.st_blocks * 512 < current:
+                # Larger than it may grow, or sparse (a crash's leftover, an older version's 10 MiB): keep
+                # the used entries in a new, fully allocated file; a reader mapping the old one keeps it.
+                data = os.pread(fd, used, 0)
                 os.close(fd)
                 fd = -1
                 write_atomically(path, data, durable=False)
                 fd = os.open(path, os.O_RDWR)
-                current = size
-            elif current < size:
-                os.ftruncate(fd, size)  # sparse: the new tail reads as zeros without touching a page
-            index._map(fd, size, writable=True)
+                current = len(data)
+            index._map(fd, current, writable=True)
         finally:
             if fd >= 0:
                 os.close(fd)
-        index.max_entries = size // entry.size
         index.entries = entries
-        stale_end = min(current, size) // entry.size
+        stale_end = index.mapped_bytes // entry.size
         if stale_end > entries:
             index._zero_from(entries, stale_end)  # old entries past the used ones (never on a fresh file)
+        try:
+            index.reserve_entries(entries + 1)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
         index._populate(used)
         return index
 
@@ -248,6 +263,8 @@ class IndexFile:
         """Write one two-field entry after the used ones (the caller checked ``is_full``)."""
         at = self.entries * self._entry_bytes
         if at + self._entry_bytes > self._populated:
+            if at + self._entry_bytes > self.mapped_bytes:
+                self.reserve_entries(self.entries + 1)
             self._populate(at)
         self._pack(self.mm, at, first, second)  # type: ignore[arg-type]
         self.entries += 1
@@ -280,12 +297,44 @@ class IndexFile:
                 _populate_supported[0] = False
         self._populated = end
 
+    def reserve_entries(self, entries: int) -> None:
+        """Make the file hold room for ``entries`` entries (at most :attr:`max_entries`), allocated for
+        real: grown with ``posix_fallocate`` to that, or by as much as it holds if that is more (one
+        page at least, :data:`_ALLOCATE_MAX_BYTES` at most), and mapped again at its new size.  Raises
+        the ``OSError`` (``ENOSPC``, ``EDQUOT``) with the file and its mapping as they were."""
+        size = self.entry.size
+        needed = min(entries, self.max_entries) * size
+        current = self.mapped_bytes
+        if needed <= current or not self.writable:
+            return
+        chunk = min(max(current, mmap.PAGESIZE), _ALLOCATE_MAX_BYTES)
+        target = max(needed, current + chunk)
+        target += -target % mmap.PAGESIZE  # whole pages: the last page is allocated anyway
+        target = min(target - target % size, self.max_entries * size)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            try:
+                if DISK_FAULTS.armed:
+                    DISK_FAULTS.check("index.allocate", self.path)
+                os.posix_fallocate(fd, current, target - current)
+            except OSError:
+                if os.fstat(fd).st_size != current:  # a partial allocation may have moved the end
+                    os.ftruncate(fd, current)
+                raise
+            self.close()
+            self._map(fd, target, writable=True)
+        finally:
+            os.close(fd)
+        self._populated = 0  # a new mapping: its pages are faulted in again from the next entry on
+        self._populate(self.entries * size)
+
     def append_encoded(self, data: bytes, *, reserve: int) -> None:
         """Append already-encoded entries in bulk (a rebuild), as many as fit leaving ``reserve`` slots."""
         count = min(len(data) // self.entry.size, self.max_entries - reserve - self.entries)
         if count <= 0:
             return
         at = self.entries * self.entry.size
+        self.reserve_entries(self.entries + count)
         if at + count * self.entry.size > self._populated:  # as append: fault ahead once per chunk
             self._populate(at)
         self._array[at : at + count * self.entry.size] = np.frombuffer(data, dtype=np.uint8,
@@ -311,8 +360,10 @@ class IndexFile:
     def trim(self) -> None:
         """Shrink the file to its used entries (new file renamed over the old) and map it read-only."""
         data = self.used_bytes()
+        if DISK_FAULTS.armed:
+            DISK_FAULTS.check("index.trim", self.path)
+        write_atomically(self.path, data, durable=False)  # raises with the old file and mapping in place
         self.close()
-        write_atomically(self.path, data, durable=False)
         fd = os.open(self.path, os.O_RDONLY)
         try:
             self._map(fd, len(data), writable=False)

@@ -41,6 +41,7 @@ unclean stop ``storage.recovery`` checks only the segments from the recovery poi
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import logging
 import os
@@ -71,7 +72,14 @@ from storage.batch_header import LOG_OVERHEAD, BatchHeader, check_batch
 from storage.batch_scan import BatchArrays
 from storage.checkpoints import LeaderEpochCache
 from storage.clean_shutdown import CleanStop, write_clean_stop
-from storage.errors import InvalidRecordError, LogLockedError, OffsetOutOfRangeError
+from storage.errors import (
+    InvalidRecordError,
+    KafkaStorageError,
+    LogLockedError,
+    OffsetOutOfRangeError,
+    describe_os_error,
+    is_disk_full,
+)
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LONG_MAX, LogConfig
 from storage.log_dir import (
@@ -200,20 +208,31 @@ class Log:
             return
         try:
             if clean:
-                self._flusher.drain()
-                self.active_segment.seal()
-                for segment in self._segments:
-                    if segment.next_offset > self._recovery_point or segment is self.active_segment:
-                        segment.flush()
-                        segment.index_files_fsync()
-                self._set_recovery_point(self.log_end_offset)
-                marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-                write_clean_stop(marker, CleanStop.of(self.active_segment))
+                self._close_cleanly()
         finally:
             self._flusher.stop()
             for segment in self._segments:
                 segment.close()
             self._release()
+
+    def _close_cleanly(self) -> None:
+        """fsync, seal, checkpoint, ``.clean-shutdown``; on a full disk the log is left as an unclean stop
+        leaves it (no ``.clean-shutdown``: the next open recovers from the recovery point)."""
+        try:
+            self._flusher.drain()
+            self.active_segment.seal()
+            for segment in self._segments:
+                if segment.next_offset > self._recovery_point or segment is self.active_segment:
+                    segment.flush()
+                    segment.index_files_fsync()
+            self._set_recovery_point(self.log_end_offset)
+            marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+            write_clean_stop(marker, CleanStop.of(self.active_segment))
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            _log.warning("partition %s: cannot close cleanly, %s; the next open recovers the log",
+                         self.name, describe_os_error(exc))
 
     def _release(self) -> None:
         self._closed = True
@@ -328,7 +347,13 @@ class Log:
                 last = base + header[LAST_OFFSET_DELTA_FIELD]
                 max_timestamp = header[MAX_TIMESTAMP_FIELD]
                 pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
-                position = segment.append_batch(view, size, last, max_timestamp)
+                try:
+                    position = segment.append_batch(view, size, last, max_timestamp)
+                except OSError as exc:
+                    error = self._append_failed(exc, base, len(self._segments))
+                    if error is None:
+                        raise
+                    raise error from exc
                 if position >= 0:
                     records = header[RECORDS_COUNT_FIELD]
                     self._unflushed_records += records
@@ -352,9 +377,10 @@ class Log:
         latest_epoch = check_leader_epoch(self._epochs.latest_epoch, leader_epoch, self.name)
         first_offset = self._segments[-1].next_offset
         plan = stamp_as_leader(parts, headers, first_offset, leader_epoch)
-        if leader_epoch > latest_epoch:
-            self._epochs.assign(leader_epoch, first_offset)
-        return self._write(parts, plan)
+        with self._undone_if_failed(first_offset):
+            if leader_epoch > latest_epoch:
+                self._epochs.assign(leader_epoch, first_offset)
+            return self._write(parts, plan)
 
     def append_as_follower(self, buf: bytes | bytearray | memoryview, *,
                            validated: Sequence[BatchHeader] | None = None) -> AppendInfo:
@@ -376,11 +402,12 @@ class Log:
                 raise InvalidRecordError(f"{self._where}: follower append: the validated batches hold "
                                          f"{sum(h.size for h in headers)} bytes, the buffer {len(view)}")
         plan = check_as_follower(headers, self.log_end_offset, self.name)
-        for header in headers:
-            epoch = header.partition_leader_epoch
-            if epoch >= 0 and epoch != self._epochs.latest_epoch:
-                self._epochs.assign(epoch, header.base_offset)
-        return self._write((view,), plan)
+        with self._undone_if_failed(self.log_end_offset):
+            for header in headers:
+                epoch = header.partition_leader_epoch
+                if epoch >= 0 and epoch != self._epochs.latest_epoch:
+                    self._epochs.assign(epoch, header.base_offset)
+            return self._write((view,), plan)
 
     def append_walked_as_follower(self, buf: bytes | bytearray | memoryview,
                                   batches: BatchArrays) -> AppendInfo:
@@ -398,6 +425,10 @@ class Log:
         self._check_writable()
         view = writable_bytes(buf)
         check_walked(view, batches, self.log_end_offset, self.name)
+        with self._undone_if_failed(self.log_end_offset):
+            return self._append_walked(view, batches)
+
+    def _append_walked(self, view: memoryview, batches: BatchArrays) -> AppendInfo:
         count = len(batches.positions)
         epochs = batches.epochs
         first_epoch = int(epochs[0])
@@ -478,6 +509,48 @@ class Log:
             segment = self._roll(batches[stop][0])
             start = stop
 
+    @contextlib.contextmanager
+    def _undone_if_failed(self, end: int) -> Iterator[None]:
+        """Around an append from log end offset ``end`` (the general paths): an ``OSError`` puts the log
+        back as it was, and a full disk is raised as :class:`KafkaStorageError`."""
+        count = len(self._segments)
+        try:
+            yield
+        except OSError as exc:
+            error = self._append_failed(exc, end, count)
+            if error is None:
+                raise
+            raise error from exc
+
+    def _append_failed(self, exc: OSError, end: int, segment_count: int) -> KafkaStorageError | None:
+        """An append from log end offset ``end`` with ``segment_count`` segments failed with ``exc``: put
+        the log back exactly as it was (:meth:`_undo_append`) and return the error to raise for a full
+        disk (None: raise ``exc``)."""
+        self._undo_append(end, segment_count)
+        if not is_disk_full(exc):
+            return None
+        return KafkaStorageError.for_partition(self.name, os.path.dirname(self.directory) or ".",
+                                               describe_os_error(exc))
+
+    def _undo_append(self, end: int, segment_count: int) -> None:
+        """Cut the log back to log end offset ``end`` and ``segment_count`` segments after a failed append:
+        the segments it rolled to are deleted, the last one before them is the active one again (reopened
+        if a roll had sealed it), its bytes from ``end`` on are dropped (a failed write cut back its own),
+        and the leader epochs recorded from ``end`` on are forgotten."""
+        while len(self._segments) > segment_count:
+            self._bases.pop()
+            self._segments.pop().delete()
+        segment = self._segments[-1]
+        segment.reopen_for_append()
+        if segment.next_offset > end:
+            segment.truncate_to(end)
+        try:
+            self._epochs.truncate_from_end(end)
+        except OSError as exc:  # the cache is right in memory; its file is reconciled at the next open
+            _log.warning("partition %s: cannot rewrite the leader-epoch checkpoint: %s", self.name, exc)
+        _log.warning("partition %s: an append failed; the log is back at log end offset %d", self.name,
+                     self.log_end_offset)
+
     def _count_unflushed(self, records: int) -> None:
         """Count appended records towards ``flush.messages`` and flush when it or ``flush.ms`` is due (the
         hot path does the same inline)."""
@@ -494,7 +567,13 @@ class Log:
                 f"partition {self.name}: the log was opened by process {self._pid}, not this forked "
                 f"process {os.getpid()}; a log has exactly one writer"
             )
-        self._flusher.raise_error()
+        try:
+            self._flusher.raise_error()
+        except OSError as exc:  # a rolled segment's recovery point not checkpointed: nothing is lost
+            if not is_disk_full(exc):
+                raise
+            raise KafkaStorageError.for_partition(self.name, os.path.dirname(self.directory) or ".",
+                                                  describe_os_error(exc)) from exc
 
     # --- rolling and flushing -------------------------------------------------------------------------------
     def roll(self) -> int:
@@ -680,8 +759,9 @@ class Log:
         doomed = self._segments[:count]
         start = max(self._log_start_offset, self._segments[count].base_offset)
         if start != self._log_start_offset:
+            # before any unlink, and before the log changes: a checkpoint that finds no room changes nothing
+            self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, start)
             self._log_start_offset = start
-            self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, start)  # before any unlink
             self._epochs.truncate_from_start(start)
         del self._segments[:count]
         del self._bases[:count]

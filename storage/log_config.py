@@ -51,8 +51,8 @@ class LogConfig:
       goes into an empty segment).
     * ``segment_ms``: roll when the incoming batch's max timestamp is this much newer than the active
       segment's first batch (or, without timestamps, when the segment is this old).
-    * ``segment_index_bytes``: size each ``.index``/``.timeindex`` file is preallocated to; a full index
-      rolls the segment.
+    * ``segment_index_bytes``: the most each ``.index``/``.timeindex`` file may hold (its blocks are
+      allocated as entries need them); a full index rolls the segment.
     * ``index_interval_bytes``: bytes of log between two sparse index entries.
     * ``retention_ms`` / ``retention_bytes``: delete closed segments older / beyond this; -1 = never.
     * ``flush_messages`` / ``flush_ms``: fsync after this many records / this long; the default

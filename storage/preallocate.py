@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Final
 
+from storage.disk_faults import DISK_FAULTS
+
 __all__ = [
     "PREALLOCATE_MAX_AHEAD_BYTES",
     "PREALLOCATE_MIN_AHEAD_BYTES",
@@ -84,6 +86,11 @@ def reserve_blocks(fd: int, position: int, length_bytes: int) -> int:
     (``ENOSPC``; ``EOPNOTSUPP`` where the file system cannot; ``ENOSYS`` without a C library to ask)."""
     if _fallocate is None:
         return errno.ENOSYS
+    if DISK_FAULTS.armed:
+        try:
+            DISK_FAULTS.check("segment.preallocate")
+        except OSError as exc:
+            return exc.errno or errno.ENOSPC
     while _fallocate(fd, _FALLOC_FL_KEEP_SIZE, position, length_bytes) != 0:
         error = ctypes.get_errno()
         if error != errno.EINTR:

@@ -85,6 +85,7 @@ import crc32c as _crc32c
 
 from storage.atomic_file import TMP_SUFFIX, write_atomically
 from storage.batch_header import CONTROL_FLAG_MASK, NO_SEQUENCE, TRANSACTIONAL_FLAG_MASK, BatchHeader
+from storage.disk_faults import DISK_FAULTS
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = [
@@ -514,6 +515,8 @@ class ProducerStateManager:
         tear this snapshot, which loading detects (CRC) and answers with an older one or the log."""
         directory = Path(directory)
         path = snapshot_path(directory, offset)
+        if DISK_FAULTS.armed:
+            DISK_FAULTS.check("snapshot.write", str(path))
         write_atomically(path, self.snapshot_bytes(offset), durable=durable)
         for old in list_snapshots(directory)[:-SNAPSHOTS_RETAINED]:
             _unlink_quietly(snapshot_path(directory, old))

@@ -22,6 +22,11 @@ writes the batch, indexes it by the rule below and keeps the budget current as i
 Preallocation (``preallocate``): while a segment is active its disk blocks are reserved ahead of the
 appends without changing its size, and given back on seal and close (``storage.preallocate``).
 
+A full disk (``ENOSPC``, ``EDQUOT``): room in both indexes for every entry an append can add is allocated
+before its bytes are written (``IndexFile.reserve_entries``); a write that fails, whole or part-way, is cut
+back to the segment's size before it (``ftruncate``) and the error goes on, with the segment's accounting and
+indexes untouched.  The segment is then exactly as before the append; the log undoes the rest (a roll).
+
 Index rule (Kafka's, applied per batch in order, identically by the live append and by the rebuild in
 ``storage.batch_scan.plan_index_entries``): remember the batch with the largest max timestamp so far; if more
 than ``index.interval.bytes`` were appended since the last offset-index entry, add ``(batch last offset,
@@ -48,6 +53,7 @@ import numpy as np
 
 from storage.batch_header import BatchHeader
 from storage.batch_scan import SegmentScan, describe, plan_index_entries, scan_segment
+from storage.disk_faults import DISK_FAULTS
 from storage.errors import CorruptRecordError
 from storage.log_config import INT32_MAX, LogConfig
 from storage.preallocate import BlockReservation
@@ -154,10 +160,16 @@ class LogSegment:
                 ) from None
             fd = os.open(segment.log_path, os.O_WRONLY | os.O_APPEND)
         segment.append_fd = fd
-        segment._reservation.attach(fd, 0)
-        segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
-        segment._index_paths.unlink()
-        segment._open_indexes_active(0, 0)
+        try:
+            if DISK_FAULTS.armed:
+                DISK_FAULTS.check("segment.create", segment.log_path)
+            segment._reservation.attach(fd, 0)
+            segment.read_fd = os.open(segment.log_path, os.O_RDONLY)
+            segment._index_paths.unlink()
+            segment._open_indexes_active(0, 0)
+        except BaseException:
+            segment.delete()  # a roll that failed leaves no file of the new segment behind
+            raise
         return segment
 
     @classmethod
@@ -268,7 +280,7 @@ class LogSegment:
     def reopen_for_append(self) -> None:
         """Make this (closed) segment the active one again: append descriptor, indexes preallocated."""
         assert self.writable
-        if self.append_fd >= 0 and self.offset_index.file.writable:
+        if self.append_fd >= 0 and self.offset_index.file.writable and self.time_index.file.writable:
             return
         if self.append_fd < 0:
             self.append_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
@@ -298,10 +310,11 @@ class LogSegment:
         (the log checked there is room: ``index_room``).
         """
         start = self.size_bytes
+        self._reserve_index_room(len(batches), size_bytes)
         reservation = self._reservation
         if start + size_bytes > reservation.end and reservation.enabled:
             reservation.reserve(self.append_fd, start, start + size_bytes, self.config.segment_bytes)
-        write_fully(self.append_fd, parts, size_bytes)
+        self._write(parts, size_bytes, start)
         position = start
         interval = self.config.index_interval_bytes
         since = self.bytes_since_last_index_entry
@@ -329,6 +342,34 @@ class LogSegment:
         self.next_offset = batches[-1][1] + 1
         self.refresh_append_budget()
         return start
+
+    def _reserve_index_room(self, batch_count: int, size_bytes: int) -> None:
+        """Before ``batch_count`` batches of ``size_bytes`` are written: allocate room in both indexes for
+        every entry they can add (one per ``index.interval.bytes``, and the time index's final one), so an
+        append that fails for want of index space fails before its bytes reach the file."""
+        entries = min(batch_count, size_bytes // max(self.index_interval_bytes, 1) + 1)
+        offsets, times = self.offset_index.file, self.time_index.file
+        offsets.reserve_entries(offsets.entries + entries)
+        times.reserve_entries(times.entries + entries + 1)
+
+    def _write(self, parts: Sequence[BatchBuffer], size_bytes: int, start: int) -> None:
+        """Write ``parts`` at the end of the file, which holds ``start`` bytes; a write that fails (a full
+        disk) is cut back to ``start`` before the error goes on."""
+        try:
+            if DISK_FAULTS.armed:
+                DISK_FAULTS.check_write(self.append_fd, parts, self.log_path)
+            write_fully(self.append_fd, parts, size_bytes)
+        except OSError:
+            self._cut_back(start)
+            raise
+
+    def _cut_back(self, start: int) -> None:
+        """A write from ``start`` failed part-way: drop what reached the file (also any blocks reserved
+        past it), so the segment is exactly as before the append.  Nothing else changed yet: the indexes
+        and the accounting are updated only after the bytes are in."""
+        os.ftruncate(self.append_fd, start)
+        self._reservation.cut(start)
+        _log.warning("%s: an append failed; the file was cut back to its %d bytes", self.log_path, start)
 
     def fits(self, size_bytes: int, last_offset: int, batch_count: int, max_timestamp: int,
              now_ms: int) -> bool:
@@ -387,10 +428,16 @@ class LogSegment:
                 or (index_due and self.index_entries_left <= 0)):
             return OVER_BUDGET
         fd = self.append_fd
-        written = _os_write(fd, view)
-        if written != size_bytes:
-            write_rest(fd, (view,), written)
         position = self.size_bytes
+        try:
+            if DISK_FAULTS.armed:
+                DISK_FAULTS.check_write(fd, (view,), self.log_path)
+            written = _os_write(fd, view)
+            if written != size_bytes:
+                write_rest(fd, (view,), written)
+        except OSError:
+            self._cut_back(position)
+            raise
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
@@ -416,10 +463,11 @@ class LogSegment:
         written at."""
         count = len(positions)
         start = self.size_bytes
+        self._reserve_index_room(count, size_bytes)
         reservation = self._reservation
         if start + size_bytes > reservation.end and reservation.enabled:
             reservation.reserve(self.append_fd, start, start + size_bytes, self.config.segment_bytes)
-        write_fully(self.append_fd, parts, size_bytes)
+        self._write(parts, size_bytes, start)
         time_index = self.time_index
         state = np.array([self.bytes_since_last_index_entry, self.max_timestamp, self.offset_of_max_timestamp,
                           time_index.last_timestamp], dtype=np.int64)
@@ -456,7 +504,9 @@ class LogSegment:
         rolling = self.rolling_timestamp
         self.timestamp_limit = rolling + config.segment_ms if rolling >= 0 else _NO_LIMIT
         # past the faulted-in pages of .index, IndexFile.append (the general path) faults in the next ones
-        self.index_entries_left = min(self.index_room(), self.offset_index.file.prefaulted_entries_left())
+        # (a time entry only comes with an offset entry; the time index keeps one slot for its final one)
+        self.index_entries_left = min(self.index_room(), self.offset_index.file.prefaulted_entries_left(),
+                                      self.time_index.file.prefaulted_entries_left() - 1)
 
     def _extend_reservation(self, size_bytes: int) -> bool:
         """:meth:`append_batch`, for a batch of ``size_bytes`` beyond ``room_bytes``: when only the blocks

@@ -30,6 +30,7 @@ SURFACES: dict[str, set[str]] = {
         "FetchSlice",
         "HeaderColumns",
         "InvalidRecordError",
+        "KafkaStorageError",
         "LATEST_TIMESTAMP",
         "Log",
         "LogConfig",

@@ -73,6 +73,12 @@ _COMMIT_ERRORS = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER: "this broker stopped leading the partition before it was committed",
 }
 
+# Answers of the partition's writer that deserve a word in the Produce response's error_message.
+_WRITER_ERRORS: dict[int, str] = {
+    ErrorCode.KAFKA_STORAGE_ERROR: "the partition's log directory cannot take writes (its file system is "
+    "full, or below log.dir.min.free.bytes); nothing was appended; retry: writes resume once there is room",
+}
+
 
 class ProduceOutcome(NamedTuple):
     """What the broker does with a Produce request right after :meth:`ProduceService.start`."""
@@ -336,7 +342,7 @@ class Produce:
             for batch, result in publisher.take_completed():
                 batch.acked = True
                 if result < 0:
-                    self._answer(batch, -result)
+                    self._answer(batch, -result, _WRITER_ERRORS.get(-result))
                 else:
                     batch.answer.base_offset = result
         finished = []

@@ -210,6 +210,7 @@ class ProducerBatch:
         "partition",
         "plan_cache",
         "record_bytes",
+        "refused_code",
         "room_bytes",
         "size_bytes",
         "state",
@@ -247,6 +248,7 @@ class ProducerBatch:
         self.base_offset = -1
         self.error: ApplianceError | None = None
         self.attempts = 0
+        self.refused_code = 0  # the Kafka error code of the last answer refusing it (0: none yet)
 
     @property
     def record_count(self) -> int:
@@ -305,8 +307,9 @@ class ProducerBatch:
         return payload_bytes + self.record_bytes
 
     def started(self) -> None:
-        """The first record arrives: start the linger clock and take the batch's CreateTime."""
-        self.first_append_ns = time.monotonic_ns()
+        """The first record arrives: start the linger clock and delivery.timeout.ms's (an empty batch
+        waits for its first record as long as the partition is quiet), and take the batch's CreateTime."""
+        self.first_append_ns = self.created_ns = time.monotonic_ns()
         self.timestamp_ms = time.time_ns() // 1_000_000
 
     # -- building -------------------------------------------------------------------------------------

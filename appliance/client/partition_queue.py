@@ -29,11 +29,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from appliance.client.accumulator import DONE, PUBLISHED, SEALED, ProducerBatch
-from ipc.ring_publisher import OUT_OF_ORDER_SEQUENCE_NUMBER, RETRIABLE_CODES, error_for_code
-from storage.errors import RequestTimeoutError
+from ipc.ring_publisher import (
+    KAFKA_STORAGE_ERROR,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    RETRIABLE_CODES,
+    error_for_code,
+)
+from storage.errors import ApplianceError, KafkaStorageError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from appliance.client.route import BatchChannel
@@ -47,7 +53,7 @@ class PartitionQueue:
     """The producer-side state of one partition (guarded by the producer's lock).  See the module doc."""
 
     __slots__ = ("answered", "channel", "collected_ns", "index", "next_sequence", "not_before_ns", "open",
-                 "recovering", "sealed", "topic_name")
+                 "recovering", "sealed", "storage_detail", "topic_name")
 
     def __init__(self, topic_name: str, index: int, open_batch: ProducerBatch) -> None:
         self.topic_name = topic_name
@@ -60,6 +66,9 @@ class PartitionQueue:
         self.answered: list[ProducerBatch] = []  # answered with an error while recovering, in publish order
         self.not_before_ns = 0  # retry.backoff.ms: publish nothing before this monotonic time
         self.collected_ns = 0  # when the producer last read the acks of ``channel`` (monotonic ns)
+        # where the partition's log dir is and what it has free, asked when a batch fails with a storage
+        # error (the route's storage_detail; None: not known)
+        self.storage_detail: Callable[[], tuple[str, str]] | None = None
 
     @property
     def name(self) -> str:
@@ -84,6 +93,7 @@ class PartitionQueue:
             return
         code = -result
         self.recovering = True
+        batch.refused_code = code
         if batch.state != DONE:
             # behind a batch refused in this recovery, "out of order" only means "send me again in order"
             behind = code == OUT_OF_ORDER_SEQUENCE_NUMBER and bool(self.answered)
@@ -91,6 +101,8 @@ class PartitionQueue:
             expired = time.monotonic_ns() - batch.created_ns > delivery_timeout_ms * 1_000_000
             if retriable and batch.attempts <= retries and not expired:
                 batch.state = SEALED
+            elif code == KAFKA_STORAGE_ERROR:
+                batch.complete(-1, self._storage_error(batch.describe()))
             else:
                 batch.complete(-1, error_for_code(code, topic=self.topic_name, partition=self.index,
                                                   detail=batch.describe()))
@@ -145,18 +157,43 @@ class PartitionQueue:
                 self.sealed.appendleft(batch)
 
     def expire(self, now_ns: int, delivery_timeout_ms: int) -> None:
-        """Fail the batches older than ``delivery.timeout.ms`` (their outcome is unknown)."""
+        """Fail the batches older than ``delivery.timeout.ms`` (their outcome is unknown).  A batch refused
+        with KAFKA_STORAGE_ERROR and sent again is left to its answer (:meth:`acknowledged` fails it with
+        the storage error if it is refused again) for as long again."""
         limit_ns = delivery_timeout_ms * 1_000_000
         waiting: list[ProducerBatch] = list(self.sealed) + [b for b in self.answered if b.state != DONE]
         if self.channel is not None:
             waiting += [batch for _, batch in self.channel.in_flight]
         for batch in waiting:
-            if batch.state != DONE and now_ns - batch.created_ns > limit_ns:
-                where = "in the ring, not acknowledged" if batch.state == PUBLISHED else "not published"
-                batch.complete(-1, RequestTimeoutError(
-                    f"partition {self.name}: batch of {batch.describe()} {where} within "
-                    f"delivery.timeout.ms {delivery_timeout_ms}; it may still be appended"
-                ))
+            if batch.state == DONE or now_ns - batch.created_ns <= limit_ns:
+                continue
+            if (batch.state == PUBLISHED and batch.refused_code == KAFKA_STORAGE_ERROR
+                    and now_ns - batch.created_ns <= 2 * limit_ns):
+                continue  # sent again after a storage error: its answer, due any moment, says how it ended
+            batch.complete(-1, self._expired(batch, delivery_timeout_ms))
+
+    def _expired(self, batch: ProducerBatch, delivery_timeout_ms: int) -> ApplianceError:
+        """Why ``batch`` failed at ``delivery.timeout.ms``: the storage error it was last refused with,
+        when that is what kept it out of the log (a full disk), else a timeout (outcome unknown)."""
+        if batch.refused_code == KAFKA_STORAGE_ERROR and batch.state != PUBLISHED:
+            return self._storage_error(f"{batch.describe()}, refused until delivery.timeout.ms "
+                                       f"{delivery_timeout_ms} ran out")
+        where = "in the ring, not acknowledged" if batch.state == PUBLISHED else "not published"
+        return RequestTimeoutError(
+            f"partition {self.name}: batch of {batch.describe()} {where} within "
+            f"delivery.timeout.ms {delivery_timeout_ms}; it may still be appended"
+        )
+
+    def _storage_error(self, detail: str) -> ApplianceError:
+        """KAFKA_STORAGE_ERROR for a batch (``detail``), naming the log dir and its free space where the
+        route can say (a local appliance: :attr:`storage_detail`)."""
+        error = error_for_code(KAFKA_STORAGE_ERROR, topic=self.topic_name, partition=self.index,
+                               detail=detail)
+        directory, cause = self.storage_detail() if self.storage_detail is not None else ("", "")
+        if not directory:
+            return error
+        return KafkaStorageError(f"{error} (log directory {directory}: {cause})", partition=self.name,
+                                 directory=directory, cause=cause)
 
     def abandon(self, error: RequestTimeoutError) -> None:
         """Fail everything not acknowledged (the producer closes; the caller closes the channel)."""

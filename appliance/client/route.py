@@ -12,6 +12,7 @@ that broke); the producer then takes what was answered and sends the rest again 
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections import deque
@@ -80,6 +81,11 @@ class Route(Protocol):
 
     def drop_channel(self, channel: BatchChannel) -> None: ...
 
+    def storage_detail(self, topic: str, partition: int) -> tuple[str, str]:
+        """The partition's log dir and what it has free, for a KAFKA_STORAGE_ERROR (``("", "")``: unknown).
+        Cold path: asked once per batch failed with that error."""
+        ...
+
     def alive(self) -> bool: ...
 
     def reconnect(self, timeout_ms: int) -> None: ...
@@ -110,6 +116,18 @@ class LocalRoute:
 
     def init_producer_id(self) -> tuple[int, int]:
         return self.client.init_producer_id()
+
+    def storage_detail(self, topic: str, partition: int) -> tuple[str, str]:
+        """The log dir of ``topic``-``partition`` (the supervisor's metadata) and its free bytes, measured
+        here: the appliance is on this host."""
+        try:
+            info = self.client.metadata([topic]).topics[topic]
+            (found,) = [p for p in info.partitions if p.partition == partition]
+            directory = os.path.dirname(os.path.normpath(found.directory))
+            st = os.statvfs(directory)
+        except (ApplianceError, OSError, KeyError, ValueError):
+            return "", ""
+        return directory, f"{st.f_bavail * st.f_frsize} bytes free"
 
     def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
                      max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel:

@@ -308,6 +308,8 @@ class Sender:
                 max_block_ms=cfg.max_block_ms,
                 acks=cfg.acks,
             )
+            route, topic, index = self.route, part.topic_name, part.index
+            part.storage_detail = lambda: route.storage_detail(topic, index)
         return channel
 
     def _publish(self, part: PartitionQueue, batch: ProducerBatch, timeout_ms: int) -> None:

@@ -446,6 +446,10 @@ class TcpRoute:
     def drop_channel(self, channel: BatchChannel) -> None:
         channel.close()
 
+    def storage_detail(self, topic: str, partition: int) -> tuple[str, str]:
+        """Unknown over TCP: the broker's answer says only KAFKA_STORAGE_ERROR (and its error_message)."""
+        return "", ""
+
     def alive(self) -> bool:
         """False when the broker went away: a connection attempt failed, or the bootstrap connection ended."""
         return not self._lost and self.cluster.bootstrap_alive()

@@ -186,6 +186,7 @@ class Config:
     cleanup_policy: tuple[str, ...]
     min_insync_replicas: int
     retention_check_interval_ms: int
+    log_dir_min_free_bytes: int
     replica_lag_time_max_ms: int
     replica_fetch_max_bytes: int
     replica_fetch_wait_max_ms: int

@@ -227,6 +227,8 @@ SETTINGS: Final = SettingTable((
     *_PER_TOPIC,
     _s("log.retention.check.interval.ms", "retention_check_interval_ms", 300_000, integer(1),
        "how often the cleaner looks for segments to delete"),
+    _s("log.dir.min.free.bytes", "log_dir_min_free_bytes", 33_554_432, integer(0),
+       "free bytes a log dir keeps: below them its partitions refuse writes with KAFKA_STORAGE_ERROR"),
     # --- replication
     _s("replica.lag.time.max.ms", "replica_lag_time_max_ms", 30_000, integer(1),
        "a follower that has not caught up for this long leaves the ISR"),

@@ -212,7 +212,7 @@ class ControlOps:
         part = self._partition(name, partition)
         if part.offline:
             return error_response(ErrorCode.KAFKA_STORAGE_ERROR,
-                                  f"partition {part.name} is offline: {part.offline}")
+                                  f"partition {part.name} is offline: {part.offline}", offline=True)
         producer_id = message.get("producer_id", -1)
         record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1)
         _log.debug("pid %d attached ring %s (producer id %s)", connection.peer_pid, record.names.ring,

@@ -206,6 +206,7 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
         publish_high_watermark=topic.replication_factor == 1,
         broker_wake_fd=broker_wake_fd,
         retention_check_interval_ms=config.retention_check_interval_ms,
+        log_dir_min_free_bytes=config.log_dir_min_free_bytes,
         retention_enabled="delete" in effective.cleanup_policy,
     )
     return Partition(topic.name, partition, directory, spec, page, doorbell, Child("writer", spec.name),

@@ -36,9 +36,7 @@ A writer whose channel reaches EOF (the supervisor died) stops as if told to.
 A writer killed anywhere loses nothing acknowledged: acks are written after the append, space is released
 after the acks.  A restarted writer reads the unreleased frames again.  Those it had appended are
 duplicates: the producer state recovered from the log (snapshot + tail) recognises the last five batches of
-each producer; older ones (a round may append many batches of one producer) are found in the *resume map*,
-the (producer id, epoch, first and last sequence) -> offsets of the log tail that the re-read frames can
-cover (as many records as they hold), built from the log the first time a re-read frame looks out of order.
+each producer; older ones are found in the *resume map* (``appliance.server.resume_map``).
 
 Bad input never stops the writer: a frame that is not one valid batch is answered CORRUPT_MESSAGE (a bad
 CRC, garbage, a length that does not match) or MESSAGE_TOO_LARGE, nothing of it is appended, the ring goes on.
@@ -55,6 +53,16 @@ the caches are cold, and the command poll and the beat then cost a measurable sh
 ``flush.ms`` flush, and every ``log.retention.check.interval.ms`` retention (``Log.delete_retained_segments``,
 then the new log start offset is published) and producer-id expiry.  Retention runs here because a log has
 exactly one writer process: a second process opening the log to delete segments would be refused the lock.
+
+**A full log directory** (``appliance.server.disk_space``) is a state, not a crash.  An append that meets
+``ENOSPC``/``EDQUOT`` raises ``KafkaStorageError`` with the log already back as it was (``storage.log``), and
+a round that would leave less than ``log.dir.min.free.bytes`` free is not appended at all; either way every
+frame of the round given an offset is answered KAFKA_STORAGE_ERROR (56, retriable) and the producer state
+is reloaded as it was before the round (so a retry is not taken for a duplicate).  From then on new batches
+are answered KAFKA_STORAGE_ERROR without touching the log (retries of appended ones still get their
+offsets), until a measurement of the log dir, at most every 100 ms when frames arrive and on the idle
+timer, finds room: then writes resume.  Acks, heartbeats, retention and commands go on throughout; a flush,
+a retention pass or a snapshot that finds no room is put off, not fatal.
 
 **Fault points** (for crash tests, never set in production): ``faults(name)`` is called at ``"appended"``
 (the round is in the log, nothing acknowledged) and ``"acknowledged"`` (acks published, space not
@@ -79,13 +87,15 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 
+from appliance.server.disk_space import DiskSpace
 from appliance.server.publish_trace import PublishTrace
+from appliance.server.resume_map import ResumeMap, log_headers, published_records
 from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
 from ipc.ring import Chunk, RingConsumer, RingFailedError, RingNames
@@ -93,13 +103,17 @@ from ipc.state_page import StatePage
 from ipc.wakeup import Doorbell, Waiter
 from storage.batch_header import (
     HEADER_SIZE,
-    LAST_OFFSET_DELTA_OFFSET,
     BatchHeader,
     check_batch,
-    parse_header,
     validate_batch,
 )
-from storage.errors import CorruptRecordError, ProtocolError
+from storage.errors import (
+    CorruptRecordError,
+    KafkaStorageError,
+    ProtocolError,
+    describe_os_error,
+    is_disk_full,
+)
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.producer_state import (
@@ -121,7 +135,6 @@ _ERRORS_LOGGED_PER_RING: Final = (
 
 _log = logging.getLogger("appliance.writer")
 
-ResumeKey = tuple[int, int, int, int]  # producer id, epoch, first sequence, last sequence
 FaultPoint = Callable[[str], None]  # called with a fault point's name; raising there stops the writer
 
 
@@ -143,6 +156,7 @@ class WriterSpec:
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
     peek_bytes: int = DEFAULT_PEEK_BYTES
     broker_wake_fd: int = -1  # the broker's wake-up eventfd, added to after each round with work (-1: none)
+    log_dir_min_free_bytes: int = 0  # log.dir.min.free.bytes of the partition's log dir (0: no reserve)
 
     @property
     def name(self) -> str:
@@ -194,6 +208,7 @@ class PartitionWriter:
         doorbell: Doorbell,
         channel: socket.socket | None,
         faults: FaultPoint | None = None,
+        free_bytes: Callable[[], int] | None = None,
     ) -> None:
         self.spec = spec
         self._faults = faults
@@ -212,24 +227,25 @@ class PartitionWriter:
         self.stats = RoundStats()
         self._max_message_bytes = spec.log_config.max_message_bytes
         self._active_base = log.active_segment.base_offset
-        self._start_log_end_offset = log.log_end_offset
-        self._resume_records = 0
-        self._resume_map: dict[ResumeKey, tuple[int, int]] | None = None
-        self._resume_map_records = 0
+        self._resume = ResumeMap(log, spec.name)
         self._stopping = False
         self._stop_timeout_ms = _DEFAULT_STOP_TIMEOUT_MS
         self._next_retention_s = time.monotonic() + spec.retention_check_interval_ms / 1000
         self._closed = False
         self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
+        self.disk = DiskSpace(spec.name, os.path.dirname(os.path.normpath(spec.directory)) or ".",
+                              spec.log_dir_min_free_bytes, free_bytes)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
     @classmethod
     def open(
-        cls, spec: WriterSpec, channel: socket.socket | None = None, *, faults: FaultPoint | None = None
+        cls, spec: WriterSpec, channel: socket.socket | None = None, *, faults: FaultPoint | None = None,
+        free_bytes: Callable[[], int] | None = None,
     ) -> PartitionWriter:
         """Open (recovering if the last stop was unclean) the log, load the producer state, claim the state
-        page and publish the offsets.  LogLockedError if another writer holds the log."""
+        page and publish the offsets.  LogLockedError if another writer holds the log.  ``free_bytes``:
+        how the log dir's free bytes are measured (default ``statvfs``; a test's seam)."""
         started = time.monotonic()
         log = Log.open(spec.directory, spec.log_config, topic_partition=(spec.topic, spec.partition))
         try:
@@ -238,7 +254,7 @@ class PartitionWriter:
             replay_from = state.recover(
                 spec.directory,
                 log_end_offset=log.log_end_offset,
-                headers_from=lambda offset: _headers(log, offset),
+                headers_from=lambda offset: log_headers(log, offset),
                 append_time_ms=now_ms,
             )
             state.expire(now_ms)
@@ -251,7 +267,7 @@ class PartitionWriter:
         except BaseException:
             log.close(clean=False)
             raise
-        writer = cls(spec, log, state, page, doorbell, channel, faults)
+        writer = cls(spec, log, state, page, doorbell, channel, faults, free_bytes)
         page.claim_writer()
         writer._publish_offsets()
         page.log_start_offset = log.log_start_offset
@@ -272,7 +288,7 @@ class PartitionWriter:
         self.rings.clear()
         try:
             if clean:
-                self.producer_state.write_snapshot(self.spec.directory, self.log.log_end_offset)
+                self._snapshot(self.log.log_end_offset, durable=True)
             self.log.close(clean=clean)
         finally:
             if self._trace is not None:
@@ -287,9 +303,9 @@ class PartitionWriter:
         if names.ring in self.rings:
             return
         consumer = RingConsumer.attach(names)
-        resumed = _published_records(consumer)
+        resumed = published_records(consumer)
         self.rings[names.ring] = _Ring(names, consumer, resumed)
-        self._resume_records += resumed
+        self._resume.records += resumed
         _log.debug("writer %s: serving ring %s (%d records waiting)", self.name, names.ring, resumed)
 
     def detach_ring(self, ring_name: str) -> None:
@@ -330,8 +346,9 @@ class PartitionWriter:
         if not chunks:
             return 0
         state = self.producer_state
-        next_offset = self.log.log_end_offset
+        end_before = next_offset = self.log.log_end_offset
         now_ms = time.time_ns() // 1_000_000
+        full = self.disk.error is not None and self.disk.refused(time.monotonic_ns())
         pieces: list[memoryview] = []
         headers: list[BatchHeader] = []
         total_bytes = 0
@@ -351,6 +368,10 @@ class PartitionWriter:
                     continue
                 verdict = state.check(header)
                 if verdict.code == NONE:
+                    if full:  # the log directory cannot take writes (disk_space): nothing is appended
+                        results[i] = -ErrorCode.KAFKA_STORAGE_ERROR
+                        self._count_error(ErrorCode.KAFKA_STORAGE_ERROR)
+                        continue
                     results[i] = next_offset
                     state.update(header, next_offset, now_ms)
                     pieces.append(body)
@@ -362,7 +383,7 @@ class PartitionWriter:
                     self.stats.duplicates += 1
                 else:
                     found = (
-                        self._resumed_duplicate(header)
+                        self._resume.lookup(header)
                         if verdict.code == OUT_OF_ORDER_SEQUENCE_NUMBER
                         else None
                     )
@@ -375,8 +396,9 @@ class PartitionWriter:
                         self._reject(ring, chunk.first_seq + i, verdict.code, state.describe(header, verdict))
             all_results.append(results)
             frames += chunk.count
-        if pieces:
-            self._append(pieces, headers, total_bytes, next_offset)
+        if pieces and not self._append_or_refuse(pieces, headers, total_bytes, next_offset):
+            self._refuse_round(all_results, end_before)
+            pieces = []
         if self._faults is not None:
             self._faults("appended")
         for (ring, chunk), results in zip(chunks, all_results, strict=True):
@@ -392,6 +414,38 @@ class PartitionWriter:
         self.stats.rounds += 1
         self.stats.frames += frames
         return frames
+
+    def _append_or_refuse(self, pieces: list[memoryview], headers: list[BatchHeader], total_bytes: int,
+                          expected_end: int) -> bool:
+        """:meth:`_append`, unless the log directory is below its reserve or the append meets a full disk
+        (the log is then back as before it); False when nothing was appended for lack of space."""
+        if not self.disk.may_write(total_bytes, time.monotonic_ns()):
+            return False
+        try:
+            self._append(pieces, headers, total_bytes, expected_end)
+        except KafkaStorageError as exc:
+            self.disk.failed(exc)
+            return False
+        return True
+
+    def _refuse_round(self, all_results: list[np.ndarray], end_before: int) -> None:
+        """The round's batches were not appended (no space): every frame given an offset from
+        ``end_before`` on (appended ones, and duplicates of them within the round) is answered
+        KAFKA_STORAGE_ERROR, and the producer state forgets them (reloaded as it was at ``end_before``)."""
+        refused = 0
+        for results in all_results:
+            mask = results >= end_before
+            results[mask] = -ErrorCode.KAFKA_STORAGE_ERROR
+            refused += int(mask.sum())
+        self.stats.by_error[ErrorCode.KAFKA_STORAGE_ERROR] = (
+            self.stats.by_error.get(ErrorCode.KAFKA_STORAGE_ERROR, 0) + refused)
+        self.producer_state.truncate_to(
+            end_before, self.spec.directory, headers_from=lambda offset: log_headers(self.log, offset),
+            append_time_ms=time.time_ns() // 1_000_000)
+        self._publish_offsets()
+
+    def _count_error(self, code: int) -> None:
+        self.stats.by_error[code] = self.stats.by_error.get(code, 0) + 1
 
     def _refuse(self, ring: _Ring, seq: int, body: memoryview) -> int:
         """A frame ``check_batch`` refused or too large: log why (validating again for the full story,
@@ -455,7 +509,18 @@ class PartitionWriter:
         """Snapshot the producer state at a roll without fsync (an fsync here would stall the round).  Safe:
         a snapshot lost or torn by a power cut fails its CRC and the previous one is used; one above the
         recovered log end is deleted.  The clean stop writes a durable one."""
-        self.producer_state.write_snapshot(self.spec.directory, offset, durable=False)
+        self._snapshot(offset, durable=False)
+
+    def _snapshot(self, offset: int, *, durable: bool) -> None:
+        """A producer-state snapshot at ``offset``; on a full disk none (nothing of it is left behind) and
+        the writer goes on: the next start replays the log from an older snapshot."""
+        try:
+            self.producer_state.write_snapshot(self.spec.directory, offset, durable=durable)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            _log.warning("writer %s: no producer-state snapshot at offset %d: %s", self.name, offset,
+                         describe_os_error(exc))
 
     def _publish_offsets(self) -> None:
         end = self.log.log_end_offset
@@ -464,33 +529,6 @@ class PartitionWriter:
             self.state_page.set_high_watermark(end, wake_readers=False)
         if self._trace is not None:
             self._trace.published(end)
-
-    # -- duplicates a restart re-reads ----------------------------------------------------------------------
-
-    def _resumed_duplicate(self, header: BatchHeader) -> int | None:
-        """The base offset of an appended batch with this batch's producer id, epoch and sequences, among
-        the log's last records that re-read frames could cover; None if there is none."""
-        if self._resume_records == 0 or header.producer_id < 0:
-            return None
-        if self._resume_map is None or self._resume_map_records < self._resume_records:
-            self._resume_map = self._build_resume_map(self._resume_records)
-            self._resume_map_records = self._resume_records
-        key = (header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
-        found = self._resume_map.get(key)
-        return None if found is None else found[0]
-
-    def _build_resume_map(self, records: int) -> dict[ResumeKey, tuple[int, int]]:
-        end = self._start_log_end_offset
-        start = max(self.log.log_start_offset, end - records)
-        resume: dict[ResumeKey, tuple[int, int]] = {}
-        for header in _headers(self.log, start, max_offset=end):
-            if header.producer_id >= 0 and header.base_sequence >= 0:
-                key = (header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
-                resume[key] = (header.base_offset, header.last_offset)
-        _log.info(
-            "writer %s: resume map of %d batches from offsets %d..%d", self.name, len(resume), start, end
-        )
-        return resume
 
     # -- the loop -----------------------------------------------------------------------------------------
 
@@ -547,19 +585,32 @@ class PartitionWriter:
         return self._channel is not None and bool(self._poll.poll(0))
 
     def _timers(self) -> None:
-        self.log.maybe_flush()
-        now = time.monotonic()
-        if now < self._next_retention_s:
-            return
-        self._next_retention_s = now + self.spec.retention_check_interval_ms / 1000
-        self.run_retention()
+        if self.disk.error is not None:
+            self.disk.refused(time.monotonic_ns())  # full: measure again, so writes resume while idle
+        try:
+            self.log.maybe_flush()
+            now = time.monotonic()
+            if now < self._next_retention_s:
+                return
+            self._next_retention_s = now + self.spec.retention_check_interval_ms / 1000
+            self.run_retention()
+        except (OSError, KafkaStorageError) as exc:  # a checkpoint on a full disk: tried again next time
+            if isinstance(exc, OSError) and not is_disk_full(exc):
+                raise
+            _log.warning("writer %s: flush put off: %s", self.name,
+                         describe_os_error(exc) if isinstance(exc, OSError) else exc)
 
     def run_retention(self) -> int:
         """Delete the segments retention allows, publish the log start offset, expire idle producers."""
         deleted = 0
         if self.spec.retention_enabled:
             high_watermark = self.state_page.high_watermark
-            deleted = self.log.delete_retained_segments(high_watermark=high_watermark)
+            try:
+                deleted = self.log.delete_retained_segments(high_watermark=high_watermark)
+            except OSError as exc:  # the log start offset's checkpoint found no room: nothing was deleted
+                if not is_disk_full(exc):
+                    raise
+                _log.warning("writer %s: retention put off: %s", self.name, describe_os_error(exc))
             if deleted:
                 self.state_page.log_start_offset = self.log.log_start_offset
                 _log.info("writer %s: retention deleted %d segments, log start offset now %d",
@@ -622,37 +673,11 @@ class PartitionWriter:
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def _headers(log: Log, offset: int, *, max_offset: int | None = None) -> Iterator[BatchHeader]:
-    """Headers of the log's batches from the one holding ``offset`` (the log start if below it)."""
-    start = max(offset, log.log_start_offset)
-    if start >= log.log_end_offset:
-        return
-    for batch in log.batches(start, max_offset=max_offset):
-        yield parse_header(batch)
-
-
 def _wake_broker(fd: int) -> None:
     """Add one to the broker's wake-up eventfd (non-blocking; a counter already at its maximum, or a
     descriptor gone, is not this writer's problem: the broker's fallback tick re-checks anyway)."""
     with contextlib.suppress(OSError):
         os.eventfd_write(fd, 1)
-
-
-def _published_records(consumer: RingConsumer) -> int:
-    """Records held by the frames published in a ring and not yet released (peeked, then rewound)."""
-    records = 0
-    try:
-        while (chunk := consumer.peek()) is not None:
-            view = chunk.view
-            for start, length in zip(chunk.body_starts.tolist(), chunk.body_lengths.tolist(), strict=True):
-                if length >= HEADER_SIZE:
-                    at = start + LAST_OFFSET_DELTA_OFFSET
-                    delta = int.from_bytes(view[at : at + 4].tobytes(), "big", signed=True)
-                    records += max(delta, 0) + 1
-    except RingFailedError:
-        pass
-    consumer.rewind()
-    return records
 
 
 def _error_name(code: int) -> str:

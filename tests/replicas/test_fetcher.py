@@ -29,6 +29,7 @@ from replicas.leader_connection import LeaderConnection, LeaderInfo, leader_from
 from replicas.leader_epochs import begin_leader_epoch
 from replicas.replica_state import read_replica_state
 from storage.batch_builder import build_batch
+from storage.disk_faults import DISK_FAULTS
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
@@ -449,3 +450,32 @@ def test_no_leader_and_unreachable_leader_back_off(dirs: tuple[Path, Path]) -> N
         outcome = unreachable.step()
         assert outcome.action == "backoff" and "cannot connect: Connection refused" in outcome.detail
         unreachable.close()
+
+
+def test_a_follower_whose_disk_is_full_backs_off_appends_nothing_then_catches_up(
+        dirs: tuple[Path, Path]) -> None:
+    """The follower's own disk fills (``storage.disk_faults``): each fetch answer is refused with
+    KafkaStorageError, nothing of it is appended, the fetcher backs off and fetches again; with room again it
+    catches up byte-identical."""
+    leader_dir, follower_dir = dirs
+    with Log.open(leader_dir, SMALL) as leader_log:
+        append_batches(leader_log, 200, epoch=0, seed=3)
+        end = leader_log.log_end_offset
+    with TinyLeader(leader_epoch=0) as leader, Log.open(follower_dir, SMALL) as follower_log:
+        leader.lead(TOPIC, 0, str(leader_dir), replicas=[0, 1], isr=[0])
+        fetcher = PartitionFetcher(follower_log, leader.info(), fast())
+        try:
+            step_until(fetcher, lambda: follower_log.log_end_offset > 0)
+            held = follower_log.log_end_offset
+            DISK_FAULTS.arm("segment.write.torn", times=-1)
+            try:
+                outcomes = [fetcher.step() for _ in range(5)]
+            finally:
+                DISK_FAULTS.disarm()
+            refused = [o for o in outcomes if o.action == "backoff" and "KAFKA_STORAGE_ERROR" in o.detail]
+            assert refused, outcomes
+            assert follower_log.log_end_offset == held
+            step_until(fetcher, lambda: follower_log.log_end_offset == end)
+        finally:
+            fetcher.close()
+    assert segment_files(follower_dir) == segment_files(leader_dir)

@@ -26,6 +26,7 @@ from replicas.replica_state import (
     read_replica_state,
     write_replica_state,
 )
+from storage.disk_faults import DISK_FAULTS
 from storage.errors import CorruptRecordError, NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError
 
 LEADER = 0
@@ -382,3 +383,22 @@ def test_replica_state_file_truncated_anywhere_is_refused(tmp_path: Path) -> Non
     (tmp_path / REPLICA_STATE_FILE).write_bytes(GOOD.rstrip() + b" {}")
     with pytest.raises(CorruptRecordError, match="not a JSON document"):
         read_replica_state(str(tmp_path))
+
+
+def test_a_full_disk_puts_off_isr_changes_and_checkpoints_without_raising(tmp_path: Path) -> None:
+    """The replica state's file cannot be written (its log dir is full): an ISR change is put off (the ISR
+    stays as persisted), a high-watermark checkpoint is skipped; with room again both happen."""
+    state = leader(tmp_path, isr=[0, 1, 2])
+    state.follower_fetched(1, 0, leader_log_end_offset=0, now_ms=10)
+    state.follower_fetched(2, 0, leader_log_end_offset=0, now_ms=10)
+    DISK_FAULTS.arm("checkpoint.write", times=-1)
+    try:
+        assert state.maybe_shrink_isr(100, 2000).isr == (0, 1, 2)  # both out of sync: not persisted, kept
+        assert not state.maybe_checkpoint(10_000)
+    finally:
+        DISK_FAULTS.disarm()
+    assert read_replica_state(str(tmp_path)) == PersistedReplicaState("orders", 3, 0, 1, (0, 1, 2), 0)
+    assert state.maybe_shrink_isr(100, 2001).isr == (0,)
+    assert read_replica_state(str(tmp_path)) == PersistedReplicaState("orders", 3, 0, 1, (0,), 0)
+    assert state.maybe_checkpoint(20_000)
+    assert read_replica_state(str(tmp_path)) == PersistedReplicaState("orders", 3, 0, 1, (0,), 100)

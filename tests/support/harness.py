@@ -40,15 +40,16 @@ class Appliance:
     """One ``appliance serve`` process tree in its own working directory and process group."""
 
     def __init__(self, cwd: Path | None = None, *overrides: str, env: dict[str, str] | None = None,
-                 patch: dict[str, object] | None = None) -> None:  # fmt: skip
+                 patch: dict[str, object] | None = None, data: Path | None = None) -> None:  # fmt: skip
         self.owns_cwd = cwd is None
         self.cwd = Path(tempfile.mkdtemp(prefix="la-", dir="/tmp")) if cwd is None else cwd
         # an ephemeral TCP port, so appliances side by side never collide once the broker runs as a child
         listeners = [] if any(o.startswith("listeners=") for o in overrides) else ["listeners=127.0.0.1:0"]
-        self.overrides = listeners + list(overrides)
+        # data: the one log dir somewhere else than ./data (the service's own log stays in cwd)
+        self.overrides = listeners + list(overrides) + ([] if data is None else [f"log.dirs={data}"])
         self.extra_env = dict(env or {})
         self.patch = dict(patch or {})  # module settings of the server (_PATCHABLE), e.g. EXTRA_CHILDREN
-        self.data = self.cwd / "data"
+        self.data = self.cwd / "data" if data is None else data
         self.socket_path = self.data / ".appliance.sock"
         self.names = ShmNames(instance_id(self.data))
         self.log_path = self.cwd / f"serve-{time.monotonic_ns()}.log"

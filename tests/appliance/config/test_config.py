@@ -57,6 +57,7 @@ def test_defaults_with_no_file_are_kafkas(in_tmp: pathlib.Path) -> None:
         "num_partitions": 1, "default_replication_factor": 1, "node_id": 0, "segment_bytes": 1073741824,
         "segment_ms": 604800000, "index_interval_bytes": 4096, "segment_index_bytes": 10485760,
         "retention_ms": 604800000, "retention_bytes": -1, "retention_check_interval_ms": 300000,
+        "log_dir_min_free_bytes": 33554432,
         "flush_messages": 2**63 - 1, "flush_ms": 2**63 - 1, "socket_request_max_bytes": 104857600,
         "min_insync_replicas": 1, "replica_lag_time_max_ms": 30000, "auto_create_topics_enable": True,
         "delete_topic_enable": True, "max_message_bytes": 1048588, "message_timestamp_type": "CreateTime",

@@ -8,6 +8,8 @@ seam; real SIGKILLs are in test_supervisor_crash.py.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import secrets
 import socket
 import threading
@@ -20,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.server.disk_space import RECHECK_INTERVAL_NS
 from appliance.server.writer import PartitionWriter, WriterSpec
 from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
@@ -30,6 +33,7 @@ from ipc.wakeup import Doorbell
 from storage.batch_builder import build_batch
 from storage.batch_header import parse_header
 from storage.batch_reader import iter_records
+from storage.disk_faults import DISK_FAULTS
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
 from storage.producer_state import list_snapshots
@@ -522,6 +526,151 @@ def test_a_refused_frame_is_logged_with_the_reason(bench: Bench, kind: str, reas
         assert acks(producer) == [expected]
         assert f"frame 0 refused with {ErrorCode(-expected).name}" in caplog.text
         assert reason in caplog.text
+        producer.close()
+    finally:
+        writer.close()
+
+
+# -- a full log dir: refused, then resumed (free bytes through the writer's seam, ENOSPC through the disk's)
+
+STORAGE_ERROR = -int(ErrorCode.KAFKA_STORAGE_ERROR)
+
+
+class FreeBytes:
+    """What the writer's ``statvfs`` seam answers: ``free`` bytes, changed by the test."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+    def __call__(self) -> int:
+        return self.free
+
+
+def _wait_for_recheck() -> None:
+    time.sleep(RECHECK_INTERVAL_NS / 1e9 + 0.02)
+
+
+def test_below_the_reserve_new_batches_are_refused_and_resume_once_space_returns(bench: Bench) -> None:
+    spec = dataclasses.replace(bench.spec(), log_dir_min_free_bytes=1 << 20)
+    free = FreeBytes((1 << 20) + 100)  # the reserve and 100 bytes: room for one small batch
+    writer = PartitionWriter.open(spec, free_bytes=free)
+    try:
+        p = bench.producer(writer)
+        p.send(idem([b"a", b"b"], pid=7, seq=0))
+        writer.drain_round()
+        free.free = (1 << 20) + 10  # what is left (the batch, and others' writes)
+        p.send(idem([b"c"], pid=7, seq=2))
+        p.send(idem([b"a", b"b"], pid=7, seq=0))  # a retry of an appended batch: still its offset
+        writer.drain_round()
+        assert acks(p) == [0, STORAGE_ERROR, 0]
+        assert bench.page.log_end_offset == 2 and len(bench.batches(spec)) == 1
+        assert writer.disk.full and "below log.dir.min.free.bytes" in str(writer.disk.error)
+        p.send(idem([b"c"], pid=7, seq=2))  # the producer's retry while still full
+        writer.drain_round()
+        free.free = 1 << 30
+        p.send(idem([b"c"], pid=7, seq=2))  # measured again at most every RECHECK_INTERVAL_NS
+        writer.drain_round()
+        assert acks(p) == [STORAGE_ERROR, STORAGE_ERROR]
+        _wait_for_recheck()
+        p.send(idem([b"c"], pid=7, seq=2))
+        writer.drain_round()
+        assert acks(p) == [2] and not writer.disk.full
+        assert [values_in(b) for b in bench.batches(spec)] == [[b"a", b"b"], [b"c"]]
+        assert writer.stats.by_error[ErrorCode.KAFKA_STORAGE_ERROR] == 3
+        p.close()
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("point", ["segment.write", "segment.write.torn"])
+def test_a_round_meeting_enospc_is_refused_whole_and_retried_appends_once(bench: Bench, point: str) -> None:
+    """Two producers, several frames each (retries of one another's among them) in the round that fails:
+    every frame given an offset in it is refused, the producer state forgets them, and the same frames
+    sent again are appended once, in order, with dense offsets."""
+    spec = bench.spec(index_interval_bytes=1)
+    writer = PartitionWriter.open(spec, free_bytes=FreeBytes(1 << 30))
+    try:
+        a, b = bench.producer(writer), bench.producer(writer)
+        a.send(idem([b"a0"], pid=1, seq=0))
+        writer.drain_round()
+        frames = [(a, idem([b"a1"], pid=1, seq=1)), (a, idem([b"a2", b"a3"], pid=1, seq=2)),
+                  (a, idem([b"a1"], pid=1, seq=1)), (b, idem([b"b0"], pid=2, seq=0))]
+        DISK_FAULTS.arm(point, times=-1)
+        try:
+            for producer, frame in frames:
+                producer.send(frame)
+            writer.drain_round()
+        finally:
+            DISK_FAULTS.disarm()
+        assert acks(a)[-3:] == [STORAGE_ERROR] * 3 and acks(b) == [STORAGE_ERROR]
+        assert bench.page.log_end_offset == 1 and len(bench.batches(spec)) == 1
+        assert writer.disk.full and "ENOSPC" in str(writer.disk.error)
+        _wait_for_recheck()
+        for producer, frame in frames:
+            producer.send(frame)
+        writer.drain_round()
+        assert acks(a) == [1, 2, 1] and acks(b) == [4]
+        assert [values_in(x) for x in bench.batches(spec)] == [[b"a0"], [b"a1"], [b"a2", b"a3"], [b"b0"]]
+        a.close()
+        b.close()
+    finally:
+        writer.close()
+    with LogReader(spec.directory) as reader:
+        assert reader.log_end_offset == 5
+
+
+def test_a_snapshot_that_finds_no_room_is_skipped_and_the_writer_goes_on(bench: Bench) -> None:
+    spec = bench.spec(segment_bytes=600)
+    writer = PartitionWriter.open(spec, free_bytes=FreeBytes(1 << 30))
+    try:
+        p = bench.producer(writer)
+        DISK_FAULTS.arm("snapshot.write", times=-1)
+        try:
+            for seq in range(12):  # rolls, each with a snapshot that fails
+                p.send(idem([b"x" * 100], pid=11, seq=seq))
+                writer.drain_round()
+        finally:
+            DISK_FAULTS.disarm()
+        assert acks(p) == list(range(12))
+        assert list_snapshots(spec.directory) == []
+        assert [n for n in os.listdir(spec.directory) if n.endswith(".snapshot.tmp")] == []
+        p.close()
+    finally:
+        writer.close()
+    assert list_snapshots(spec.directory), "the clean stop, with room again, writes one"
+
+
+def test_retention_on_a_full_disk_is_put_off_then_frees_the_space_that_resumes_writes(bench: Bench) -> None:
+    """Full, with no room even for the log start offset's checkpoint: retention deletes nothing and changes
+    nothing; once that checkpoint fits, retention deletes, and the space it frees lets writes resume."""
+    spec = dataclasses.replace(bench.spec(segment_bytes=500, retention_bytes=600), log_dir_min_free_bytes=1)
+    free = FreeBytes(1 << 30)
+    writer = PartitionWriter.open(spec, free_bytes=free)
+    try:
+        producer = bench.producer(writer)
+        for _ in range(10):
+            producer.send(build_batch([b"y" * 200]))
+            writer.drain_round()
+        free.free = 0
+        DISK_FAULTS.arm("segment.write")  # the disk is full: the next write fails
+        producer.send(build_batch([b"refused"]))
+        writer.drain_round()
+        assert acks(producer)[-1] == STORAGE_ERROR and writer.disk.full
+        writer.log.flush()  # the rolled segments' background flushes are done: only retention meets the fault
+        segments = writer.log.segments
+        DISK_FAULTS.arm("checkpoint.write", times=-1)
+        try:
+            assert writer.run_retention() == 0
+        finally:
+            DISK_FAULTS.disarm()
+        assert writer.log.segments == segments and writer.log.log_start_offset == 0
+        assert writer.run_retention() >= 3
+        assert bench.page.log_start_offset == writer.log.log_start_offset > 0
+        free.free = 1 << 30  # what retention freed
+        _wait_for_recheck()
+        producer.send(build_batch([b"resumed"]))
+        writer.drain_round()
+        assert acks(producer) == [10]
         producer.close()
     finally:
         writer.close()
