@@ -16,14 +16,13 @@ Two phases::
   epoch ends in its log and cut ours there (``Log.truncate_to``), so the logs never diverge after a failover.
 * **Fetching**: Fetch with ``replica_id`` = our broker id, ``fetch_offset`` = our log end offset and
   ``current_leader_epoch`` = the epoch we believe in (a leader in another epoch fences us).  The leader
-  long-polls (``max_wait_ms``) when we are caught up.  The response's records are walked batch by batch
-  (``storage.batch_header.check_batch``, then ``storage.batch_reader.iter_batches`` where one is refused:
-  magic, length, CRC; a partial batch at the end is normal and left for the next fetch) and appended
-  unchanged with ``Log.append_as_follower``: the leader's offsets, epochs and bytes.  A piece of 100 or more
-  small batches is walked by one ``storage.batch_scan.walk_batches`` call instead, its CRCs checked in one
-  loop, and appended with ``Log.append_walked_as_follower`` (see ``_Copier``).  A bad batch appends nothing of
-  the response and is fetched again after a back-off. Our high watermark becomes ``max(ours, min(leader's, our
-  log end))``: it never goes backwards except when a truncation cuts below it.
+  long-polls (``max_wait_ms``) when we are caught up.  The response's records are checked (magic, length,
+  CRC) and appended unchanged, the leader's offsets, epochs and bytes, piece by piece as they arrive
+  (``replicas.answer_copier``: batch by batch with ``Log.append_as_follower``, or a piece of many small
+  batches walked by one kernel call and appended with ``Log.append_walked_as_follower``); a partial batch
+  at the end is normal and left for the next fetch.  A bad batch appends nothing of the response from it
+  on, and the answer is fetched again after a back-off.  Our high watermark becomes ``max(ours,
+  min(leader's, our log end))``: it never goes backwards except when a truncation cuts below it.
 
 **Fetching ahead** (``pipeline_fetches``).  While catching up, the leader would sit idle while we check and
 append the tail of each answer, and we would wait for its next answer after that.  So once an answer has
@@ -61,15 +60,11 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
-
-import crc32c
-import numpy as np
 
 from ipc.kafka import (
     ErrorCode,
@@ -82,6 +77,7 @@ from ipc.kafka import (
     Struct,
     error_name,
 )
+from replicas.answer_copier import AnswerCopier, next_offset_after, walk_arrays
 from replicas.leader_connection import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     FetchInFlight,
@@ -91,21 +87,7 @@ from replicas.leader_connection import (
 )
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
-from storage.batch_header import (
-    ATTRIBUTES_OFFSET,
-    BATCH_LENGTH_OFFSET,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    BatchHeader,
-    check_batch,
-    parse_header,
-)
-from storage.batch_reader import iter_batches
-from storage.batch_scan import END, FULL, TRUNCATED, BatchArrays, walk_batches
 from storage.errors import (
-    CorruptRecordError,
-    InvalidRecordError,
-    KafkaStorageError,
     ProtocolError,
     RequestTimeoutError,
     describe_os_error,
@@ -127,9 +109,6 @@ _REFRESH_ERRORS: Final = frozenset({
     ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
 })
 
-_WALK_BATCHES: Final = 1024  # batches per walk_batches call while copying an answer
-_WALK_FROM_BATCHES: Final = 100  # a piece that holds this many batches the size of its first is walked
-_BATCH_LENGTH: Final = struct.Struct(">i")  # the batch length field (at BATCH_LENGTH_OFFSET): int32
 LeaderSource = Callable[[], LeaderInfo | None]
 
 _log = logging.getLogger(__name__)
@@ -202,8 +181,7 @@ class PartitionFetcher:
         self._last_checkpoint_ms = self._clock_ms()
         self._fetch_template: FollowerFetch | None = None
         self._fetch_timeout_ms = config.request_timeout_ms + config.replica_fetch_wait_max_ms
-        # walk_batches' output (positions, sizes, base and last offsets, max timestamps, epochs, CRCs)
-        self._walk_arrays = tuple(np.empty(_WALK_BATCHES, dtype=np.int64) for _ in range(7))
+        self._walk_arrays = walk_arrays()  # every answer's copier walks batches into these
 
     # --- what callers read ----------------------------------------------------------------------------------
     @property
@@ -392,11 +370,11 @@ class PartitionFetcher:
         fetch_offset = log.log_end_offset
         started_ms = self._clock_ms()
         where = f"partition {self.name}: Fetch answer from leader {conn.address} at offset {fetch_offset}"
-        copier = _Copier(self, where, fetch_offset)
+        copier = AnswerCopier(log, where, fetch_offset, self._walk_arrays, self._on_log_end_offset)
         ahead, self._ahead = self._ahead, None  # step() checked it is for this offset on this connection
 
         def fetch_ahead(answer: Any, rest: memoryview) -> None:
-            next_offset = _next_offset_after(rest, copier.fetch_offset)
+            next_offset = next_offset_after(rest, copier.fetch_offset)
             data = answer.responses[0].partitions[0]
             if copier.problem is None and fetch_offset < next_offset < data.high_watermark:
                 try:
@@ -522,139 +500,6 @@ class PartitionFetcher:
             self._last_checkpoint_ms = self._clock_ms()
 
 
-class _Copier:
-    """Appends the whole batches of one Fetch answer to the follower log, in the pieces they arrive in
-    (``LeaderConnection.fetch`` hands them over while the rest is still coming).
-
-    Each piece: its batches are walked (magic, length, CRC: :func:`_whole_batches`), those we already hold are
-    skipped, the rest appended unchanged with one ``Log.append_as_follower`` (the headers just checked are
-    not checked again).  A piece of many small batches that starts at our log end takes the lean path
-    first (:meth:`_consume_walked`); whatever it leaves goes the batch-by-batch way, which says why.  A
-    corrupt batch stops the copy: the whole batches before it are appended (they are the leader's, at their
-    offsets), nothing from it on; a batch across our log end (the logs diverged) stops it too.  ``problem``
-    says why (and whether to truncate first); the answer is fetched again.
-    """
-
-    def __init__(self, fetcher: PartitionFetcher, where: str, fetch_offset: int) -> None:
-        self.fetcher = fetcher
-        self.where = where
-        self.fetch_offset = fetch_offset
-        self.appended_bytes = 0
-        self.partial_tail_bytes = 0
-        self.problem: tuple[str, bool] | None = None  # (reason, truncate again)
-
-    def consume(self, records: memoryview, final: bool) -> int:
-        if self.problem is not None:
-            return 0
-        size = len(records)
-        first_bytes = size
-        if size >= HEADER_SIZE:
-            length = records[BATCH_LENGTH_OFFSET:LOG_OVERHEAD]
-            first_bytes = int.from_bytes(length, "big", signed=True) + LOG_OVERHEAD
-        # Many small batches (100 or more a piece: below 5 KB each in 512 KB pieces): one kernel walk and one
-        # planned append cost far less than Python per batch.  Fewer, larger ones: the fixed cost of the
-        # array calls does not pay off (docs/performance.md).
-        used = self._consume_walked(records) if 0 < first_bytes * _WALK_FROM_BATCHES <= size else -1
-        if used == len(records) or self.problem is not None:
-            return used
-        return self._consume_checked(records, final, max(used, 0))  # from the first batch not walked
-
-    def _consume_walked(self, records: memoryview) -> int:
-        """The plain case in few Python steps: whole batches from our log end on, walked by one kernel call
-        (``walk_batches``: magic, lengths, counts, offsets moving forward from our log end), their CRCs
-        checked in one loop, appended with one ``Log.append_walked_as_follower``.  Returns the bytes used
-        (whole batches; a partial batch or a refused one at the end is left for :meth:`_consume_checked`,
-        which says why), or -1 with nothing appended when the answer is not plain from its first batch on
-        (batches we hold, a gap, a bad CRC...): then :meth:`_consume_checked` takes the whole piece."""
-        log = self.fetcher.log
-        arrays = self.fetcher._walk_arrays
-        array = np.frombuffer(records, dtype=np.uint8)
-        size = len(array)
-        used = 0
-        while True:
-            fetch_offset = self.fetch_offset
-            if fetch_offset != log.log_end_offset:
-                return used if used else -1
-            count, stop, code = walk_batches(array, used, size, fetch_offset, fetch_offset, *arrays)
-            if count == 0 or (code != END and code != FULL and code != TRUNCATED):
-                return used if used else -1
-            positions = arrays[0][:count]
-            sizes = arrays[1][:count]
-            if _crc_mismatch(records, positions.tolist(), sizes.tolist(), arrays[6][:count].tolist()):
-                return used if used else -1
-            batches = BatchArrays(positions - used if used else positions, sizes, arrays[2][:count],
-                                  arrays[3][:count], arrays[4][:count], arrays[5][:count], arrays[6][:count])
-            try:
-                info = log.append_walked_as_follower(records[used:stop], batches)
-            except InvalidRecordError as error:
-                self.problem = (f"{error}; truncating again", True)
-                return used
-            except KafkaStorageError as error:  # a full disk: nothing appended; fetch again after a back-off
-                self.problem = (str(error), False)
-                return used
-            self.appended_bytes += stop - used
-            self.fetch_offset = info.last_offset + 1
-            used = stop
-            if self.fetcher._on_log_end_offset is not None:
-                self.fetcher._on_log_end_offset(self.fetch_offset)
-            if code != FULL or used == size:
-                return used
-
-    def _consume_checked(self, records: memoryview, final: bool, first: int = 0) -> int:
-        """Batch by batch from position ``first`` (a header tuple per batch, one ``check_batch`` each):
-        every case, said why when it is not the plain one."""
-        log = self.fetcher.log
-        start = end = -1
-        used = first
-        headers = []
-        try:
-            for position, header in _whole_batches(records, self.where, first):
-                if header.base_offset + header.last_offset_delta < self.fetch_offset:
-                    used = position + header.batch_length + LOG_OVERHEAD
-                    continue  # a batch we already hold
-                if (header.base_offset < self.fetch_offset and start < 0 and self.appended_bytes == 0
-                        and log.log_start_offset == self.fetch_offset == log.log_end_offset):
-                    # Our log is empty and starts inside this batch (we restarted at the leader's log start,
-                    # which retention put mid-batch): start at the batch instead, as Kafka does.
-                    log.truncate_fully_and_start_at(header.base_offset)
-                    self.fetch_offset = header.base_offset
-                if header.base_offset < self.fetch_offset:
-                    self.problem = (f"{self.where}: batch at position {position} holds offsets "
-                                    f"{header.base_offset}..{header.last_offset}, across our log end "
-                                    f"{self.fetch_offset}: the logs diverged; truncating again", True)
-                    return 0
-                if start < 0:
-                    start = position
-                end = position + header.batch_length + LOG_OVERHEAD
-                headers.append(header)
-        except CorruptRecordError as error:
-            corrupt: CorruptRecordError | None = error
-        else:
-            corrupt = None
-        if start >= 0:
-            try:
-                info = log.append_as_follower(records[start:end], validated=headers)
-            except InvalidRecordError as error:
-                self.problem = (f"{error}; truncating again", True)
-                return 0
-            except KafkaStorageError as error:  # a full disk: nothing appended; fetch again after a back-off
-                self.problem = (str(error), False)
-                return 0
-            self.appended_bytes += end - start
-            self.fetch_offset = info.last_offset + 1
-            used = end
-            if self.fetcher._on_log_end_offset is not None:
-                self.fetcher._on_log_end_offset(self.fetch_offset)
-        if corrupt is not None:  # the whole batches before it are the leader's, at their offsets: kept
-            done = ("was appended" if self.appended_bytes == 0
-                    else f"from offset {self.fetch_offset} on was appended")
-            self.problem = (f"{corrupt}; nothing of this answer {done}", False)
-            return used
-        if final:
-            self.partial_tail_bytes = len(records) - used  # the whole batches were all used
-        return used
-
-
 class _FetchAhead(NamedTuple):
     """A Fetch sent before the answer ahead of it was appended (see "Fetching ahead")."""
 
@@ -662,48 +507,6 @@ class _FetchAhead(NamedTuple):
     leader: LeaderInfo
     fetch_offset: int
     sent: FetchInFlight
-
-
-def _whole_batches(records: memoryview, where: str, position: int = 0) -> Iterator[tuple[int, BatchHeader]]:
-    """``(position, header)`` of each whole batch in ``records``, magic, length and CRC checked: the hot path
-    is ``check_batch`` (one unpack, one CRC call, no exception); at a batch it refuses, ``iter_batches``
-    takes over, which raises :class:`CorruptRecordError` saying why, or stops quietly at a partial batch
-    at the end (a Fetch answer may end in one)."""
-    size = len(records)
-    while position < size:
-        header = check_batch(records, position, whole=False)
-        if isinstance(header, int):
-            yield from iter_batches(records, where=where, position=position, allow_truncated_tail=True)
-            return
-        yield position, header
-        position += header.batch_length + LOG_OVERHEAD
-
-
-def _crc_mismatch(records: memoryview, positions: list[int], sizes: list[int], stored: list[int]) -> bool:
-    """Whether any batch's stored CRC-32C differs from the one computed over its bytes."""
-    checksum = crc32c.crc32c
-    for position, size, crc in zip(positions, sizes, stored, strict=True):
-        if checksum(records[position + ATTRIBUTES_OFFSET:position + size]) != crc:
-            return True
-    return False
-
-
-def _next_offset_after(records: memoryview, offset: int) -> int:
-    """The offset after the last whole batch in ``records``, or ``offset`` if none ends past it: a walk of the
-    batch lengths, then one header.  Nothing is checked here (the batches are, as they are appended): a length
-    that cannot be a batch's ends the walk, and a Fetch sent ahead for a wrong offset is never used."""
-    position, size, last = 0, len(records), -1
-    unpack_length = _BATCH_LENGTH.unpack_from
-    while size - position >= HEADER_SIZE:
-        (length,) = unpack_length(records, position + BATCH_LENGTH_OFFSET)
-        if not HEADER_SIZE <= length + LOG_OVERHEAD <= size - position:
-            break
-        last = position
-        position += length + LOG_OVERHEAD
-    if last < 0:
-        return offset
-    header = parse_header(records, last)
-    return max(offset, header.base_offset + header.last_offset_delta + 1)
 
 
 class _LeaderUnreachable(Exception):

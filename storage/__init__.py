@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "iter_records": "storage.batch_reader",
     "Log": "storage.log",
     "AppendInfo": "storage.append_plan",
-    "SegmentInfo": "storage.log",
+    "SegmentInfo": "storage.segment_list",
     "FetchSlice": "storage.segment_file",
     "OffsetAndTimestamp": "storage.segment",
     "EARLIEST_TIMESTAMP": "storage.log",

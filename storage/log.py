@@ -18,7 +18,9 @@ unflushed data (``storage.recovery``) and reconciles the checkpoints and the lea
 **Append.**  :meth:`Log.append` takes bytes holding one or more whole batches, validates them all first, so
 a bad one appends nothing, and stamps each in place with its ``baseOffset`` and ``partitionLeaderEpoch``
 (``storage.append_plan``); the bytes go to the active segment with one ``os.write`` per segment touched,
-rolling before a batch the active segment refuses (its roll rules: ``LogSegment.batches_that_fit``).
+rolling before a batch the active segment refuses (its roll rules: ``LogSegment.batches_that_fit``).  The
+segments themselves and every change to their list (a roll, the cut-back of a failed append, truncation,
+retention's deletions) are ``storage.segment_list``.
 Replicas use :meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for
 batches a follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).
 The common append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the log
@@ -40,7 +42,6 @@ unclean stop ``storage.recovery`` checks only the segments from the recovery poi
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import fcntl
 import logging
@@ -48,7 +49,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Final, NamedTuple
+from typing import Final
 
 from storage.append_plan import (
     BATCH_LENGTH_FIELD,
@@ -89,13 +90,13 @@ from storage.log_dir import (
     RECOVERY_POINT_CHECKPOINT_FILE,
     lock_log_directory,
     parse_topic_partition,
-    read_partition_checkpoint,
     write_partition_checkpoint,
 )
 from storage.log_loader import load_log
-from storage.retention import RetentionCandidate, segments_to_delete
-from storage.segment import BatchRow, LogSegment, OffsetAndTimestamp
+from storage.retention import segments_to_delete
+from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
+from storage.segment_list import SegmentInfo, SegmentList
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -123,15 +124,6 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-class SegmentInfo(NamedTuple):
-    base_offset: int
-    path: str
-    size_bytes: int
-    next_offset: int
-    max_timestamp: int
-    is_active: bool
-
-
 class Log:
     """The log of one partition, held by its only writer.  See the module docstring.
 
@@ -149,8 +141,6 @@ class Log:
         self._lock_fd = lock_fd
         self._pid = os.getpid()
         self._fork_generation = _FORK_GENERATION[0]
-        self._segments: list[LogSegment] = []
-        self._bases: list[int] = []
         self._log_start_offset = 0
         self._recovery_point = 0
         self._epochs = LeaderEpochCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT_FILE))
@@ -161,6 +151,8 @@ class Log:
         self._flush_timed = config.flush_ms < LONG_MAX  # else the due time is never reached: no clock read
         self._checkpoint_lock = threading.Lock()
         self._flusher = RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
+        self._segment_list = SegmentList(directory, config, self._flusher, self.name)
+        self._segments = self._segment_list.segments  # the same list: the hot path reads [-1] with no call
         self._closed = False
         self._append_generation = self._fork_generation  # -1 once closed: one comparison on the hot path
 
@@ -190,8 +182,7 @@ class Log:
 
     def _load(self, *, check_crc: bool) -> None:
         loaded = load_log(self.directory, self.config, self.topic_partition, check_crc=check_crc)
-        self._segments = loaded.segments
-        self._bases = [s.base_offset for s in loaded.segments]
+        self._segment_list.load(loaded.segments)
         self._log_start_offset = loaded.log_start_offset
         self._recovery_point = loaded.recovery_point
         self._epochs = loaded.epochs
@@ -211,8 +202,7 @@ class Log:
                 self._close_cleanly()
         finally:
             self._flusher.stop()
-            for segment in self._segments:
-                segment.close()
+            self._segment_list.close()
             self._release()
 
     def _close_cleanly(self) -> None:
@@ -272,12 +262,11 @@ class Log:
 
     @property
     def size_bytes(self) -> int:
-        return sum(s.size_bytes for s in self._segments)
+        return self._segment_list.size_bytes
 
     @property
     def segments(self) -> list[SegmentInfo]:
-        return [SegmentInfo(s.base_offset, s.log_path, s.size_bytes, s.next_offset, s.max_timestamp,
-                            s is self._segments[-1]) for s in self._segments]
+        return self._segment_list.infos()
 
     @property
     def leader_epoch_cache(self) -> LeaderEpochCache:
@@ -476,38 +465,11 @@ class Log:
             first_segment = segment.base_offset
             first_position = segment.append_parts(parts, plan.size_bytes, batches)
         else:
-            first_position, first_segment = self._write_rolling(parts, batches, now_ms)
+            first_position, first_segment = self._segment_list.write_rolling(parts, batches, now_ms)
         self._count_unflushed(plan.records)
         return _new_tuple(AppendInfo, (batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max,
                                        len(batches), plan.records, first_position, first_segment,
                                        plan.size_bytes))
-
-    def _write_rolling(self, parts: Sequence[BatchBuffer], batches: list[BatchRow],
-                       now_ms: int) -> tuple[int, int]:
-        """Batch by batch: as many as the active segment takes, then a roll before the next.  Returns the
-        position and segment base offset of the first batch."""
-        if len(parts) != len(batches):  # one buffer holding them all: one view per batch
-            whole = memoryview(parts[0]).cast("B")
-            at = 0
-            pieces = []
-            for batch in batches:
-                pieces.append(whole[at : at + batch[2]])
-                at += batch[2]
-            parts = pieces
-        segment = self._segments[-1]
-        first_position, first_segment = -1, segment.base_offset
-        start = 0
-        while True:
-            stop = start + segment.batches_that_fit(batches[start:], now_ms)
-            if stop > start:
-                group = batches[start:stop]
-                at = segment.append_parts(parts[start:stop], sum(batch[2] for batch in group), group)
-                if first_position < 0:
-                    first_position, first_segment = at, segment.base_offset
-            if stop == len(batches):
-                return first_position, first_segment
-            segment = self._roll(batches[stop][0])
-            start = stop
 
     @contextlib.contextmanager
     def _undone_if_failed(self, end: int) -> Iterator[None]:
@@ -534,16 +496,8 @@ class Log:
 
     def _undo_append(self, end: int, segment_count: int) -> None:
         """Cut the log back to log end offset ``end`` and ``segment_count`` segments after a failed append:
-        the segments it rolled to are deleted, the last one before them is the active one again (reopened
-        if a roll had sealed it), its bytes from ``end`` on are dropped (a failed write cut back its own),
-        and the leader epochs recorded from ``end`` on are forgotten."""
-        while len(self._segments) > segment_count:
-            self._bases.pop()
-            self._segments.pop().delete()
-        segment = self._segments[-1]
-        segment.reopen_for_append()
-        if segment.next_offset > end:
-            segment.truncate_to(end)
+        the segment list first (``SegmentList.cut_back``), then the leader epochs recorded from ``end`` on."""
+        self._segment_list.cut_back(end, segment_count)
         try:
             self._epochs.truncate_from_end(end)
         except OSError as exc:  # the cache is right in memory; its file is reconciled at the next open
@@ -582,16 +536,7 @@ class Log:
         self._check_writable()
         if self.active_segment.size_bytes == 0:
             return self.active_segment.base_offset
-        return self._roll(self.log_end_offset).base_offset
-
-    def _roll(self, base_offset: int) -> LogSegment:
-        old = self.active_segment
-        old.seal()
-        segment = LogSegment.create(self.directory, base_offset, self.config)
-        self._segments.append(segment)
-        self._bases.append(base_offset)
-        self._flusher.submit(os.dup(old.read_fd), (old.index_path, old.time_index_path), old.next_offset)
-        return segment
+        return self._segment_list.roll(self.log_end_offset).base_offset
 
     def _set_recovery_point(self, offset: int) -> None:
         with self._checkpoint_lock:
@@ -638,12 +583,9 @@ class Log:
                 f"log end offset {end})"
             )
         if offset < end:
-            i = max(0, bisect.bisect_right(self._bases, offset) - 1)
-            for segment in self._segments[i:]:
-                found = segment.read(max(offset, segment.base_offset), max_bytes, max_offset=max_offset,
-                                     verify=False)
-                if found is not None:
-                    return found
+            found = self._segment_list.read(offset, max_bytes, max_offset)
+            if found is not None:
+                return found
         active = self.active_segment
         return FetchSlice(active.log_path, active.read_fd, active.size_bytes, 0, offset, offset)
 
@@ -669,12 +611,10 @@ class Log:
             return OffsetAndTimestamp(self._log_start_offset, -1)
         if timestamp_ms == LATEST_TIMESTAMP:
             return OffsetAndTimestamp(self.log_end_offset, -1)
-        for segment in self._segments:
-            if segment.max_timestamp >= timestamp_ms:
-                found = segment.find_timestamp(timestamp_ms, verify=False)
-                if found is not None:
-                    return OffsetAndTimestamp(max(found.offset, self._log_start_offset), found.timestamp)
-        return None
+        found = self._segment_list.find_timestamp(timestamp_ms)
+        if found is None:
+            return None
+        return OffsetAndTimestamp(max(found.offset, self._log_start_offset), found.timestamp)
 
     # --- truncation, retention ------------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
@@ -691,12 +631,7 @@ class Log:
         if offset < self._segments[0].base_offset:
             self.truncate_fully_and_start_at(offset)
             return offset
-        while len(self._segments) > 1 and self._segments[-1].base_offset > offset:
-            self._segments.pop().delete()
-            self._bases.pop()
-        segment = self.active_segment
-        segment.reopen_for_append()
-        dropped = segment.truncate_to(offset)
+        segment, dropped = self._segment_list.truncate_to(offset)
         end = self.log_end_offset
         _log.info("partition %s: truncated to offset %d (log end offset now %d, %d bytes dropped from %s)",
                   self.name, offset, end, dropped, segment.log_path)
@@ -714,10 +649,7 @@ class Log:
         self._flusher.drain()
         self._log_start_offset = offset
         self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, offset)
-        for segment in self._segments:
-            segment.delete()
-        self._segments = [LogSegment.create(self.directory, offset, self.config)]
-        self._bases = [offset]
+        self._segment_list.reset(offset)
         self._set_recovery_point(offset)
         self._epochs.clear()
 
@@ -727,9 +659,8 @@ class Log:
         segment; only below ``high_watermark`` if given).  Returns the number of segments deleted."""
         self._check_writable()
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        candidates = [RetentionCandidate(s.base_offset, s.next_offset, s.size_bytes, s.largest_timestamp())
-                      for s in self._segments]
-        count = segments_to_delete(candidates, now_ms=now, retention_ms=self.config.retention_ms,
+        count = segments_to_delete(self._segment_list.retention_candidates(), now_ms=now,
+                                   retention_ms=self.config.retention_ms,
                                    retention_bytes=self.config.retention_bytes,
                                    log_start_offset=self._log_start_offset, high_watermark=high_watermark)
         if count:
@@ -749,30 +680,19 @@ class Log:
         self._log_start_offset = offset
         self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, offset)
         self._epochs.truncate_from_start(offset)
-        count = 0
-        while count < len(self._segments) - 1 and self._segments[count + 1].base_offset <= offset:
-            count += 1
+        count = self._segment_list.count_wholly_below(offset)
         if count:
             self._delete_first_segments(count)
 
     def _delete_first_segments(self, count: int) -> None:
-        doomed = self._segments[:count]
         start = max(self._log_start_offset, self._segments[count].base_offset)
         if start != self._log_start_offset:
             # before any unlink, and before the log changes: a checkpoint that finds no room changes nothing
             self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT_FILE, start)
             self._log_start_offset = start
             self._epochs.truncate_from_start(start)
-        del self._segments[:count]
-        del self._bases[:count]
-        for segment in doomed:
-            _log.info("partition %s: deleting segment %s (%d bytes, offsets %d..%d)", self.name,
-                      segment.log_path, segment.size_bytes, segment.base_offset, segment.next_offset - 1)
-            segment.delete()
+        self._segment_list.remove_first(count)
 
     # --- checkpoints ----------------------------------------------------------------------------------------
-    def _read_offset_checkpoint(self, name: str) -> int | None:
-        return read_partition_checkpoint(self.directory, name, self.topic_partition)
-
     def _write_offset_checkpoint(self, name: str, offset: int) -> None:
         write_partition_checkpoint(self.directory, name, self.topic_partition, offset)

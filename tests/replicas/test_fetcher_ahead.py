@@ -34,7 +34,9 @@ from ipc.kafka import (
     Request,
     encode_response,
 )
-from replicas.fetcher import FetchPhase, PartitionFetcher, _next_offset_after, _whole_batches
+from replicas.answer_copier import next_offset_after as _next_offset_after
+from replicas.answer_copier import whole_batches as _whole_batches
+from replicas.fetcher import FetchPhase, PartitionFetcher
 from storage.batch_builder import build_batch
 from storage.batch_reader import iter_batches
 from storage.errors import BrokerConnectionError, CorruptRecordError, ProtocolError, RequestTimeoutError

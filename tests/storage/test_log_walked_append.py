@@ -1,8 +1,9 @@
 """``Log.append_walked_as_follower`` (batches described by ``walk_batches`` arrays) decides exactly as
 ``Log.append_as_follower`` with headers: the same files byte for byte (log, offset and time indexes), rolls,
 epochs, flushes and AppendInfo -- with few batches per call (rows through the general write) and many (one
-``plan_index_entries`` call).  And the follower's copy of a Fetch answer (``replicas.fetcher._Copier``),
-whose plain case goes through it, appends what the batch-by-batch walk appends, refusing what it refuses."""
+``plan_index_entries`` call).  And the follower's copy of a Fetch answer
+(``replicas.answer_copier.AnswerCopier``), whose plain case goes through it, appends what the batch-by-batch
+walk appends, refusing what it refuses."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from replicas.fetcher import FetcherConfig, PartitionFetcher, _Copier
+from replicas.answer_copier import AnswerCopier as _Copier
+from replicas.answer_copier import walk_arrays
+from replicas.fetcher import FetcherConfig, PartitionFetcher
 from replicas.leader_connection import LeaderInfo
 from storage.batch_builder import build_batch
 from storage.batch_header import CRC_OFFSET
@@ -127,7 +130,7 @@ def _copy(tmp_path: Path, name: str, answer: memoryview, *,
     offset, the bytes the copier said it used)."""
     log = Log.open(tmp_path / name / "t-0", LogConfig(segment_bytes=1 << 30))
     fetcher = PartitionFetcher(log, LeaderInfo("127.0.0.1", 9, 0, 0), FetcherConfig(broker_id=1))
-    copier = _Copier(fetcher, "answer", 0)
+    copier = _Copier(log, "answer", 0, walk_arrays(), None)
     used = copier.consume(answer, True) if walked else copier._consume_checked(answer, True)
     end = log.log_end_offset
     fetcher.close()

@@ -1,0 +1,204 @@
+"""The segment list of a partition log: its segments, oldest first, and every change to the list as a whole.
+
+Theory of operation
+-------------------
+A log's offsets are split across segments, each holding ``[base_offset, next_offset)`` and each starting
+where the one before it ends; the last one is the *active segment*, the only one that takes appends.
+:class:`SegmentList` holds them in that order with their base offsets beside them (for ``bisect``) and is the
+one place the list changes:
+
+* **rolling** (:meth:`~SegmentList.roll`): the active segment is sealed (its indexes trimmed), a new one
+  created at the given base offset, and the sealed one handed to the background flusher
+  (``storage.flusher``); :meth:`~SegmentList.write_rolling` writes batches across as many rolls as the roll
+  rules (``LogSegment.batches_that_fit``) ask for;
+* **cutting back** a failed append (:meth:`~SegmentList.cut_back`), in this order: the segments the append
+  rolled to are deleted, newest first; the segment it started in is the active one again (reopened if a roll
+  had sealed it); its bytes from the append's first offset on are dropped (a write that failed part-way has
+  already cut back its own, ``LogSegment``);
+* **truncating** a replica (:meth:`~SegmentList.truncate_to`): the segments above the offset are deleted,
+  the one holding it is reopened and cut; :meth:`~SegmentList.reset` deletes them all and starts over;
+* **retention** (:meth:`~SegmentList.remove_first`): the oldest segments leave the list, then their files
+  are deleted.
+
+Reads go through :meth:`~SegmentList.read` and :meth:`~SegmentList.find_timestamp`, from the segment holding
+the offset on.
+
+``segments`` is a plain list that is changed in place and never replaced, so its owner
+(``storage.log.Log``) keeps it and reads the active segment as ``segments[-1]`` on the append hot path
+without a call.  The list is not thread-safe: the log's one writing thread calls it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from storage.flusher import RolledSegmentFlusher
+from storage.log_config import LogConfig
+from storage.retention import RetentionCandidate
+from storage.segment import BatchRow, LogSegment, OffsetAndTimestamp
+from storage.segment_file import BatchBuffer, FetchSlice
+
+__all__ = ["SegmentInfo", "SegmentList"]
+
+_log = logging.getLogger(__name__)
+
+
+class SegmentInfo(NamedTuple):
+    base_offset: int
+    path: str
+    size_bytes: int
+    next_offset: int
+    max_timestamp: int
+    is_active: bool
+
+
+class SegmentList:
+    """The segments of one log, oldest first, and their base offsets.  See the module docstring."""
+
+    def __init__(self, directory: str, config: LogConfig, flusher: RolledSegmentFlusher, name: str) -> None:
+        self.directory = directory
+        self.config = config
+        self.name = name  # the partition, for log lines
+        self.segments: list[LogSegment] = []  # changed in place, never replaced
+        self.bases: list[int] = []  # segments[i].base_offset, for bisect
+        self._flusher = flusher
+
+    def load(self, segments: Sequence[LogSegment]) -> None:
+        """Take the segments a log's opening loaded (``storage.log_loader``)."""
+        self.segments[:] = segments
+        self.bases[:] = [s.base_offset for s in segments]
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    @property
+    def active(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.segments)
+
+    def close(self) -> None:
+        for segment in self.segments:
+            segment.close()
+
+    def infos(self) -> list[SegmentInfo]:
+        active = self.segments[-1]
+        return [SegmentInfo(s.base_offset, s.log_path, s.size_bytes, s.next_offset, s.max_timestamp,
+                            s is active) for s in self.segments]
+
+    # --- rolling --------------------------------------------------------------------------------------------
+    def roll(self, base_offset: int) -> LogSegment:
+        """Seal the active segment, hand it to the flusher and start a new active one at ``base_offset``."""
+        old = self.segments[-1]
+        old.seal()
+        segment = LogSegment.create(self.directory, base_offset, self.config)
+        self.segments.append(segment)
+        self.bases.append(base_offset)
+        self._flusher.submit(os.dup(old.read_fd), (old.index_path, old.time_index_path), old.next_offset)
+        return segment
+
+    def write_rolling(self, parts: Sequence[BatchBuffer], batches: list[BatchRow],
+                      now_ms: int) -> tuple[int, int]:
+        """Write stamped batches batch by batch: as many as the active segment takes, then a roll before the
+        next.  ``parts``: one buffer holding every batch, or one buffer per batch.  Returns the position and
+        segment base offset of the first batch."""
+        if len(parts) != len(batches):  # one buffer holding them all: one view per batch
+            whole = memoryview(parts[0]).cast("B")
+            at = 0
+            pieces = []
+            for batch in batches:
+                pieces.append(whole[at : at + batch[2]])
+                at += batch[2]
+            parts = pieces
+        segment = self.segments[-1]
+        first_position, first_segment = -1, segment.base_offset
+        start = 0
+        while True:
+            stop = start + segment.batches_that_fit(batches[start:], now_ms)
+            if stop > start:
+                group = batches[start:stop]
+                at = segment.append_parts(parts[start:stop], sum(batch[2] for batch in group), group)
+                if first_position < 0:
+                    first_position, first_segment = at, segment.base_offset
+            if stop == len(batches):
+                return first_position, first_segment
+            segment = self.roll(batches[stop][0])
+            start = stop
+
+    # --- cutting back, truncating, retention ----------------------------------------------------------------
+    def cut_back(self, end: int, segment_count: int) -> None:
+        """Put the list back as it was before a failed append that started at offset ``end`` with
+        ``segment_count`` segments (the order is in the module docstring)."""
+        while len(self.segments) > segment_count:
+            self.bases.pop()
+            self.segments.pop().delete()
+        segment = self.segments[-1]
+        segment.reopen_for_append()
+        if segment.next_offset > end:
+            segment.truncate_to(end)
+
+    def truncate_to(self, offset: int) -> tuple[LogSegment, int]:
+        """Delete the segments above ``offset`` (never the first), reopen the one left last and cut it at
+        ``offset`` (``LogSegment.truncate_to``).  Returns it and the bytes dropped from it."""
+        while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
+            self.segments.pop().delete()
+            self.bases.pop()
+        segment = self.segments[-1]
+        segment.reopen_for_append()
+        return segment, segment.truncate_to(offset)
+
+    def reset(self, offset: int) -> None:
+        """Delete every segment; one empty active segment at ``offset`` is left."""
+        for segment in self.segments:
+            segment.delete()
+        self.segments[:] = [LogSegment.create(self.directory, offset, self.config)]
+        self.bases[:] = [offset]
+
+    def retention_candidates(self) -> list[RetentionCandidate]:
+        return [RetentionCandidate(s.base_offset, s.next_offset, s.size_bytes, s.largest_timestamp())
+                for s in self.segments]
+
+    def count_wholly_below(self, offset: int) -> int:
+        """How many of the oldest segments hold only offsets below ``offset`` (never the active one)."""
+        count = 0
+        while count < len(self.segments) - 1 and self.segments[count + 1].base_offset <= offset:
+            count += 1
+        return count
+
+    def remove_first(self, count: int) -> None:
+        """Remove the ``count`` oldest segments (never the active one) from the list, then delete their
+        files."""
+        doomed = self.segments[:count]
+        del self.segments[:count]
+        del self.bases[:count]
+        for segment in doomed:
+            _log.info("partition %s: deleting segment %s (%d bytes, offsets %d..%d)", self.name,
+                      segment.log_path, segment.size_bytes, segment.base_offset, segment.next_offset - 1)
+            segment.delete()
+
+    # --- reading --------------------------------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int, max_offset: int | None) -> FetchSlice | None:
+        """Whole batches from the segment holding ``offset`` on (``LogSegment.read``), or None when none
+        is readable there."""
+        i = max(0, bisect.bisect_right(self.bases, offset) - 1)
+        for segment in self.segments[i:]:
+            found = segment.read(max(offset, segment.base_offset), max_bytes, max_offset=max_offset,
+                                 verify=False)
+            if found is not None:
+                return found
+        return None
+
+    def find_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:
+        """The first batch whose max timestamp is >= ``timestamp_ms`` (``LogSegment.find_timestamp``)."""
+        for segment in self.segments:
+            if segment.max_timestamp >= timestamp_ms:
+                found = segment.find_timestamp(timestamp_ms, verify=False)
+                if found is not None:
+                    return found
+        return None
