@@ -128,6 +128,13 @@ class Doorbell:
             return False
         return True
 
+    @property
+    def pending(self) -> int:
+        """Posts not yet taken by a sleep (the semaphore's value; 0 where the platform cannot tell)."""
+        if self._semaphore is None or not posix_ipc.SEMAPHORE_VALUE_SUPPORTED:
+            return 0
+        return int(self._semaphore.value)
+
     def close(self) -> None:
         """Close this process's handle (the semaphore lives on until unlinked)."""
         semaphore, self._semaphore = self._semaphore, None
