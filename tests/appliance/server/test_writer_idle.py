@@ -177,3 +177,29 @@ def test_a_writer_asleep_through_its_doorbell_is_killed_and_restarted(appliances
     assert stuck not in serve.writers(1)
     assert f"writer t-0 (pid {stuck}) has not woken for its rung doorbell for" in serve.log()
     assert serve.stop() == 0
+
+
+def recovery_point(directory: Path) -> int:
+    """The offset in the partition's recovery-point checkpoint (0 when there is none yet)."""
+    path = directory / "recovery-point-offset-checkpoint"
+    return int(path.read_text().split()[-1]) if path.exists() else 0
+
+
+def test_flush_ms_flushes_an_idle_partition_on_time_then_it_sleeps(appliances: list[Appliance]) -> None:
+    serve = Appliance(None, "topics.t.partitions=1", "topics.t.flush.ms=1500")
+    appliances.append(serve)
+    serve.start()
+    (writer,) = serve.writers(1)
+    with serve.client() as client:
+        producer = RawProducer(client, "t", 0)
+        producer.send([b"to be flushed by the timer"])
+        assert producer.ring.wait_acks(0, 5000)
+        producer.close()
+        client.detach(producer.attachment)
+    directory = serve.data / "t-0"
+    wait_until(lambda: recovery_point(directory) == 1, "flush.ms passed and the record was not flushed")
+    time.sleep(0.5)
+    before = wake_ups(writer)
+    time.sleep(3.0)
+    assert wake_ups(writer) - before == 0, "nothing unflushed: no flush.ms wake-up"
+    assert serve.stop() == 0
