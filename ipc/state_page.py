@@ -129,9 +129,9 @@ them.
 
 **The writer's liveness** costs the writer nothing while it sleeps: ``writer_busy_ms`` holds the monotonic
 ms at which its current work began (stored when it wakes, and at most every few ms while rounds stream), or
-minus the ms at which it went to sleep on its doorbell.  A writer busy for seconds is stuck (a round takes
-milliseconds); a writer asleep since before its doorbell was rung, and still asleep long after, is stuck
-too (the supervisor compares the word with the doorbell's count: ``appliance.server.supervisor``).  A dead
+minus the ms at which it went to sleep on its doorbell.  A writer busy far longer than a round takes
+(milliseconds) is stuck; a writer asleep since before its doorbell was rung, and still asleep long after, is
+stuck too (the supervisor compares the word with the doorbell's count: ``appliance.server.liveness``).  A dead
 writer is seen by its pid and start time (and by the supervisor as its child's exit).
 
 Setters are for the field's owner only; a second writer would break the "one writer per field" rule that
