@@ -523,9 +523,10 @@ class Supervisor:
         """Kill (once) each running writer that is stuck (``appliance.server.liveness``: read from shared
         memory, no writer woken); it is restarted as after any death.  A dead one is its exit (SIGCHLD)."""
         for part, verdict in self._liveness.stuck(self._partitions):
-            _log.error("writer %s (pid %d) %s for %.1f s (limit %.1f s): it is stuck; killing it and "
-                       "restarting it", part.name, part.writer.pid, verdict.what, verdict.for_s,
-                       WRITER_STALL_S)  # fmt: skip
+            _log.error("writer %s (pid %d) %s for %.1f s (limit %.1f s) at log end offset %d: it is stuck; "
+                       "killing it and restarting it (the new writer recovers the log and answers every "
+                       "published frame)", part.name, part.writer.pid, verdict.what, verdict.for_s,
+                       WRITER_STALL_S, part.page.log_end_offset)  # fmt: skip
             part.writer.stall_killed = True
             _kill(part.writer.pid, signal.SIGKILL)
 
