@@ -21,8 +21,8 @@ Layout (one 4096-byte shared-memory object per partition, little-endian), ruled 
     |                      writer_start_ticks (i64)     @80         |  /proc/<pid>/stat starttime
     |                                                               |
     +---------------------------------------------------------------+
-    |                      writer_heartbeat_ms (i64)    @88         |  CLOCK_MONOTONIC ms (system-wide)
-    |                                                               |
+    |                      writer_busy_ms (i64)         @88         |  >0: working since (CLOCK_MONOTONIC
+    |                                                               |  ms); <0: asleep since; 0: not yet
     +---------------------------------------------------------------+
     |                      padding                      @96..127    |
     +===============================================================+  line 2: the REPLICA-STATE OWNER
@@ -127,6 +127,13 @@ acknowledges its producers in between, because the woken reader often takes the 
 publisher that dies between a and c delays its readers by at most READER_SLEEP_MAX_MS; it never strands
 them.
 
+**The writer's liveness** costs the writer nothing while it sleeps: ``writer_busy_ms`` holds the monotonic
+ms at which its current work began (stored when it wakes, and at most every few ms while rounds stream), or
+minus the ms at which it went to sleep on its doorbell.  A writer busy far longer than a round takes
+(milliseconds) is stuck; a writer asleep since before its doorbell was rung, and still asleep long after, is
+stuck too (the supervisor compares the word with the doorbell's count: ``appliance.server.liveness``).  A dead
+writer is seen by its pid and start time (and by the supervisor as its child's exit).
+
 Setters are for the field's owner only; a second writer would break the "one writer per field" rule that
 makes lock-free reads correct, and nothing here can detect it.
 """
@@ -172,7 +179,7 @@ STATE_PAGE = np.dtype(
     {
         "names": [
             "magic", "version",
-            "log_end_offset", "writer_pid", "writer_start_ticks", "writer_heartbeat_ms",
+            "log_end_offset", "writer_pid", "writer_start_ticks", "writer_busy_ms",
             "high_watermark", "committed_high_watermark", "isr_size", "min_insync_replicas", "replica_count",
             "epoch_seqlock", "leader_epoch", "epoch_start_offset",
             "log_start_offset",
@@ -203,7 +210,7 @@ def _word(field: str) -> int:
 _LOG_END_OFFSET = _word("log_end_offset")
 _WRITER_PID = _word("writer_pid")
 _WRITER_START_TICKS = _word("writer_start_ticks")
-_WRITER_HEARTBEAT_MS = _word("writer_heartbeat_ms")
+_WRITER_BUSY_MS = _word("writer_busy_ms")
 _HIGH_WATERMARK = _word("high_watermark")
 _COMMITTED_HIGH_WATERMARK = _word("committed_high_watermark")
 _ISR_SIZE = _word("isr_size")
@@ -216,7 +223,7 @@ _LOG_START_OFFSET = _word("log_start_offset")
 _READER_SLEEP_MS = _word("reader_sleep_ms")
 
 _OWNER_LINES = {  # cache line -> the fields its one writer owns
-    1: (_LOG_END_OFFSET, _WRITER_PID, _WRITER_START_TICKS, _WRITER_HEARTBEAT_MS),
+    1: (_LOG_END_OFFSET, _WRITER_PID, _WRITER_START_TICKS, _WRITER_BUSY_MS),
     2: (_HIGH_WATERMARK, _COMMITTED_HIGH_WATERMARK, _ISR_SIZE, _MIN_INSYNC_REPLICAS, _REPLICA_COUNT),
     3: (_EPOCH_SEQLOCK, _LEADER_EPOCH, _EPOCH_START_OFFSET),
     4: (_LOG_START_OFFSET,),
@@ -243,7 +250,7 @@ class ReplicaRow(NamedTuple):
 
 
 def monotonic_ms() -> int:
-    """CLOCK_MONOTONIC in milliseconds: the same clock in every process of the host (heartbeats)."""
+    """CLOCK_MONOTONIC in milliseconds: the same clock in every process of the host (liveness stamps)."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1_000_000
 
 
@@ -404,31 +411,40 @@ class StatePage:
     # -- the writer's liveness ----------------------------------------------------------------------------
 
     def claim_writer(self) -> None:
-        """The partition writer announces itself (pid, start time, first heartbeat) when it starts."""
+        """The partition writer announces itself (pid, start time; busy, opening its log) when it starts."""
         pid = os.getpid()
-        publish_int64(self._words, _WRITER_HEARTBEAT_MS, monotonic_ms())
+        publish_int64(self._words, _WRITER_BUSY_MS, monotonic_ms())
         publish_int64(self._words, _WRITER_START_TICKS, process_start_ticks(pid) or 0)
         publish_int64(self._words, _WRITER_PID, pid)
 
-    def beat(self, now_ms: int | None = None) -> None:
-        """The partition writer's heartbeat (call it at least every few hundred ms, also when idle)."""
-        publish_int64(self._words, _WRITER_HEARTBEAT_MS, monotonic_ms() if now_ms is None else now_ms)
+    def writer_busy(self, now_ms: int | None = None) -> None:
+        """The partition writer starts (or goes on with) work: a round, its timers, its commands.  Stored
+        when it wakes and at most every few ms while rounds stream; never while it sleeps."""
+        publish_int64(self._words, _WRITER_BUSY_MS, monotonic_ms() if now_ms is None else now_ms)
+
+    def writer_asleep(self, now_ms: int | None = None) -> None:
+        """The partition writer goes to sleep on its doorbell (stored as minus the time)."""
+        publish_int64(self._words, _WRITER_BUSY_MS, -(monotonic_ms() if now_ms is None else now_ms))
 
     @property
     def writer_pid(self) -> int:
         return load_int64(self._words, _WRITER_PID)
 
     @property
-    def writer_heartbeat_ms(self) -> int:
-        return load_int64(self._words, _WRITER_HEARTBEAT_MS)
+    def writer_busy_ms(self) -> int:
+        """The raw word: the monotonic ms the writer's current work began (> 0), minus the monotonic ms it
+        went to sleep (< 0), or 0 (no writer has claimed the page)."""
+        return load_int64(self._words, _WRITER_BUSY_MS)
 
     def writer_alive(self, stale_after_ms: int) -> bool:
-        """The claimed writer process exists (pid and start time) and beat within ``stale_after_ms``."""
+        """The claimed writer process exists (pid and start time) and is asleep, or has been busy for at most
+        ``stale_after_ms`` (a writer busy longer is stuck: a round takes milliseconds)."""
         pid = self.writer_pid
         start_ticks = load_int64(self._words, _WRITER_START_TICKS)
         if not process_alive(pid, start_ticks or None):
             return False
-        return monotonic_ms() - self.writer_heartbeat_ms <= stale_after_ms
+        value = self.writer_busy_ms
+        return value <= 0 or monotonic_ms() - value <= stale_after_ms
 
     # -- the seqlocked pair -------------------------------------------------------------------------------
 
@@ -482,7 +498,7 @@ class StatePage:
             "leader_epoch": epoch,
             "epoch_start_offset": epoch_start,
             "writer_pid": self.writer_pid,
-            "writer_heartbeat_ms": self.writer_heartbeat_ms,
+            "writer_busy_ms": self.writer_busy_ms,
         }
 
     def close(self) -> None:

@@ -47,7 +47,11 @@ that waits in slices naps in the first one only (a wait for a stalled writer cos
 
 Extra posts (a post arriving after a timeout already woke the sleeper) make a later sleep return at once; the
 sleeper then re-checks and sleeps again: harmless.  The timeout bounds every sleep, so a notifier that died
-between (a) and (c) delays, but never strands, a sleeper.  An idle process wakes only on its timeout.
+between (a) and (c) delays, but never strands, a sleeper.  An idle process wakes only on its timeout, which
+the sleeper chooses: the partition writer sleeps until its next timer is due, however far off
+(``appliance.server.writer_timers``), because a producer that dies between (a) and (c) has its ring
+detached by the supervisor, and the detach command rings the writer's doorbell.  :attr:`Doorbell.pending`
+(the semaphore's count) lets a third party see a post the sleeper has not taken, without waking it.
 
 Futexes: waking any number of readers of one published word
 -----------------------------------------------------------
@@ -127,6 +131,13 @@ class Doorbell:
         except (posix_ipc.BusyError, posix_ipc.SignalError):
             return False
         return True
+
+    @property
+    def pending(self) -> int:
+        """Posts not yet taken by a sleep (the semaphore's value; 0 where the platform cannot tell)."""
+        if self._semaphore is None or not posix_ipc.SEMAPHORE_VALUE_SUPPORTED:
+            return 0
+        return int(self._semaphore.value)
 
     def close(self) -> None:
         """Close this process's handle (the semaphore lives on until unlinked)."""

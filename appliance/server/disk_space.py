@@ -68,6 +68,11 @@ class DiskSpace:
     def full(self) -> bool:
         return self.error is not None
 
+    @property
+    def recheck_due_ns(self) -> int | None:
+        """While full: the monotonic ns of the next measurement (the idle writer wakes for it); else None."""
+        return self._next_measure_ns if self.error is not None else None
+
     def may_write(self, size_bytes: int, now_ns: int) -> bool:
         """Whether a round of ``size_bytes`` may be appended (False: the reserve would be broken, and the
         directory is full from now on)."""

@@ -19,19 +19,29 @@ The points (:data:`FAULT_POINTS`):
 ``delete.recorded``     delete: the topic is marked for deletion, its writers still run
 ``delete.stopped``      delete: the writers stopped, the directories are still there
 ``delete.removed``      delete: the directories are gone, the metadata file still has the mark
+``writer.stall``        a partition writer: its first round blocks after the append, before any
+                        acknowledgement, until the writer is killed (:func:`writer_fault_point`)
 ======================= =======================================================================
+
+``writer.stall`` is not raised by the supervisor: each writer's spec carries the armed list, and the writer
+blocks once per partition directory (a marker file, ``.test-writer-stall``, keeps its successor from
+blocking again), so a test sees the supervisor find a stuck writer, kill it and restart it.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Iterable
+import os
+import time
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from storage.errors import ConfigError
 
-__all__ = ["FAULT_POINTS", "ControlFaults", "InjectedFault"]
+__all__ = ["FAULT_POINTS", "WRITER_STALL_MARKER", "ControlFaults", "InjectedFault", "writer_fault_point"]
+
+WRITER_STALL_MARKER: Final = ".test-writer-stall"
 
 FAULT_POINTS: Final = frozenset({
     "metadata.write",
@@ -40,6 +50,7 @@ FAULT_POINTS: Final = frozenset({
     "delete.recorded",
     "delete.stopped",
     "delete.removed",
+    "writer.stall",
 })  # fmt: skip
 
 _ERRNO: Final = {"metadata.write": errno.ENOSPC}  # others: EIO
@@ -77,3 +88,24 @@ class ControlFaults:
         self._remaining[point] = left - 1
         code = _ERRNO.get(point, errno.EIO)
         raise InjectedFault(code, f"{errno.errorcode[code]} at test fault point {point}")
+
+
+def writer_fault_point(armed: Iterable[str], directory: str) -> Callable[[str], None] | None:
+    """The partition writer's fault point for ``appliance.test.faults`` (None when nothing of the writer's
+    is armed): with ``writer.stall``, the first ``"appended"`` point reached in ``directory`` blocks."""
+    if not any(entry.partition(":")[0] == "writer.stall" for entry in armed):
+        return None
+    marker = os.path.join(directory, WRITER_STALL_MARKER)
+
+    def fault(point: str) -> None:
+        if point != "appended":
+            return
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return  # fired once for this partition already
+        _log.warning("test fault point writer.stall fired in %s: this writer blocks until killed", directory)
+        while True:
+            time.sleep(3600)
+
+    return fault

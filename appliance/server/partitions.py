@@ -208,6 +208,7 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
         retention_check_interval_ms=config.retention_check_interval_ms,
         log_dir_min_free_bytes=config.log_dir_min_free_bytes,
         retention_enabled="delete" in effective.cleanup_policy,
+        test_faults=tuple(config.test_faults),
     )
     return Partition(topic.name, partition, directory, spec, page, doorbell, Child("writer", spec.name),
                      offline=offline)

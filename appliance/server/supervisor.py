@@ -23,14 +23,14 @@ Start-up, in this order (each step needs the previous one)::
 
 Then it serves the control socket (``appliance.server.control_ops``), restarts a child that dies (a writer
 recovers its log as it opens it; the supervisor logs the exit status or signal and backs off when a child
-keeps dying), kills a writer whose heartbeat stopped for :data:`WRITER_STALL_S` (it is stuck) and restarts
-it, pings the systemd watchdog, updates ``STATUS=``, and every second retries the topic deletions that have
-not finished and re-creates the meta directory's reserve if a full disk took it
-(``appliance.server.meta_reserve``).
+keeps dying), kills a writer that is stuck (``appliance.server.liveness``: busy in one round, or asleep
+through its rung doorbell, for :data:`WRITER_STALL_S`) and restarts it, pings the systemd watchdog, updates
+``STATUS=``, and every second retries the topic deletions that have not finished and re-creates the meta
+directory's reserve if a full disk took it (``appliance.server.meta_reserve``).
 
 Who writes what: the supervisor owns the topic metadata, producer id allocation, the rings' existence
 (create/unlink: ``appliance.server.rings``) and each state page's leader epoch; each writer owns its
-partition's log, log end offset, high watermark (replication factor 1), log start offset and heartbeat;
+partition's log, log end offset, high watermark (replication factor 1), log start offset and liveness word;
 producers own their rings' frames.
 
 Stop (SIGTERM or SIGINT): ``STOPPING=1``; the control socket closes (no new producers); the extra children
@@ -72,6 +72,7 @@ from appliance.server.children import (
 from appliance.server.control_ops import ControlOps, check_replication_factor
 from appliance.server.faults import ControlFaults
 from appliance.server.instance import instance_lock_path, lock_file, lock_log_dirs, shm_names_for
+from appliance.server.liveness import LivenessCheck
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition, recover_partition
 from appliance.server.proctitle import set_proctitle
@@ -81,14 +82,14 @@ from appliance.server.writer import writer_main
 from ipc.control_server import ControlServer
 from ipc.ring import warm_up
 from ipc.shm import Permissions, reclaim
-from ipc.state_page import monotonic_ms
 from storage.errors import ApplianceError
 from storage.producer_ids import ProducerIdBlockAllocator
 
 __all__ = ["WRITER_STALL_S", "Supervisor"]
 
-# A writer whose heartbeat (state page) is this old while its process lives is killed and restarted: it is
-# stuck (a writer beats at least every 100 ms, busy or idle).  Tests lower it.
+# A writer busy in one round this long, or asleep this long after its doorbell was rung (state page and
+# doorbell, read without waking it), is killed and restarted: it is stuck (a round takes milliseconds).
+# Tests lower it.
 WRITER_STALL_S: float = 60.0
 
 _PRODUCER_ID_FILE: Final = "producer-ids"
@@ -130,7 +131,8 @@ class Supervisor:
         self._status_text = ""
         self._next_status_s = 0.0
         self._next_memory_s = 0.0
-        self._next_heartbeat_check_s = 0.0
+        self._next_liveness_check_s = 0.0
+        self._liveness = LivenessCheck(lambda: WRITER_STALL_S)
         self._memory_reported = False
         self._watchdog_s = sdnotify.watchdog_interval_s()
         self._next_watchdog_s = 0.0
@@ -502,9 +504,9 @@ class Supervisor:
         if now >= self._next_memory_s:
             self._next_memory_s = now + _MEMORY_INTERVAL_S
             self._measure_memory()
-        if now >= self._next_heartbeat_check_s:
-            self._next_heartbeat_check_s = now + min(1.0, WRITER_STALL_S / 4)
-            self._check_heartbeats()
+        if now >= self._next_liveness_check_s:
+            self._next_liveness_check_s = now + min(1.0, WRITER_STALL_S / 4)
+            self._check_liveness()
         if now >= self._next_pending_s:
             self._next_pending_s = now + _PENDING_INTERVAL_S
             self._finish_pending()
@@ -517,20 +519,16 @@ class Supervisor:
         if reserve is not None and not reserve.complete:
             reserve.ensure()
 
-    def _check_heartbeats(self) -> None:
-        """Kill (once) a writer that claimed its state page but stopped beating: it is stuck."""
-        now_ms = monotonic_ms()
-        for part in self._partitions.values():
-            child = part.writer
-            page = part.page
-            if not child.pid or child.stopping or child.stall_killed or page.writer_pid != child.pid:
-                continue  # not running, stopping, already killed, or still opening its log
-            stale_s = (now_ms - page.writer_heartbeat_ms) / 1000
-            if stale_s > WRITER_STALL_S:
-                _log.error("writer %s (pid %d) has not beaten its heartbeat for %.1f s (limit %.1f s): it is "
-                           "stuck; killing it", part.name, child.pid, stale_s, WRITER_STALL_S)  # fmt: skip
-                child.stall_killed = True
-                _kill(child.pid, signal.SIGKILL)
+    def _check_liveness(self) -> None:
+        """Kill (once) each running writer that is stuck (``appliance.server.liveness``: read from shared
+        memory, no writer woken); it is restarted as after any death.  A dead one is its exit (SIGCHLD)."""
+        for part, verdict in self._liveness.stuck(self._partitions):
+            _log.error("writer %s (pid %d) %s for %.1f s (limit %.1f s) at log end offset %d: it is stuck; "
+                       "killing it and restarting it (the new writer recovers the log and answers every "
+                       "published frame)", part.name, part.writer.pid, verdict.what, verdict.for_s,
+                       WRITER_STALL_S, part.page.log_end_offset)  # fmt: skip
+            part.writer.stall_killed = True
+            _kill(part.writer.pid, signal.SIGKILL)
 
     def _measure_memory(self) -> None:
         for child in self.children():

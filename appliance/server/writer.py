@@ -43,16 +43,16 @@ CRC, garbage, a length that does not match) or MESSAGE_TOO_LARGE, nothing of it 
 A frame the ring protocol itself cannot trust (a bad frame length, type or sequence) fails that ring
 (``RingFailedError`` for its producer, ``ipc/ring.py``); the other rings are served as before.
 
-**Between rounds** the writer reads its commands and beats its heartbeat on every loop after one that found
-nothing to drain, but at most every 10 ms while rounds follow one another: right after a large ``writev``
-the caches are cold, and the command poll and the beat then cost a measurable share of each round
-(docs/performance.md, "What the naps changed").
+**Between rounds** the writer reads its commands and stamps "busy since" in the state page
+(``StatePage.writer_busy``) on every loop after one that found nothing to drain, but at most every 10 ms
+while rounds follow one another: right after a large ``writev`` the caches are cold, and the command poll
+and the stamp then cost a measurable share of each round (docs/performance.md, "What the naps changed").
 
-**Idle**: with nothing published the writer sleeps on its doorbell (``ipc/wakeup.py``) for at most
-``heartbeat_interval_ms``; each wake-up beats the heartbeat in the state page and runs the timers: the
-``flush.ms`` flush, and every ``log.retention.check.interval.ms`` retention (``Log.delete_retained_segments``,
-then the new log start offset is published) and producer-id expiry.  Retention runs here because a log has
-exactly one writer process: a second process opening the log to delete segments would be refused the lock.
+**Idle**: with nothing published the writer runs its timers, stamps "asleep" in the state page and sleeps
+on its doorbell (``ipc/wakeup.py``) until a producer or the supervisor rings it or its next timer is due
+(``appliance.server.writer_timers``: ``flush.ms`` while data is unflushed, retention and producer-id expiry,
+the re-measure of a full log dir), with no other wake-up.  Its liveness costs nothing: the supervisor sees
+a dead writer exit, a stuck one in shared memory (``appliance.server.liveness``).
 
 **A full log directory** (``appliance.server.disk_space``) is a state, not a crash.  An append that meets
 ``ENOSPC``/``EDQUOT`` raises ``KafkaStorageError`` with the log already back as it was (``storage.log``), and
@@ -61,12 +61,13 @@ frame of the round given an offset is answered KAFKA_STORAGE_ERROR (56, retriabl
 is reloaded as it was before the round (so a retry is not taken for a duplicate).  From then on new batches
 are answered KAFKA_STORAGE_ERROR without touching the log (retries of appended ones still get their
 offsets), until a measurement of the log dir, at most every 100 ms when frames arrive and on the idle
-timer, finds room: then writes resume.  Acks, heartbeats, retention and commands go on throughout; a flush,
-a retention pass or a snapshot that finds no room is put off, not fatal.
+timer, finds room: then writes resume.  Acks, liveness stamps, retention and commands go on throughout;
+a flush, a retention pass or a snapshot that finds no room is put off, not fatal.
 
 **Fault points** (for crash tests, never set in production): ``faults(name)`` is called at ``"appended"``
 (the round is in the log, nothing acknowledged) and ``"acknowledged"`` (acks published, space not
-released); a test makes it raise to stop the writer exactly there, as a SIGKILL would.
+released); a test makes it raise to stop the writer exactly there, as a SIGKILL would, or block there
+(``writer.stall`` of ``appliance.server.faults``, armed through ``appliance.test.faults``).
 
 **Orphaned**: when the supervisor dies (killed) the kernel sends the writer SIGTERM (``PR_SET_PDEATHSIG``)
 and its channel reaches EOF: the writer drains its rings as at a stop, fsyncs the log, and closes it
@@ -94,8 +95,10 @@ from typing import Any, Final
 import numpy as np
 
 from appliance.server.disk_space import DiskSpace
+from appliance.server.faults import writer_fault_point
 from appliance.server.publish_trace import PublishTrace
 from appliance.server.resume_map import ResumeMap, log_headers, published_records
+from appliance.server.writer_timers import WriterTimers
 from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
 from ipc.ring import Chunk, RingConsumer, RingFailedError, RingNames
@@ -127,7 +130,7 @@ from storage.producer_state import (
 __all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec", "writer_main"]
 
 DEFAULT_PEEK_BYTES: Final = 4 << 20  # per ring and round; a round appends at most rings x this
-_HOUSEKEEPING_INTERVAL_NS: Final = 10_000_000  # commands and heartbeat at most this often while rounds stream
+_HOUSEKEEPING_INTERVAL_NS: Final = 10_000_000  # commands, busy stamp: at most this often in a stream
 _DEFAULT_STOP_TIMEOUT_MS: Final = 10_000
 _ERRORS_LOGGED_PER_RING: Final = (
     5  # then one line per 1000 bad frames: a hostile producer cannot flood the log
@@ -150,13 +153,13 @@ class WriterSpec:
     state_page: str  # shared-memory name of the partition state page (created by the supervisor)
     doorbell: str  # the writer's semaphore (created by the supervisor)
     publish_high_watermark: bool = True  # replication factor 1: HW = LEO, written by the writer
-    heartbeat_interval_ms: int = 100  # longest sleep when idle
     retention_check_interval_ms: int = 300_000
     retention_enabled: bool = True  # cleanup.policy includes delete
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
     peek_bytes: int = DEFAULT_PEEK_BYTES
     broker_wake_fd: int = -1  # the broker's wake-up eventfd, added to after each round with work (-1: none)
     log_dir_min_free_bytes: int = 0  # log.dir.min.free.bytes of the partition's log dir (0: no reserve)
+    test_faults: tuple[str, ...] = ()  # appliance.test.faults (tests only; "writer.stall" is the writer's)
 
     @property
     def name(self) -> str:
@@ -230,11 +233,13 @@ class PartitionWriter:
         self._resume = ResumeMap(log, spec.name)
         self._stopping = False
         self._stop_timeout_ms = _DEFAULT_STOP_TIMEOUT_MS
-        self._next_retention_s = time.monotonic() + spec.retention_check_interval_ms / 1000
         self._closed = False
         self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
         self.disk = DiskSpace(spec.name, os.path.dirname(os.path.normpath(spec.directory)) or ".",
                               spec.log_dir_min_free_bytes, free_bytes)
+        self.timers = WriterTimers(spec.name, log, state_page, state, self.disk,
+                                   retention_check_interval_ms=spec.retention_check_interval_ms,
+                                   retention_enabled=spec.retention_enabled)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
@@ -543,28 +548,32 @@ class PartitionWriter:
 
     def run(self) -> int:
         """Serve until told to stop (or the channel closes); return the exit code (0 after a clean drain)."""
-        interval_s = self.spec.heartbeat_interval_ms / 1000
         page = self.state_page
         housekeeping_due_ns = 0
         while not self._stopping:
             now_ns = time.monotonic_ns()
             if now_ns >= housekeeping_due_ns:  # after a loop with nothing to drain; else every 10 ms
+                page.writer_busy(now_ns // 1_000_000)
                 self.handle_commands()
-                page.beat(now_ns // 1_000_000)
                 housekeeping_due_ns = now_ns + _HOUSEKEEPING_INTERVAL_NS
             handled = self.drain_round() if not self._stopping else 0
             if self.rings and any(ring.detaching for ring in self.rings.values()):
                 self._finish_detaches()
             if handled:
+                self.timers.after_round()
                 continue
             housekeeping_due_ns = 0
-            self._timers()
+            self.timers.run()
             flags = [ring.consumer.waiting_flag for ring in self.rings.values() if not ring.failed]
-            if not self._waiter.park(flags, self._has_work, interval_s) and self._trace is not None:
+            sleep_s = self.timers.due_s() - time.monotonic()
+            if self._trace is not None:  # benchmarks only: the trace reaches its file within 0.1 s of idling
+                sleep_s = min(sleep_s, 0.1)
+            page.writer_asleep()
+            if not self._waiter.park(flags, self._has_work, sleep_s) and self._trace is not None:
                 self._trace.flush()  # idle: a benchmark's trace reaches its file between runs
         deadline = time.monotonic() + self._stop_timeout_ms / 1000
         while self.drain_round() and time.monotonic() < deadline:
-            page.beat()
+            page.writer_busy()
         for ring in list(self.rings.values()):
             ring.detaching = True
         self._finish_detaches()
@@ -584,39 +593,9 @@ class PartitionWriter:
                 return True
         return self._channel is not None and bool(self._poll.poll(0))
 
-    def _timers(self) -> None:
-        if self.disk.error is not None:
-            self.disk.refused(time.monotonic_ns())  # full: measure again, so writes resume while idle
-        try:
-            self.log.maybe_flush()
-            now = time.monotonic()
-            if now < self._next_retention_s:
-                return
-            self._next_retention_s = now + self.spec.retention_check_interval_ms / 1000
-            self.run_retention()
-        except (OSError, KafkaStorageError) as exc:  # a checkpoint on a full disk: tried again next time
-            if isinstance(exc, OSError) and not is_disk_full(exc):
-                raise
-            _log.warning("writer %s: flush put off: %s", self.name,
-                         describe_os_error(exc) if isinstance(exc, OSError) else exc)
-
     def run_retention(self) -> int:
-        """Delete the segments retention allows, publish the log start offset, expire idle producers."""
-        deleted = 0
-        if self.spec.retention_enabled:
-            high_watermark = self.state_page.high_watermark
-            try:
-                deleted = self.log.delete_retained_segments(high_watermark=high_watermark)
-            except OSError as exc:  # the log start offset's checkpoint found no room: nothing was deleted
-                if not is_disk_full(exc):
-                    raise
-                _log.warning("writer %s: retention put off: %s", self.name, describe_os_error(exc))
-            if deleted:
-                self.state_page.log_start_offset = self.log.log_start_offset
-                _log.info("writer %s: retention deleted %d segments, log start offset now %d",
-                          self.name, deleted, self.log.log_start_offset)  # fmt: skip
-        self.producer_state.expire(time.time_ns() // 1_000_000)
-        return deleted
+        """Retention and producer-id expiry now (``WriterTimers.run_retention``); segments deleted."""
+        return self.timers.run_retention()
 
     # -- commands -----------------------------------------------------------------------------------------
 
@@ -701,7 +680,7 @@ def writer_main(spec: WriterSpec, channel: socket.socket) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     parent = os.getppid()  # the supervisor (fork_child made sure it is alive and set PR_SET_PDEATHSIG)
-    writer = PartitionWriter.open(spec, channel)
+    writer = PartitionWriter.open(spec, channel, faults=writer_fault_point(spec.test_faults, spec.directory))
     holder.append(writer)
     try:
         code = writer.run()

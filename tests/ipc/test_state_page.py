@@ -44,7 +44,7 @@ def test_a_new_page_has_zero_offsets_and_no_epoch(page: StatePage) -> None:
         "leader_epoch": NO_LEADER_EPOCH,
         "epoch_start_offset": 0,
         "writer_pid": 0,
-        "writer_heartbeat_ms": 0,
+        "writer_busy_ms": 0,
         "committed_high_watermark": -1,  # not replicated: one in-sync replica, min.insync.replicas 1
         "isr_size": 1,
         "min_insync_replicas": 1,
@@ -86,13 +86,16 @@ def test_fields_written_through_one_mapping_are_read_through_another(page: State
     reader.close()
 
 
-def test_writer_liveness_needs_a_live_pid_and_a_fresh_heartbeat(page: StatePage) -> None:
+def test_writer_liveness_needs_a_live_pid_and_no_endless_round(page: StatePage) -> None:
     assert not page.writer_alive(stale_after_ms=1000)  # nobody claimed it
     page.claim_writer()
     assert page.writer_pid == os.getpid() and page.writer_alive(stale_after_ms=1000)
-    page.beat(now_ms=monotonic_ms() - 5000)
-    assert not page.writer_alive(stale_after_ms=1000)  # alive, but silent for 5 s
-    page.beat()
+    page.writer_busy(now_ms=monotonic_ms() - 5000)
+    assert not page.writer_alive(stale_after_ms=1000)  # alive, but busy in one round for 5 s
+    page.writer_asleep(now_ms=monotonic_ms() - 3_600_000)
+    assert page.writer_alive(stale_after_ms=1000), "asleep for an hour is healthy"
+    assert page.writer_busy_ms < 0
+    page.writer_busy()
     assert page.writer_alive(stale_after_ms=1000)
 
 

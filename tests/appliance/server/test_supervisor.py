@@ -358,33 +358,6 @@ def test_hostile_control_requests_get_an_answer_and_change_nothing(appliances: l
     assert serve.stop() == 0
 
 
-def test_a_writer_that_stops_beating_is_killed_and_restarted(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=1", patch={"WRITER_STALL_S": 0.5})
-    appliances.append(serve)
-    serve.start()
-    (stuck,) = serve.writers(1)
-    with serve.client() as client:
-        page = StatePage.attach(client.metadata(["t"]).topics["t"].partitions[0].state_page)
-    deadline = time.monotonic() + 10
-    while page.writer_pid != stuck:  # it serves (a writer still opening its log is left alone)
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    page.close()
-    os.kill(stuck, signal.SIGSTOP)  # alive, but no longer beating
-    deadline = time.monotonic() + 10
-    while serve.writers() in ([stuck], []):
-        assert time.monotonic() < deadline, "a stuck writer was left alone"
-        time.sleep(0.05)
-    assert "has not beaten its heartbeat" in serve.log()
-    assert "writer t-0 was killed by signal 9 (SIGKILL); recovering its partition log" in serve.log()
-    with serve.client() as client:
-        producer = RawProducer(client, "t", 0)
-        producer.send([b"served by the new writer"])
-        assert producer.ring.wait_acks(0, 5000)
-        producer.close()
-    assert serve.stop() == 0
-
-
 def test_control_requests_are_answered_while_the_supervisor_waits_for_its_children_to_stop(
     appliances: list[Appliance],
 ) -> None:
