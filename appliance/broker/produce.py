@@ -27,7 +27,11 @@ within the request's ``timeout_ms`` gets REQUEST_TIMED_OUT (the batch may still 
 unknown, as Kafka says; idempotent producers retry safely).
 
 The broker attaches one ring per partition it produces to, lazily, through its control connection (so the
-rings die with the broker process).  A full ring is back-pressure: the batch waits in the held request and is
+rings die with the broker process); the partitions of one request that have no ring yet are attached in
+one ``attach_many`` round trip.  When the control connection was lost and re-established (a new
+``cluster.session``), the rings of the old one are gone: they are dropped, their unanswered batches get
+NOT_LEADER_OR_FOLLOWER (retriable; an idempotent producer's retry is deduplicated), and new ones attached.
+A full ring is back-pressure: the batch waits in the held request and is
 published by a later poll; the connection stays parked meanwhile, so it reads no further requests.
 """
 
@@ -134,6 +138,7 @@ class Produce:
         self._served_by: dict[tuple[str, int], PartitionHandle] = {}  # the topic incarnation of each ring
         self._held: list[_Held] = []
         self._min_isr: dict[str, int] = {}
+        self._session = ctx.cluster.session  # the control session the rings belong to
 
     @property
     def pending(self) -> int:
@@ -161,6 +166,7 @@ class Produce:
             for batch in held.batches:  # what was valid is still appended, as Kafka does
                 self._publish(batch)
             return ProduceOutcome(close_reason=f"acks=0 produce failed: {'; '.join(errors)}")
+        self._attach_missing(held.batches)
         for batch in held.batches:
             self._publish(batch)
         if acks == 0:
@@ -249,6 +255,53 @@ class Produce:
 
     # -- rings --------------------------------------------------------------------------------------------
 
+    def _check_session(self) -> None:
+        """Drop every ring if the control connection was re-established since they were attached."""
+        session = self.ctx.cluster.session
+        if session == self._session:
+            return
+        self._session = session
+        for topic, partition in list(self._publishers):
+            self._drop_publisher(topic, partition, RuntimeError("the control connection was re-established"),
+                                 detach=False)  # fmt: skip
+
+    def _attach_missing(self, batches: list[_Batch]) -> None:
+        """Attach, in one round trip, a ring to each partition of ``batches`` that has none yet."""
+        self._check_session()
+        wanted: dict[tuple[str, int], _Batch] = {}
+        for batch in batches:
+            key = (batch.topic, batch.handle.partition)
+            if batch.done or key in wanted:
+                continue
+            if key in self._publishers and self._served_by.get(key) is batch.handle:
+                continue
+            wanted[key] = batch
+        if len(wanted) < 2:
+            return  # none, or one: _publisher attaches it
+        for key in wanted:
+            if key in self._publishers:  # the topic was deleted (and maybe created again)
+                self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
+        try:
+            results = self.ctx.cluster.attach_many(list(wanted))
+        except ClusterError as e:
+            for batch in wanted.values():
+                self._answer(batch, e.code, str(e))
+            return
+        for (key, batch), result in zip(wanted.items(), results, strict=True):
+            if isinstance(result, ClusterError):
+                self._answer(batch, result.code, str(result))
+                continue
+            try:
+                publisher: RingPublisher[_Batch] = RingPublisher.attach(
+                    result.names, topic=key[0], partition=key[1], max_block_ms=0
+                )
+            except (ApplianceError, OSError, ValueError) as e:
+                log.error("produce to %s-%d: cannot open ring %s: %s", key[0], key[1], result.ring, e)
+                self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is unreachable")
+                continue
+            self._publishers[key] = publisher
+            self._served_by[key] = batch.handle
+
     def _publisher(self, batch: _Batch) -> RingPublisher[_Batch] | None:
         key = (batch.topic, batch.handle.partition)
         publisher = self._publishers.get(key)
@@ -297,7 +350,7 @@ class Produce:
             return
         batch.published = True
 
-    def _drop_publisher(self, topic: str, partition: int, why: Exception) -> None:
+    def _drop_publisher(self, topic: str, partition: int, why: Exception, *, detach: bool = True) -> None:
         publisher = self._publishers.pop((topic, partition), None)
         self._served_by.pop((topic, partition), None)
         if publisher is None:
@@ -307,6 +360,8 @@ class Produce:
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer failed the ring")
         name = publisher.name
         publisher.close()
+        if not detach:
+            return
         try:
             self.ctx.cluster.detach(name)
         except ClusterError as e:
@@ -323,6 +378,7 @@ class Produce:
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]:
         """Read acks, publish batches that waited for ring space, and return the requests now answered."""
+        self._check_session()
         if self.ctx.replication is not None:
             for token, code in self.ctx.replication.take_completed():
                 batch = token
