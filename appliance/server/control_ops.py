@@ -57,7 +57,8 @@ __all__ = ["MAX_REPLICATION_FACTOR", "ControlOps", "Supervised", "check_replicat
 MAX_REPLICATION_FACTOR: Final = 100  # default.replication.factor's bound
 _MAX_PARTITIONS: Final = 100_000
 _PRODUCER_ID_NODE_SHIFT: Final = 40  # module docstring
-_WRITER_MEMORY_MAX_AGE_S: Final = 5.0  # a writer's unique memory in metadata is at most this old
+_WRITER_MEMORY_MAX_AGE_S: Final = 5.0  # a writer's unique memory in metadata is this old, or older ...
+_WRITER_MEMORY_BUDGET_S: Final = 0.02  # ... when measuring them all would hold one request longer than this
 
 _log = logging.getLogger("appliance.supervisor")
 
@@ -101,6 +102,7 @@ class ControlOps:
         self.partitions = partitions
         self.rings = rings
         self.requests: dict[str, int] = {}  # requests answered since start, by op (``status``)
+        self._measure_until_s = 0.0  # writers' memory is measured for a request until then
 
     def handle(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any] | None:
         """Answer one request (module docstring: which exception becomes which error); None: answered
@@ -110,6 +112,7 @@ class ControlOps:
         if handler is None:
             return error_response(ErrorCode.INVALID_REQUEST, f"unknown op {op!r}; known: {sorted(self._OPS)}")
         self.requests[str(op)] = self.requests.get(str(op), 0) + 1
+        self._measure_until_s = time.monotonic() + _WRITER_MEMORY_BUDGET_S
         try:
             return handler(self, connection, message)
         except CloseConnection:
@@ -127,7 +130,6 @@ class ControlOps:
                 connection.reply(message, _error_reply(message.get("op"), error, message))
 
         return done
-
 
     def connection_closed(self, connection: ServerConnection) -> None:
         """A client went away: let go of every ring it attached."""
@@ -385,9 +387,11 @@ class ControlOps:
             "offline": f"partition {topic.name}-{partition} is not served (see the supervisor's log)",
         }  # fmt: skip
 
-    @staticmethod
-    def _partition_json(part: Partition, node: int, now_ms: int, replicated: bool) -> dict[str, Any]:
-        part.writer.refresh_memory(_WRITER_MEMORY_MAX_AGE_S)
+    def _partition_json(self, part: Partition, node: int, now_ms: int, replicated: bool) -> dict[str, Any]:
+        # reading /proc/PID/smaps_rollup takes milliseconds: a request measures the stalest writers for a
+        # bounded time, the next ones the rest, so metadata of thousands of partitions is answered at once
+        if time.monotonic() < self._measure_until_s:
+            part.writer.refresh_memory(_WRITER_MEMORY_MAX_AGE_S)
         page = part.page
         epoch, _ = page.leader_epoch()
         followers = _followers_json(page, now_ms) if replicated else []
