@@ -6,7 +6,12 @@ The supervisor listens on a Unix stream socket (``appliance.control.socket``, de
 ``<first log dir>/.appliance.sock``), mode 0600 (0660 with ``appliance.shm.group``), so only the service's
 user (and that group) can attach.  A message is one JSON object on one line (UTF-8, ``\\n``-terminated, at
 most :data:`MAX_LINE_BYTES`); the client sends a request, the server answers with exactly one response, in
-order.  Requests carry ``"op"``; responses carry ``"ok"``, and on failure a Kafka error name and code::
+order.  A request may carry an ``"id"`` (an integer); its reply then carries the same ``"id"``, so a client
+that gave up waiting for a reply recognises it when it comes late and drops it (:meth:`ControlClient.request`
+numbers every request): a slow operation never desynchronises the connection.  A long operation (creating a
+topic of many partitions) is answered when it is done, and the supervisor answers the connection's later
+requests meanwhile: replies then come in the order operations finish, matched by ``"id"``.  Requests carry
+``"op"``; responses carry ``"ok"``, and on failure a Kafka error name and code::
 
     -> {"op": "attach", "topic": "orders", "partition": 3, "producer_id": 17}
     <- {"ok": true, "ring": "/la-...-ring-orders-3-5", "space": "...", "doorbell": "...", ...}
@@ -19,11 +24,14 @@ Ops (fields; the reply's fields):
 ``metadata``         ``topics`` (list, optional: all)           ``instance_id``, ``shm_prefix``, ``node_id``,
                                                                 ``topics`` (partitions, state page names,
                                                                 offsets, writer pid and unique memory)
-``create_topic``     ``topic``; ``partitions``,                 ``topic`` (as in ``metadata``)
-                     ``replication_factor``, ``configs`` opt.
+``create_topic``     ``topic``; ``partitions``,                 ``topic`` (as in ``metadata``), once every
+                     ``replication_factor``, ``configs``,       partition is served; with ``"wait": false``
+                     ``wait`` opt.                              once recorded (partitions start after)
 ``delete_topic``     ``topic``                                  (nothing)
 ``init_producer_id`` (none)                                     ``producer_id``, ``producer_epoch``
 ``attach``           ``topic``, ``partition``, ``producer_id``  ring, semaphore and state page names, sizes
+``attach_many``      ``partitions`` (a list of pairs            ``results``: one ``attach`` reply (or error
+                     [topic, partition]), ``producer_id``       reply) per partition, in order
 ``detach``           ``ring``                                   (nothing)
 ``status``           (none)                                     supervisor pid, uptime, every child
 ``replica_status``   (none)                                     ``role`` ("leader" or "replica"),
@@ -51,6 +59,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -379,6 +388,19 @@ class Attachment:
         )
 
 
+def _attachment(topic: str, partition: int, reply: Mapping[str, Any]) -> Attachment:
+    return Attachment(
+        topic=topic,
+        partition=partition,
+        session=int(reply["session"]),
+        names=RingNames(ring=str(reply["ring"]), space=str(reply["space"]), doorbell=str(reply["doorbell"])),
+        state_page=str(reply["state_page"]),
+        ring_bytes=int(reply["ring_bytes"]),
+        ack_slots=int(reply["ack_slots"]),
+        max_message_bytes=int(reply["max_message_bytes"]),
+    )
+
+
 # -- the client ----------------------------------------------------------------------------------------------
 
 
@@ -395,6 +417,8 @@ class ControlClient:
         self._decoder = LineDecoder()
         self._pending: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._last_id = 0
+        self.late_replies = 0  # replies that came after their request timed out, dropped
 
     @classmethod
     def connect(cls, path: str | os.PathLike[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> ControlClient:
@@ -447,21 +471,27 @@ class ControlClient:
         *,
         replication_factor: int | None = None,
         configs: Mapping[str, Any] | None = None,
+        wait: bool = True,
+        timeout_s: float | None = None,
     ) -> TopicInfo:
         """Create a topic (defaults: num.partitions, default.replication.factor).  TopicExistsError if it
-        exists; ConfigError for a bad name, count or setting."""
+        exists; ConfigError for a bad name, count or setting.  Returns once every partition is served
+        (``wait=False``: once the topic is recorded; its partitions start after).  RequestTimeoutError
+        after ``timeout_s``: the creation goes on (or rolls back) in the supervisor."""
         request: dict[str, Any] = {"op": "create_topic", "topic": name}
+        if not wait:
+            request["wait"] = False
         if partitions is not None:
             request["partitions"] = partitions
         if replication_factor is not None:
             request["replication_factor"] = replication_factor
         if configs:
             request["configs"] = dict(configs)
-        return TopicInfo.from_json(self.request(request)["topic"])
+        return TopicInfo.from_json(self.request(request, timeout_s=timeout_s)["topic"])
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, timeout_s: float | None = None) -> None:
         """Delete a topic: its writers stop, its rings are detached, its logs removed."""
-        self.request({"op": "delete_topic", "topic": name})
+        self.request({"op": "delete_topic", "topic": name}, timeout_s=timeout_s)
 
     def init_producer_id(self) -> tuple[int, int]:
         """A new idempotent producer id and its epoch (0): unique for the life of this data dir."""
@@ -477,18 +507,23 @@ class ControlClient:
         reply = self.request(
             {"op": "attach", "topic": topic, "partition": partition, "producer_id": producer_id}
         )
-        return Attachment(
-            topic=topic,
-            partition=partition,
-            session=int(reply["session"]),
-            names=RingNames(
-                ring=str(reply["ring"]), space=str(reply["space"]), doorbell=str(reply["doorbell"])
-            ),
-            state_page=str(reply["state_page"]),
-            ring_bytes=int(reply["ring_bytes"]),
-            ack_slots=int(reply["ack_slots"]),
-            max_message_bytes=int(reply["max_message_bytes"]),
-        )
+        return _attachment(topic, partition, reply)
+
+    def attach_many(
+        self, partitions: Sequence[tuple[str, int]], *, producer_id: int = -1
+    ) -> list[Attachment | ControlError]:
+        """A new ring to each of ``partitions`` in one round trip: per partition, in order, its
+        :class:`Attachment` or the error :meth:`attach` would have raised for it."""
+        reply = self.request({"op": "attach_many", "partitions": [[t, p] for t, p in partitions],
+                              "producer_id": producer_id})  # fmt: skip
+        results: list[Attachment | ControlError] = []
+        for (topic, partition), raw in zip(partitions, reply["results"], strict=True):
+            try:
+                raise_for_error(raw)
+                results.append(_attachment(topic, partition, raw))
+            except ControlError as exc:
+                results.append(exc)
+        return results
 
     def detach(self, ring: str | Attachment) -> None:
         """Have the writer drain what was published in ``ring``, then unlink it.  Returns at once."""
@@ -501,41 +536,69 @@ class ControlClient:
 
     # -- plumbing ------------------------------------------------------------------------------------------
 
-    def request(self, message: Mapping[str, Any]) -> dict[str, Any]:
+    def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
         """Send one request, return its successful reply; raise what a failed reply stands for.
 
-        RequestTimeoutError if no reply comes in ``timeout_s``; ControlError if the supervisor went away.
+        The request is numbered (``"id"``) and only the reply with that number answers it.
+        RequestTimeoutError if it does not come in ``timeout_s`` (default: the client's): the connection
+        stays usable, the operation may still complete in the supervisor, and its reply, when it comes, is
+        dropped.  ControlError if the supervisor went away (then the connection is closed).
         """
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             sock = self._sock
             if sock is None:
-                raise ControlError(f"control connection to {self.path} is closed")
+                raise ControlError(
+                    f"control connection to {self.path} is closed",
+                    ErrorCode.BROKER_NOT_AVAILABLE.name,
+                    int(ErrorCode.BROKER_NOT_AVAILABLE),
+                )
+            self._last_id += 1
+            request_id = self._last_id
             try:
-                sock.sendall(encode(message))
-                while not self._pending:
-                    data = sock.recv(1 << 16)
-                    if not data:
-                        self._close_locked()
-                        raise ControlError(
-                            f"the appliance closed the control connection {self.path} (stopping?)",
-                            ErrorCode.BROKER_NOT_AVAILABLE.name,
-                            int(ErrorCode.BROKER_NOT_AVAILABLE),
-                        )
-                    self._pending += self._decoder.feed(data)
+                sock.settimeout(max(wait_s, 0.001))
+                sock.sendall(encode({**message, "id": request_id}))
+                reply = self._receive_locked(sock, request_id, time.monotonic() + wait_s)
             except TimeoutError:
-                self._close_locked()
                 raise RequestTimeoutError(
-                    f"control request {message.get('op')!r} to {self.path}: no reply in {self.timeout_s} s"
+                    f"control request {message.get('op')!r} to {self.path}: no reply in {wait_s:g} s; the "
+                    "operation may still complete (check before retrying)"
                 ) from None
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._close_locked()
-                raise ControlError(f"control connection to {self.path} broke: {exc}") from None
+                raise ControlError(
+                    f"control connection to {self.path} broke: {exc}",
+                    ErrorCode.BROKER_NOT_AVAILABLE.name,
+                    int(ErrorCode.BROKER_NOT_AVAILABLE),
+                ) from None
             except ProtocolError:
                 self._close_locked()
                 raise
-            reply = self._pending.pop(0)
         raise_for_error(reply)
         return reply
+
+    def _receive_locked(self, sock: socket.socket, request_id: int, deadline_s: float) -> dict[str, Any]:
+        """The reply numbered ``request_id``; replies to earlier requests that timed out are dropped.
+        TimeoutError past ``deadline_s``."""
+        while True:
+            while self._pending:
+                reply = self._pending.pop(0)
+                if reply.get("id", request_id) == request_id:
+                    return reply
+                self.late_replies += 1
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                raise TimeoutError
+            sock.settimeout(left_s)
+            data = sock.recv(1 << 16)
+            if not data:
+                self._close_locked()
+                raise ControlError(
+                    f"the appliance closed the control connection {self.path} (stopping?)",
+                    ErrorCode.BROKER_NOT_AVAILABLE.name,
+                    int(ErrorCode.BROKER_NOT_AVAILABLE),
+                )
+            self._pending += self._decoder.feed(data)
 
     def fileno(self) -> int:
         """The socket's descriptor (readable with EOF when the supervisor stops)."""

@@ -6,6 +6,11 @@ The protocol (one JSON object per line, one reply per request, in order) and the
 queued and written as the socket takes them.  :class:`ControlServer` is the listening socket (created with
 the service's permissions) and its connections, driven by the owner's selector loop: it answers each request
 with the owner's :data:`Handler` and tells the owner when a connection closes.
+
+A handler may answer later: it returns None and keeps the connection and the request, and calls
+:meth:`ServerConnection.reply` when the operation is done (a connection closed meanwhile drops the reply).
+Every reply carries its request's ``"id"`` when the request had one, so the client matches replies that come
+out of request order, or after it stopped waiting.
 """
 
 from __future__ import annotations
@@ -22,19 +27,35 @@ from ipc.kafka.errors import ErrorCode
 from ipc.shm import Permissions
 from storage.errors import ApplianceError, ProtocolError
 
-__all__ = ["ControlServer", "Handler", "ServerConnection"]
+__all__ = ["CloseConnection", "ControlServer", "Handler", "ServerConnection"]
+
+
+class CloseConnection(Exception):
+    """Raised by a handler: close this connection without a reply (the owner's ``on_close`` runs)."""
 
 
 class ServerConnection:
     """The supervisor's end of one client connection: non-blocking reads into messages, buffered writes."""
 
-    def __init__(self, sock: socket.socket, connection_id: int) -> None:
+    def __init__(self, sock: socket.socket, connection_id: int,
+                 on_blocked: Callable[[ServerConnection], None] | None = None) -> None:  # fmt: skip
         sock.setblocking(False)
         self.sock = sock
         self.id = connection_id
         self.peer_pid = _peer_pid(sock)
+        self.closed = False
         self._decoder = LineDecoder()
         self._out = bytearray()
+        self._on_blocked = on_blocked  # a reply outside the server's own turn did not fit the socket
+
+    def reply(self, request: Mapping[str, Any], response: Mapping[str, Any]) -> None:
+        """Send ``response`` to ``request`` (with its ``"id"``); nothing if the connection has closed."""
+        if self.closed:
+            return
+        request_id = request.get("id")
+        self.send({**response, "id": request_id} if request_id is not None else response)
+        if self.wants_write and self._on_blocked is not None:
+            self._on_blocked(self)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -86,6 +107,7 @@ class ServerConnection:
         return bool(self._out)
 
     def close(self) -> None:
+        self.closed = True
         self.sock.close()
 
 
@@ -97,7 +119,7 @@ def _peer_pid(sock: socket.socket) -> int:
     return int.from_bytes(creds[:4], "little", signed=True)
 
 
-Handler = Callable[[ServerConnection, Mapping[str, Any]], dict[str, Any]]
+Handler = Callable[[ServerConnection, Mapping[str, Any]], "dict[str, Any] | None"]  # None: replied later
 
 
 class ControlServer:
@@ -197,7 +219,7 @@ class ControlServer:
                 self._log.warning("control socket accept failed: %s", exc)
                 return
             self._next_connection += 1
-            connection = ServerConnection(sock, self._next_connection)
+            connection = ServerConnection(sock, self._next_connection, self._watch)
             self.connections[connection.id] = connection
             self._selector.register(sock, selectors.EVENT_READ, connection)
 
@@ -215,13 +237,25 @@ class ControlServer:
             self._close_connection(connection)
             return
         for message in messages:
-            connection.send(self._handle(connection, message))
+            if connection.closed:
+                break
+            try:
+                response = self._handle(connection, message)
+            except CloseConnection as exc:
+                self._log.warning("control connection %d (pid %d) closed without a reply to %r: %s",
+                                  connection.id, connection.peer_pid, message.get("op"), exc)  # fmt: skip
+                self._close_connection(connection)
+                return
+            if response is not None:
+                connection.reply(message, response)
         if closed:
             self._close_connection(connection)
         else:
             self._watch(connection)
 
     def _watch(self, connection: ServerConnection) -> None:
+        if connection.closed or self.connections.get(connection.id) is not connection:
+            return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if connection.wants_write else 0)
         self._selector.modify(connection.sock, events, connection)
 

@@ -12,7 +12,7 @@ for the client (``error_message`` fields) and for the log.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from appliance.broker.partitions import TopicMeta
@@ -36,19 +36,29 @@ class ClusterError(ApplianceError):
 class Cluster(Protocol):
     """The metadata owner, as the broker sees it."""
 
+    # Numbers the broker's sessions with the owner; when it changes, the rings attached earlier are gone.
+    session: int
+
     def topics(self) -> Mapping[str, TopicMeta]:
         """Every topic now, by name."""
         ...
 
     def create_topic(
-        self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, str]
+        self,
+        name: str,
+        partitions: int | None,
+        replication_factor: int | None,
+        configs: Mapping[str, str],
+        *,
+        timeout_ms: int | None = None,
     ) -> TopicMeta:
-        """Create a topic (None: the broker defaults) and return it once its partitions are being served.
+        """Create a topic (None: the broker defaults) and return it once its partitions are being served,
+        waiting up to ``timeout_ms`` (CreateTopics' own; REQUEST_TIMED_OUT after it, the creation goes on).
         ClusterError: TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS,
         INVALID_REPLICATION_FACTOR, INVALID_CONFIG, ..."""
         ...
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
         """Delete a topic.  ClusterError: UNKNOWN_TOPIC_OR_PARTITION, TOPIC_DELETION_DISABLED, ..."""
         ...
 
@@ -58,6 +68,10 @@ class Cluster(Protocol):
 
     def attach(self, topic: str, partition: int) -> Attachment:
         """A new ring into the partition's writer, for the broker's Produce requests."""
+        ...
+
+    def attach_many(self, partitions: Sequence[tuple[str, int]]) -> list[Attachment | ClusterError]:
+        """Rings to many partitions in one call: per partition its Attachment or error."""
         ...
 
     def detach(self, ring: str) -> None:

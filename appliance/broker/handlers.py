@@ -363,13 +363,13 @@ def create_topics(
         counts[topic.name] = counts.get(topic.name, 0) + 1
     results = []
     for topic in body.topics:
-        code, message = _create_one(ctx, topic, counts[topic.name] > 1, body.validate_only)
+        code, message = _create_one(ctx, topic, counts[topic.name] > 1, body.validate_only, body.timeout_ms)
         results.append(CreatableTopicResult(name=topic.name, error_code=code, error_message=message))
     return CreateTopicsResponse(topics=results)
 
 
 def _create_one(
-    ctx: BrokerContext, topic: Any, duplicated: bool, validate_only: bool
+    ctx: BrokerContext, topic: Any, duplicated: bool, validate_only: bool, timeout_ms: int
 ) -> tuple[ErrorCode, str | None]:
     name = topic.name
     reason = check_new_topic_name(name)
@@ -413,7 +413,7 @@ def _create_one(
     if validate_only:
         return ErrorCode.NONE, None
     try:
-        ctx.cluster.create_topic(name, partitions, replication, configs)
+        ctx.cluster.create_topic(name, partitions, replication, configs, timeout_ms=timeout_ms)
     except ClusterError as e:
         return e.code, str(e)
     log.info("topic %r created by CreateTopics", name)
@@ -436,7 +436,7 @@ def delete_topics(
             code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         else:
             try:
-                ctx.cluster.delete_topic(name)
+                ctx.cluster.delete_topic(name, timeout_ms=body.timeout_ms)
                 log.info("topic %r deleted by DeleteTopics", name)
             except ClusterError as e:
                 code = e.code

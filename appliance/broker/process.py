@@ -75,7 +75,8 @@ def broker_child(context: ChildContext) -> int:
 
     config = context.config
     try:
-        cluster = ControlCluster(context.connect(timeout_s=CONTROL_TIMEOUT_S))
+        cluster = ControlCluster(context.connect(timeout_s=CONTROL_TIMEOUT_S),
+                                 reconnect=lambda: context.connect(timeout_s=CONTROL_TIMEOUT_S))
         return run_broker(config, cluster, on_ready=lambda _: context.ready(), stop_on_sigint=False,
                           wake_fd=context.broker_wake_fd)
     except ConfigError as e:

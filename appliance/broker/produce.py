@@ -27,8 +27,17 @@ within the request's ``timeout_ms`` gets REQUEST_TIMED_OUT (the batch may still 
 unknown, as Kafka says; idempotent producers retry safely).
 
 The broker attaches one ring per partition it produces to, lazily, through its control connection (so the
-rings die with the broker process).  A full ring is back-pressure: the batch waits in the held request and is
-published by a later poll; the connection stays parked meanwhile, so it reads no further requests.
+rings die with the broker process).  A Produce that needs rings attaches, in one ``attach_many`` round
+trip, those of its partitions and of up to :data:`ATTACH_AHEAD` more partitions of the topic, the ones that
+follow: clients spread records over all partitions and often send one partition per request, so a topic's
+first records pay one round trip per :data:`ATTACH_AHEAD` partitions, not one per partition, while a
+producer to few partitions of a large topic holds a bounded number of idle rings (each is
+``appliance.ring.bytes`` of ``/dev/shm``).
+When the control connection was lost and re-established (a new ``cluster.session``), the rings of the old
+one are gone: they are dropped, their unanswered batches get NOT_LEADER_OR_FOLLOWER (retriable; an
+idempotent producer's retry is deduplicated), and new ones attached.  A full ring is back-pressure: the
+batch waits in the held request and is published by a later poll; the connection stays parked meanwhile,
+so it reads no further requests.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
@@ -61,10 +70,16 @@ from storage.batch_header import (
 )
 from storage.errors import ApplianceError, BackPressureError, ConfigError, CorruptRecordError
 
+if TYPE_CHECKING:
+    from ipc.control import Attachment
+
 __all__ = ["Produce", "ProduceOutcome", "ProduceService"]
 
 log = logging.getLogger("appliance.broker")
 
+# a Produce that needs a ring also attaches this many more partitions of its topic (each ring is
+# appliance.ring.bytes of /dev/shm, populated when created)
+ATTACH_AHEAD = 32
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
@@ -134,6 +149,7 @@ class Produce:
         self._served_by: dict[tuple[str, int], PartitionHandle] = {}  # the topic incarnation of each ring
         self._held: list[_Held] = []
         self._min_isr: dict[str, int] = {}
+        self._session = ctx.cluster.session  # the control session the rings belong to
 
     @property
     def pending(self) -> int:
@@ -161,6 +177,7 @@ class Produce:
             for batch in held.batches:  # what was valid is still appended, as Kafka does
                 self._publish(batch)
             return ProduceOutcome(close_reason=f"acks=0 produce failed: {'; '.join(errors)}")
+        self._attach_missing(held.batches)
         for batch in held.batches:
             self._publish(batch)
         if acks == 0:
@@ -249,6 +266,89 @@ class Produce:
 
     # -- rings --------------------------------------------------------------------------------------------
 
+    def _check_session(self) -> None:
+        """Drop every ring if the control connection was re-established since they were attached."""
+        session = self.ctx.cluster.session
+        if session == self._session:
+            return
+        self._session = session
+        for topic, partition in list(self._publishers):
+            self._drop_publisher(topic, partition, RuntimeError("the control connection was re-established"),
+                                 detach=False)  # fmt: skip
+
+    def _attach_missing(self, batches: list[_Batch]) -> None:
+        """Attach, in one round trip, a ring to each partition of ``batches`` that has none, and to up to
+        :data:`ATTACH_AHEAD` more partitions of their topics, those that follow the requested ones.
+
+        A producer spreads its records over a topic's partitions and many clients (librdkafka among them)
+        send one partition per Produce request: attaching ahead lets the next requests find their rings.
+        The batches' own partitions get the error when theirs fails; the others are attached again when a
+        batch needs them.
+        """
+        self._check_session()
+        own: dict[tuple[str, int], _Batch] = {}
+        for batch in batches:
+            key = (batch.topic, batch.handle.partition)
+            if not batch.done and key not in own and not self._attached(key, batch.handle):
+                own[key] = batch
+        if not own:
+            return
+        wanted: dict[tuple[str, int], PartitionHandle] = {key: b.handle for key, b in own.items()}
+        for topic in {key[0] for key in own}:
+            self._ahead(topic, max(p for t, p in own if t == topic) + 1, wanted)
+        if len(wanted) < 2:
+            return  # one: _publisher attaches it
+        for key in wanted:
+            if key in self._publishers:  # the topic was deleted (and maybe created again)
+                self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
+        try:
+            results = self.ctx.cluster.attach_many(list(wanted))
+        except ClusterError as e:
+            for batch in own.values():
+                self._answer(batch, e.code, str(e))
+            return
+        for (key, handle), result in zip(wanted.items(), results, strict=True):
+            error = self._open_ring(key, handle, result)
+            if error is not None and key in own:
+                self._answer(own[key], *error)
+
+    def _ahead(self, topic: str, first: int, wanted: dict[tuple[str, int], PartitionHandle]) -> None:
+        """Add to ``wanted`` up to :data:`ATTACH_AHEAD` partitions of ``topic`` led here without a ring,
+        from ``first`` on (around the end)."""
+        meta = self.ctx.table.topics.get(topic)
+        count = meta.partitions if meta is not None else 0
+        ahead = 0
+        for i in range(count):
+            if ahead >= ATTACH_AHEAD:
+                return
+            key = (topic, (first + i) % count)
+            if key in wanted:
+                continue
+            handle, _ = self.ctx.table.lookup(*key)
+            if handle is not None and not handle.closed and not self._attached(key, handle):
+                wanted[key] = handle
+                ahead += 1
+
+    def _attached(self, key: tuple[str, int], handle: PartitionHandle) -> bool:
+        return key in self._publishers and self._served_by.get(key) is handle
+
+    def _open_ring(
+        self, key: tuple[str, int], handle: PartitionHandle, result: Attachment | ClusterError
+    ) -> tuple[ErrorCode, str] | None:
+        """Open the ring of one ``attach_many`` result; the error code and message if there is none."""
+        if isinstance(result, ClusterError):
+            return result.code, str(result)
+        try:
+            publisher: RingPublisher[_Batch] = RingPublisher.attach(
+                result.names, topic=key[0], partition=key[1], max_block_ms=0
+            )
+        except (ApplianceError, OSError, ValueError) as e:
+            log.error("produce to %s-%d: cannot open ring %s: %s", key[0], key[1], result.names.ring, e)
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is unreachable"
+        self._publishers[key] = publisher
+        self._served_by[key] = handle
+        return None
+
     def _publisher(self, batch: _Batch) -> RingPublisher[_Batch] | None:
         key = (batch.topic, batch.handle.partition)
         publisher = self._publishers.get(key)
@@ -297,7 +397,7 @@ class Produce:
             return
         batch.published = True
 
-    def _drop_publisher(self, topic: str, partition: int, why: Exception) -> None:
+    def _drop_publisher(self, topic: str, partition: int, why: Exception, *, detach: bool = True) -> None:
         publisher = self._publishers.pop((topic, partition), None)
         self._served_by.pop((topic, partition), None)
         if publisher is None:
@@ -307,6 +407,8 @@ class Produce:
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer failed the ring")
         name = publisher.name
         publisher.close()
+        if not detach:
+            return
         try:
             self.ctx.cluster.detach(name)
         except ClusterError as e:
@@ -323,6 +425,7 @@ class Produce:
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]:
         """Read acks, publish batches that waited for ring space, and return the requests now answered."""
+        self._check_session()
         if self.ctx.replication is not None:
             for token, code in self.ctx.replication.take_completed():
                 batch = token

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from appliance.client.commit_channel import CommittedChannel
-from ipc.control import ControlClient, ControlError
+from ipc.control import Attachment, ControlClient, ControlError
 from ipc.ring import RingFailedError, warm_up
 from ipc.ring_publisher import RingPublisher
 from ipc.state_page import StatePage
@@ -31,7 +31,10 @@ from storage.errors import ApplianceError, UnknownTopicOrPartitionError
 if TYPE_CHECKING:
     from appliance.client.accumulator import ProducerBatch
 
-__all__ = ["BatchChannel", "ConnectionLostError", "LocalRoute", "Route"]
+__all__ = ["ATTACH_AHEAD", "BatchChannel", "ConnectionLostError", "LocalRoute", "Route"]
+
+# opening a channel attaches, in the same round trip, rings to this many more partitions of the topic
+ATTACH_AHEAD = 32
 
 
 class ConnectionLostError(RingFailedError):
@@ -94,12 +97,20 @@ class Route(Protocol):
 
 
 class LocalRoute:
-    """The local appliance: the supervisor's control socket, one ring per partition."""
+    """The local appliance: the supervisor's control socket, one ring per partition.
+
+    Opening the first channel of a topic attaches, in one ``attach_many`` round trip, the ring of its
+    partition and of up to :data:`ATTACH_AHEAD` following partitions; the next channels take those
+    attachments, so a first send to many partitions pays one round trip per :data:`ATTACH_AHEAD`
+    partitions, not one each.  Rings attached ahead and never used are let go when the route closes.
+    """
 
     def __init__(self, control_socket: str, *, timeout_ms: int) -> None:
         self.path = control_socket
         self.timeout_s = max(timeout_ms, 1) / 1000
         self.client = ControlClient.connect(control_socket, timeout_s=self.timeout_s)
+        self._counts: dict[str, int] = {}  # topic -> partition count, as partitions_for found it
+        self._ahead: dict[tuple[str, int, int], Attachment] = {}  # (topic, partition, producer id)
         warm_up()  # the rings' numba kernels, loaded now so that the first frame does not pay for them
 
     def partitions_for(self, topic: str) -> tuple[int, int]:
@@ -112,6 +123,7 @@ class LocalRoute:
             info = self.client.metadata([topic]).topics[topic]
         if info.error:  # listed, but the supervisor cannot describe it now
             raise ApplianceError(f"topic {topic!r}: {info.error}: {info.message}")
+        self._counts[topic] = info.partition_count
         return info.partition_count, info.max_message_bytes
 
     def init_producer_id(self) -> tuple[int, int]:
@@ -133,7 +145,7 @@ class LocalRoute:
                      max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel:
         """A ring to the partition's writer; with ``acks=-1`` (all) wrapped so that a batch completes once
         the partition's high watermark passes it (``appliance.client.commit_channel``)."""
-        attachment = self.client.attach(topic, partition, producer_id=producer_id)
+        attachment = self._attach(topic, partition, producer_id)
         try:
             publisher: RingPublisher[ProducerBatch] = RingPublisher.attach(
                 attachment.names,
@@ -155,6 +167,26 @@ class LocalRoute:
             self.client.detach(attachment.ring)
             raise
 
+    def _attach(self, topic: str, partition: int, producer_id: int) -> Attachment:
+        """The partition's ring: attached ahead earlier, or now with up to :data:`ATTACH_AHEAD` more."""
+        found = self._ahead.pop((topic, partition, producer_id), None)
+        if found is not None:
+            return found
+        count = self._counts.get(topic, 0)
+        wanted = [(topic, partition)] + [
+            (topic, p) for p in ((partition + i) % count for i in range(1, min(count, ATTACH_AHEAD + 1)))
+            if p != partition and (topic, p, producer_id) not in self._ahead
+        ]  # fmt: skip
+        if len(wanted) == 1:
+            return self.client.attach(topic, partition, producer_id=producer_id)
+        results = self.client.attach_many(wanted, producer_id=producer_id)
+        for (_, p), result in zip(wanted[1:], results[1:], strict=True):
+            if isinstance(result, Attachment):
+                self._ahead[(topic, p, producer_id)] = result
+        if isinstance(results[0], ControlError):
+            raise results[0]
+        return results[0]
+
     def drop_channel(self, channel: BatchChannel) -> None:
         channel.close()
         if not self.client.closed:
@@ -171,6 +203,7 @@ class LocalRoute:
     def reconnect(self, timeout_ms: int) -> None:
         """The supervisor went away: wait (up to ``timeout_ms``) for one to listen on the socket again."""
         self.client.close()
+        self._ahead.clear()  # rings of the old connection: the supervisor let them go
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             try:
@@ -185,4 +218,5 @@ class LocalRoute:
                 time.sleep(0.05)
 
     def close(self) -> None:
+        self._ahead.clear()  # unused rings: the supervisor lets go of a closed connection's rings
         self.client.close()

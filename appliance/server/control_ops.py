@@ -42,9 +42,9 @@ from appliance.server.children import Child, unique_memory_bytes
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition
 from appliance.server.rings import RingTable
-from appliance.server.topic_changes import TopicChanges
+from appliance.server.topic_changes import Done, TopicChanges
 from ipc.control import error_response, ok_response
-from ipc.control_server import ServerConnection
+from ipc.control_server import CloseConnection, ServerConnection
 from ipc.kafka.errors import ErrorCode
 from ipc.ring_layout import DEFAULT_ACK_SLOTS
 from ipc.shm import ShmNames
@@ -57,11 +57,12 @@ __all__ = ["MAX_REPLICATION_FACTOR", "ControlOps", "Supervised", "check_replicat
 MAX_REPLICATION_FACTOR: Final = 100  # default.replication.factor's bound
 _MAX_PARTITIONS: Final = 100_000
 _PRODUCER_ID_NODE_SHIFT: Final = 40  # module docstring
-_WRITER_MEMORY_MAX_AGE_S: Final = 5.0  # a writer's unique memory in metadata is at most this old
+_WRITER_MEMORY_MAX_AGE_S: Final = 5.0  # a writer's unique memory in metadata is this old, or older ...
+_WRITER_MEMORY_BUDGET_S: Final = 0.02  # ... when measuring them all would hold one request longer than this
 
 _log = logging.getLogger("appliance.supervisor")
 
-_Op = Callable[["ControlOps", ServerConnection, Mapping[str, Any]], dict[str, Any]]
+_Op = Callable[["ControlOps", ServerConnection, Mapping[str, Any]], "dict[str, Any] | None"]
 
 
 class Supervised(Protocol):
@@ -100,32 +101,35 @@ class ControlOps:
         self.allocator = allocator
         self.partitions = partitions
         self.rings = rings
+        self.requests: dict[str, int] = {}  # requests answered since start, by op (``status``)
+        self._measure_until_s = 0.0  # writers' memory is measured for a request until then
 
-    def handle(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
-        """Answer one request (module docstring: which exception becomes which error)."""
+    def handle(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Answer one request (module docstring: which exception becomes which error); None: answered
+        later (``create_topic``)."""
         op = message.get("op")
         handler = self._OPS.get(op) if isinstance(op, str) else None
         if handler is None:
             return error_response(ErrorCode.INVALID_REQUEST, f"unknown op {op!r}; known: {sorted(self._OPS)}")
+        self.requests[str(op)] = self.requests.get(str(op), 0) + 1
+        self._measure_until_s = time.monotonic() + _WRITER_MEMORY_BUDGET_S
         try:
             return handler(self, connection, message)
-        except UnknownTopicOrPartitionError as exc:
-            return error_response(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(exc))
-        except TopicExistsError as exc:
-            return error_response(ErrorCode.TOPIC_ALREADY_EXISTS, str(exc))
-        except ConfigError as exc:
-            return error_response(ErrorCode.INVALID_CONFIG, str(exc))
-        except (KeyError, TypeError, ValueError) as exc:
-            return error_response(ErrorCode.INVALID_REQUEST, f"op {op}: bad or missing field: {exc!r}")
-        except OSError as exc:
-            _log.error("op %s failed: %s", op, exc)
-            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"op {op} failed: {exc}")
-        except ApplianceError as exc:
-            _log.error("op %s failed: %s", op, exc)
-            return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc}")
-        except Exception as exc:  # a bug must cost one request, not the appliance
-            _log.exception("op %s failed unexpectedly (request %.200r)", op, message)
-            return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc!r}")
+        except CloseConnection:
+            raise
+        except Exception as exc:
+            return _error_reply(op, exc, message)
+
+    def _reply_later(self, connection: ServerConnection, message: Mapping[str, Any]) -> Done:
+        """The ``done`` of a topic being created: answer the creator when it is whole or rolled back."""
+
+        def done(topic: TopicMetadata | None, error: BaseException | None) -> None:
+            if topic is not None:
+                connection.reply(message, ok_response(topic=self._topic_json(topic)))
+            else:
+                connection.reply(message, _error_reply(message.get("op"), error, message))
+
+        return done
 
     def connection_closed(self, connection: ServerConnection) -> None:
         """A client went away: let go of every ring it attached."""
@@ -136,10 +140,14 @@ class ControlOps:
 
     def _op_metadata(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
         wanted = message.get("topics")
+        creating = self.changes.being_created
         if wanted is None:
-            topics = list(self.store.topics.values())
+            topics = [t for t in self.store.topics.values() if t.name not in creating]
         else:
             topics = [self.store.get(str(name)) for name in wanted]
+            for topic in topics:
+                if topic.name in creating:
+                    raise UnknownTopicOrPartitionError(f"topic {topic.name!r} is still being created")
         return ok_response(
             instance_id=self.config.instance_id,
             shm_prefix=self.supervisor.names.prefix,
@@ -147,7 +155,9 @@ class ControlOps:
             topics=[self._topic_json_or_error(t) for t in topics],
         )
 
-    def _op_create_topic(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+    def _op_create_topic(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
         name = message["topic"]
         reason = check_new_topic_name(name) if isinstance(name, str) else "a topic name must be a string"
         if reason is not None:
@@ -168,8 +178,14 @@ class ControlOps:
                     ErrorCode.INVALID_CONFIG, f"topic {name!r}: give {key} as its own field"
                 )
         self.config.log_config(name, configs)  # validates: ConfigError -> INVALID_CONFIG
-        topic = self._create_topic(name, partitions, replication, configs)
-        return ok_response(topic=self._topic_json(topic))
+        if self.changes.faults.fires("create.drop_connection"):
+            raise CloseConnection("test fault point create.drop_connection")
+        replicas = assign_replicas(self.config.node_id, replication)
+        done = self._reply_later(connection, message)
+        topic = self.changes.begin_create(name, partitions, replication, configs, replicas, done)
+        if message.get("wait", True) is False:
+            return ok_response(topic=self._topic_json(topic))
+        return None  # answered by done() once every partition is served (topic_changes)
 
     def _create_topic(
         self, name: str, partitions: int, replication: int, configs: Mapping[str, Any]
@@ -231,6 +247,18 @@ class ControlOps:
             max_message_bytes=part.spec.log_config.max_message_bytes,
         )
 
+    def _op_attach_many(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        """``attach`` for each [topic, partition] of ``partitions``: one reply each, in order."""
+        producer_id = message.get("producer_id", -1)
+        results = []
+        for topic, partition in message["partitions"]:
+            one = {"op": "attach", "topic": topic, "partition": partition, "producer_id": producer_id}
+            try:
+                results.append(self._op_attach(connection, one))
+            except Exception as exc:
+                results.append(_error_reply("attach", exc, one))
+        return ok_response(results=results)
+
     def _auto_create(self, name: str) -> dict[str, Any] | None:
         """Create a topic a producer attaches to (auto.create.topics.enable); the refusal, if any."""
         if not self.config.auto_create_topics_enable:
@@ -286,6 +314,7 @@ class ControlOps:
             children=children,
             rings=len(self.rings),
             connections=self.supervisor.control_connections(),
+            requests=dict(self.requests),
         )
 
     def _op_replica_status(
@@ -307,6 +336,7 @@ class ControlOps:
         "delete_topic": _op_delete_topic,
         "init_producer_id": _op_init_producer_id,
         "attach": _op_attach,
+        "attach_many": _op_attach_many,
         "detach": _op_detach,
         "status": _op_status,
     }
@@ -357,9 +387,11 @@ class ControlOps:
             "offline": f"partition {topic.name}-{partition} is not served (see the supervisor's log)",
         }  # fmt: skip
 
-    @staticmethod
-    def _partition_json(part: Partition, node: int, now_ms: int, replicated: bool) -> dict[str, Any]:
-        part.writer.refresh_memory(_WRITER_MEMORY_MAX_AGE_S)
+    def _partition_json(self, part: Partition, node: int, now_ms: int, replicated: bool) -> dict[str, Any]:
+        # reading /proc/PID/smaps_rollup takes milliseconds: a request measures the stalest writers for a
+        # bounded time, the next ones the rest, so metadata of thousands of partitions is answered at once
+        if time.monotonic() < self._measure_until_s:
+            part.writer.refresh_memory(_WRITER_MEMORY_MAX_AGE_S)
         page = part.page
         epoch, _ = page.leader_epoch()
         followers = _followers_json(page, now_ms) if replicated else []
@@ -408,3 +440,24 @@ def _followers_json(page: StatePage, now_ms: int) -> list[dict[str, Any]]:
             "last_fetch_ms_ago": -1 if row.last_fetch_ms < 0 else max(0, now_ms - row.last_fetch_ms),
         })  # fmt: skip
     return out
+
+
+def _error_reply(op: object, exc: BaseException | None, message: Mapping[str, Any]) -> dict[str, Any]:
+    """The reply for what an op raised (module docstring: which exception becomes which error)."""
+    if isinstance(exc, UnknownTopicOrPartitionError):
+        return error_response(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(exc))
+    if isinstance(exc, TopicExistsError):
+        return error_response(ErrorCode.TOPIC_ALREADY_EXISTS, str(exc))
+    if isinstance(exc, ConfigError):
+        return error_response(ErrorCode.INVALID_CONFIG, str(exc))
+    if isinstance(exc, KeyError | TypeError | ValueError):
+        return error_response(ErrorCode.INVALID_REQUEST, f"op {op}: bad or missing field: {exc!r}")
+    if isinstance(exc, OSError):
+        _log.error("op %s failed: %s", op, exc)
+        return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"op {op} failed: {exc}")
+    if isinstance(exc, ApplianceError):
+        _log.error("op %s failed: %s", op, exc)
+        return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc}")
+    # a bug must cost one request, not the appliance
+    _log.error("op %s failed unexpectedly (request %.200r)", op, message, exc_info=exc)
+    return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc!r}")

@@ -10,6 +10,12 @@ that many times); an armed point raises :class:`InjectedFault`, an ``OSError`` a
 raise, so the operation meets exactly the error a full or failing disk gives at that step and takes the
 path a real failure takes.  A point that has fired its count is spent: a retry then succeeds.
 
+Two points are not errors.  A *delay* point, ``NAME:MS``, makes the next operation of its kind slow by
+``MS`` milliseconds without blocking the supervisor (:meth:`ControlFaults.delay_ms`; the operation waits in
+the supervisor's loop), once.  ``create.drop_connection`` closes the control connection a ``create_topic``
+request came on, without a reply and before anything changes (a lost broker-supervisor connection), once
+or COUNT times.
+
 The points (:data:`FAULT_POINTS`):
 
 ======================= =======================================================================
@@ -21,6 +27,8 @@ The points (:data:`FAULT_POINTS`):
 ``delete.removed``      delete: the directories are gone, the metadata file still has the mark
 ``writer.stall``        a partition writer: its first round blocks after the append, before any
                         acknowledgement, until the writer is killed (:func:`writer_fault_point`)
+``create.slow``         (delay, ``create.slow:MS``) create: the partitions start MS ms after recording
+``create.drop_connection`` create: the request's connection is closed, nothing recorded
 ======================= =======================================================================
 
 ``writer.stall`` is not raised by the supervisor: each writer's spec carries the armed list, and the writer
@@ -39,7 +47,8 @@ from typing import Final
 
 from storage.errors import ConfigError
 
-__all__ = ["FAULT_POINTS", "WRITER_STALL_MARKER", "ControlFaults", "InjectedFault", "writer_fault_point"]
+__all__ = ["DELAY_POINTS", "FAULT_POINTS", "WRITER_STALL_MARKER", "ControlFaults", "InjectedFault",
+           "writer_fault_point"]
 
 WRITER_STALL_MARKER: Final = ".test-writer-stall"
 
@@ -51,7 +60,10 @@ FAULT_POINTS: Final = frozenset({
     "delete.stopped",
     "delete.removed",
     "writer.stall",
+    "create.slow",
+    "create.drop_connection",
 })  # fmt: skip
+DELAY_POINTS: Final = frozenset({"create.slow"})  # NAME:MS, once
 
 _ERRNO: Final = {"metadata.write": errno.ENOSPC}  # others: EIO
 
@@ -67,6 +79,7 @@ class ControlFaults:
 
     def __init__(self, armed: Iterable[str] = ()) -> None:
         self._remaining: dict[str, int] = {}
+        self._delays_ms: dict[str, int] = {}
         for entry in armed:
             name, _, count = entry.partition(":")
             if name not in FAULT_POINTS:
@@ -76,9 +89,12 @@ class ControlFaults:
                 times = int(count) if count else 1
             except ValueError:
                 raise ConfigError(f"appliance.test.faults: {entry!r}: expected NAME or NAME:COUNT") from None
+            if name in DELAY_POINTS:
+                self._delays_ms[name] = times
+                continue
             self._remaining[name] = self._remaining.get(name, 0) + times
-        if self._remaining:
-            _log.warning("test fault points armed: %s", self._remaining)
+        if self._remaining or self._delays_ms:
+            _log.warning("test fault points armed: %s, delays (ms): %s", self._remaining, self._delays_ms)
 
     def hit(self, point: str) -> None:
         """Raise :class:`InjectedFault` if ``point`` is armed (and count one firing); else nothing."""
@@ -88,6 +104,18 @@ class ControlFaults:
         self._remaining[point] = left - 1
         code = _ERRNO.get(point, errno.EIO)
         raise InjectedFault(code, f"{errno.errorcode[code]} at test fault point {point}")
+
+    def fires(self, point: str) -> bool:
+        """Whether ``point`` is armed (and count one firing), for points that are not errors."""
+        left = self._remaining.get(point, 0)
+        if left <= 0:
+            return False
+        self._remaining[point] = left - 1
+        return True
+
+    def delay_ms(self, point: str) -> int:
+        """The delay armed at ``point`` (0 if none); a delay is used once."""
+        return self._delays_ms.pop(point, 0)
 
 
 def writer_fault_point(armed: Iterable[str], directory: str) -> Callable[[str], None] | None:

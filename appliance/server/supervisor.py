@@ -451,6 +451,8 @@ class Supervisor:
             self._reap()
             self._restart_due()
             self._timers()
+            if self._changes is not None:
+                self._changes.step()  # topics being created: a few partitions a turn (topic_changes)
 
     def _serve_events(self, selector: selectors.BaseSelector, timeout_s: float) -> None:
         """One wait of up to ``timeout_s``, then serve what is ready: control connections, writers' channels,
@@ -472,6 +474,9 @@ class Supervisor:
         if self._watchdog_s is not None:
             deadlines.append(self._next_watchdog_s)
         deadlines += [c.restart_at_s for c in self.children() if c.restart_at_s is not None]
+        step_s = self._changes.next_step_s() if self._changes is not None else None
+        if step_s is not None:
+            deadlines.append(step_s)
         return max(0.0, min(deadlines) - now)
 
     def _drain_wakeup(self) -> None:
@@ -657,6 +662,8 @@ class Supervisor:
             _log.info("stopping: draining %d rings of %d partitions", len(self._rings), len(self._partitions))
         if self._control is not None:
             self._control.stop_accepting()
+        if self._changes is not None:
+            self._changes.abandon_creates()
         timeout_ms = self.config.shutdown_timeout_ms
         if not self._stop_extras(timeout_ms):
             self._exit_code = 1

@@ -13,7 +13,12 @@ Create::
     1. record the topic in the metadata file              commit point: a failure changes nothing
     2. per partition: recover its log (creating the directory), its state page and doorbell, its writer
 
-  A failure in step 2 rolls the topic back: it is marked for deletion and deleted as below (so a partition
+  Step 2 runs in steps from the supervisor's loop (:meth:`TopicChanges.begin_create`,
+  :meth:`TopicChanges.step`): a few partitions a turn, for at most :data:`STEP_BUDGET_S`, so the supervisor
+  keeps answering other control requests (metadata, attach, status) while hundreds of partitions start.
+  Until the last partition is served the topic is not listed (``being_created``) and cannot be deleted;
+  the creator is answered when it is whole (or rolled back).  A failure in step 2 rolls the topic back:
+  it is marked for deletion and deleted as below (so a partition
   already served stops and its directory goes), and the client gets the error.  If even the mark cannot be
   written, the roll-back is retried every second; a restart before that finds the topic recorded and
   serves it whole.
@@ -41,19 +46,35 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from appliance.config.topic_metadata import TopicMetadata
 from appliance.server.faults import ControlFaults
 from appliance.server.metadata import MetadataStore
 from storage.atomic_file import fsync_directory
-from storage.errors import ApplianceError
+from storage.errors import ApplianceError, UnknownTopicOrPartitionError
 
-__all__ = ["DELETED_DIR_RE", "CreateRolledBack", "Lifecycle", "TopicChanges", "remove_deleted_directories"]
+__all__ = ["DELETED_DIR_RE", "STEP_BUDGET_S", "CreateRolledBack", "Done", "Lifecycle", "TopicChanges",
+           "remove_deleted_directories"]  # fmt: skip
 
 DELETED_DIR_RE: Final = re.compile(r".+-\d+\.[0-9a-f]{32}-delete")
+STEP_BUDGET_S: Final = 0.05  # partitions started in one turn of the supervisor's loop, at most this long
+
+Done = Callable[[TopicMetadata | None, BaseException | None], None]
+
+
+@dataclass(eq=False)
+class _Creating:
+    """A topic recorded and being started, partition by partition, from the supervisor's loop."""
+
+    topic: TopicMetadata
+    done: Done  # called once: (the topic, None) when whole, (None, the error) when rolled back
+    not_before_s: float  # the test seam create.slow: nothing starts before this
+    next_partition: int = 0
 
 _log = logging.getLogger("appliance.supervisor")
 
@@ -88,6 +109,7 @@ class TopicChanges:
         # topics whose deletion steps run now: the supervisor serves control requests while it waits for
         # writers to stop, so a request may arrive in the middle of a deletion; it must not start it again
         self._finishing: set[str] = set()
+        self._creating: dict[str, _Creating] = {}  # recorded, partitions starting (module docstring)
 
     @property
     def pending(self) -> bool:
@@ -95,6 +117,67 @@ class TopicChanges:
         return bool(self._rollbacks or self.store.deleting)
 
     # -- create -------------------------------------------------------------------------------------------
+
+    @property
+    def being_created(self) -> frozenset[str]:
+        """Topics recorded whose partitions are still starting: not listed, not deletable yet."""
+        return frozenset(self._creating)
+
+    def begin_create(self, name: str, partitions: int, replication: int, configs: Mapping[str, Any],
+                     replicas: tuple[int, ...], done: Done) -> TopicMetadata:  # fmt: skip
+        """Record a topic (step 1) and start its partitions from :meth:`step`; ``done`` is called when it
+        is whole or rolled back.  TopicExistsError, ConfigError, OSError: nothing changed, no ``done``."""
+        if self.supervisor.stopping:
+            raise ApplianceError("the appliance is stopping")
+        if name in self.store.deleting or name in self._rollbacks:
+            self.finish_pending()
+        topic = self.store.create_topic(name, partitions, replication, configs, replicas=replicas)
+        delay_s = self.faults.delay_ms("create.slow") / 1000
+        self._creating[name] = _Creating(topic, done, time.monotonic() + delay_s)
+        return topic
+
+    def next_step_s(self) -> float | None:
+        """When :meth:`step` has work (a monotonic time), or None."""
+        return min((job.not_before_s for job in self._creating.values()), default=None)
+
+    def step(self, budget_s: float = STEP_BUDGET_S) -> None:
+        """Start partitions of the topics being created, for about ``budget_s``; finish or roll back."""
+        deadline = time.monotonic() + budget_s
+        for job in list(self._creating.values()):
+            if job.not_before_s > time.monotonic():
+                continue
+            try:
+                self._start_some(job, deadline)
+            except Exception as exc:
+                del self._creating[job.topic.name]
+                how = self._roll_back(job.topic, exc)
+                why = f"topic {job.topic.name!r} was not created: {_describe(exc)}; {how}"
+                job.done(None, CreateRolledBack(why))
+                continue
+            if job.next_partition >= job.topic.partitions:
+                del self._creating[job.topic.name]
+                _log.info("created topic %s with %d partitions", job.topic.name, job.topic.partitions)
+                job.done(job.topic, None)
+            if time.monotonic() >= deadline:
+                return
+
+    def _start_some(self, job: _Creating, deadline: float) -> None:
+        if job.next_partition == 0:
+            self.faults.hit("create.recorded")
+        while job.next_partition < job.topic.partitions:
+            if job.next_partition:
+                self.faults.hit("create.partition")
+            self.supervisor.start_partition(job.topic, job.next_partition)
+            job.next_partition += 1
+            if time.monotonic() >= deadline:
+                return
+
+    def abandon_creates(self) -> None:
+        """The supervisor stops: the topics being created stay recorded (the next start serves them whole)."""
+        for job in self._creating.values():
+            job.done(None, ApplianceError(f"topic {job.topic.name!r}: the appliance stopped while its "
+                                          "partitions started; it is served whole at the next start"))
+        self._creating.clear()
 
     def create(self, name: str, partitions: int, replication: int, configs: Mapping[str, Any],
                replicas: tuple[int, ...]) -> TopicMetadata:  # fmt: skip
@@ -138,6 +221,9 @@ class TopicChanges:
         """Delete a topic (module docstring).  UnknownTopicOrPartitionError or OSError before the commit
         point (nothing changed); after it, returns ``""`` if finished, else why it is still pending."""
         self.store.get(name)
+        if name in self._creating:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} is still being created; delete it once "
+                                               "it is listed")  # fmt: skip
         self._mark(name)
         topic = self.store.deleting[name]
         if self._finish(topic):

@@ -93,7 +93,7 @@ def test_the_socket_is_owner_only_and_a_second_server_is_refused(served: Served)
         ControlServer.bind(path, selectors.DefaultSelector(), Served._handle, permissions=Permissions(),
                            backlog=1, log=_log)
     with ControlClient.connect(path) as client:  # the first server still answers
-        assert client.request({"op": "ping"})["echo"] == {"op": "ping"}
+        assert client.request({"op": "ping"})["echo"] == {"op": "ping", "id": 1}  # numbered by the client
 
 
 def test_a_socket_file_left_by_a_dead_server_is_replaced(tmp_path: Path) -> None:
@@ -129,7 +129,7 @@ def test_a_malformed_stream_gets_invalid_request_then_only_that_connection_close
         replies = _replies(bad, 2)
         assert len(replies) == 1 and replies[0]["error"] == ErrorCode.INVALID_REQUEST.name
         assert bad.recv(1) == b""  # closed after the one reply
-        assert good.request({"op": "still"})["echo"] == {"op": "still"}
+        assert good.request({"op": "still"})["echo"] == {"op": "still", "id": 1}
     finally:
         bad.close()
         good.close()

@@ -98,18 +98,20 @@ class StaticCluster:
 
     def __init__(self, topics: Mapping[str, TopicMeta]) -> None:
         self._topics = dict(topics)
+        self.session = 0
 
     def topics(self) -> Mapping[str, TopicMeta]:
         return dict(self._topics)
 
     def create_topic(
-        self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, str]
+        self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, str],
+        *, timeout_ms: int | None = None,
     ) -> TopicMeta:
         raise ClusterError(
             f"topic {name!r}: this test's cluster creates no topics", ErrorCode.POLICY_VIOLATION
         )
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
         raise ClusterError(
             f"topic {name!r}: this test's cluster deletes no topics", ErrorCode.POLICY_VIOLATION
         )
@@ -119,6 +121,9 @@ class StaticCluster:
 
     def attach(self, topic: str, partition: int) -> Any:
         raise ClusterError("no writer in this test", ErrorCode.NOT_LEADER_OR_FOLLOWER)
+
+    def attach_many(self, partitions: Any) -> list[Any]:
+        return [ClusterError("no writer in this test", ErrorCode.NOT_LEADER_OR_FOLLOWER) for _ in partitions]
 
     def detach(self, ring: str) -> None:
         pass
