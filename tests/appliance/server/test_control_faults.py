@@ -122,10 +122,12 @@ def test_a_delete_failing_after_the_writers_stopped_finishes_by_itself(cwd: Path
         assert running.recorded()["deleting"] == ["junk"] or running.directories("junk") == []
         wait_until("the deletion finished", lambda: running.recorded() == {"topics": [KEEP], "deleting": []})
         assert running.directories("junk") == []
+        # the supervisor logs the end after it rewrote topics.json: wait for the line, don't race it
+        wait_until("the end is logged",
+                   lambda: "topic junk: its pending deletion finished" in running.app.log())
         log = running.app.log()
         assert "topic junk is marked for deletion but its deletion did not finish" in log
         assert "test fault point delete.stopped" in log
-        assert "topic junk: its pending deletion finished" in log
         assert running.topics() == {KEEP: 2}
         assert consume_count(running.bootstrap, KEEP, 2) == 10
         # a retry of the whole story works: the name is free again
