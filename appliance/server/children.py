@@ -38,7 +38,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -57,9 +57,11 @@ __all__ = [
     "ChildSpec",
     "describe_exit",
     "fork_child",
+    "kill_quietly",
     "load_extra_children",
     "restart_delay_s",
     "unique_memory_bytes",
+    "wait_children",
 ]
 
 # Factories of extra children, "module:function"; function(config) -> ChildSpec | list | None.
@@ -235,3 +237,39 @@ def _become_child(parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)  # the supervisor died before the line above
+
+
+def kill_quietly(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid``; a process already gone is no error."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def wait_children(children: Sequence[Child], timeout_ms: int, turn: Callable[[], None],
+                  reap: Callable[[], None]) -> bool:
+    """Wait up to ``timeout_ms`` for ``children`` to exit (``turn`` serves and reaps meanwhile; the writers'
+    channels are drained: their "detached" replies need no answer), then SIGKILL what is left and wait for
+    it.  True if every child stopped in time."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while any(c.pid for c in children) and time.monotonic() < deadline:
+        for child in children:
+            if child.channel is not None:
+                try:
+                    while child.channel.recv(1 << 16):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+        turn()
+    clean = True
+    for child in children:
+        if child.pid:
+            clean = False
+            _log.error("%s %s (pid %d) did not stop in %d ms; killing it", child.role, child.name, child.pid,
+                       timeout_ms)  # fmt: skip
+            kill_quietly(child.pid, signal.SIGKILL)
+    while any(c.pid for c in children):
+        time.sleep(0.005)
+        reap()
+    return clean

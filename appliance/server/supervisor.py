@@ -67,7 +67,9 @@ from appliance.server.children import (
     ChildSpec,
     describe_exit,
     fork_child,
+    kill_quietly,
     unique_memory_bytes,
+    wait_children,
 )
 from appliance.server.control_ops import ControlOps, check_replication_factor
 from appliance.server.faults import ControlFaults
@@ -533,7 +535,7 @@ class Supervisor:
                        "published frame)", part.name, part.writer.pid, verdict.what, verdict.for_s,
                        WRITER_STALL_S, part.page.log_end_offset)  # fmt: skip
             part.writer.stall_killed = True
-            _kill(part.writer.pid, signal.SIGKILL)
+            kill_quietly(part.writer.pid, signal.SIGKILL)
 
     def _measure_memory(self) -> None:
         for child in self.children():
@@ -617,35 +619,18 @@ class Supervisor:
             child.stopping = True
             child.restart_at_s = None
             if child.pid:
-                _kill(child.pid, signal.SIGTERM)
+                kill_quietly(child.pid, signal.SIGTERM)
         if not any(c.pid for c in extras):
             return True
         stop_ms = max(spec.stop_timeout_ms for spec, _ in self._extras.values())
         return self._wait_children(extras, min(stop_ms, timeout_ms))
 
     def _wait_children(self, children: Sequence[Child], timeout_ms: int) -> bool:
-        deadline = time.monotonic() + timeout_ms / 1000
-        clean = True
-        while any(c.pid for c in children) and time.monotonic() < deadline:
-            for child in children:
-                if child.channel is not None:
-                    try:
-                        while child.channel.recv(1 << 16):
-                            pass  # "detached" replies: the rings go anyway
-                    except (BlockingIOError, OSError):
-                        pass
+        def turn() -> None:
             self._serve_control_for(0.005)
             self._reap()
-        for child in children:
-            if child.pid:
-                clean = False
-                _log.error("%s %s (pid %d) did not stop in %d ms; killing it", child.role, child.name,
-                           child.pid, timeout_ms)  # fmt: skip
-                _kill(child.pid, signal.SIGKILL)
-        while any(c.pid for c in children):
-            time.sleep(0.005)
-            self._reap()
-        return clean
+
+        return wait_children(children, timeout_ms, turn, self._reap)
 
     def _serve_control_for(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` while still answering control requests (module docstring, "Stop")."""
@@ -708,10 +693,3 @@ class Supervisor:
         for fd in self._lock_fds:
             os.close(fd)
         self._lock_fds = []
-
-
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
