@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install system-deps run test lint bench clean
+.PHONY: install system-deps run test soak lint bench clean
 
 # Debian packages the tests use: kcat (a real Kafka client) and systemd-analyze (unit verification).
 SYSTEM_TOOLS := kcat:kcat systemd-analyze:systemd
@@ -34,6 +34,10 @@ lint: install
 
 test: install lint
 	$(BIN)/python -m pytest -q
+
+# The fault campaigns at their long size (dozens to hundreds of kills each; tests/support/campaign.py).
+soak: install
+	APPLIANCE_SOAK=1 $(BIN)/python -m pytest -q -m campaign --timeout 3600
 
 # The pytest-benchmark suites, the standard matrix and the cost-growth runs; writes bench/results/<date>.json,
 # docs/img/*.png and the generated tables of docs/performance.md (see bench/run_matrix.py).

@@ -26,12 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.campaign import rounds
 from support.harness import REPO, Appliance
 
 from appliance.client.producer import Producer
 from storage.batch_reader import Record, iter_records
 
-VICTIMS = 200
+VICTIMS = rounds(200, 2000)
+WRITER_KILLS = rounds(3, 30)
 
 _ZYGOTE = textwrap.dedent(
     """
@@ -100,6 +102,7 @@ def _victim_record_is_whole(value: bytes) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_producers_killed_mid_send_leave_a_sound_log_and_others_unaffected(
     appliances: list[Appliance], tmp_path: Path
 ) -> None:
@@ -166,6 +169,7 @@ def _writer_pid(serve: Appliance, topic: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_writer_killed_under_load_restarts_and_every_record_is_there_once(
     appliances: list[Appliance],
 ) -> None:
@@ -176,7 +180,7 @@ def test_writer_killed_under_load_restarts_and_every_record_is_there_once(
     stop = threading.Event()
 
     def killer() -> None:
-        for _ in range(3):
+        for _ in range(WRITER_KILLS):
             if stop.wait(0.4):
                 return
             pid = _writer_pid(serve, "load")
@@ -202,7 +206,7 @@ def test_writer_killed_under_load_restarts_and_every_record_is_there_once(
         stop.set()
         thread.join()
         producer.close()
-    assert len(kills) == 3 and len(set(kills)) == 3, "three different writer processes were killed"
+    assert len(kills) == WRITER_KILLS and len(set(kills)) == WRITER_KILLS, "different writers were killed"
     assert offsets == list(range(len(handles))), "acknowledged once each, in order"
     values = [r.value for r in _records(serve, "load", 0)]
     assert values == [b"load-%d" % n for n in range(len(handles))], "every record in the log exactly once"

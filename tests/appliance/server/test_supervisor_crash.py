@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.campaign import rounds
 from support.harness import Appliance, RawProducer, logged_sequences
 
 from ipc.control import ControlClient
@@ -31,6 +32,8 @@ from storage.batch_header import parse_header
 
 warm_up()
 build_batch([b"warm"])  # the builder's kernels are loaded before any fork
+
+VICTIMS = rounds(200, 2000)
 
 
 @pytest.fixture
@@ -234,13 +237,14 @@ def test_writer_sigkilled_under_load_is_restarted_and_acked_batches_are_there_on
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 @pytest.mark.parametrize("serve", [("topics.v.partitions=1", "appliance.ring.bytes=262144")], indirect=True)
-def test_producers_sigkilled_at_200_random_moments_never_disturb_the_others(serve: Appliance) -> None:
+def test_producers_sigkilled_at_random_moments_never_disturb_the_others(serve: Appliance) -> None:
     path = str(serve.socket_path)
     stop_path = serve.cwd / "stop"
     steady = spawn(steady_producer, path, "v", str(stop_path))
     rng = random.Random(20260101)
-    for i in range(200):
+    for i in range(VICTIMS):
         pid = os.fork()
         if pid == 0:
             try:
