@@ -30,8 +30,8 @@ The broker attaches one ring per partition it produces to, lazily, through its c
 rings die with the broker process).  A Produce that needs rings attaches, in one ``attach_many`` round
 trip, those of its partitions and of more partitions of the topic, the ones that follow: clients spread
 records over all partitions and often send one partition per request, so a topic's first records pay one
-round trip per :data:`ATTACH_AHEAD` partitions, not one per partition.  At most :data:`ATTACH_AHEAD` rings
-attached ahead and not used yet are held at any time.  A ring starts at ``appliance.ring.initial.bytes``
+round trip per :data:`ATTACH_AHEAD` partitions, not one per partition.  At most :data:`MAX_UNUSED_AHEAD`
+rings attached ahead and not used yet are held at any time.  A ring starts at ``appliance.ring.initial.bytes``
 and grows with the traffic (``ipc.ring_publisher``, "Growing").
 
 **Memory follows the data in flight.**  The broker holds a partition's ring only while the partition has
@@ -84,10 +84,11 @@ __all__ = ["Produce", "ProduceOutcome", "ProduceService"]
 
 log = logging.getLogger("appliance.broker")
 
-# a Produce that needs a ring also attaches up to this many more partitions of its topic; it is also the
-# most rings attached ahead and unused yet that the broker holds (each is appliance.ring.initial.bytes of
-# /dev/shm, populated when created)
+# a Produce that needs a ring also attaches up to this many more partitions of its topic
 ATTACH_AHEAD = 32
+# the most rings attached ahead and not used yet that the broker holds (each is appliance.ring.initial.bytes
+# of /dev/shm, populated when created; they go after appliance.ring.idle.ms)
+MAX_UNUSED_AHEAD = 4 * ATTACH_AHEAD
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
@@ -332,10 +333,11 @@ class Produce:
 
     def _ahead(self, topic: str, first: int, wanted: dict[tuple[str, int], PartitionHandle]) -> None:
         """Add to ``wanted`` up to :data:`ATTACH_AHEAD` partitions of ``topic`` led here without a ring,
-        from ``first`` on (around the end)."""
+        from ``first`` on (around the end), while fewer than :data:`MAX_UNUSED_AHEAD` rings attached ahead
+        are unused."""
         meta = self.ctx.table.topics.get(topic)
         count = meta.partitions if meta is not None else 0
-        ahead = len(self._unused)  # rings attached ahead earlier and still unused count against the bound
+        ahead = max(0, ATTACH_AHEAD + len(self._unused) - MAX_UNUSED_AHEAD)
         for i in range(count):
             if ahead >= ATTACH_AHEAD:
                 return
