@@ -29,7 +29,8 @@ Ops (fields; the reply's fields):
                      ``wait`` opt.                              once recorded (partitions start after)
 ``delete_topic``     ``topic``                                  (nothing)
 ``init_producer_id`` (none)                                     ``producer_id``, ``producer_epoch``
-``attach``           ``topic``, ``partition``, ``producer_id``  ring, semaphore and state page names, sizes
+``attach``           ``topic``, ``partition``, ``producer_id``, ring, semaphore and state page names, sizes
+                     ``ring_bytes`` (opt.: the capacity wanted) (``ring_bytes``, ``ring_bytes_max``)
 ``attach_many``      ``partitions`` (a list of pairs            ``results``: one ``attach`` reply (or error
                      [topic, partition]), ``producer_id``       reply) per partition, in order
 ``detach``           ``ring``                                   (nothing)
@@ -42,9 +43,12 @@ Ops (fields; the reply's fields):
 ==================== ========================================== ===========================================
 
 **Lifetime of a ring.**  ``attach`` creates a new ring for this connection and hands it to the partition's
-writer.  The client keeps its connection open for as long as it produces: when the connection closes (the
-producer closed, exited or was killed), the supervisor has the writers drain what was *published* in that
-connection's rings, then unlinks them.  A published frame of a dead producer is appended; an unpublished one
+writer, of ``appliance.ring.initial.bytes`` or the ``ring_bytes`` asked for (at most ``appliance.ring.bytes``,
+the reply's ``ring_bytes_max``): a producer whose ring is too small attaches a larger one to the same
+partition, drains the old one and detaches it (``ipc.ring_publisher``, "Growing").  The client keeps its
+connection open for as long as it produces: when the connection closes (the producer closed, exited or was
+killed), the supervisor has the writers drain what was *published* in that connection's rings, then unlinks
+them.  A published frame of a dead producer is appended; an unpublished one
 never is (see ``ipc/ring.py``).  ``detach`` does the same for one ring while the connection stays open (after
 a :class:`~ipc.ring.RingFailedError`, before attaching a new ring).
 
@@ -371,6 +375,7 @@ class Attachment:
     ring_bytes: int
     ack_slots: int
     max_message_bytes: int  # the topic's max.message.bytes: larger batches are refused (MESSAGE_TOO_LARGE)
+    ring_bytes_max: int = 0  # the largest ring the supervisor gives (appliance.ring.bytes); 0: ring_bytes
 
     @property
     def ring(self) -> str:
@@ -398,6 +403,7 @@ def _attachment(topic: str, partition: int, reply: Mapping[str, Any]) -> Attachm
         ring_bytes=int(reply["ring_bytes"]),
         ack_slots=int(reply["ack_slots"]),
         max_message_bytes=int(reply["max_message_bytes"]),
+        ring_bytes_max=int(reply.get("ring_bytes_max", reply["ring_bytes"])),
     )
 
 
@@ -498,16 +504,19 @@ class ControlClient:
         reply = self.request({"op": "init_producer_id"})
         return int(reply["producer_id"]), int(reply["producer_epoch"])
 
-    def attach(self, topic: str, partition: int, *, producer_id: int = -1) -> Attachment:
+    def attach(self, topic: str, partition: int, *, producer_id: int = -1,
+               ring_bytes: int | None = None) -> Attachment:
         """A new ring to ``topic``-``partition``, served by its writer from now on.
 
         An unknown topic is created first when ``auto.create.topics.enable`` (default) allows it.
-        ``producer_id`` is informational (logs, status).
+        ``producer_id`` is informational (logs, status).  ``ring_bytes``: the capacity wanted (default
+        ``appliance.ring.initial.bytes``; at most ``appliance.ring.bytes``).
         """
-        reply = self.request(
-            {"op": "attach", "topic": topic, "partition": partition, "producer_id": producer_id}
-        )
-        return _attachment(topic, partition, reply)
+        request: dict[str, Any] = {"op": "attach", "topic": topic, "partition": partition,
+                                   "producer_id": producer_id}
+        if ring_bytes is not None:
+            request["ring_bytes"] = ring_bytes
+        return _attachment(topic, partition, self.request(request))
 
     def attach_many(
         self, partitions: Sequence[tuple[str, int]], *, producer_id: int = -1

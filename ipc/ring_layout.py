@@ -163,6 +163,7 @@ __all__ = [
     "RING_MAGIC",
     "RING_VERSION",
     "RingMemory",
+    "ack_slots_for",
     "align_frame",
     "max_body_bytes",
     "segment_bytes",
@@ -294,6 +295,13 @@ MIN_CAPACITY_BYTES = 4096
 MAX_CAPACITY_BYTES = 1 << 30  # frame lengths are int32; a padding frame may span almost the whole region
 DEFAULT_CAPACITY_BYTES = 16 << 20
 DEFAULT_ACK_SLOTS = 8192
+
+
+def ack_slots_for(capacity_bytes: int) -> int:
+    """Ack slots for a ring of ``capacity_bytes``: one per 64 bytes of data, at most
+    :data:`DEFAULT_ACK_SLOTS`.  A frame takes at least 80 bytes (its header and a RecordBatch header), so a
+    ring never holds more frames than it has slots; a small ring then keeps its slots small too."""
+    return max(1, min(DEFAULT_ACK_SLOTS, capacity_bytes // 64))
 
 
 def align_frame(frame_bytes: int) -> int:

@@ -19,7 +19,27 @@ plus the bookkeeping both local producers and the broker need:
   batches per producer for de-duplication); publishing more first waits for acks, up to ``max_block_ms``.
 
 Waiting never spins: it parks on the ring's producer semaphore (``ipc.wakeup``), which the writer posts after
-each ack.  A publisher is used by one thread at a time (the caller serialises).
+each ack.  A publisher is used by one thread at a time (the caller serialises); only :meth:`wait_acked` may
+be called from another thread meanwhile.
+
+**Growing.**  A ring starts small (``appliance.ring.initial.bytes``) and, given a :class:`RingGrowth` (how
+to attach a larger ring to the same partition and let go of one), the publisher replaces it by one twice as
+large, up to the supervisor's ``appliance.ring.bytes``, when a frame finds no room (the producer would have
+to wait for space) or does not fit at all (then as large as that frame needs).  Order and idempotence stay
+exact because the two rings are never both written:
+
+G1  attach the larger ring (the supervisor creates it and hands it to the partition's writer); publish
+    nothing more into the old one
+G2  wait until every frame published in the old ring is acknowledged (``ack_seq`` reaches its next seq):
+    the writer has appended (or refused) all of them, in order
+G3  close the old ring and detach it (the supervisor unlinks it once the writer let it go)
+G4  publish from then on into the new ring; frame seqs restart at 0 there, the batches' producer sequences
+    simply continue
+
+A crash at any step leaves what any producer crash leaves: published frames are appended, in ring order,
+and the old ring is drained before the new one ever holds a frame.  While G2 waits, a publish with no time
+left raises :class:`BackPressureError` (nothing published), as a full ring does; the broker retries it on
+a later poll.  If attaching the larger ring fails, the publisher stops growing and keeps its ring.
 
 To hand one already-built batch to a partition and wait for its answer, as the broker does for a Produce
 request::
@@ -30,16 +50,21 @@ request::
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
 
-from ipc.ring import RingNames, RingProducer
+from ipc.ring import RESERVE_FULL, RingNames, RingProducer
+from ipc.ring_layout import MAX_CAPACITY_BYTES, max_body_bytes
 from storage.errors import (
     ApplianceError,
+    BackPressureError,
     CorruptRecordError,
     InvalidRecordError,
     KafkaStorageError,
@@ -51,12 +76,16 @@ from storage.errors import (
 
 __all__ = [
     "RETRIABLE_CODES",
+    "RingGrowth",
     "RingPublisher",
     "error_for_code",
+    "grown_capacity",
     "publish_and_wait",
 ]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("appliance.producer")
 
 # Kafka error codes an ack may carry, by what the producer does about them.
 CORRUPT_MESSAGE = 2
@@ -131,8 +160,34 @@ def error_for_code(code: int, *, topic: str, partition: int, detail: str = "") -
     return error
 
 
+@dataclass(frozen=True, slots=True)
+class RingGrowth:
+    """How a publisher gets a larger ring for its partition and lets go of the one it replaces.
+
+    ``attach(capacity_bytes)`` attaches a new ring of at least that capacity to the same partition (the
+    supervisor's ``attach`` with ``ring_bytes``) and returns its names; ``release(ring)`` detaches a ring
+    (the writer drains it, the supervisor unlinks it); ``max_ring_bytes`` is the largest capacity the
+    supervisor gives (``appliance.ring.bytes``).  Either callable may raise; the publisher then stops
+    growing (``attach``) or logs it (``release``).
+    """
+
+    attach: Callable[[int], RingNames]
+    release: Callable[[str], None]
+    max_ring_bytes: int
+
+
+def grown_capacity(capacity_bytes: int, body_bytes: int, max_ring_bytes: int) -> int:
+    """The capacity a ring of ``capacity_bytes`` grows to: doubled, and doubled again until a body of
+    ``body_bytes`` fits, at most ``max_ring_bytes``."""
+    capacity = capacity_bytes * 2
+    while max_body_bytes(capacity) < body_bytes and capacity < max_ring_bytes:
+        capacity *= 2
+    return min(capacity, max_ring_bytes, MAX_CAPACITY_BYTES)
+
+
 class RingPublisher(Generic[T]):
-    """One partition ring, producer end: publish frames with tokens, collect ``(token, result)`` acks."""
+    """One partition ring, producer end: publish frames with tokens, collect ``(token, result)`` acks;
+    with a :class:`RingGrowth`, the ring is replaced by a larger one as traffic needs (module docstring)."""
 
     def __init__(
         self,
@@ -141,6 +196,7 @@ class RingPublisher(Generic[T]):
         topic: str,
         partition: int,
         max_in_flight: int | None = None,
+        growth: RingGrowth | None = None,
     ) -> None:
         self.ring = ring
         self.topic = topic
@@ -149,10 +205,18 @@ class RingPublisher(Generic[T]):
         self.max_in_flight = max_in_flight if max_in_flight is not None else ring.ack_slots
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
-        self.max_body_bytes = ring.max_body_bytes
+        self.growth = growth if growth is not None and growth.max_ring_bytes > ring.capacity_bytes else None
+        # the largest body a publish takes: the ring's, or the largest ring's it may grow to
+        self.max_body_bytes = max(ring.max_body_bytes, max_body_bytes(growth.max_ring_bytes)
+                                  if self.growth is not None and growth is not None else 0)
         self.in_flight: deque[tuple[int, T]] = deque()  # (frame seq, token), oldest first
         self.completed: deque[tuple[T, int]] = deque()  # acked, not yet taken by the caller
         self.last_ack_ns = time.monotonic_ns()  # when an ack last arrived (or the ring was attached)
+        self.grown = 0  # how many times the ring was replaced by a larger one
+        self._successor: RingNames | None = None  # G1 done, waiting for G2
+        self._retired: list[RingProducer] = []  # replaced rings a waiting thread may still read
+        self._waiters = 0  # threads inside wait_acked
+        self._waiters_lock = threading.Lock()
 
     @classmethod
     def attach(
@@ -164,10 +228,21 @@ class RingPublisher(Generic[T]):
         max_block_ms: int = 60_000,
         track_acks: bool = True,
         max_in_flight: int | None = None,
+        growth: RingGrowth | None = None,
     ) -> RingPublisher[T]:
         """Open a freshly created ring (the supervisor's ``attach`` answer) as its one producer."""
         ring = RingProducer.attach(names, max_block_ms=max_block_ms, track_acks=track_acks)
-        return cls(ring, topic=topic, partition=partition, max_in_flight=max_in_flight)
+        return cls(ring, topic=topic, partition=partition, max_in_flight=max_in_flight, growth=growth)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The current ring's data capacity."""
+        return self.ring.capacity_bytes
+
+    @property
+    def growing(self) -> bool:
+        """A larger ring is attached and the old one is draining (G1 done, G2 not yet)."""
+        return self._successor is not None
 
     @property
     def name(self) -> str:
@@ -190,7 +265,7 @@ class RingPublisher(Generic[T]):
         size = len(body)
         deadline_ns = self._deadline_ns(timeout_ms)
         self._wait_for_slot(deadline_ns)
-        index = self.ring.reserve(size, self._remaining_ms(deadline_ns))
+        index = self._reserve(size, deadline_ns)
         self.ring.data[index : index + size] = np.frombuffer(body, np.uint8)
         return self._committed(self.ring.commit(size), token)
 
@@ -203,7 +278,7 @@ class RingPublisher(Generic[T]):
         """
         deadline_ns = self._deadline_ns(timeout_ms)
         self._wait_for_slot(deadline_ns)
-        index = self.ring.reserve(max_bytes, self._remaining_ms(deadline_ns))
+        index = self._reserve(max_bytes, deadline_ns)
         try:
             size = build(self.ring.data[index : index + max_bytes])
         except BaseException:
@@ -213,6 +288,84 @@ class RingPublisher(Generic[T]):
             self.ring.abort()
             raise ValueError(f"ring {self.name}: builder wrote {size} bytes into a {max_bytes}-byte frame")
         return self._committed(self.ring.commit(size), token)
+
+    def _reserve(self, body_bytes: int, deadline_ns: int) -> int:
+        """Reserve a frame for ``body_bytes`` in the ring, growing it first when it is full or too small
+        (G1-G4); the body's index into ``self.ring.data``.  BackPressureError at the deadline."""
+        ring = self.ring
+        if self._successor is None:
+            growth = self.growth
+            can_grow = growth is not None and ring.capacity_bytes < growth.max_ring_bytes
+            if body_bytes <= ring.max_body_bytes:
+                index = ring.try_reserve(body_bytes)
+                if index >= 0:
+                    return index
+                if index != RESERVE_FULL or not can_grow:
+                    return ring.reserve(body_bytes, self._remaining_ms(deadline_ns))
+            if not can_grow or not self._grow(body_bytes):
+                return ring.reserve(body_bytes, self._remaining_ms(deadline_ns))  # (raises if too large)
+        if not self._switch(deadline_ns):
+            raise BackPressureError(
+                f"ring {self.name}: partition {self.topic}-{self.partition} is moving to a larger ring; "
+                f"{ring.next_seq - ring.acked_seq} frames of the old one await acknowledgement; nothing "
+                "was written, retry"
+            )
+        return self.ring.reserve(body_bytes, self._remaining_ms(deadline_ns))
+
+    def _grow(self, body_bytes: int) -> bool:
+        """G1: attach a larger ring (the successor); False if that failed (growing stops then)."""
+        growth = self.growth
+        assert growth is not None
+        capacity = grown_capacity(self.ring.capacity_bytes, body_bytes, growth.max_ring_bytes)
+        try:
+            self._successor = growth.attach(capacity)
+        except Exception as exc:  # a larger ring is an optimisation: keep the one we have
+            _log.warning("partition %s-%d: cannot attach a ring of %d bytes, keeping ring %s (%d bytes): %s",
+                         self.topic, self.partition, capacity, self.name, self.ring.capacity_bytes, exc)
+            self.growth = None
+            self.max_body_bytes = self.ring.max_body_bytes
+            return False
+        return True
+
+    def _switch(self, deadline_ns: int) -> bool:
+        """G2-G4: wait (up to the deadline) until the old ring is acknowledged to its last frame, then
+        publish into the successor from now on; False if the old ring still has frames unanswered."""
+        old = self.ring
+        while True:
+            self.poll()
+            if old.acked_seq >= old.next_seq:
+                break
+            remaining_ms = self._remaining_ms(deadline_ns)
+            if remaining_ms <= 0:
+                return False
+            old.wait_acks(old.next_seq - 1, min(remaining_ms, 100))
+        successor, self._successor = self._successor, None
+        assert successor is not None and self.growth is not None
+        self.ring = RingProducer.attach(successor, max_block_ms=old.max_block_ms, track_acks=old.track_acks)
+        self.grown += 1
+        if self.ring.capacity_bytes >= self.growth.max_ring_bytes:
+            self.max_body_bytes = self.ring.max_body_bytes
+        self._retire(old)
+        return True
+
+    def _retire(self, old: RingProducer) -> None:
+        """G3: unmap the replaced ring (later, if a thread is waiting in :meth:`wait_acked`) and detach it."""
+        with self._waiters_lock:
+            self._retired.append(old)
+            if not self._waiters:
+                self._close_retired()
+        if self.growth is not None:
+            try:
+                self.growth.release(old.name)
+            except Exception as exc:  # the supervisor unlinks it with the connection anyway
+                _log.warning("partition %s-%d: detaching replaced ring %s: %s", self.topic, self.partition,
+                             old.name, exc)
+
+    def _close_retired(self) -> None:
+        """(With the waiters' lock held, no waiter inside.)"""
+        for old in self._retired:
+            old.close()
+        self._retired.clear()
 
     def _committed(self, seq: int, token: T) -> int:
         if self.track_acks:
@@ -232,8 +385,6 @@ class RingPublisher(Generic[T]):
         """Block until fewer than ``max_in_flight`` frames await acks (BackPressureError at the deadline)."""
         if not self.track_acks or len(self.in_flight) < self.max_in_flight:
             return
-        from storage.errors import BackPressureError
-
         while True:
             self.poll()
             if len(self.in_flight) < self.max_in_flight:
@@ -252,6 +403,10 @@ class RingPublisher(Generic[T]):
     def poll(self) -> int:
         """Move acks that arrived to :attr:`completed`; return how many.  Raises RingFailedError if the
         writer failed this ring (the frames still in :attr:`in_flight` were not appended)."""
+        if self._retired:
+            with self._waiters_lock:
+                if not self._waiters:
+                    self._close_retired()
         if not self.in_flight:
             return 0
         ring = self.ring
@@ -286,8 +441,19 @@ class RingPublisher(Generic[T]):
     def wait_acked(self, seq: int, timeout_ms: float) -> bool:
         """Sleep until frame ``seq`` is acknowledged or ``timeout_ms`` passes; True if it was.  Reads only
         the ring header (no bookkeeping changes), so a thread may wait here while another one publishes
-        and polls under its own lock; :meth:`poll` collects the acks afterwards."""
-        return self.ring.wait_acks(seq, int(max(timeout_ms, 1)))
+        and polls under its own lock; :meth:`poll` collects the acks afterwards.  (If the ring is replaced
+        meanwhile, the replaced one stays mapped until this returns; the wait then ends early or late by
+        at most ``timeout_ms``, and the caller looks again.)"""
+        with self._waiters_lock:
+            self._waiters += 1
+            ring = self.ring
+        try:
+            return ring.wait_acks(seq, int(max(timeout_ms, 1)))
+        except ValueError:  # the ring was closed under us (the publisher closed): look again
+            return True
+        finally:
+            with self._waiters_lock:
+                self._waiters -= 1
 
     def take_completed(self) -> list[tuple[T, int]]:
         """The ``(token, result)`` pairs acknowledged since the last call, in publish order."""
@@ -303,7 +469,18 @@ class RingPublisher(Generic[T]):
         return tokens
 
     def close(self) -> None:
-        """Mark the ring closed: the writer drains what was published, then the supervisor unlinks it."""
+        """Mark the ring closed and unmap it: the writer drains what was published, then the supervisor
+        unlinks it.  A successor attached for growing and not used yet is detached."""
+        successor, self._successor = self._successor, None
+        if successor is not None and self.growth is not None:
+            try:
+                self.growth.release(successor.ring)
+            except Exception as exc:  # the supervisor unlinks it with the connection anyway
+                _log.warning("partition %s-%d: detaching unused ring %s: %s", self.topic, self.partition,
+                             successor.ring, exc)
+        with self._waiters_lock:
+            if not self._waiters:
+                self._close_retired()
         self.ring.close()
 
 

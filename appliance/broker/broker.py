@@ -218,6 +218,10 @@ class Broker:
         if resume_s is not None:
             paused_s = resume_s - now_s
             timeout_s = paused_s if timeout_s is None else min(timeout_s, paused_s)
+        ring_timer_ms = self.produce.next_timer_ms()  # idle rings to let go of (appliance.ring.idle.ms)
+        if ring_timer_ms is not None:
+            ring_s = ring_timer_ms / 1000.0 - now_s
+            timeout_s = ring_s if timeout_s is None else min(timeout_s, ring_s)
         return None if timeout_s is None else max(0.0, timeout_s)
 
     def _watch_writers(self, interested: bool) -> None:
@@ -254,6 +258,7 @@ class Broker:
         if self.produce.pending or self.replication.has_completed:
             for conn, header, body in self.produce.poll(time.monotonic() * 1000):
                 self._finish_held(conn, header, body)
+        self.produce.tick(time.monotonic() * 1000)
 
     def _on_ready(self, conn: Connection, mask: int) -> None:
         try:

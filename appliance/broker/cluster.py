@@ -66,8 +66,9 @@ class Cluster(Protocol):
         """A fresh (producer id, producer epoch) for an idempotent producer."""
         ...
 
-    def attach(self, topic: str, partition: int) -> Attachment:
-        """A new ring into the partition's writer, for the broker's Produce requests."""
+    def attach(self, topic: str, partition: int, *, ring_bytes: int | None = None) -> Attachment:
+        """A new ring into the partition's writer, for the broker's Produce requests (``ring_bytes``: the
+        capacity wanted, to grow a partition's ring; default ``appliance.ring.initial.bytes``)."""
         ...
 
     def attach_many(self, partitions: Sequence[tuple[str, int]]) -> list[Attachment | ClusterError]:

@@ -185,11 +185,11 @@ class ControlCluster:
         except ApplianceError as e:
             raise _as_cluster_error(e, "init producer id", down) from None
 
-    def attach(self, topic: str, partition: int) -> Attachment:
+    def attach(self, topic: str, partition: int, *, ring_bytes: int | None = None) -> Attachment:
         """A ring to the partition's writer, owned by this connection (for Produce)."""
         what, down = f"attach a ring to {topic}-{partition}", ErrorCode.LEADER_NOT_AVAILABLE
         try:
-            return self._connected(what, down).attach(topic, partition)
+            return self._connected(what, down).attach(topic, partition, ring_bytes=ring_bytes)
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
 

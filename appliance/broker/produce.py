@@ -28,11 +28,18 @@ unknown, as Kafka says; idempotent producers retry safely).
 
 The broker attaches one ring per partition it produces to, lazily, through its control connection (so the
 rings die with the broker process).  A Produce that needs rings attaches, in one ``attach_many`` round
-trip, those of its partitions and of up to :data:`ATTACH_AHEAD` more partitions of the topic, the ones that
-follow: clients spread records over all partitions and often send one partition per request, so a topic's
-first records pay one round trip per :data:`ATTACH_AHEAD` partitions, not one per partition, while a
-producer to few partitions of a large topic holds a bounded number of idle rings (each is
-``appliance.ring.bytes`` of ``/dev/shm``).
+trip, those of its partitions and of more partitions of the topic, the ones that follow: clients spread
+records over all partitions and often send one partition per request, so a topic's first records pay one
+round trip per :data:`ATTACH_AHEAD` partitions, not one per partition.  At most :data:`MAX_UNUSED_AHEAD`
+rings attached ahead and not used yet are held at any time.  A ring starts at ``appliance.ring.initial.bytes``
+and grows with the traffic (``ipc.ring_publisher``, "Growing").
+
+**Memory follows the data in flight.**  The broker holds a partition's ring only while the partition has
+had produce traffic within ``appliance.ring.idle.ms``: on a timer of the broker's loop (:meth:`Produce.tick`,
+due at :meth:`Produce.next_timer_ms`; no timer while no ring is held), a ring with nothing in flight and no
+batch published for that long, or of a partition that was deleted, is unmapped and detached (the supervisor
+unlinks it once the writer drained it).  The rings of a deleted topic go at the next tick (the broker's own
+DeleteTopics, or a metadata refresh, closes their partitions) or, at the latest, when they turn idle.
 When the control connection was lost and re-established (a new ``cluster.session``), the rings of the old
 one are gone: they are dropped, their unanswered batches get NOT_LEADER_OR_FOLLOWER (retriable; an
 idempotent producer's retry is deduplicated), and new ones attached.  A full ring is back-pressure: the
@@ -59,7 +66,7 @@ from ipc.kafka import (
     TopicProduceResponse,
 )
 from ipc.ring import RingFailedError
-from ipc.ring_publisher import RingPublisher
+from ipc.ring_publisher import RingGrowth, RingPublisher
 from ipc.state_page import monotonic_ms
 from storage.batch_header import (
     LOG_OVERHEAD,
@@ -77,9 +84,11 @@ __all__ = ["Produce", "ProduceOutcome", "ProduceService"]
 
 log = logging.getLogger("appliance.broker")
 
-# a Produce that needs a ring also attaches this many more partitions of its topic (each ring is
-# appliance.ring.bytes of /dev/shm, populated when created)
+# a Produce that needs a ring also attaches up to this many more partitions of its topic
 ATTACH_AHEAD = 32
+# the most rings attached ahead and not used yet that the broker holds (each is appliance.ring.initial.bytes
+# of /dev/shm, populated when created; they go after appliance.ring.idle.ms)
+MAX_UNUSED_AHEAD = 4 * ATTACH_AHEAD
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
@@ -110,6 +119,10 @@ class ProduceService(Protocol):
     def start(self, owner: object, header: RequestHeader, request: ProduceRequest) -> ProduceOutcome: ...
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]: ...
+
+    def next_timer_ms(self) -> float | None: ...
+
+    def tick(self, now_ms: float) -> None: ...
 
     def close(self) -> None: ...
 
@@ -150,6 +163,10 @@ class Produce:
         self._held: list[_Held] = []
         self._min_isr: dict[str, int] = {}
         self._session = ctx.cluster.session  # the control session the rings belong to
+        self._idle_ms = float(getattr(ctx.config, "ring_idle_ms", 30_000))
+        self._last_used_ms: dict[tuple[str, int], float] = {}  # when a batch last went into each ring
+        self._unused: set[tuple[str, int]] = set()  # rings attached ahead that no batch used yet
+        self._next_check_ms: float | None = None  # when tick() next looks for idle rings
 
     @property
     def pending(self) -> int:
@@ -311,13 +328,16 @@ class Produce:
             error = self._open_ring(key, handle, result)
             if error is not None and key in own:
                 self._answer(own[key], *error)
+            elif error is None and key not in own:
+                self._unused.add(key)
 
     def _ahead(self, topic: str, first: int, wanted: dict[tuple[str, int], PartitionHandle]) -> None:
         """Add to ``wanted`` up to :data:`ATTACH_AHEAD` partitions of ``topic`` led here without a ring,
-        from ``first`` on (around the end)."""
+        from ``first`` on (around the end), while fewer than :data:`MAX_UNUSED_AHEAD` rings attached ahead
+        are unused."""
         meta = self.ctx.table.topics.get(topic)
         count = meta.partitions if meta is not None else 0
-        ahead = 0
+        ahead = max(0, ATTACH_AHEAD + len(self._unused) - MAX_UNUSED_AHEAD)
         for i in range(count):
             if ahead >= ATTACH_AHEAD:
                 return
@@ -340,14 +360,30 @@ class Produce:
             return result.code, str(result)
         try:
             publisher: RingPublisher[_Batch] = RingPublisher.attach(
-                result.names, topic=key[0], partition=key[1], max_block_ms=0
+                result.names, topic=key[0], partition=key[1], max_block_ms=0, growth=self._growth(key, result)
             )
         except (ApplianceError, OSError, ValueError) as e:
             log.error("produce to %s-%d: cannot open ring %s: %s", key[0], key[1], result.names.ring, e)
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is unreachable"
+        self._hold(key, handle, publisher)
+        return None
+
+    def _growth(self, key: tuple[str, int], attachment: Attachment) -> RingGrowth:
+        """How the ring of ``key`` grows: a larger ring attached, the old one detached, through the
+        control connection."""
+        topic, partition = key
+        cluster = self.ctx.cluster
+        return RingGrowth(lambda capacity: cluster.attach(topic, partition, ring_bytes=capacity).names,
+                          cluster.detach, attachment.ring_bytes_max or attachment.ring_bytes)
+
+    def _hold(self, key: tuple[str, int], handle: PartitionHandle, publisher: RingPublisher[_Batch]) -> None:
+        """Keep ``publisher`` as the ring of ``key``; its idle clock starts now."""
+        now_ms = time.monotonic() * 1000
         self._publishers[key] = publisher
         self._served_by[key] = handle
-        return None
+        self._last_used_ms[key] = now_ms
+        if self._next_check_ms is None:
+            self._next_check_ms = now_ms + self._idle_ms
 
     def _publisher(self, batch: _Batch) -> RingPublisher[_Batch] | None:
         key = (batch.topic, batch.handle.partition)
@@ -359,9 +395,8 @@ class Produce:
             self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
         try:
             attachment = self.ctx.cluster.attach(batch.topic, batch.handle.partition)
-            publisher = RingPublisher.attach(
-                attachment.names, topic=batch.topic, partition=batch.handle.partition, max_block_ms=0
-            )
+            publisher = RingPublisher.attach(attachment.names, topic=key[0], partition=key[1],
+                                             max_block_ms=0, growth=self._growth(key, attachment))
         except ClusterError as e:
             self._answer(batch, e.code, str(e))
             return None
@@ -369,8 +404,7 @@ class Produce:
             log.error("produce to %s-%d: cannot attach a ring: %s", batch.topic, batch.handle.partition, e)
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is not reachable")
             return None
-        self._publishers[key] = publisher
-        self._served_by[key] = batch.handle
+        self._hold(key, batch.handle, publisher)
         return publisher
 
     def _publish(self, batch: _Batch) -> None:
@@ -387,22 +421,35 @@ class Produce:
                 f"batch of {len(batch.records)} bytes, a ring frame holds {publisher.max_body_bytes}",
             )
             return
+        key = (batch.topic, batch.handle.partition)
+        self._last_used_ms[key] = time.monotonic() * 1000
+        self._unused.discard(key)
         try:
             publisher.publish(batch.records, batch, timeout_ms=0)
         except BackPressureError:
-            return  # the ring is full: a later poll tries again
+            return  # the ring is full (or moving to a larger one): a later poll tries again
         except RingFailedError as e:
             self._drop_publisher(batch.topic, batch.handle.partition, e)
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, str(e))
             return
         batch.published = True
 
-    def _drop_publisher(self, topic: str, partition: int, why: Exception, *, detach: bool = True) -> None:
-        publisher = self._publishers.pop((topic, partition), None)
-        self._served_by.pop((topic, partition), None)
+    def _drop_publisher(self, topic: str, partition: int, why: Exception | str, *,
+                        detach: bool = True) -> None:
+        """Unmap the ring of ``topic``-``partition`` and (``detach``) have the supervisor unlink it; its
+        unanswered batches get NOT_LEADER_OR_FOLLOWER.  ``why`` as a string: a routine release (idle,
+        deleted), logged at debug level."""
+        key = (topic, partition)
+        publisher = self._publishers.pop(key, None)
+        self._served_by.pop(key, None)
+        self._last_used_ms.pop(key, None)
+        self._unused.discard(key)
         if publisher is None:
             return
-        log.warning("produce to %s-%d: dropping ring %s: %s", topic, partition, publisher.name, why)
+        if isinstance(why, str):
+            log.debug("produce to %s-%d: letting go of ring %s: %s", topic, partition, publisher.name, why)
+        else:
+            log.warning("produce to %s-%d: dropping ring %s: %s", topic, partition, publisher.name, why)
         for batch in publisher.abandon_in_flight():
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer failed the ring")
         name = publisher.name
@@ -435,7 +482,7 @@ class Produce:
                     self._answer(batch, code, _COMMIT_ERRORS.get(code))
                 batch.done = True
         for key, publisher in list(self._publishers.items()):
-            if not publisher.in_flight:
+            if not publisher.in_flight and not publisher.completed:
                 continue
             try:
                 publisher.poll()
@@ -496,6 +543,35 @@ class Produce:
             complete = False
         return complete
 
+    # -- letting go of idle rings ----------------------------------------------------------------------------
+
+    def next_timer_ms(self) -> float | None:
+        """When :meth:`tick` next has work (monotonic ms, as ``time.monotonic() * 1000``); None: no ring
+        is held, no timer."""
+        return self._next_check_ms
+
+    def tick(self, now_ms: float) -> None:
+        """Let go of the rings of deleted partitions and of those idle for ``appliance.ring.idle.ms``
+        (nothing in flight, no batch published meanwhile); plan the next look.  Cheap when not due."""
+        if self._next_check_ms is None or now_ms < self._next_check_ms:
+            return
+        self._check_session()
+        busy = {b.handle for held in self._held for b in held.batches if not b.done}
+        next_ms: float | None = None
+        for key, publisher in list(self._publishers.items()):
+            handle = self._served_by.get(key)
+            if handle is None or handle.closed:
+                self._drop_publisher(*key, "its partition was deleted", detach=False)
+                continue
+            due_ms = self._last_used_ms.get(key, now_ms) + self._idle_ms
+            if now_ms >= due_ms and not publisher.in_flight and not publisher.completed \
+                    and not publisher.growing and handle not in busy:
+                self._drop_publisher(*key, f"no produce traffic for {self._idle_ms:.0f} ms")
+                continue
+            due_ms = max(due_ms, now_ms + 1)
+            next_ms = due_ms if next_ms is None else min(next_ms, due_ms)
+        self._next_check_ms = next_ms
+
     def _response(self, held: _Held) -> ProduceResponse:
         return ProduceResponse(
             responses=[
@@ -507,3 +583,7 @@ class Produce:
         for publisher in self._publishers.values():
             publisher.close()
         self._publishers.clear()
+        self._served_by.clear()
+        self._last_used_ms.clear()
+        self._unused.clear()
+        self._next_check_ms = None

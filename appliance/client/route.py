@@ -23,8 +23,8 @@ import numpy as np
 
 from appliance.client.commit_channel import CommittedChannel
 from ipc.control import Attachment, ControlClient, ControlError
-from ipc.ring import RingFailedError, warm_up
-from ipc.ring_publisher import RingPublisher
+from ipc.ring import RingFailedError, RingNames, warm_up
+from ipc.ring_publisher import RingGrowth, RingPublisher
 from ipc.state_page import StatePage
 from storage.errors import ApplianceError, UnknownTopicOrPartitionError
 
@@ -154,6 +154,7 @@ class LocalRoute:
                 max_block_ms=max_block_ms,
                 track_acks=track_acks,
                 max_in_flight=max_in_flight,
+                growth=self._growth(topic, partition, producer_id, attachment),
             )
             if acks != -1:
                 return publisher
@@ -166,6 +167,20 @@ class LocalRoute:
         except BaseException:
             self.client.detach(attachment.ring)
             raise
+
+    def _growth(self, topic: str, partition: int, producer_id: int, attachment: Attachment) -> RingGrowth:
+        """How the partition's ring grows: a larger ring attached through this route's (current) control
+        connection, the old one detached through it (``ipc.ring_publisher``, "Growing")."""
+
+        def attach(capacity_bytes: int) -> RingNames:
+            client = self.client
+            return client.attach(topic, partition, producer_id=producer_id, ring_bytes=capacity_bytes).names
+
+        def release(ring: str) -> None:
+            if not self.client.closed:
+                self.client.detach(ring)
+
+        return RingGrowth(attach, release, attachment.ring_bytes_max or attachment.ring_bytes)
 
     def _attach(self, topic: str, partition: int, producer_id: int) -> Attachment:
         """The partition's ring: attached ahead earlier, or now with up to :data:`ATTACH_AHEAD` more."""

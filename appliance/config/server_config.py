@@ -193,6 +193,8 @@ class Config:
     replica_fetch_backoff_ms: int
     replica_socket_timeout_ms: int
     ring_bytes: int
+    ring_initial_bytes: int
+    ring_idle_ms: int
     shm_group: str | None
     control_socket: str
     unix_listener: str | None

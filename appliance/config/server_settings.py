@@ -242,7 +242,12 @@ SETTINGS: Final = SettingTable((
        "a follower gives up on a leader's answer after this (plus replica.fetch.wait.max.ms) and reconnects"),
     # --- the appliance's own settings
     _s("appliance.ring.bytes", "ring_bytes", 16 * 1024 * 1024, _ring_bytes,
-       "capacity of each producer ring (shared memory per producer and partition)"),
+       "largest capacity a producer ring grows to (shared memory per producer and partition)"),
+    _s("appliance.ring.initial.bytes", "ring_initial_bytes", 256 * 1024, _ring_bytes,
+       "capacity a producer ring starts with; it doubles, up to appliance.ring.bytes, when a producer "
+       "waits for room or has a larger frame"),
+    _s("appliance.ring.idle.ms", "ring_idle_ms", 30_000, integer(0, INT_MAX),
+       "the broker lets go of a partition's ring after this long without produce traffic to it"),
     _s("appliance.shm.group", "shm_group", "", _group,
        "group given access to shared memory and local sockets (mode 0660); unset: owner only (0600)"),
     _s("appliance.control.socket", "control_socket", DERIVED, _derivable(_path),

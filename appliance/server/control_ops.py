@@ -46,7 +46,7 @@ from appliance.server.topic_changes import Done, TopicChanges
 from ipc.control import error_response, ok_response
 from ipc.control_server import CloseConnection, ServerConnection
 from ipc.kafka.errors import ErrorCode
-from ipc.ring_layout import DEFAULT_ACK_SLOTS
+from ipc.ring_layout import HEADER_BYTES, ack_slots_for
 from ipc.shm import ShmNames
 from ipc.state_page import StatePage, monotonic_ms
 from storage.errors import ApplianceError, TopicExistsError, UnknownTopicOrPartitionError
@@ -230,7 +230,10 @@ class ControlOps:
             return error_response(ErrorCode.KAFKA_STORAGE_ERROR,
                                   f"partition {part.name} is offline: {part.offline}", offline=True)
         producer_id = message.get("producer_id", -1)
-        record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1)
+        capacity = _ring_capacity(message.get("ring_bytes"), self.config.ring_initial_bytes,
+                                  self.config.ring_bytes)
+        record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1,
+                                   capacity)
         _log.debug("pid %d attached ring %s (producer id %s)", connection.peer_pid, record.names.ring,
                    producer_id)  # fmt: skip
         names = record.names
@@ -242,8 +245,9 @@ class ControlOps:
             space=names.space,
             doorbell=names.doorbell,
             state_page=part.page.name,
-            ring_bytes=self.config.ring_bytes,
-            ack_slots=DEFAULT_ACK_SLOTS,
+            ring_bytes=capacity,
+            ring_bytes_max=self.config.ring_bytes,
+            ack_slots=ack_slots_for(capacity),
             max_message_bytes=part.spec.log_config.max_message_bytes,
         )
 
@@ -461,3 +465,12 @@ def _error_reply(op: object, exc: BaseException | None, message: Mapping[str, An
     # a bug must cost one request, not the appliance
     _log.error("op %s failed unexpectedly (request %.200r)", op, message, exc_info=exc)
     return error_response(ErrorCode.UNKNOWN_SERVER_ERROR, f"op {op} failed: {exc!r}")
+
+
+def _ring_capacity(requested: object, initial_bytes: int, max_bytes: int) -> int:
+    """The capacity of a ring ``attach`` creates: the one asked for (``ring_bytes``, a producer growing its
+    ring), else ``appliance.ring.initial.bytes``; rounded up to a page, at most ``appliance.ring.bytes``."""
+    if not isinstance(requested, int) or isinstance(requested, bool) or requested <= 0:
+        requested = initial_bytes
+    pages = -(-requested // HEADER_BYTES)
+    return min(max(pages * HEADER_BYTES, initial_bytes), max_bytes)

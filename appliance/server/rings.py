@@ -2,9 +2,11 @@
 
 A ring's life (``ipc.control``, "Lifetime of a ring")::
 
-    attach     the ring is created (named after the partition and a session number unique in this run),
-               recorded under its partition and its control connection, and handed to the partition's
-               writer ({"op": "attach", ...}); a restarted writer is handed every ring of its partition again
+    attach     the ring is created (named after the partition and a session number unique in this run; its
+               capacity the one asked for, within appliance.ring.initial.bytes..appliance.ring.bytes: a
+               producer starts small and attaches a larger ring to grow, ``ipc.ring_publisher``), recorded
+               under its partition and its control connection, and handed to the partition's writer
+               ({"op": "attach", ...}); a restarted writer is handed every ring of its partition again
     detach     (the op, or its connection closed) the ring is marked detaching and the writer is told
                ({"op": "detach", ...}): it drains what was published, then reports {"op": "detached"}
     detached   the ring is forgotten and unlinked
@@ -21,6 +23,7 @@ import logging
 
 from appliance.server.partitions import Partition, RingRecord
 from ipc.ring import RingNames, create_ring, unlink_ring
+from ipc.ring_layout import ack_slots_for
 from ipc.shm import Permissions, ShmNames
 
 __all__ = ["RingTable"]
@@ -34,7 +37,7 @@ class RingTable:
     def __init__(self, names: ShmNames, permissions: Permissions, ring_bytes: int) -> None:
         self.names = names
         self.permissions = permissions
-        self.ring_bytes = ring_bytes
+        self.ring_bytes = ring_bytes  # the largest capacity a ring gets (appliance.ring.bytes)
         self._records: dict[str, RingRecord] = {}
         self._last_session = 0
 
@@ -48,12 +51,16 @@ class RingTable:
         """The rings attached through control connection ``connection``."""
         return [record for record in self._records.values() if record.connection == connection]
 
-    def attach(self, part: Partition, connection: int, producer_id: int) -> RingRecord:
-        """Create a ring on ``part`` for a producer on ``connection`` and hand it to the writer."""
+    def attach(self, part: Partition, connection: int, producer_id: int,
+               capacity_bytes: int | None = None) -> RingRecord:
+        """Create a ring of ``capacity_bytes`` (default and at most :attr:`ring_bytes`) on ``part`` for a
+        producer on ``connection`` and hand it to the writer."""
+        capacity = min(capacity_bytes or self.ring_bytes, self.ring_bytes)
         self._last_session += 1
         session = self._last_session
         names = RingNames.for_producer(self.names, part.topic, part.partition, session)
-        create_ring(names, capacity_bytes=self.ring_bytes, permissions=self.permissions)
+        create_ring(names, capacity_bytes=capacity, ack_slots=ack_slots_for(capacity),
+                    permissions=self.permissions)
         record = RingRecord(names, part.topic, part.partition, session, connection, producer_id)
         part.rings[names.ring] = record
         self._records[names.ring] = record

@@ -219,7 +219,7 @@ class RawProducer:
     """An idempotent producer on one partition: one batch per frame, sequences counted per record."""
 
     def __init__(self, client: ControlClient, topic: str, partition: int, *, producer_id: int | None = None,
-                 max_block_ms: int = 10_000) -> None:  # fmt: skip
+                 max_block_ms: int = 10_000, ring_bytes: int | None = None) -> None:  # fmt: skip
         self.client = client
         self.topic = topic
         self.partition = partition
@@ -228,7 +228,8 @@ class RawProducer:
         self.producer_id = producer_id
         self.max_block_ms = max_block_ms
         self.next_sequence = 0
-        self.attachment: Attachment = client.attach(topic, partition, producer_id=producer_id)
+        self.attachment: Attachment = client.attach(topic, partition, producer_id=producer_id,
+                                                    ring_bytes=ring_bytes)
         self.ring: RingProducer = self.attachment.open(max_block_ms=max_block_ms)
         self.in_flight: dict[int, tuple[int, bytes]] = {}  # frame seq -> (batch sequence, batch bytes)
         self.acked: dict[int, int] = {}  # batch sequence -> ack result

@@ -61,7 +61,8 @@ def test_defaults_with_no_file_are_kafkas(in_tmp: pathlib.Path) -> None:
         "flush_messages": 2**63 - 1, "flush_ms": 2**63 - 1, "socket_request_max_bytes": 104857600,
         "min_insync_replicas": 1, "replica_lag_time_max_ms": 30000, "auto_create_topics_enable": True,
         "delete_topic_enable": True, "max_message_bytes": 1048588, "message_timestamp_type": "CreateTime",
-        "cleanup_policy": ("delete",), "ring_bytes": 16 * 1024 * 1024, "shm_group": None, "shm_gid": None,
+        "cleanup_policy": ("delete",), "ring_bytes": 16 * 1024 * 1024, "ring_initial_bytes": 256 * 1024,
+        "ring_idle_ms": 30_000, "shm_group": None, "shm_gid": None,
         "replica_dirs": (), "replica_leader": None, "cluster_secret_file": None, "log_level": "INFO",
         "test_faults": (),
     }
@@ -173,7 +174,7 @@ def test_missing_and_unreadable_files(tmp_path: pathlib.Path) -> None:
         ("segment.byte", "segment.bytes"),
         ("num.partition", "num.partitions"),
         ("listener", "listeners"),
-        ("appliance.ring.size", "appliance.ring.bytes"),
+        ("appliance.ring.byte", "appliance.ring.bytes"),
         ("auto.create.topic.enable", "auto.create.topics.enable"),
     ],
 )

@@ -98,7 +98,7 @@ def test_produce_through_a_ring_refuse_bad_input_and_run_control_ops(appliances:
     assert metadata.shm_prefix == serve.names.prefix
 
     # produce through a ring attached via the control socket
-    producer = RawProducer(client, "events", 1)
+    producer = RawProducer(client, "events", 1, ring_bytes=16 << 20)  # a raw ring does not grow
     for i in range(20):
         producer.send([b"event %d" % i, b"more %d" % i])
     assert producer.ring.wait_acks(19, 5000)
