@@ -1,4 +1,6 @@
-"""``appliance bench produce|consume|e2e|replicate|partitions|recovery``: measure the appliance on this host.
+"""``appliance bench COMMAND``: measure the appliance on this host.
+
+Commands: produce, consume, e2e, replicate, partitions, partition-throughput, recovery.
 
 Modelled on Kafka's ``kafka-producer-perf-test`` and ``kafka-consumer-perf-test``::
 
@@ -9,7 +11,8 @@ Modelled on Kafka's ``kafka-producer-perf-test`` and ``kafka-consumer-perf-test`
     appliance bench consume --records 10000000 --transport tcp            # over the broker
     appliance bench e2e --throughput 100000 --seconds 5                    # produce-to-consume latency
     appliance bench replicate --records 2000000 --record-size 1024
-    appliance bench partitions --counts 1,4,16,64,256                      # throughput and memory
+    appliance bench partitions --counts 10,100,1000,5000 --idle-s 30      # what partitions cost
+    appliance bench partition-throughput --counts 1,4,16,64,256            # throughput and memory
     appliance bench recovery --segments 1,10,100,1000 --max-bytes 2GiB    # restart / recovery time
 
 Where: by default each run starts its own ``appliance serve`` in a fresh temporary directory and stops and
@@ -161,7 +164,17 @@ def _produce_commands(sub: Any) -> None:
 
 def _scaling_commands(sub: Any) -> None:
     """The cost-growth commands (``bench.scaling``): partitions, recovery."""
-    s = sub.add_parser("partitions", help="throughput and memory as the partition count grows")
+    c = sub.add_parser("partitions", help="create time, idle CPU, PSS, /dev/shm, first produce, throughput "
+                       "ratio per partition count (bench.partition_costs)")
+    c.add_argument("--counts", type=_int_list, default=[10, 100, 1000, 5000], help="partition counts")
+    c.add_argument("--idle-s", type=float, default=30.0, help="seconds of idle CPU measured (30)")
+    c.add_argument("--records", type=_count, default=100_000, help="records of each throughput run (100,000)")
+    c.add_argument("--record-size", type=parse_size, default=100)
+    c.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the appliance started for each count (repeat)")
+    c.add_argument("--json", metavar="FILE")
+
+    s = sub.add_parser("partition-throughput", help="throughput and memory as the partition count grows")
     s.add_argument("--counts", type=_int_list, default=[1, 4, 16, 64, 256], help="partition counts")
     s.add_argument("--records", type=_count, default=1_000_000, help="records per count (1,000,000)")
     s.add_argument("--record-size", type=parse_size, default=100)
@@ -250,6 +263,13 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _partitions(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.partition_costs import run_partition_costs
+
+    return run_partition_costs(args.counts, idle_s=args.idle_s, records=args.records,
+                               record_size=args.record_size, overrides=args.override)
+
+
+def _partition_throughput(args: argparse.Namespace) -> dict[str, Any]:
     from bench.scaling import run_partitions
 
     return run_partitions(args.counts, records=args.records, record_size=args.record_size, api=args.api,
@@ -266,7 +286,7 @@ def _recovery(args: argparse.Namespace) -> dict[str, Any]:
 
 _RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "produce": _produce, "consume": _consume, "e2e": _e2e, "replicate": _replicate,
-    "partitions": _partitions, "recovery": _recovery,
+    "partitions": _partitions, "partition-throughput": _partition_throughput, "recovery": _recovery,
 }
 
 

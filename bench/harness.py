@@ -291,7 +291,7 @@ class Appliance:
     def memory(self) -> dict[str, Any]:
         """Unique memory (USS) of the supervisor and its children, by role, in bytes."""
         with self.client() as client:
-            status = client.status()
+            status = client.status(memory=True)
         by_role: dict[str, int] = {}
         counts: dict[str, int] = {}
         for child in status.get("children", []):

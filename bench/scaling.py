@@ -1,14 +1,16 @@
-"""How cost grows: ``appliance bench partitions`` and ``appliance bench recovery``.
+"""How cost grows: ``appliance bench partition-throughput`` and ``appliance bench recovery``.
 
-**Partitions** (``--counts 1,4,16,64,256``): for each count a fresh ``appliance serve`` with one topic of that
-many partitions (one writer process each), one producer sending ``--records`` records through ``send_many``
-(null keys: sticky partitioning, a new partition per batch).  ``batch.size`` is cut so that every partition
-gets several batches (total bytes / (4 x partitions), between 16 KiB and 1 MiB): a run that touches only a few
-partitions would measure nothing about the rest.  Reported per count: records/s, MB/s, the time
+(What an idle or a first-used partition costs is ``appliance bench partitions``: ``bench.partition_costs``.)
+
+**Partition throughput** (``--counts 1,4,16,64,256``): for each count a fresh ``appliance serve`` with one
+topic of that many partitions (one writer process each), one producer sending ``--records`` records through
+``send_many`` (null keys: sticky partitioning, a new partition per batch). ``batch.size`` is cut so that every
+partition gets several batches (total bytes / (4 x partitions), between 16 KiB and 1 MiB): a run that touches
+only a few partitions would measure nothing about the rest. Reported per count: records/s, MB/s, the time
 ``appliance serve`` took to become ready, and unique memory (USS, the ``Private_*`` lines of
-``/proc/PID/smaps_rollup``) of the supervisor and of all writers together, idle after start and after the
-run.  Pages shared copy-on-write with the supervisor (code, numba kernels) are not counted: that is the point
-of forking the writers after the imports.
+``/proc/PID/smaps_rollup``) of the supervisor and of all writers together, idle after start and after the run.
+Pages shared copy-on-write with the supervisor (code, numba kernels) are not counted: that is the point of
+forking the writers after the imports.
 
 **Recovery** (``--segments 1,10,100,1000``, ``--max-bytes 2GiB``; ``--large``: 10 GiB): the segment size
 is ``max-bytes / max(segments)``, so the log grows to ``max-bytes`` at the largest count.  For each count: a

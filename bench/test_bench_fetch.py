@@ -93,8 +93,20 @@ class _Topics:
     def create_topic(self, *args: Any) -> TopicMeta:
         raise ClusterError("the benchmark creates no topics", ErrorCode.POLICY_VIOLATION)
 
-    def delete_topic(self, name: str) -> None:
-        raise ClusterError("the benchmark deletes no topics", ErrorCode.POLICY_VIOLATION)
+    def submit(self, change: Any) -> None:
+        change.finish(ClusterError("the benchmark changes no topics", ErrorCode.POLICY_VIOLATION))
+
+    def withdraw(self, change: Any) -> None:
+        pass
+
+    def selectable(self) -> None:
+        return None
+
+    def poll(self, now_s: float) -> None:
+        pass
+
+    def next_timer_s(self) -> None:
+        return None
 
     def init_producer_id(self) -> tuple[int, int]:
         raise ClusterError("no producer ids here", ErrorCode.POLICY_VIOLATION)

@@ -34,7 +34,8 @@ Ops (fields; the reply's fields):
 ``attach_many``      ``partitions`` (a list of pairs            ``results``: one ``attach`` reply (or error
                      [topic, partition]), ``producer_id``       reply) per partition, in order
 ``detach``           ``ring``                                   (nothing)
-``status``           (none)                                     supervisor pid, uptime, every child
+``status``           ``memory`` (bool, opt.: measure every      supervisor pid, uptime, every child (its
+                     child's memory now)                        unique memory, ``uss_age_s`` old)
 ``replica_status``   (none)                                     ``role`` ("leader" or "replica"),
                                                                 ``node_id``, ``partitions`` (replication
                                                                 state; see ``appliance.cli.replica``)
@@ -539,9 +540,10 @@ class ControlClient:
         name = ring.ring if isinstance(ring, Attachment) else ring
         self.request({"op": "detach", "ring": name})
 
-    def status(self) -> dict[str, Any]:
-        """The supervisor's view: pid, uptime, and every child (role, pid, restarts, unique memory)."""
-        return self.request({"op": "status"})
+    def status(self, *, memory: bool = False) -> dict[str, Any]:
+        """The supervisor's view: pid, uptime, and every child (role, pid, restarts, unique memory as last
+        measured, ``uss_age_s`` ago; ``memory=True``: measured now, milliseconds per child)."""
+        return self.request({"op": "status", "memory": True} if memory else {"op": "status"})
 
     # -- plumbing ------------------------------------------------------------------------------------------
 

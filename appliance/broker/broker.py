@@ -11,15 +11,24 @@ rings (``appliance.broker.produce``), and asks the supervisor about topics and p
 **Why one thread and selectors.**  On a 2-core machine the work that matters -- moving record bytes --
 happens in the kernel (``sendfile``), so the broker's Python only decides *what* to send.  One epoll loop
 over non-blocking sockets keeps that decision cheap: no thread switches, no locks, no asyncio task objects
-per request.  Nothing in the loop blocks except control-socket calls to the supervisor (creating and deleting
-topics, producer ids, metadata refreshes), which are rare and short.
+per request.  Nothing in the loop blocks except short control-socket calls to the supervisor (producer ids,
+metadata refreshes, attaching rings), which are rare.  Creating and deleting topics can take the supervisor
+seconds: those requests are held (``appliance.broker.topic_requests``) and their answers read from the loop.
 
 **A turn of the loop.**  ``select`` returns ready sockets: a listener accepts new connections; a connection
 is read (one ``recv``), its complete frames are handled in order while it may handle more (see
 ``appliance.broker.connection``: one parked request at a time per connection, back-pressure on unsent
 bytes), and its queued response bytes are sent when it is writable.  Then held requests are polled: Fetch
-requests waiting for records (``appliance.broker.fetch_session``) and Produce requests waiting for the
-partition writer's acknowledgement.
+requests waiting for records (``appliance.broker.fetch_session``), Produce requests waiting for the
+partition writer's acknowledgement, and CreateTopics / DeleteTopics requests waiting for the supervisor.
+
+**Waiting for the supervisor.**  Topic changes go to the supervisor over a control connection of their own
+(``appliance.broker.control_cluster``) whose socket is in the selector (``Cluster.selectable``, swapped when
+it is reopened): when it is readable, or when the cluster's timer is due (reopening a lost connection with
+back-off), the loop calls ``Cluster.poll``, which finishes the changes answered; then the held topic requests
+whose changes are all answered, or whose ``timeout_ms`` ran out, are answered.  Their connections are parked
+meanwhile (nothing behind such a request is handled, as Kafka mutes a connection with a request in
+progress); every other connection is served.
 
 **Waking on the writers' news.**  The offsets a held request waits for live in the partition state pages,
 written by the partition writers (and, for replicated partitions, by this loop).  The supervisor hands every
@@ -32,8 +41,9 @@ No wake-up is lost: a writer publishes, then adds; the broker drains the counter
 selector) before the turn's re-checks.  So a round added before the drain is seen by the re-check, and one
 added after it leaves the counter non-zero -- readable at the next ``select``, or as soon as the eventfd is
 put back in the selector.
-So between events the loop sleeps until the nearest of: a held fetch's ``max_wait_ms`` deadline, the next
-ISR check (``LeaderReplication.next_timer_ms``), and :data:`FALLBACK_TICK_MS` -- a conservative re-check so
+So between events the loop sleeps until the nearest of: a held fetch's ``max_wait_ms`` deadline, a held
+topic request's deadline, the cluster's timer, the next ISR check (``LeaderReplication.next_timer_ms``), and
+:data:`FALLBACK_TICK_MS` -- a conservative re-check so
 that a wake-up missed by a bug can only delay, never stall, an answer.  Two cases still poll every
 :data:`~appliance.broker.fetch_session.POLL_INTERVAL_MS`: a held Produce request (ring acks, acks=all commits
 and their timeouts; short-lived), and a broker built without the eventfd (``wake_fd=-1``, a broker run outside
@@ -79,6 +89,7 @@ from appliance.broker.listeners import Listeners, Listening
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
 from appliance.broker.replication import LeaderReplication
+from appliance.broker.topic_requests import TopicRequests
 from appliance.config.cluster_id import legacy_cluster_id, read_cluster_id
 from appliance.config.server_config import Config
 from ipc.kafka import (
@@ -114,6 +125,7 @@ log = logging.getLogger("appliance.broker")
 SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent responses may still finish
 FALLBACK_TICK_MS = 100  # longest sleep while a fetch is held or a replicated partition led (module docstring)
 _WRITERS = "writers"  # selector data of the writers' wake-up eventfd
+_CONTROL = "control"  # selector data of the cluster's socket (answers to topic changes)
 
 
 class Broker:
@@ -148,6 +160,8 @@ class Broker:
                                  replication=self.replication)
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
         self.fetches = FetchWaiters()
+        self.topic_requests = TopicRequests(self.ctx)
+        self._control_watched: Any = None  # the cluster's selectable now in the selector
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, Connection] = {}
         self._scratch = memoryview(bytearray(1 << 20))
@@ -202,12 +216,14 @@ class Broker:
         interested = bool(self.fetches.waiting or len(self.replication))
         if self._writers_fd >= 0:
             self._watch_writers(interested)
+        self._watch_control()
         if self.produce.pending or (interested and self._writers_fd < 0):
             return POLL_INTERVAL_MS / 1000.0
         now_s = time.monotonic()
-        timeout_s: float | None = None
+        timeout_s = self._control_timeout_s(now_s)
         if interested:
-            timeout_s = FALLBACK_TICK_MS / 1000.0
+            tick_s = FALLBACK_TICK_MS / 1000.0
+            timeout_s = tick_s if timeout_s is None else min(timeout_s, tick_s)
             deadline_ms = self.fetches.next_deadline_ms()
             if deadline_ms is not None:
                 timeout_s = min(timeout_s, deadline_ms / 1000.0 - now_s)
@@ -234,10 +250,42 @@ class Broker:
             self._selector.unregister(self._writers_fd)
         self._writers_watched = interested
 
+    def _watch_control(self) -> None:
+        """Keep the cluster's socket (answers to topic changes) in the selector, swapped after a reconnect."""
+        current = self.ctx.cluster.selectable()
+        if current is self._control_watched:
+            return
+        if self._control_watched is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self._control_watched)  # closed: found by identity
+        if current is not None:
+            self._selector.register(current, selectors.EVENT_READ, _CONTROL)
+        self._control_watched = current
+
+    def _control_timeout_s(self, now_s: float) -> float | None:
+        """Until the cluster's timer or the first held topic request's deadline, whichever is first."""
+        timer_s = self.ctx.cluster.next_timer_s()
+        due_s = [] if timer_s is None else [timer_s]
+        deadline_ms = self.topic_requests.next_deadline_ms()
+        if deadline_ms is not None:
+            due_s.append(deadline_ms / 1000.0)
+        return max(0.0, min(due_s) - now_s) if due_s else None
+
+    def _poll_control(self, readable: bool) -> None:
+        """Read the supervisor's answers, run the cluster's timer when due; answer the topic requests done."""
+        now_s = time.monotonic()
+        timer_s = self.ctx.cluster.next_timer_s()
+        if readable or (timer_s is not None and now_s >= timer_s):
+            self.ctx.cluster.poll(now_s)
+        if self.topic_requests.pending:
+            for conn, header, body in self.topic_requests.poll(now_s * 1000):
+                self._finish_held(conn, header, body, unpark=True)
+
     def _turn(self, timeout_s: float | None) -> None:
         events = self._selector.select(timeout_s)
         if not self._stopping and (events or self.fetches.waiting or self.produce.pending):
             self.ctx.refresh_if_stale()  # topics deleted elsewhere end held requests and reads
+        control = False
         for key, mask in events:
             data = key.data
             if isinstance(data, Connection):
@@ -247,6 +295,8 @@ class Broker:
             elif data is _WRITERS:
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(self._writers_fd)  # the re-checks below run every turn
+            elif data is _CONTROL:
+                control = True
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
@@ -259,6 +309,7 @@ class Broker:
             for conn, header, body in self.produce.poll(time.monotonic() * 1000):
                 self._finish_held(conn, header, body)
         self.produce.tick(time.monotonic() * 1000)
+        self._poll_control(control)
 
     def _on_ready(self, conn: Connection, mask: int) -> None:
         try:
@@ -321,6 +372,9 @@ class Broker:
                 return
             if api_key == ApiKey.PRODUCE:
                 self._start_produce(conn, header, body)
+                return
+            if api_key in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS):
+                self._start_topic_request(conn, header, body)
                 return
             if api_key == ApiKey.SASL_HANDSHAKE:
                 code, mechanisms = self.sasl.handshake(header.api_version, body.mechanism)
@@ -419,6 +473,21 @@ class Broker:
         elif not outcome.held:
             conn.fill(slot, ())
 
+    def _start_topic_request(self, conn: Connection, header: RequestHeader, body: Any) -> None:
+        """CreateTopics / DeleteTopics: answered now, or held until the supervisor answers (docstring)."""
+        slot = conn.reserve()
+        now_ms = time.monotonic() * 1000
+        requests = self.topic_requests
+        response: Any
+        if header.api_key == ApiKey.CREATE_TOPICS:
+            response = requests.start_create(slot, header, body, now_ms)
+        else:
+            response = requests.start_delete(slot, header, body, now_ms)
+        if response is not None:
+            conn.fill(slot, encode_response_parts(header, response))
+            return
+        conn.parked = True  # the requests behind it wait for its answer, as in Kafka
+
     def _finish_held(self, slot: Any, header: Any, response: Any, *, unpark: bool = False) -> None:
         """Answer a held request into its slot, then go on with the frames its connection buffered."""
         assert isinstance(slot, ResponseSlot)
@@ -461,6 +530,7 @@ class Broker:
         for conn in list(self._connections.values()):
             self._close(conn, "broker stopping", level=logging.DEBUG)
         self.listeners.close()
+        self.topic_requests.close()
         self.produce.close()
         self.replication.close()
         self.table.close()

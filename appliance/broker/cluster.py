@@ -8,12 +8,22 @@ metadata quorum kept in ZooKeeper) without touching the request handlers.
 
 Errors: each call raises :class:`ClusterError` carrying the Kafka error code to answer with, and a message
 for the client (``error_message`` fields) and for the log.
+
+**Changes answered later.**  Creating a topic of a thousand partitions takes the owner seconds, and the
+broker serves every other client meanwhile: a :class:`TopicChange` is *submitted* (:meth:`Cluster.submit`)
+and finished when the owner's answer arrives.  The broker puts :meth:`Cluster.selectable` in its selector
+(readable: answers arrived) and calls :meth:`Cluster.poll` when it is readable or at
+:meth:`Cluster.next_timer_s`; ``poll`` finishes the changes answered.  A change the broker stops waiting
+for (its request's ``timeout_ms`` ran out) is withdrawn (:meth:`Cluster.withdraw`): its late answer is
+dropped.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from appliance.broker.partitions import TopicMeta
 from ipc.kafka import ErrorCode
@@ -22,7 +32,7 @@ from storage.errors import ApplianceError
 if TYPE_CHECKING:
     from ipc.control import Attachment
 
-__all__ = ["Cluster", "ClusterError"]
+__all__ = ["Cluster", "ClusterError", "TopicChange"]
 
 
 class ClusterError(ApplianceError):
@@ -31,6 +41,27 @@ class ClusterError(ApplianceError):
     def __init__(self, message: str, code: ErrorCode) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(eq=False)
+class TopicChange:
+    """A topic creation or deletion submitted to the metadata owner, finished when it answers.
+
+    ``timeout_ms`` is the Kafka request's own: for a creation, ``<= 0`` means "answer once it is recorded"
+    (Kafka's "do not wait").  Once :attr:`done`, :attr:`error` is None (it happened) or why not."""
+
+    op: Literal["create", "delete"]
+    name: str
+    timeout_ms: int
+    partitions: int | None = None  # create: None is num.partitions
+    replication_factor: int | None = None  # create: None is default.replication.factor
+    configs: Mapping[str, object] = field(default_factory=dict)  # create: the topic's overrides
+    done: bool = False
+    error: ClusterError | None = None
+
+    def finish(self, error: ClusterError | None = None) -> None:
+        """Mark it answered: done, or refused with ``error``."""
+        self.done, self.error = True, error
 
 
 class Cluster(Protocol):
@@ -58,10 +89,6 @@ class Cluster(Protocol):
         INVALID_REPLICATION_FACTOR, INVALID_CONFIG, ..."""
         ...
 
-    def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
-        """Delete a topic.  ClusterError: UNKNOWN_TOPIC_OR_PARTITION, TOPIC_DELETION_DISABLED, ..."""
-        ...
-
     def init_producer_id(self) -> tuple[int, int]:
         """A fresh (producer id, producer epoch) for an idempotent producer."""
         ...
@@ -77,6 +104,28 @@ class Cluster(Protocol):
 
     def detach(self, ring: str) -> None:
         """Have the writer drain ``ring``, then unlink it."""
+        ...
+
+    def submit(self, change: TopicChange) -> None:
+        """Send ``change`` to the owner without waiting; :meth:`poll` finishes it (or it is finished at once:
+        refused, or the owner cannot be reached)."""
+        ...
+
+    def withdraw(self, change: TopicChange) -> None:
+        """Stop waiting for ``change`` (its request timed out): its answer, when it comes, is dropped."""
+        ...
+
+    def selectable(self) -> socket.socket | None:
+        """What to put in the broker's selector: readable when answers to submitted changes arrive (None:
+        nothing now).  A new object after each reconnection: the broker swaps its registration."""
+        ...
+
+    def poll(self, now_s: float) -> None:
+        """Take the answers that arrived (never blocks) and run what is due (reopening a lost connection)."""
+        ...
+
+    def next_timer_s(self) -> float | None:
+        """When (``time.monotonic()`` seconds) :meth:`poll` is due though nothing is readable; None: never."""
         ...
 
     def close(self) -> None: ...

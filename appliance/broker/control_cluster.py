@@ -1,34 +1,41 @@
 """The broker's :class:`~appliance.broker.cluster.Cluster` over the supervisor's control socket.
 
-One :class:`~appliance.control.ControlClient` connection per broker process, opened at start and kept for
-the process's life.  It is also the broker's *producer session*: the rings the broker attaches for Produce
-requests (``appliance.broker.produce``) belong to this connection, so if the broker dies the supervisor has
-the writers drain what the broker published and unlinks the rings -- nothing published is lost, nothing
-unpublished is appended.
+Two connections per broker process.  The first, a blocking :class:`~ipc.control.ControlClient`, opened at
+start, is also the broker's *producer session*: the rings the broker attaches for Produce requests
+(``appliance.broker.produce``) belong to it, so if the broker dies the supervisor has the writers drain what
+the broker published and unlinks the rings -- nothing published is lost, nothing unpublished is appended.
+Its calls are blocking round trips on a Unix socket, made on cold paths only (metadata refresh, producer
+ids, attaching rings: the first Produce to many partitions attaches all their rings in one ``attach_many``),
+each waiting at most :data:`REQUEST_TIMEOUT_S`; one that runs out of time answers REQUEST_TIMED_OUT and its
+late reply is dropped by request id (``ipc.control``), so the connection stays usable.
 
-Calls are blocking request/response round trips on a Unix socket; the broker makes them on cold paths only
-(metadata refresh, topic creation and deletion, producer ids, attaching rings: the first Produce to many
-partitions attaches all their rings in one ``attach_many``).  A call waits :data:`REQUEST_TIMEOUT_S`, or for
-CreateTopics and DeleteTopics the request's ``timeout_ms``; a call that runs out of time answers
-REQUEST_TIMED_OUT and the operation goes on in the supervisor (its late reply is dropped by request id,
-``ipc.control``), so the connection stays usable.
+The second, a :class:`~appliance.broker.control_channel.ControlChannel`, carries topic creations and
+deletions (:meth:`ControlCluster.submit`), which can take the supervisor seconds: nothing waits for them;
+their replies are read from the broker's loop (:meth:`ControlCluster.poll`) and finish the
+:class:`~appliance.broker.cluster.TopicChange` they answer.  It is opened at the first change.
 
-**A lost connection comes back by itself.**  When the connection is found closed (the supervisor closed it,
-or it broke), the next call reconnects, at most every :data:`RECONNECT_MIN_S` doubling up to
-:data:`RECONNECT_MAX_S` while it fails.  Until it is back, calls fail with a retriable error, as Kafka
-answers when its controller or a leader is unavailable: REQUEST_TIMED_OUT for topic changes,
+**A lost connection comes back by itself.**  A connection found closed (the supervisor closed it, or it
+broke) is reopened on a timer: first :data:`RECONNECT_MIN_S` after it was found lost, doubling up to
+:data:`RECONNECT_MAX_S` while attempts fail (:meth:`ControlCluster.poll` returns when it is due, so the
+broker's loop wakes for it; a call made in between tries too if the back-off allows).  Until it is back,
+calls fail with a retriable error, as Kafka answers when its controller or a leader is unavailable:
+REQUEST_TIMED_OUT for topic changes (a change owed when its connection was lost too: it may have happened),
 LEADER_NOT_AVAILABLE for attaching a ring, COORDINATOR_NOT_AVAILABLE for producer ids; the broker keeps
-serving fetches and metadata from its last picture.  Each new connection is a new :attr:`session`: the
-rings of the old one were drained and unlinked by the supervisor, so the broker's Produce drops them.
+serving fetches and metadata from its last picture.  Each new first connection is a new :attr:`session`:
+the rings of the old one were drained and unlinked by the supervisor, so the broker's Produce drops them.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from appliance.broker.cluster import ClusterError
+from appliance.broker.cluster import ClusterError, TopicChange
+from appliance.broker.control_channel import ControlChannel
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import Config
 from ipc.control import Attachment, ControlClient, ControlError, TopicInfo
@@ -86,15 +93,37 @@ def _cluster_error(e: ApplianceError, what: str, down: ErrorCode) -> ClusterErro
     return ClusterError(f"{what}: {e}", code)
 
 
+@dataclass
+class _Backoff:
+    """When a lost connection may be tried again (module docstring)."""
+
+    retry_at_s: float | None = None  # None: not lost (or not known lost)
+    delay_s: float = RECONNECT_MIN_S
+
+    def lost(self, now_s: float) -> None:
+        """Found lost, or an attempt failed: the next attempt waits, longer each time."""
+        self.retry_at_s = now_s + self.delay_s
+        self.delay_s = min(self.delay_s * 2, RECONNECT_MAX_S)
+
+    def due(self, now_s: float) -> bool:
+        return self.retry_at_s is None or now_s >= self.retry_at_s
+
+    def back(self) -> None:
+        self.retry_at_s, self.delay_s = None, RECONNECT_MIN_S
+
+
 class ControlCluster:
-    """The supervisor, reached through a control connection (module docstring: timeouts, reconnecting)."""
+    """The supervisor, reached through two control connections (module docstring: which carries what,
+    timeouts, reconnecting)."""
 
     def __init__(self, client: ControlClient, reconnect: Callable[[], ControlClient] | None = None) -> None:
         self.client = client
-        self.session = 0  # numbers the connections: a new one after each reconnect
+        self.session = 0  # numbers the first connections: a new one after each reconnect
         self._reconnect = reconnect
-        self._retry_at_s = 0.0
-        self._backoff_s = RECONNECT_MIN_S
+        self._client_backoff = _Backoff()
+        self.channel: ControlChannel | None = None
+        self._channel_backoff = _Backoff()
+        self._owed: dict[TopicChange, int] = {}  # submitted changes -> their request id on the channel
 
     @classmethod
     def connect(
@@ -123,21 +152,104 @@ class ControlCluster:
         """The connection, reconnected if it was lost and the back-off allows; else ClusterError(down)."""
         if not self.client.closed:
             return self.client
-        now = time.monotonic()
-        if self._reconnect is None or now < self._retry_at_s:
+        if self._reconnect is None or not self._reconnect_client(time.monotonic()):
             raise ClusterError(f"{what}: the control connection to the supervisor is down; the broker "
                                "reconnects by itself: retry", down)  # fmt: skip
+        return self.client
+
+    def _reconnect_client(self, now_s: float) -> bool:
+        """Try to open a new first connection if the back-off allows; whether it is open now."""
+        backoff = self._client_backoff
+        if self._reconnect is None or not backoff.due(now_s):
+            return False
         try:
             client = self._reconnect()
         except (ApplianceError, OSError) as e:
-            self._retry_at_s = now + self._backoff_s
-            self._backoff_s = min(self._backoff_s * 2, RECONNECT_MAX_S)
-            raise ClusterError(f"{what}: cannot reconnect to the supervisor ({e}); retry", down) from None
+            backoff.lost(now_s)
+            log.warning("cannot reconnect to the supervisor (%s); trying again in %.1f s", e,
+                        (backoff.retry_at_s or now_s) - now_s)  # fmt: skip
+            return False
         self.client = client
         self.session += 1
-        self._backoff_s = RECONNECT_MIN_S
+        backoff.back()
         log.warning("control connection to the supervisor re-established (session %d)", self.session)
-        return client
+        return True
+
+    def _channel(self, now_s: float) -> ControlChannel | None:
+        """The second connection, opened (again) if it is not and the back-off allows; None if it cannot."""
+        if self.channel is not None and not self.channel.closed:
+            return self.channel
+        backoff = self._channel_backoff
+        if not backoff.due(now_s):
+            return None
+        lost_before = self.channel is not None
+        try:
+            self.channel = ControlChannel.connect(self.client.path)
+        except (ApplianceError, OSError) as e:
+            backoff.lost(now_s)
+            log.warning("cannot open a control connection for topic changes (%s); trying again in %.1f s", e,
+                        (backoff.retry_at_s or now_s) - now_s)  # fmt: skip
+            return None
+        backoff.back()
+        if lost_before:
+            log.warning("control connection to the supervisor re-established (topic changes)")
+        return self.channel
+
+    # -- topic changes, answered later --------------------------------------------------------------------
+
+    def submit(self, change: TopicChange) -> None:
+        """Send ``change`` over the second connection; :meth:`poll` finishes it (module docstring)."""
+        channel = self._channel(time.monotonic())
+        what, down = f"{change.op} topic {change.name!r}", ErrorCode.REQUEST_TIMED_OUT
+        if channel is None:
+            change.finish(ClusterError(f"{what}: the control connection to the supervisor is down; the "
+                                       "broker reconnects by itself: retry", down))  # fmt: skip
+            return
+
+        def answered(reply: dict[str, Any] | ApplianceError) -> None:
+            self._owed.pop(change, None)
+            change.finish(_as_cluster_error(reply, what, down) if isinstance(reply, ApplianceError) else None)
+
+        self._owed[change] = -1
+        request_id = channel.send(_change_request(change), answered)
+        if not change.done:
+            self._owed[change] = request_id
+        self._note_lost_channel()
+
+    def withdraw(self, change: TopicChange) -> None:
+        request_id = self._owed.pop(change, None)
+        if request_id is not None and self.channel is not None:
+            self.channel.forget(request_id)
+
+    def selectable(self) -> socket.socket | None:
+        channel = self.channel
+        return None if channel is None else channel.sock
+
+    def poll(self, now_s: float) -> None:
+        """Read the second connection's replies; reopen a lost connection when due (module docstring)."""
+        if self.channel is not None:
+            self.channel.read()
+            self._note_lost_channel(now_s)
+        if self.client.closed:
+            if self._client_backoff.retry_at_s is None:
+                self._client_backoff.lost(now_s)
+            self._reconnect_client(now_s)
+        if self.channel is not None and self.channel.closed and self._channel_backoff.due(now_s):
+            self._channel(now_s)
+
+    def next_timer_s(self) -> float | None:
+        """When a lost connection is to be reopened (0: now, it was just found lost); None: none is lost."""
+        due = []
+        if self.client.closed and self._reconnect is not None:
+            due.append(self._client_backoff.retry_at_s or 0.0)
+        if self.channel is not None and self.channel.closed:
+            due.append(self._channel_backoff.retry_at_s or 0.0)
+        return min(due, default=None)
+
+    def _note_lost_channel(self, now_s: float | None = None) -> None:
+        """Start the back-off when the second connection was just found lost."""
+        if self.channel is not None and self.channel.closed and self._channel_backoff.retry_at_s is None:
+            self._channel_backoff.lost(time.monotonic() if now_s is None else now_s)
 
     def topics(self) -> Mapping[str, TopicMeta]:
         down = ErrorCode.REQUEST_TIMED_OUT
@@ -169,14 +281,6 @@ class ControlCluster:
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
         return topic_meta(info)
-
-    def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
-        what, down = f"delete topic {name!r}", ErrorCode.REQUEST_TIMED_OUT
-        timeout_s = timeout_ms / 1000 if timeout_ms is not None and timeout_ms > 0 else None
-        try:
-            self._connected(what, down).delete_topic(name, timeout_s=timeout_s)
-        except ApplianceError as e:
-            raise _as_cluster_error(e, what, down) from None
 
     def init_producer_id(self) -> tuple[int, int]:
         down = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -212,6 +316,24 @@ class ControlCluster:
 
     def close(self) -> None:
         self.client.close()
+        if self.channel is not None:
+            self.channel.close()
+
+
+def _change_request(change: TopicChange) -> dict[str, Any]:
+    """The control request for a topic change (``ipc.control``'s ``create_topic`` / ``delete_topic``)."""
+    if change.op == "delete":
+        return {"op": "delete_topic", "topic": change.name}
+    request: dict[str, Any] = {"op": "create_topic", "topic": change.name}
+    if change.timeout_ms <= 0:
+        request["wait"] = False  # Kafka's "do not wait": answered once recorded
+    if change.partitions is not None:
+        request["partitions"] = change.partitions
+    if change.replication_factor is not None:
+        request["replication_factor"] = change.replication_factor
+    if change.configs:
+        request["configs"] = dict(change.configs)
+    return request
 
 
 def _as_cluster_error(e: ApplianceError, what: str, down: ErrorCode) -> ClusterError:

@@ -2,8 +2,8 @@
 
 Each handler is a plain function ``(ctx, header, request body) -> response body``: no sockets, no clocks,
 so the rules are readable in one place and the broker loop (``appliance.broker.broker``) only dispatches.
-Produce (``appliance.broker.produce``) and Fetch (``appliance.broker.fetch_session``) may have to wait and
-live apart.
+Produce (``appliance.broker.produce``), Fetch (``appliance.broker.fetch_session``), CreateTopics and
+DeleteTopics (``appliance.broker.topic_requests``) may have to wait and live apart.
 
 Conventions, as Kafka has them:
 
@@ -40,16 +40,10 @@ from appliance.broker import log_dirs
 from appliance.broker.cluster import Cluster, ClusterError
 from appliance.broker.partitions import PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker.replication import LeaderReplication
-from appliance.config.server_config import Config, check_new_topic_name, check_topic_name, parse_override
+from appliance.config.server_config import Config, check_new_topic_name, check_topic_name
 from ipc.kafka import (
     ApiKey,
     ApiVersionsResponse,
-    CreatableTopicResult,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DeletableTopicResult,
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
     EpochEndOffset,
     ErrorCode,
     FindCoordinatorResponse,
@@ -86,7 +80,7 @@ from ipc.kafka import (
 )
 from ipc.kafka.messages import DescribeLogDirsRequest, DescribeLogDirsResponse
 from replicas.leader_epochs import answer_offset_for_leader_epoch
-from storage.errors import ApplianceError, ConfigError
+from storage.errors import ApplianceError
 
 __all__ = ["HANDLERS", "BrokerContext", "Handler", "metadata"]
 
@@ -351,100 +345,6 @@ def _offset_for(handle: PartitionHandle, timestamp: int, follower: bool) -> tupl
     return found.offset, found.timestamp
 
 
-# -- CreateTopics / DeleteTopics -------------------------------------------------------------------------
-
-
-def create_topics(
-    ctx: BrokerContext, header: RequestHeader, body: CreateTopicsRequest
-) -> CreateTopicsResponse:
-    ctx.refresh_topics(soon=True)
-    counts: dict[str, int] = {}
-    for topic in body.topics:
-        counts[topic.name] = counts.get(topic.name, 0) + 1
-    results = []
-    for topic in body.topics:
-        code, message = _create_one(ctx, topic, counts[topic.name] > 1, body.validate_only, body.timeout_ms)
-        results.append(CreatableTopicResult(name=topic.name, error_code=code, error_message=message))
-    return CreateTopicsResponse(topics=results)
-
-
-def _create_one(
-    ctx: BrokerContext, topic: Any, duplicated: bool, validate_only: bool, timeout_ms: int
-) -> tuple[ErrorCode, str | None]:
-    name = topic.name
-    reason = check_new_topic_name(name)
-    if reason is not None:
-        return ErrorCode.INVALID_TOPIC_EXCEPTION, reason
-    if duplicated:
-        return ErrorCode.INVALID_REQUEST, f"topic {name!r} appears more than once in the request"
-    if topic.assignments:
-        return (
-            ErrorCode.INVALID_REQUEST,
-            "manual replica assignment is not supported; give partitions instead",
-        )
-    if topic.num_partitions == 0 or topic.num_partitions < -1:
-        return (
-            ErrorCode.INVALID_PARTITIONS,
-            f"number of partitions {topic.num_partitions}: must be at least 1",
-        )
-    if topic.replication_factor == 0 or topic.replication_factor < -1:
-        return (
-            ErrorCode.INVALID_REPLICATION_FACTOR,
-            f"replication factor {topic.replication_factor}: must be at least 1",
-        )
-    if name in ctx.table.topics:
-        return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
-    # CreateTopics carries every value as a string: read it as `--topic-config KEY=VALUE` is read
-    # (2048 an integer, true a boolean, anything else the text)
-    configs: dict[str, Any] = {
-        c.name: parse_override(f"{c.name}={c.value}")[1] for c in topic.configs if c.value is not None
-    }
-    partitions = None if topic.num_partitions == -1 else topic.num_partitions
-    replication = None if topic.replication_factor == -1 else topic.replication_factor
-    try:
-        overrides: dict[str, object] = dict(configs)
-        if partitions is not None:
-            overrides["partitions"] = partitions
-        if replication is not None:
-            overrides["replication.factor"] = replication
-        ctx.config.topic(name, overrides)
-    except ConfigError as e:
-        return ErrorCode.INVALID_CONFIG, str(e)
-    if validate_only:
-        return ErrorCode.NONE, None
-    try:
-        ctx.cluster.create_topic(name, partitions, replication, configs, timeout_ms=timeout_ms)
-    except ClusterError as e:
-        return e.code, str(e)
-    log.info("topic %r created by CreateTopics", name)
-    ctx.reload_topics()
-    return ErrorCode.NONE, None
-
-
-def delete_topics(
-    ctx: BrokerContext, header: RequestHeader, body: DeleteTopicsRequest
-) -> DeleteTopicsResponse:
-    ctx.refresh_topics(soon=True)
-    results = []
-    for name in body.topic_names:
-        code = ErrorCode.NONE
-        if check_topic_name(name) is not None:
-            code = ErrorCode.INVALID_TOPIC_EXCEPTION
-        elif not ctx.config.delete_topic_enable:
-            code = ErrorCode.TOPIC_DELETION_DISABLED
-        elif name not in ctx.table.topics:
-            code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        else:
-            try:
-                ctx.cluster.delete_topic(name, timeout_ms=body.timeout_ms)
-                log.info("topic %r deleted by DeleteTopics", name)
-            except ClusterError as e:
-                code = e.code
-        results.append(DeletableTopicResult(name=name, error_code=code))
-    ctx.reload_topics()
-    return DeleteTopicsResponse(responses=results)
-
-
 # -- InitProducerId --------------------------------------------------------------------------------------
 
 
@@ -574,13 +474,11 @@ def sasl_authenticate(ctx: BrokerContext, header: RequestHeader, body: Any) -> S
     )
 
 
-# Every API answered without waiting.  Produce and Fetch are dispatched by the broker loop itself; Metadata
-# is too (it needs the listener the request came through).
+# Every API answered without waiting.  Produce, Fetch, CreateTopics and DeleteTopics are dispatched by the
+# broker loop itself; Metadata is too (it needs the listener the request came through).
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: api_versions,
     ApiKey.LIST_OFFSETS: list_offsets,
-    ApiKey.CREATE_TOPICS: create_topics,
-    ApiKey.DELETE_TOPICS: delete_topics,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
     ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs,

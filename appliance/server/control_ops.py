@@ -24,6 +24,11 @@ Creating and deleting a topic are all-or-nothing (``appliance.server.topic_chang
 ``message`` (logged with its name); the other topics are answered in full.  Topics marked for deletion are
 not listed.
 
+Unique memory (``/proc/PID/smaps_rollup``) takes milliseconds a process to read: ``metadata`` and ``status``
+answer each writer's last measure and renew the stalest ones for at most :data:`_WRITER_MEMORY_BUDGET_S` a
+request, so their cost does not grow with the partition count; ``status`` with ``"memory": true`` measures
+every child now (what a benchmark wants).
+
 Producer ids of node N start at N << 40: a replica promoted to leader never hands out an id its former
 leader gave (the producer-ids file is per node).  Node ids must differ below 2**22.
 """
@@ -303,11 +308,23 @@ class ControlOps:
     # -- the node -----------------------------------------------------------------------------------------
 
     def _op_status(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Every child with its unique memory as last measured (``uss_age_s`` old): the stalest measures are
+        renewed for at most the request's budget, all of them with ``"memory": true`` (costs milliseconds per
+        child)."""
+        everyone = self.supervisor.children()
+        if message.get("memory") is True:
+            self._measure_until_s = float("inf")
+        for child in sorted(everyone, key=lambda c: c.uss_measured_s):
+            if time.monotonic() >= self._measure_until_s:
+                break
+            child.refresh_memory(0.0 if message.get("memory") is True else _WRITER_MEMORY_MAX_AGE_S)
+        now_s = time.monotonic()
         children = []
-        for child in self.supervisor.children():
+        for child in everyone:
             children.append({
                 "role": child.role, "name": child.name, "pid": child.pid, "restarts": child.restarts,
-                "uss_bytes": unique_memory_bytes(child.pid) if child.pid else 0,
+                "uss_bytes": child.uss_bytes if child.pid else 0,
+                "uss_age_s": round(now_s - child.uss_measured_s, 3) if child.uss_measured_s else None,
             })  # fmt: skip
         return ok_response(
             pid=os.getpid(),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from appliance.broker.broker import Broker
-from appliance.broker.cluster import ClusterError
+from appliance.broker.cluster import ClusterError, TopicChange
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import Config
 from ipc.kafka import (
@@ -111,10 +111,21 @@ class StaticCluster:
             f"topic {name!r}: this test's cluster creates no topics", ErrorCode.POLICY_VIOLATION
         )
 
-    def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
-        raise ClusterError(
-            f"topic {name!r}: this test's cluster deletes no topics", ErrorCode.POLICY_VIOLATION
-        )
+    def submit(self, change: TopicChange) -> None:
+        change.finish(ClusterError(f"topic {change.name!r}: this test's cluster changes no topics",
+                                   ErrorCode.POLICY_VIOLATION))  # fmt: skip
+
+    def withdraw(self, change: TopicChange) -> None:
+        pass
+
+    def selectable(self) -> None:
+        return None
+
+    def poll(self, now_s: float) -> None:
+        pass
+
+    def next_timer_s(self) -> None:
+        return None
 
     def init_producer_id(self) -> tuple[int, int]:
         return 4242, 0

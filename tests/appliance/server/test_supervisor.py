@@ -171,6 +171,8 @@ def test_produce_through_a_ring_refuse_bad_input_and_run_control_ops(appliances:
     assert status["pid"] == serve.pid
     assert len([child for child in status["children"] if child["role"] == "writer"]) == 4
     assert all(child["uss_bytes"] > 0 for child in status["children"])
+    fresh = client.status(memory=True)  # measured now, not as last measured
+    assert all(child["uss_bytes"] > 0 and child["uss_age_s"] < 1.0 for child in fresh["children"]), fresh
 
     # retention runs in the writers on their timer
     short = RawProducer(client, "short", 0)

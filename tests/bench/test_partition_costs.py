@@ -1,0 +1,38 @@
+"""``bench.partition_costs``' readings of ``/proc`` and ``/dev/shm`` on a real process tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from bench.partition_costs import idle_core_pct, tree_pids, tree_usage
+
+
+def test_the_tree_holds_every_descendant_and_its_memory() -> None:
+    grandchild = ("import subprocess, sys; "
+                  "subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])")
+    child = subprocess.Popen([sys.executable, "-c", grandchild])
+    name = f"la-test-costs-{uuid.uuid4().hex}"
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, 1 << 20)
+        for _ in range(500):
+            pids = tree_pids(os.getpid())
+            if len(pids) >= 3:
+                break
+            time.sleep(0.01)
+        assert os.getpid() in pids and child.pid in pids and len(pids) >= 3, pids
+        usage = tree_usage(child.pid, f"/{name}")
+        assert usage.processes == 2 and usage.pss_bytes > 0
+        assert usage.shm_bytes == 1 << 20  # allocated blocks, not the size
+        assert 0.0 <= idle_core_pct(child.pid, 0.2) < 100.0
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm/{name}")
+        for pid in tree_pids(child.pid)[1:]:
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()
