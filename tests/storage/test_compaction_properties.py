@@ -61,8 +61,10 @@ class CompactionMachine(RuleBasedStateMachine):
         assert self.log is not None
         return self.log
 
-    @rule(batch=records, codec=st.sampled_from([0, 0, 1, 2, 3, 4]), producer=st.sampled_from([None, 7001, 7002]))
-    def append(self, batch: list[tuple[bytes | None, bytes | None]], codec: int, producer: int | None) -> None:
+    @rule(batch=records, codec=st.sampled_from([0, 0, 1, 2, 3, 4]),
+          producer=st.sampled_from([None, 7001, 7002]))
+    def append(self, batch: list[tuple[bytes | None, bytes | None]], codec: int,
+               producer: int | None) -> None:
         keys = [k for k, _ in batch]
         values = [v for _, v in batch]
         self.clock += 1
@@ -95,7 +97,8 @@ class CompactionMachine(RuleBasedStateMachine):
         start = log.log_start_offset
         upper = start + round((log.log_end_offset - start) * fraction)
         before = first_dirty_offset(log)
-        result = clean_log(log, upper_bound=upper, now_ms=self.clock, dedupe_buffer_bytes=slots * BYTES_PER_ENTRY,
+        result = clean_log(log, upper_bound=upper, now_ms=self.clock,
+                           dedupe_buffer_bytes=slots * BYTES_PER_ENTRY,
                            delete_retention_ms=DELETE_RETENTION_MS)
         assert result.start_offset == before
         assert before <= result.end_offset <= max(before, min(upper, log.segments[-1].base_offset))
