@@ -124,7 +124,7 @@ def map_put(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint
     (its offset is then replaced: the dirty section is read in offset order).  The caller keeps the table
     below its load bound, so an empty slot is always found."""
     slots = offsets.shape[0]
-    slot = np.int64(h1 % np.uint64(slots))
+    slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
     while True:
         if offsets[slot] == _EMPTY:
             digests[slot, 0] = h1
@@ -143,7 +143,7 @@ def map_put(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint
 def map_get(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint64) -> int:
     """The latest offset recorded for the key whose digest is ``(h1, h2)``, or -1."""
     slots = offsets.shape[0]
-    slot = np.int64(h1 % np.uint64(slots))
+    slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
     while True:
         found = offsets[slot]
         if found == _EMPTY:
