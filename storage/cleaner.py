@@ -37,7 +37,8 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    Then the group is swapped in (``Log.swap_cleaned``, ``storage.clean_swap``).
 5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
 
-Memory: the offset map's arrays (the dedupe buffer), one batch's decompressed records and its rewrite, and
+Memory: the offset map's table (at most the dedupe buffer; smaller when the dirty section holds fewer
+records than the buffer holds keys), one batch's decompressed records and its rewrite, and
 the output buffered up to ``_OUT_CHUNK_BYTES`` before each write.  Segments are read through read-only
 mappings.
 """
@@ -61,6 +62,7 @@ from storage.batch_header import (
     LOG_OVERHEAD,
     MAGIC,
     PRODUCER_ID_OFFSET,
+    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_FLAG_MASK,
     BatchHeader,
@@ -146,9 +148,12 @@ def clean_log(log: Log, *, upper_bound: int, now_ms: int | None = None,
     closed = [s for s in infos if not s.is_active]
     bound = min(upper_bound, infos[-1].base_offset)
     start = first_dirty_offset(log)
-    omap = offset_map if offset_map is not None else OffsetMap(dedupe_buffer_bytes)
-    omap.clear(start)
     dirty = _dirty_segments(closed, start, bound)
+    if offset_map is None:
+        omap = OffsetMap(dedupe_buffer_bytes, max_keys=sum(_record_count(info) for info in dirty))
+    else:
+        omap = offset_map
+    omap.clear(start)
     for info in dirty:
         if not _index_segment(omap, info):
             break
@@ -277,8 +282,7 @@ def _index_segment(omap: OffsetMap, info: SegmentInfo) -> bool:
                 return False
             if not header.attributes & CONTROL_FLAG_MASK:
                 data, start, end = _records(mapped, position, header, info.path)
-                new = put_records(data, start, end, header.records_count, header.base_offset, omap.digests,
-                                  omap.offsets)
+                new = put_records(data, start, end, header.records_count, header.base_offset, omap.table)
                 if new == MALFORMED_RECORDS:
                     raise _malformed(info.path, position, header)
                 omap.size += new
@@ -306,9 +310,29 @@ def _producer_last_offsets(infos: Sequence[SegmentInfo]) -> dict[int, int]:
     return last
 
 
+def _field(array: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
+    """The header field at ``offset`` (of type ``dtype``, big-endian) of the batches at ``positions``."""
+    width = np.dtype(dtype).itemsize
+    at = positions[:, None] + (offset + np.arange(width))
+    return array[at].copy().view(dtype).reshape(-1)
+
+
 def _producer_ids(array: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    at = positions[:, None] + (PRODUCER_ID_OFFSET + np.arange(8))
-    return array[at].copy().view(">i8").reshape(-1)
+    return _field(array, positions, PRODUCER_ID_OFFSET, ">i8")
+
+
+def _record_count(info: SegmentInfo) -> int:
+    """The records in the segment's batches (from their headers): more than it can hold keys."""
+    total = 0
+    with _mapped(info.path) as mapped:
+        arrays = tuple(np.empty(_CAPACITY, np.int64) for _ in range(7))
+        position, end = 0, len(mapped.array)
+        while position < end:
+            count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
+            total += int(_field(mapped.array, arrays[0][:count], RECORDS_COUNT_OFFSET, ">i4").sum())
+            if code != 1:
+                break
+    return total
 
 
 # --- grouping and writing -----------------------------------------------------------------------------------
@@ -414,7 +438,7 @@ def _clean_batch(mapped: _Mapped, position: int, size: int, path: str, omap: Off
     data, start, end = _records(mapped, position, header, path)
     selection = Selection(*select_records(data, start, end, count, header.base_offset,
                                           header.base_timestamp, drop_tombstones, omap.end_offset,
-                                          omap.digests, omap.offsets, *marks))
+                                          omap.table, *marks))
     if selection.kept == MALFORMED_RECORDS:
         raise _malformed(path, position, header)
     set_horizon = selection.tombstones > 0 and not has_horizon

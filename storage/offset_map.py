@@ -11,9 +11,12 @@ this map does the same:
 * **the key digest** is MurmurHash3 x64 128 (:func:`key_hash`), computed in numba over the key's bytes
   where they lie (a mapped segment, or a decompressed records section).  Two keys collide only if all 128
   bits agree (about 2**-64 for a billion keys), and the map compares all 128;
-* **the table** is ``slots`` entries of 24 bytes (two ``uint64`` digest words, one ``int64`` offset;
-  ``-1`` marks an empty slot), ``slots = dedupe_buffer_bytes // 24``.  A slot is found by linear probing
-  from ``digest % slots`` (:func:`map_put`, :func:`map_get`: numba);
+* **the table** is ``slots`` rows of 24 bytes, one ``(slots, 3)`` ``uint64`` array: the two digest words and
+  the offset plus one (0 marks an empty slot, so a new table is all zeros and costs no writes); one row is
+  one cache access.  ``slots = dedupe_buffer_bytes // 24``, or fewer when the caller knows that fewer keys
+  can come (the records of the dirty section): a smaller table is faster to probe and the memory bound still
+  holds.  A slot is found by linear probing from ``digest % slots`` (:func:`map_put`, :func:`map_get`:
+  numba);
 * **the load bound**: at most ``0.9 * slots`` keys go in (Kafka's ``log.cleaner.io.buffer.load.factor``),
   so every probe ends at an empty slot soon.  The caller fills the map batch by batch and stops *before* a
   batch whose records could pass the bound (:attr:`OffsetMap.room`): the map then covers a prefix of the
@@ -47,7 +50,8 @@ BYTES_PER_ENTRY: Final = 24  # 16-byte key digest + 8-byte offset, as Kafka's Sk
 LOAD_FACTOR: Final = 0.9  # Kafka's log.cleaner.io.buffer.load.factor
 DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.dedupe.buffer.size
 MALFORMED_RECORDS: Final = -1  # put_records: a record's fields do not parse inside the records section
-_EMPTY: Final = -1  # offsets[slot] of an empty slot
+_EMPTY: Final = 0  # table[slot, 2] of an empty slot (it holds offset + 1)
+_ONE = np.uint64(1)
 
 _C1 = np.uint64(0x87C37B91114253D5)
 _C2 = np.uint64(0x4CF5AD432745937F)
@@ -119,20 +123,21 @@ def key_hash(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.u
 
 
 @numba.njit(cache=True, inline="always")
-def map_put(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint64, offset: int) -> int:
+def map_put(table: np.ndarray, h1: np.uint64, h2: np.uint64, offset: int) -> int:
     """Record ``offset`` for the key whose digest is ``(h1, h2)``: 1 if the key is new, 0 if it was there
     (its offset is then replaced: the dirty section is read in offset order).  The caller keeps the table
     below its load bound, so an empty slot is always found."""
-    slots = offsets.shape[0]
+    slots = table.shape[0]
     slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
+    stored = np.uint64(offset) + _ONE
     while True:
-        if offsets[slot] == _EMPTY:
-            digests[slot, 0] = h1
-            digests[slot, 1] = h2
-            offsets[slot] = offset
+        if table[slot, 2] == _EMPTY:
+            table[slot, 0] = h1
+            table[slot, 1] = h2
+            table[slot, 2] = stored
             return 1
-        if digests[slot, 0] == h1 and digests[slot, 1] == h2:
-            offsets[slot] = offset
+        if table[slot, 0] == h1 and table[slot, 1] == h2:
+            table[slot, 2] = stored
             return 0
         slot += 1
         if slot == slots:
@@ -140,16 +145,16 @@ def map_put(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint
 
 
 @numba.njit(cache=True, inline="always")
-def map_get(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint64) -> int:
+def map_get(table: np.ndarray, h1: np.uint64, h2: np.uint64) -> int:
     """The latest offset recorded for the key whose digest is ``(h1, h2)``, or -1."""
-    slots = offsets.shape[0]
+    slots = table.shape[0]
     slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
     while True:
-        found = offsets[slot]
-        if found == _EMPTY:
+        stored = table[slot, 2]
+        if stored == _EMPTY:
             return -1
-        if digests[slot, 0] == h1 and digests[slot, 1] == h2:
-            return found
+        if table[slot, 0] == h1 and table[slot, 1] == h2:
+            return np.int64(stored - _ONE)  # type: ignore[return-value]  # numba: an int64
         slot += 1
         if slot == slots:
             slot = 0
@@ -157,7 +162,7 @@ def map_get(digests: np.ndarray, offsets: np.ndarray, h1: np.uint64, h2: np.uint
 
 @numba.njit(cache=True)
 def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int,
-                digests: np.ndarray, offsets: np.ndarray) -> int:
+                table: np.ndarray) -> int:
     """Put the key of each of the ``count`` records in ``data[start:end]`` (a batch's records section) with
     its offset; returns the number of new keys, or :data:`MALFORMED_RECORDS`.  Records without a key are
     skipped (the clean drops them)."""
@@ -179,7 +184,7 @@ def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset:
             return MALFORMED_RECORDS
         if key_length >= 0:
             h1, h2 = key_hash(data, p, key_length)
-            new += map_put(digests, offsets, h1, h2, base_offset + offset_delta)
+            new += map_put(table, h1, h2, base_offset + offset_delta)
         at = record_end
     if at != end:
         return MALFORMED_RECORDS
@@ -187,19 +192,20 @@ def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset:
 
 
 class OffsetMap:
-    """The table (see the module docstring): ``digests`` ``(slots, 2)`` uint64 and ``offsets`` int64.
+    """The table (see the module docstring), ``(slots, 3)`` uint64.
 
-    ``size`` counts the keys in it; ``end_offset`` is the offset after the last batch put in (the map covers
-    ``[start_offset, end_offset)``).
+    ``size`` counts the keys in it; the map covers ``[start_offset, end_offset)``.  ``max_keys``: at most
+    that many keys will be put (the table is then smaller than the buffer allows).
     """
 
-    def __init__(self, dedupe_buffer_bytes: int) -> None:
+    def __init__(self, dedupe_buffer_bytes: int, *, max_keys: int | None = None) -> None:
         slots = dedupe_buffer_bytes // BYTES_PER_ENTRY
         if slots < 2:
             raise ValueError(f"log.cleaner.dedupe.buffer.size {dedupe_buffer_bytes} holds no key "
                              f"({BYTES_PER_ENTRY} bytes per key)")
-        self.digests = np.zeros((slots, 2), dtype=np.uint64)
-        self.offsets = np.full(slots, _EMPTY, dtype=np.int64)
+        if max_keys is not None:
+            slots = min(slots, max(2, int(max_keys / LOAD_FACTOR) + 2))
+        self.table = np.zeros((slots, 3), dtype=np.uint64)
         self.capacity = max(1, int(slots * LOAD_FACTOR))
         self.size = 0
         self.start_offset = -1
@@ -207,11 +213,11 @@ class OffsetMap:
 
     @property
     def slots(self) -> int:
-        return int(self.offsets.shape[0])
+        return int(self.table.shape[0])
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.digests.nbytes + self.offsets.nbytes)
+        return int(self.table.nbytes)
 
     @property
     def room(self) -> int:
@@ -220,7 +226,8 @@ class OffsetMap:
 
     def clear(self, start_offset: int) -> None:
         """Empty the map for a pass that starts at ``start_offset``."""
-        self.offsets.fill(_EMPTY)
+        if self.size:
+            self.table.fill(_EMPTY)
         self.size = 0
         self.start_offset = self.end_offset = start_offset
 
@@ -228,4 +235,4 @@ class OffsetMap:
         """The latest offset recorded for ``key``, or -1 (tests, tools; the clean looks up in numba)."""
         data = np.frombuffer(key, dtype=np.uint8)
         h1, h2 = key_hash(data, 0, len(key))
-        return int(map_get(self.digests, self.offsets, h1, h2))
+        return int(map_get(self.table, h1, h2))

@@ -63,8 +63,8 @@ class RecordMarks(NamedTuple):
 
 @numba.njit(cache=True)
 def select_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int,
-                   base_timestamp: int, drop_tombstones: bool, map_end: int, digests: np.ndarray,
-                   offsets: np.ndarray, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   base_timestamp: int, drop_tombstones: bool, map_end: int, table: np.ndarray,
+                   keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                    delta_ends: np.ndarray, deltas: np.ndarray) -> tuple[int, int, int, int]:
     """Mark the records of ``data[start:end]`` that survive (rules in the module docstring);
     ``drop_tombstones``: the batch's delete horizon has passed.  Returns ``Selection``'s fields."""
@@ -100,7 +100,7 @@ def select_records(data: np.ndarray, start: int, end: int, count: int, base_offs
                 keyless += 1
             else:
                 h1, h2 = key_hash(data, p, key_length)
-                survives = offset >= map_get(digests, offsets, h1, h2)
+                survives = offset >= map_get(table, h1, h2)
                 value_length, _ = read_varint(data, p + key_length, record_end)
                 tombstone = value_length < 0
                 if tombstone and drop_tombstones:

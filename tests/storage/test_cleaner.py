@@ -87,9 +87,10 @@ def test_offset_map_keeps_the_latest_offset_and_its_bound() -> None:
     assert (omap.slots, omap.capacity, omap.memory_bytes) == (10, 9, 10 * BYTES_PER_ENTRY)
     data = np.frombuffer(b"k1k2", np.uint8)
     h = key_hash(data, 0, 2)
-    assert map_put(omap.digests, omap.offsets, h[0], h[1], 5) == 1
-    assert map_put(omap.digests, omap.offsets, h[0], h[1], 9) == 0
-    assert map_get(omap.digests, omap.offsets, h[0], h[1]) == 9
+    assert map_put(omap.table, h[0], h[1], 5) == 1
+    assert map_put(omap.table, h[0], h[1], 9) == 0
+    assert map_get(omap.table, h[0], h[1]) == 9
+    assert OffsetMap(1 << 20, max_keys=90).slots == 102  # fewer keys to come: a smaller table
     assert omap.latest_offset(b"k1") == 9 and omap.latest_offset(b"k2") == -1
     with pytest.raises(ValueError, match=r"dedupe\.buffer\.size"):
         OffsetMap(BYTES_PER_ENTRY)
