@@ -693,6 +693,13 @@ class Log:
             self._epochs.truncate_from_start(start)
         self._segment_list.remove_first(count)
 
+    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None:
+        """Swap the segment a clean wrote aside at ``base_offset`` in for the closed segments ``replaced``
+        (``storage.cleaner``; the renames and their recovery: ``storage.clean_swap``)."""
+        self._check_writable()
+        self._flusher.drain()
+        self._segment_list.swap_cleaned(base_offset, replaced)
+
     # --- checkpoints ----------------------------------------------------------------------------------------
     def _write_offset_checkpoint(self, name: str, offset: int) -> None:
         write_partition_checkpoint(self.directory, name, self.topic_partition, offset)

@@ -11,14 +11,17 @@ A partition ``<topic>-<partition>`` lives in one directory::
         leader-epoch-checkpoint           epoch -> start offset         (storage.checkpoints)
         recovery-point-offset-checkpoint  everything below this offset is fsynced
         log-start-offset-checkpoint       the first offset a reader may ask for
+        cleaner-offset-checkpoint         the first offset no clean has seen (storage.cleaner)
         00000000000001048576.snapshot     idempotent-producer state at that offset (storage.producer_snapshot)
         .lock                             flock()ed by the one writer; holds its pid
         .clean-shutdown                   only while the log is closed cleanly (storage.clean_shutdown)
         .offline                          why the appliance did not open a damaged log (appliance repair)
 
-Files ending in ``.tmp`` are replacements a crash left half written (``storage.atomic_file``), and index
-files without their ``.log`` are left from a segment deletion a crash interrupted: the writer deletes both
-when it opens the log (:func:`remove_stray_files`).
+Files ending in ``.cleaned``, ``.swap`` and ``.deleted`` belong to a clean's swap that a crash interrupted
+(``storage.clean_swap``, which finishes or undoes it first).  Files ending in ``.tmp`` are replacements a
+crash left half written (``storage.atomic_file``), and index files without their ``.log`` are left from a
+segment deletion a crash interrupted: the writer deletes both when it opens the log
+(:func:`remove_stray_files`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from storage.errors import CorruptRecordError, LogLockedError
 from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name, segment_path
 
 __all__ = [
+    "CLEANER_OFFSET_CHECKPOINT_FILE",
     "CLEAN_SHUTDOWN_FILE",
     "LEADER_EPOCH_CHECKPOINT_FILE",
     "LOCK_FILE",
@@ -57,6 +61,7 @@ OFFLINE_FILE: Final = ".offline"
 LEADER_EPOCH_CHECKPOINT_FILE: Final = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT_FILE: Final = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE: Final = "log-start-offset-checkpoint"
+CLEANER_OFFSET_CHECKPOINT_FILE: Final = "cleaner-offset-checkpoint"
 
 
 def parse_topic_partition(directory: str) -> tuple[str, int] | None:

@@ -2,7 +2,8 @@
 
 :func:`load_log` is the writer's whole start-up, in this order:
 
-1. read ``.clean-shutdown`` (a clean close: ``storage.clean_shutdown``) and delete what a crash left behind
+1. finish or undo a clean's swap that a crash interrupted (``storage.clean_swap``), read ``.clean-shutdown``
+   (a clean close: ``storage.clean_shutdown``) and delete what a crash left behind
    (``storage.log_dir.remove_stray_files``); the close is trusted if the directory is as it recorded;
 2. read the leader-epoch cache and the recovery-point and log-start-offset checkpoints;
 3. delete segments wholly below the log start offset (a crash between moving the log start offset and
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from storage.atomic_file import fsync_directory
 from storage.checkpoints import LeaderEpochCache
 from storage.clean_shutdown import CleanStop, read_clean_stop
+from storage.clean_swap import finish_interrupted_swap
 from storage.log_config import LogConfig
 from storage.log_dir import (
     CLEAN_SHUTDOWN_FILE,
@@ -59,6 +61,7 @@ def load_log(directory: str, config: LogConfig, topic_partition: tuple[str, int]
     recovered segments' structure without checking their CRCs."""
     tp = topic_partition
     clean_marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
+    finish_interrupted_swap(directory)
     marker = read_clean_stop(clean_marker)
     remove_stray_files(directory)
     epochs = LeaderEpochCache.load(os.path.join(directory, LEADER_EPOCH_CHECKPOINT_FILE))

@@ -18,7 +18,9 @@ one place the list changes:
 * **truncating** a replica (:meth:`~SegmentList.truncate_to`): the segments above the offset are deleted,
   the one holding it is reopened and cut; :meth:`~SegmentList.reset` deletes them all and starts over;
 * **retention** (:meth:`~SegmentList.remove_first`): the oldest segments leave the list, then their files
-  are deleted.
+  are deleted;
+* **a clean's swap** (:meth:`~SegmentList.swap_cleaned`): a group of closed segments is replaced by the one
+  segment a clean wrote aside (``storage.clean_swap``).
 
 Reads go through :meth:`~SegmentList.read` and :meth:`~SegmentList.find_timestamp`, from the segment holding
 the offset on.
@@ -36,6 +38,7 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from storage.clean_swap import finish_interrupted_swap, swap_in
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LogConfig
 from storage.retention import RetentionCandidate
@@ -181,6 +184,39 @@ class SegmentList:
             _log.info("partition %s: deleting segment %s (%d bytes, offsets %d..%d)", self.name,
                       segment.log_path, segment.size_bytes, segment.base_offset, segment.next_offset - 1)
             segment.delete()
+
+    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None:
+        """Replace the closed segments whose base offsets are ``replaced`` by the segment a clean wrote aside
+        at ``base_offset`` (``storage.clean_swap.swap_in``), then load it.  A step that fails is finished or
+        undone on the spot (``finish_interrupted_swap``) and raised; the list then holds what the directory
+        holds."""
+        i = bisect.bisect_left(self.bases, base_offset)
+        j = i + len(replaced)
+        if self.bases[i:j] != list(replaced) or replaced[0] != base_offset or j >= len(self.segments):
+            raise ValueError(f"partition {self.name}: segments {list(replaced)} are not consecutive closed "
+                             f"segments of the log (it has {self.bases})")
+        first = self.segments[i]
+        try:
+            swap_in(self.directory, base_offset, replaced)
+        except OSError:
+            finish_interrupted_swap(self.directory)
+            if os.stat(first.log_path).st_ino == os.fstat(first.read_fd).st_ino:
+                raise  # undone: the old segments are in place
+            self._adopt_cleaned(i, j)
+            raise
+        self._adopt_cleaned(i, j)
+
+    def _adopt_cleaned(self, i: int, j: int) -> None:
+        base_offset = self.bases[i]
+        replaced = self.bases[i:j]
+        for segment in self.segments[i:j]:
+            segment.close()
+        segment = LogSegment.load(self.directory, base_offset, self.config, active=False,
+                                  next_offset_limit=self.bases[j])
+        self.segments[i:j] = [segment]
+        self.bases[i:j] = [base_offset]
+        _log.info("partition %s: swapped in a cleaned segment at %d (%d bytes) for segments %s", self.name,
+                  base_offset, segment.size_bytes, replaced)
 
     # --- reading --------------------------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int, max_offset: int | None) -> FetchSlice | None:

@@ -1,0 +1,482 @@
+"""Log compaction: one pass of Kafka's log cleaner over a partition log.
+
+Theory of operation
+-------------------
+A compacted log keeps, for every key, at least its latest record.  The log splits in two at the *first dirty
+offset* (``cleaner-offset-checkpoint``; the log start offset when there is none): below it every segment has
+been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
+
+1. **The cleanable bound** is the smallest of the caller's ``upper_bound`` (the high watermark, the
+   ``min.compaction.lag.ms`` bound: the caller decides) and the active segment's base offset: the active
+   segment and every segment that reaches the bound are never read for the map nor rewritten.
+2. **The offset map** (``storage.offset_map``) is filled from the dirty closed segments, batch by batch, in
+   offset order: every key's latest offset.  Compressed batches are decompressed; each batch's CRC is
+   checked first, and a corrupt batch stops the pass before anything changed (``CorruptRecordError``
+   naming the file, the position and the offsets).  When the next batch's records might not fit the map
+   (``log.cleaner.dedupe.buffer.size`` at load 0.9) the map stops there: its ``end_offset`` is where this
+   pass ends, and the rest is the next pass's (``CleanResult.done`` is False).
+3. **The groups**: every closed segment below the map's end, from the first, is rewritten, in groups of
+   consecutive segments whose sizes add up to at most ``segment.bytes``, whose indexes would fit
+   ``segment.index.bytes`` and whose offsets fit int32 relative offsets (Kafka's ``groupSegmentsBySize``).
+4. **Each group** is written as one segment named after its first segment's base offset
+   (``<base>.log.cleaned`` and its indexes), batch by batch (:func:`_clean_batch`):
+
+   * a batch wholly past the map's end, a control batch, or one that keeps all its records (and needs no
+     delete horizon) is copied byte for byte;
+   * otherwise its kept records (``storage.record_filter``) are written in a new batch with the **same base
+     offset and last offset delta** (offsets are never renumbered: gaps appear), the same producer id,
+     epoch, base sequence, partition leader epoch and codec (a zstd batch is written as zstd), and a new
+     CRC;
+   * a tombstone kept for the first time gets its batch a **delete horizon**: attribute bit 6 set and
+     ``baseTimestamp`` = now + ``delete.retention.ms`` (KIP-534); a later pass at or after the horizon
+     drops the tombstones of that batch;
+   * a batch that keeps no record disappears, unless it is the last batch of an idempotent producer in the
+     log: it stays as a header with no records, as Kafka's ``RETAIN_EMPTY`` (codec none, base and max
+     timestamp its max timestamp), so the producer's last sequence survives.
+
+   Then the group is swapped in (``Log.swap_cleaned``, ``storage.clean_swap``).
+5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
+
+Memory: the offset map's table (at most the dedupe buffer; smaller when the dirty section holds fewer
+records than the buffer holds keys), one batch's decompressed records and its rewrite, and
+the output buffered up to ``_OUT_CHUNK_BYTES`` before each write.  Segments are read through read-only
+mappings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+import numpy as np
+
+from storage.batch_header import (
+    BATCH_HEADER,
+    COMPRESSION_CODEC_MASK,
+    CONTROL_FLAG_MASK,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    PRODUCER_ID_OFFSET,
+    RECORDS_COUNT_OFFSET,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_FLAG_MASK,
+    BatchHeader,
+    parse_header,
+    write_crc,
+)
+from storage.batch_reader import records_data
+from storage.batch_scan import _CAPACITY, BatchArrays, _check_crcs, _kernel_error, describe, walk_batches
+from storage.batch_scan import scan_segment as _scan_segment
+from storage.clean_faults import CLEAN_FAULTS
+from storage.clean_swap import cleaned_paths
+from storage.compression import compress
+from storage.errors import ConfigError, CorruptRecordError
+from storage.log_config import INT32_MAX, LogConfig
+from storage.log_dir import (
+    CLEANER_OFFSET_CHECKPOINT_FILE,
+    read_partition_checkpoint,
+    write_partition_checkpoint,
+)
+from storage.offset_index import OFFSET_INDEX_ENTRY
+from storage.offset_map import DEFAULT_DEDUPE_BUFFER_BYTES, MALFORMED_RECORDS, OffsetMap, put_records
+from storage.record_filter import RecordMarks, Selection, select_records, write_kept
+from storage.segment_indexes import IndexPaths
+from storage.segment_list import SegmentInfo
+
+if TYPE_CHECKING:
+    from storage.log import Log
+
+__all__ = [
+    "DEFAULT_DELETE_RETENTION_MS",
+    "DELETE_HORIZON_FLAG_MASK",
+    "CleanResult",
+    "CleanedSegment",
+    "clean_log",
+    "first_dirty_offset",
+]
+
+DELETE_HORIZON_FLAG_MASK: Final = 0x40  # attribute bit 6: baseTimestamp holds the delete horizon (KIP-534)
+DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
+_OUT_CHUNK_BYTES: Final = 4 << 20
+_NO_PRODUCER: Final = -1
+
+
+class CleanedSegment(NamedTuple):
+    """A group written aside as ``<base_offset>.log.cleaned`` (+ indexes), to replace ``replaced``."""
+
+    base_offset: int
+    replaced: tuple[int, ...]
+    size_bytes: int
+
+
+class CleanResult(NamedTuple):
+    """What one pass did.  The map covered ``[start_offset, end_offset)``; ``end_offset`` is the new first
+    dirty offset; ``done``: it reached the cleanable bound (else the keys did not all fit: run again)."""
+
+    start_offset: int
+    end_offset: int
+    done: bool
+    keys: int
+    segments_cleaned: int
+    groups: int
+    bytes_read: int
+    bytes_written: int
+    records_dropped_keyless: int
+
+
+def first_dirty_offset(log: Log) -> int:
+    """The first offset no clean has seen: ``cleaner-offset-checkpoint``, or the log start offset when the
+    file is missing or names an offset outside the log (Kafka's rule)."""
+    stored = read_partition_checkpoint(log.directory, CLEANER_OFFSET_CHECKPOINT_FILE, log.topic_partition)
+    if stored is None or stored < log.log_start_offset or stored > log.log_end_offset:
+        return log.log_start_offset
+    return stored
+
+
+def clean_log(log: Log, *, upper_bound: int, now_ms: int | None = None,
+              dedupe_buffer_bytes: int = DEFAULT_DEDUPE_BUFFER_BYTES,
+              delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS,
+              offset_map: OffsetMap | None = None) -> CleanResult:
+    """One cleaning pass over ``log`` (steps 1-5 of the module docstring), in the writer's process."""
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    infos = log.segments
+    closed = [s for s in infos if not s.is_active]
+    bound = min(upper_bound, infos[-1].base_offset)
+    start = first_dirty_offset(log)
+    dirty = _dirty_segments(closed, start, bound)
+    if offset_map is None:
+        omap = OffsetMap(dedupe_buffer_bytes, max_keys=sum(_record_count(info) for info in dirty))
+    else:
+        omap = offset_map
+    omap.clear(start)
+    for info in dirty:
+        if not _index_segment(omap, info):
+            break
+    end = omap.end_offset
+    done = not dirty or end >= dirty[-1].next_offset
+    if end <= start:
+        return CleanResult(start, start, done, 0, 0, 0, 0, 0, 0)
+    last_batches = _producer_last_offsets(infos)
+    to_clean = [s for s in closed if s.base_offset < end]
+    written = read = keyless = 0
+    groups = _group_segments(to_clean, log.config)
+    for group in groups:
+        cleaned, stats = _write_group(log.directory, group, omap, last_batches, now, delete_retention_ms,
+                                      log.config)
+        log.swap_cleaned(cleaned.base_offset, cleaned.replaced)
+        read += sum(s.size_bytes for s in group)
+        written += cleaned.size_bytes
+        keyless += stats
+    if CLEAN_FAULTS.armed:
+        CLEAN_FAULTS.check("clean.checkpoint", log.directory)
+    write_partition_checkpoint(log.directory, CLEANER_OFFSET_CHECKPOINT_FILE, log.topic_partition, end)
+    return CleanResult(start, end, done, omap.size, len(to_clean), len(groups), read, written, keyless)
+
+
+def _dirty_segments(closed: Sequence[SegmentInfo], start: int, bound: int) -> list[SegmentInfo]:
+    """The closed segments holding offsets from ``start`` on, up to the first that reaches ``bound``."""
+    dirty = []
+    for info in closed:
+        if info.next_offset <= start:
+            continue
+        if info.next_offset > bound:
+            break
+        dirty.append(info)
+    return dirty
+
+
+# --- reading segments ---------------------------------------------------------------------------------------
+class _Mapped(NamedTuple):
+    view: memoryview
+    array: np.ndarray
+
+
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[_Mapped]:
+    """The file at ``path`` mapped read-only (an empty file: empty buffers)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+    finally:
+        os.close(fd)
+    if mm is None:
+        yield _Mapped(memoryview(b""), np.zeros(0, np.uint8))
+        return
+    mm.madvise(mmap.MADV_SEQUENTIAL)
+    view = memoryview(mm)
+    array = np.frombuffer(mm, dtype=np.uint8)
+    try:
+        yield _Mapped(view, array)
+    finally:
+        del array
+        with contextlib.suppress(BufferError):  # views still held by an error's traceback: unmapped with them
+            view.release()
+            mm.close()
+
+
+def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
+    """Every batch of the segment, checked (structure and CRC); :class:`CorruptRecordError` naming the file,
+    the position and the offsets at the first invalid one."""
+    arrays = tuple(np.empty(min(_CAPACITY, len(mapped.array) // HEADER_SIZE + 1), np.int64) for _ in range(7))
+    parts: list[BatchArrays] = []
+    position, expected, end = 0, info.base_offset, len(mapped.array)
+    while True:
+        count, stop, code = walk_batches(mapped.array, position, end, info.base_offset, expected, *arrays)
+        batches = BatchArrays(*(a[:count].copy() for a in arrays))
+        valid = _check_crcs(mapped.view, batches)
+        if valid < count:
+            header = parse_header(mapped.view, int(batches.positions[valid]))
+            raise CorruptRecordError(
+                f"{info.path}: record batch at position {int(batches.positions[valid])} (offsets "
+                f"{header.base_offset}..{header.last_offset}): CRC mismatch; the log cannot be cleaned: "
+                "restore the segment from a replica or cut it with appliance repair")
+        parts.append(batches)
+        if count:
+            expected = int(batches.last_offsets[-1]) + 1
+        if code == 0 and stop == end:
+            break
+        if code != 1:  # not FULL: an invalid batch
+            raise CorruptRecordError(describe(info.path, _kernel_error(mapped.array, stop, code))
+                                     + "; the log cannot be cleaned")
+        position = stop
+    return BatchArrays(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+
+def _records(mapped: _Mapped, position: int, header: BatchHeader, path: str) -> tuple[np.ndarray, int, int]:
+    """A batch's records section as ``(array, start, end)``: the mapping itself, or decompressed bytes."""
+    if header.attributes & COMPRESSION_CODEC_MASK == 0:
+        return mapped.array, position + HEADER_SIZE, position + header.size
+    data = records_data(mapped.view, position, header, where=f"{path}")
+    return data, 0, len(data)
+
+
+def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"{path}: record batch at position {position} (offsets {header.base_offset}..{header.last_offset}): "
+        "its records do not parse; the log cannot be cleaned: restore the segment from a replica or cut it "
+        "with appliance repair")
+
+
+# --- the offset map -----------------------------------------------------------------------------------------
+def _index_segment(omap: OffsetMap, info: SegmentInfo) -> bool:
+    """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first."""
+    with _mapped(info.path) as mapped:
+        batches = _walk(mapped, info)
+        for i, position in enumerate(batches.positions.tolist()):
+            last = int(batches.last_offsets[i])
+            if last < omap.end_offset:
+                continue
+            header = parse_header(mapped.view, position)
+            if header.records_count > omap.room:
+                if omap.size == 0:
+                    raise ConfigError(
+                        f"{info.path}: the batch at position {position} holds {header.records_count} "
+                        f"records, more keys than log.cleaner.dedupe.buffer.size holds ({omap.capacity}); "
+                        "raise it")
+                return False
+            if not header.attributes & CONTROL_FLAG_MASK:
+                data, start, end = _records(mapped, position, header, info.path)
+                new = put_records(data, start, end, header.records_count, header.base_offset, omap.table)
+                if new == MALFORMED_RECORDS:
+                    raise _malformed(info.path, position, header)
+                omap.size += new
+            omap.end_offset = last + 1
+    return True
+
+
+def _producer_last_offsets(infos: Sequence[SegmentInfo]) -> dict[int, int]:
+    """Producer id -> last offset of its last batch in the log (the batches a clean must keep)."""
+    last: dict[int, int] = {}
+    for info in infos:
+        with _mapped(info.path) as mapped:
+            end = info.size_bytes if info.is_active else len(mapped.array)
+            arrays = tuple(np.empty(_CAPACITY, np.int64) for _ in range(7))
+            position = 0
+            while position < end:
+                count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0,
+                                                     *arrays)
+                ids = _producer_ids(mapped.array, arrays[0][:count])
+                for pid, offset in zip(ids.tolist(), arrays[3][:count].tolist(), strict=True):
+                    if pid != _NO_PRODUCER:
+                        last[pid] = offset
+                if code != 1:
+                    break
+    return last
+
+
+def _field(array: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
+    """The header field at ``offset`` (of type ``dtype``, big-endian) of the batches at ``positions``."""
+    width = np.dtype(dtype).itemsize
+    at = positions[:, None] + (offset + np.arange(width))
+    return array[at].copy().view(dtype).reshape(-1)
+
+
+def _producer_ids(array: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    return _field(array, positions, PRODUCER_ID_OFFSET, ">i8")
+
+
+def _record_count(info: SegmentInfo) -> int:
+    """The records in the segment's batches (from their headers): more than it can hold keys."""
+    total = 0
+    with _mapped(info.path) as mapped:
+        arrays = tuple(np.empty(_CAPACITY, np.int64) for _ in range(7))
+        position, end = 0, len(mapped.array)
+        while position < end:
+            count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
+            total += int(_field(mapped.array, arrays[0][:count], RECORDS_COUNT_OFFSET, ">i4").sum())
+            if code != 1:
+                break
+    return total
+
+
+# --- grouping and writing -----------------------------------------------------------------------------------
+def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[list[SegmentInfo]]:
+    """Consecutive segments in groups within ``segment.bytes``, the index size and int32 relative offsets."""
+    groups: list[list[SegmentInfo]] = []
+    for info in infos:
+        group = groups[-1] if groups else None
+        if group is not None:
+            size = sum(s.size_bytes for s in group) + info.size_bytes
+            entries = size // max(1, config.index_interval_bytes) + len(group) + 1
+            index_bytes = entries * OFFSET_INDEX_ENTRY.size
+            if (size <= config.segment_bytes and index_bytes <= config.segment_index_bytes
+                    and info.next_offset - 1 - group[0].base_offset <= INT32_MAX):
+                group.append(info)
+                continue
+        groups.append([info])
+    return groups
+
+
+class _Output:
+    """The cleaned ``.log`` being written: parts buffered, written in chunks."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.buffer = bytearray()
+        self.size_bytes = 0
+
+    def add(self, data: bytes | bytearray | memoryview) -> None:
+        self.buffer += data
+        if len(self.buffer) >= _OUT_CHUNK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        view = memoryview(self.buffer)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.size_bytes += len(self.buffer)
+        self.buffer = bytearray()
+        if CLEAN_FAULTS.armed:
+            CLEAN_FAULTS.check("clean.write", self.path)
+
+    def close(self, *, fsync: bool) -> None:
+        try:
+            if fsync:
+                self.flush()
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+
+
+def _write_group(directory: str, group: Sequence[SegmentInfo], omap: OffsetMap, last_batches: dict[int, int],
+                 now_ms: int, delete_retention_ms: int, config: LogConfig) -> tuple[CleanedSegment, int]:
+    """Write the group's cleaned segment and its indexes aside; returns it and the keyless records dropped."""
+    base = group[0].base_offset
+    log_path, index_path, time_index_path = cleaned_paths(directory, base)
+    out = _Output(log_path)
+    keyless = 0
+    ok = False
+    try:
+        marks = RecordMarks.make(64)
+        for info in group:
+            with _mapped(info.path) as mapped:
+                batches = _walk(mapped, info)
+                for position, size in zip(batches.positions.tolist(), batches.sizes.tolist(), strict=True):
+                    piece, marks, dropped = _clean_batch(mapped, position, size, info.path, omap, marks,
+                                                         last_batches, now_ms, delete_retention_ms)
+                    keyless += dropped
+                    if piece is not None:
+                        out.add(piece)
+                out.flush()
+        ok = True
+    finally:
+        out.close(fsync=ok)
+        if not ok:
+            with contextlib.suppress(OSError):
+                os.unlink(log_path)
+    scan = _scan_segment(log_path, base, index_interval_bytes=config.index_interval_bytes)
+    if scan.error is not None:  # the batches were checked as they were read and written: a bug, not data
+        raise CorruptRecordError(describe(log_path, scan.error) + " (in a cleaned segment)")
+    indexes = IndexPaths(index_path, time_index_path, base).write_rebuilt(
+        scan, closed=True, max_bytes=config.segment_index_bytes)
+    indexes.offset_index.close()
+    indexes.time_index.close()
+    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes), keyless
+
+
+def _clean_batch(mapped: _Mapped, position: int, size: int, path: str, omap: OffsetMap, marks: RecordMarks,
+                 last_batches: dict[int, int], now_ms: int,
+                 delete_retention_ms: int) -> tuple[memoryview | bytearray | None, RecordMarks, int]:
+    """The batch at ``position`` as the cleaned segment holds it (None: dropped), the scratch marks (grown
+    if needed) and the keyless records dropped.  The rules are in the module docstring, step 4."""
+    original = mapped.view[position : position + size]
+    header = parse_header(mapped.view, position)
+    if header.base_offset >= omap.end_offset or header.attributes & CONTROL_FLAG_MASK:
+        return original, marks, 0
+    has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
+    drop_tombstones = has_horizon and now_ms >= header.base_timestamp
+    count = header.records_count
+    if not marks.fits(count):
+        marks = RecordMarks.make(max(count, 2 * marks.keep.shape[0]))
+    data, start, end = _records(mapped, position, header, path)
+    selection = Selection(*select_records(data, start, end, count, header.base_offset,
+                                          header.base_timestamp, drop_tombstones, omap.end_offset,
+                                          omap.table, *marks))
+    if selection.kept == MALFORMED_RECORDS:
+        raise _malformed(path, position, header)
+    set_horizon = selection.tombstones > 0 and not has_horizon
+    if selection.kept == count and not set_horizon:
+        return original, marks, selection.keyless
+    if selection.kept == 0:
+        if header.producer_id != _NO_PRODUCER and last_batches.get(header.producer_id) == header.last_offset:
+            return _empty_batch(header), marks, selection.keyless
+        return None, marks, selection.keyless
+    base_timestamp = now_ms + delete_retention_ms if set_horizon else header.base_timestamp
+    records = np.empty(end - start + 20 * count, np.uint8)
+    stop = write_kept(data, count, *marks, header.base_timestamp - base_timestamp, records, 0)
+    body: bytes | np.ndarray = records[:stop]
+    codec = header.attributes & COMPRESSION_CODEC_MASK
+    if codec:
+        body = compress(codec, records[:stop].data)
+    attributes = header.attributes | (DELETE_HORIZON_FLAG_MASK if set_horizon else 0)
+    log_append_time = header.attributes & TIMESTAMP_TYPE_MASK
+    max_timestamp = header.max_timestamp if log_append_time else selection.max_timestamp
+    batch = _batch(header, attributes, base_timestamp, max_timestamp, selection.kept, body)
+    return batch, marks, selection.keyless
+
+
+def _batch(header: BatchHeader, attributes: int, base_timestamp: int, max_timestamp: int, count: int,
+           body: bytes | np.ndarray) -> bytearray:
+    """A batch with ``header``'s offsets, producer fields and leader epoch around ``body``, CRC written."""
+    size = HEADER_SIZE + len(body)
+    out = bytearray(size)
+    BATCH_HEADER.pack_into(out, 0, header.base_offset, size - LOG_OVERHEAD, header.partition_leader_epoch,
+                           MAGIC, 0, attributes, header.last_offset_delta, base_timestamp, max_timestamp,
+                           header.producer_id, header.producer_epoch, header.base_sequence, count)
+    out[HEADER_SIZE:] = body.tobytes() if isinstance(body, np.ndarray) else body
+    write_crc(out, 0, size)
+    return out
+
+
+def _empty_batch(header: BatchHeader) -> bytearray:
+    """Kafka's empty batch (``DefaultRecordBatch.writeEmptyHeader``): no records, no codec, the offsets and
+    producer fields kept, base and max timestamp the batch's max timestamp."""
+    attributes = header.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK)
+    return _batch(header, attributes, header.max_timestamp, header.max_timestamp, 0, b"")

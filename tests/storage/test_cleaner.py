@@ -1,0 +1,211 @@
+"""The cleaner's pieces and its behaviour on single cases: the offset map and its hash, several passes,
+offsets kept, codecs kept, producers' last batches, tombstone horizons, bad input, a failed swap step."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from compaction_oracle import headers, read_records
+
+from storage.batch_builder import build_batch
+from storage.batch_header import RECORDS_OFFSET, parse_header, write_crc
+from storage.clean_faults import CLEAN_FAULTS
+from storage.cleaner import DELETE_HORIZON_FLAG_MASK, clean_log, first_dirty_offset
+from storage.errors import ConfigError, CorruptRecordError
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.offset_map import BYTES_PER_ENTRY, OffsetMap, key_hash, map_get, map_put
+
+CONFIG = LogConfig(segment_bytes=600, index_interval_bytes=100)
+
+
+def _log(tmp_path: Path, batches: list[bytes]) -> Log:
+    log = Log.open(str(tmp_path / "clean-0"), CONFIG)
+    for data in batches:
+        log.append(data, leader_epoch=0)
+    log.roll()
+    log.flush()  # the recovery point settled: a test compares the directory before and after
+    return log
+
+
+def _files(directory: str) -> dict[str, bytes]:
+    return {name: Path(directory, name).read_bytes() for name in sorted(os.listdir(directory))
+            if name != ".lock"}
+
+
+_M64 = (1 << 64) - 1
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _fmix(k: int) -> int:
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        k ^= k >> 33
+        k = (k * multiplier) & _M64
+    return k ^ (k >> 33)
+
+
+def _murmur3_x64_128(data: bytes) -> tuple[int, int]:
+    """The reference: MurmurHash3 x64 128, seed 0, in Python integers."""
+    c1, c2, h1, h2, n = 0x87C37B91114253D5, 0x4CF5AD432745937F, 0, 0, len(data)
+    mix1 = lambda k: (_rotl((k * c1) & _M64, 31) * c2) & _M64  # noqa: E731
+    mix2 = lambda k: (_rotl((k * c2) & _M64, 33) * c1) & _M64  # noqa: E731
+    for i in range(0, n - n % 16, 16):
+        h1 ^= mix1(int.from_bytes(data[i : i + 8], "little"))
+        h1 = ((_rotl(h1, 27) + h2) * 5 + 0x52DCE729) & _M64
+        h2 ^= mix2(int.from_bytes(data[i + 8 : i + 16], "little"))
+        h2 = ((_rotl(h2, 31) + h1) * 5 + 0x38495AB5) & _M64
+    tail = data[n - n % 16 :]
+    if len(tail) > 8:
+        h2 ^= mix2(int.from_bytes(tail[8:], "little"))
+    if tail:
+        h1 ^= mix1(int.from_bytes(tail[:8], "little"))
+    h1, h2 = h1 ^ n, h2 ^ n
+    h1 = (h1 + h2) & _M64
+    h2 = (h2 + h1) & _M64
+    h1, h2 = _fmix(h1), _fmix(h2)
+    h1 = (h1 + h2) & _M64
+    return h1, (h2 + h1) & _M64
+
+
+def test_key_hash_is_murmur3_x64_128() -> None:
+    hello = np.frombuffer(b"hello", np.uint8)
+    assert tuple(map(int, key_hash(hello, 0, 5))) == (0xCBD8A7B341BD9B02, 0x5B1E906A48AE1D19)
+    data = np.random.default_rng(3).integers(0, 256, 300, dtype=np.uint8)
+    for length in range(0, 40):
+        assert tuple(map(int, key_hash(data, 5, length))) == _murmur3_x64_128(bytes(data[5 : 5 + length]))
+    assert len({key_hash(data, 0, n) for n in range(300)}) == 300
+
+
+def test_offset_map_keeps_the_latest_offset_and_its_bound() -> None:
+    omap = OffsetMap(10 * BYTES_PER_ENTRY)
+    assert (omap.slots, omap.capacity, omap.memory_bytes) == (10, 9, 10 * BYTES_PER_ENTRY)
+    data = np.frombuffer(b"k1k2", np.uint8)
+    h = key_hash(data, 0, 2)
+    assert map_put(omap.table, h[0], h[1], 5) == 1
+    assert map_put(omap.table, h[0], h[1], 9) == 0
+    assert map_get(omap.table, h[0], h[1]) == 9
+    assert OffsetMap(1 << 20, max_keys=90).slots == 102  # fewer keys to come: a smaller table
+    assert omap.latest_offset(b"k1") == 9 and omap.latest_offset(b"k2") == -1
+    with pytest.raises(ValueError, match=r"dedupe\.buffer\.size"):
+        OffsetMap(BYTES_PER_ENTRY)
+
+
+def test_small_dedupe_buffer_cleans_in_passes_keeping_offsets(tmp_path: Path) -> None:
+    keys = [[f"k{i % 30}".encode(), f"k{(i + 3) % 30}".encode()] for i in range(40)]
+    batches = [build_batch([f"v{i}".encode()] * 2, keys[i], timestamp_ms=1000 + i) for i in range(40)]
+    latest = {key: 2 * i + j for i in range(40) for j, key in enumerate(keys[i])}
+    log = _log(tmp_path, batches)
+    first = clean_log(log, upper_bound=log.log_end_offset, dedupe_buffer_bytes=12 * BYTES_PER_ENTRY)
+    assert not first.done and 0 < first.end_offset < 80 and first_dirty_offset(log) == first.end_offset
+    while not clean_log(log, upper_bound=log.log_end_offset, dedupe_buffer_bytes=12 * BYTES_PER_ENTRY).done:
+        pass
+    clean_log(log, upper_bound=log.log_end_offset)  # one pass over everything with a large map
+    found = read_records(log.batches())
+    assert {key: offset for offset, (key, _) in found.items()} == latest  # each key at its last offset
+    log.close()
+
+
+def test_codec_producer_batch_and_horizon(tmp_path: Path) -> None:
+    producer = {"producer_id": 41, "producer_epoch": 3}
+    batches = [
+        build_batch([b"old", None], [b"a", b"t"], timestamp_ms=500, compression=4),
+        build_batch([b"x"], [b"p"], timestamp_ms=501, base_sequence=0, **producer),
+        build_batch([b"new", b"y"], [b"a", b"p"], timestamp_ms=502, compression=4),
+        build_batch([b"z"], [b"a"], timestamp_ms=503, base_sequence=1, **producer),
+        build_batch([b"final"], [b"a"], timestamp_ms=504),
+    ]
+    log = _log(tmp_path, batches)
+    clean_log(log, upper_bound=log.log_end_offset, now_ms=10_000, delete_retention_ms=1_000)
+    cleaned = list(log.batches())
+    by_base = {h.base_offset: h for h in headers(cleaned)}
+    assert sorted(by_base) == [0, 3, 5, 6]  # batch 2 keeps nothing: gone; offsets never renumbered
+    first = by_base[0]
+    assert first.compression == 4 and first.records_count == 1 and first.last_offset_delta == 1
+    assert first.attributes & DELETE_HORIZON_FLAG_MASK and first.base_timestamp == 11_000
+    assert by_base[3].compression == 4 and by_base[3].records_count == 1
+    emptied = by_base[5]  # the producer's last batch: kept, empty, its sequence state intact
+    assert (emptied.records_count, emptied.base_sequence, emptied.producer_epoch, emptied.last_offset_delta) \
+        == (0, 1, 3, 0)
+    assert read_records(cleaned) == {1: (b"t", None), 4: (b"p", b"y"), 6: (b"a", b"final")}
+    for now_ms, tombstone_kept in ((10_500, True), (11_000, False)):
+        log.append(build_batch([b"more"], [b"m"], timestamp_ms=600), leader_epoch=0)
+        log.roll()
+        clean_log(log, upper_bound=log.log_end_offset, now_ms=now_ms, delete_retention_ms=1_000)
+        assert (1 in read_records(log.batches())) is tombstone_kept  # kept until its horizon
+    log.close()
+
+
+def test_corrupt_batch_in_the_dirty_section_changes_nothing(tmp_path: Path) -> None:
+    batches = [build_batch([b"v"] * 3, [b"a", b"b", b"a"], timestamp_ms=1000 + i) for i in range(20)]
+    log = _log(tmp_path, batches)
+    victim = log.segments[1]
+    with open(victim.path, "r+b") as f:
+        f.seek(RECORDS_OFFSET + 2)
+        byte = f.read(1)
+        f.seek(RECORDS_OFFSET + 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    before = _files(log.directory)
+    with pytest.raises(CorruptRecordError, match=rf"{victim.path}: record batch at position 0 \(offsets"):
+        clean_log(log, upper_bound=log.log_end_offset)
+    assert _files(log.directory) == before
+    log.close(clean=False)
+
+
+def test_records_that_do_not_parse_stop_the_clean(tmp_path: Path) -> None:
+    bad = bytearray(build_batch([b"v", b"w"], [b"a", b"b"], timestamp_ms=1000))
+    bad[RECORDS_OFFSET] = 0x7F  # the first record's length runs past the section
+    write_crc(bad, 0, len(bad))
+    log = _log(tmp_path, [build_batch([b"v"], [b"a"], timestamp_ms=999), bytes(bad)])
+    before = _files(log.directory)
+    with pytest.raises(CorruptRecordError,
+                       match=r"position \d+ \(offsets 1\.\.2\): its records do not parse"):
+        clean_log(log, upper_bound=log.log_end_offset)
+    assert _files(log.directory) == before
+    log.close(clean=False)
+
+
+def test_a_batch_larger_than_the_map_is_a_config_error(tmp_path: Path) -> None:
+    log = _log(tmp_path, [build_batch([b"v"] * 20, [bytes([i]) for i in range(20)], timestamp_ms=1)])
+    with pytest.raises(ConfigError, match=r"log\.cleaner\.dedupe\.buffer\.size"):
+        clean_log(log, upper_bound=log.log_end_offset, dedupe_buffer_bytes=10 * BYTES_PER_ENTRY)
+    log.close()
+
+
+@pytest.mark.parametrize("point", ["clean.write", "clean.cleaned", "clean.deleted", "clean.indexes",
+                                   "clean.swap", "clean.unlinked"])
+def test_a_failed_step_leaves_a_log_that_reads_the_same(tmp_path: Path, point: str) -> None:
+    batches = [build_batch([f"v{i}".encode()], [b"k%d" % (i % 3)], timestamp_ms=1000 + i) for i in range(30)]
+    log = _log(tmp_path, batches)
+    before = read_records(log.batches())
+    CLEAN_FAULTS.arm(point, "error")
+    try:
+        with pytest.raises(OSError, match=f"fault point {point}"):
+            clean_log(log, upper_bound=log.log_end_offset)
+    finally:
+        CLEAN_FAULTS.disarm()
+    during = read_records(log.batches())
+    assert set(during) <= set(before) and all(before[o] == during[o] for o in during)
+    assert not [n for n in os.listdir(log.directory) if n.endswith((".cleaned", ".swap", ".deleted"))]
+    log.close()
+    with Log.open(str(tmp_path / "clean-0"), CONFIG) as again:
+        assert read_records(again.batches()) == during
+        clean_log(again, upper_bound=again.log_end_offset)
+        assert sorted(read_records(again.batches())) == [27, 28, 29]
+
+
+def test_a_key_in_the_cleaned_section_reappearing_later(tmp_path: Path) -> None:
+    log = _log(tmp_path, [build_batch([b"1"], [b"a"], timestamp_ms=1),
+                          build_batch([b"2"], [b"b"], timestamp_ms=2)])
+    clean_log(log, upper_bound=log.log_end_offset)
+    log.append(build_batch([b"3"], [b"a"], timestamp_ms=3), leader_epoch=0)
+    log.roll()
+    clean_log(log, upper_bound=log.log_end_offset)
+    assert read_records(log.batches()) == {1: (b"b", b"2"), 2: (b"a", b"3")}
+    assert parse_header(next(iter(log.batches()))).base_offset == 1
+    log.close()
