@@ -3,7 +3,7 @@ point of the swap (``storage.clean_faults``); ``Log.open`` must then recover a l
 of what was appended: every record it holds was appended at that offset, every key's latest record is
 there, and a full clean afterwards reads exactly as the model of a full clean.
 
-``COMPACTION_CRASH_KILLS`` sets the number of kills (default 10; ``make soak``-style runs use hundreds).
+Ten kills in ``make test``, 200 under ``make soak`` (``tests/support/campaign.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from compaction_oracle import Model, read_records
+from support.campaign import rounds
 
 from storage.batch_builder import build_batch
 from storage.clean_faults import CLEAN_FAULTS, FAULT_POINTS
@@ -28,7 +29,7 @@ from storage.log_config import LogConfig
 from storage.log_dir import CLEANER_OFFSET_CHECKPOINT_FILE
 from storage.offset_map import BYTES_PER_ENTRY
 
-KILLS = int(os.environ.get("COMPACTION_CRASH_KILLS", "10"))
+KILLS = rounds(10, 200)
 NOW_MS = 2_000_000_000_000  # every clean runs at this time: tombstones stay inside their grace period
 RETENTION_MS = 86_400_000
 CONFIG = LogConfig(segment_bytes=1500, index_interval_bytes=256)
@@ -83,10 +84,12 @@ def _check_compaction_of(model: Model, directory: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_cleaner_killed_at_random_moments_recovers(tmp_path: Path) -> None:
     directory = str(tmp_path / "crash-0")
     model = _fill(directory, seed=17)
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'storage'}")
+    paths = (ROOT, ROOT / "tests", ROOT / "tests" / "storage")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in paths))
     rng = random.Random(5)
     for kill in range(KILLS):
         child = subprocess.Popen([sys.executable, __file__, directory, str(kill)], stdout=subprocess.PIPE,
