@@ -22,8 +22,8 @@ a few blocking round trips; nothing runs in the background.  Not thread-safe.
   ============================  ==================================================================
 
   What the protocol versions spoken here do not carry is left unknown (None): the topic id (Metadata v10+)
-  and the topic's configuration overrides (DescribeConfigs is not implemented).  A value a leader could not
-  give (its partition error) is -1.
+  and the topic's configuration overrides (``describe_configs``, once the broker answers DescribeConfigs).
+  A value a leader could not give (its partition error) is -1.
 
 Errors are raised from the project's tree with Kafka's error name (the broker's message when it sent one):
 ``TOPIC_ALREADY_EXISTS`` as :class:`appliance.server.metadata.TopicExistsError`,
@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from appliance.client.admin_configs import ConfigAdmin
 from appliance.client.kafka_cluster import DEFAULT_BOOTSTRAP_SERVER, KafkaCluster
 from ipc.kafka import (
     CreatableTopic,
@@ -102,8 +103,9 @@ class TopicDescription:
         return len(self.partitions)
 
 
-class KafkaAdmin:
-    """Topic administration through a broker's Kafka protocol (see the module docstring)."""
+class KafkaAdmin(ConfigAdmin):
+    """Topic administration through a broker's Kafka protocol (see the module docstring); configuration,
+    partitions and record deletion come from :class:`~appliance.client.admin_configs.ConfigAdmin`."""
 
     def __init__(
         self,
@@ -114,6 +116,7 @@ class KafkaAdmin:
         request_timeout_ms: int = 30_000,
     ) -> None:
         self.request_timeout_ms = request_timeout_ms
+        self._raise_for = _raise
         self.cluster = KafkaCluster(
             bootstrap_servers,
             client_id=client_id,

@@ -29,7 +29,10 @@ the value and what was expected.
 
 **Topics.** ``[topics.NAME]`` tables declare topics the appliance creates at start: ``partitions``,
 ``replication.factor`` and any per-topic setting (``retention.ms``, ``segment.bytes``, ...) overriding the
-broker default for that topic only.  On the command line: ``--override topics.NAME.KEY=VALUE``.
+broker default for that topic only.  Every topic setting Kafka documents is known by name and checked by
+``appliance.config.topic_configs`` (the catalog: implemented, implemented differently, or refused saying
+why); those the appliance does not use are kept in the topic's ``overrides`` only.  On the command
+line: ``--override topics.NAME.KEY=VALUE``.
 
 **Overrides.** An override's value is read as a TOML value when it is one (``1000``, ``true``, ``["a"]``)
 and kept as text otherwise; when a setting refuses the TOML value, its text is tried, so ``node.id=7`` is
@@ -57,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from appliance.config.listeners import Listener
 from appliance.config.server_settings import DERIVED, SETTINGS, TOPIC_SETTINGS
 from appliance.config.settings import Found, Origin, SettingTable, convert, toml_str, toml_value
+from appliance.config.topic_configs import ALL_TOPIC_SETTINGS
 from ipc.shm import instance_id as shm_instance_id
 from storage.errors import ConfigError
 
@@ -349,14 +353,14 @@ def _is_key(table: SettingTable, *extra: str) -> Callable[[str], bool]:
 
 def _topic_values(topic: str, raw: Mapping[str, object], source: str, seen: _Seen) -> dict[str, object]:
     flat: dict[str, object] = {}
-    _flatten(raw, "", _is_key(TOPIC_SETTINGS), source, flat)
+    _flatten(raw, "", _is_key(ALL_TOPIC_SETTINGS), source, flat)
     values: dict[str, object] = {}
     for key, value in flat.items():
-        found = TOPIC_SETTINGS.find(key)
+        found = ALL_TOPIC_SETTINGS.find(key)
         if found is None:
-            hint = _unknown_hint(TOPIC_SETTINGS.nearest(key))
+            hint = _unknown_hint(ALL_TOPIC_SETTINGS.nearest(key))
             head, _, tail = key.partition(".")
-            if TOPIC_SETTINGS.find(tail) is not None:
+            if ALL_TOPIC_SETTINGS.find(tail) is not None:
                 hint = f"; a topic name with a dot must be quoted: [topics.\"{topic}.{head}\"]"
             raise ConfigError(f"{source}: unknown topic setting {key!r} for topic {topic!r}{hint}")
         seen.claim(key, found.setting.name, source)
@@ -501,7 +505,7 @@ def _override_layers(overrides: Sequence[str]) -> list[tuple[str, Mapping[str, o
 def _split_topic_key(rest: str) -> tuple[str, str] | None:
     """``NAME.SETTING`` as (topic, setting): the longest topic setting name at the end (topics have dots)."""
     for index, char in enumerate(rest):
-        if char == "." and index > 0 and TOPIC_SETTINGS.find(rest[index + 1:]) is not None:
+        if char == "." and index > 0 and ALL_TOPIC_SETTINGS.find(rest[index + 1:]) is not None:
             return rest[:index], rest[index + 1:]
     return None
 

@@ -330,8 +330,8 @@ def toml_value(value: object) -> str:
     """A value as TOML writes it; ``TypeError`` for one TOML cannot hold."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     if isinstance(value, str):
         return toml_str(value)
     if isinstance(value, list | tuple):

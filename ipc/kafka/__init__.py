@@ -1,9 +1,9 @@
 """A sans-IO codec for the Kafka wire protocol: no sockets, files or clocks, only bytes in and out.
 
 Messages are plain dataclasses, one per Kafka struct, with Kafka's field names in snake_case (the same names
-kafka-python uses).  Each is declared once (``messages.py``, ``group_messages.py``) with the version range of
-every field; a generic engine (``schema.py``) encodes and decodes any of them at any version we speak.
-A field absent from a version decodes to its default and is ignored when encoding.
+kafka-python uses).  Each is declared once (``messages.py``, ``group_messages.py``, ``admin_messages.py``)
+with the version range of every field; a generic engine (``schema.py``) encodes and decodes any of them at
+any version we speak.  A field absent from a version decodes to its default and is ignored when encoding.
 
 Decode a Fetch request on the broker::
 
@@ -42,6 +42,38 @@ Errors: decoders raise only :class:`storage.errors.ProtocolError` and its subcla
 :class:`FrameTooLargeError`.  Encoders raise ``ValueError`` for values that do not fit their fields.
 """
 
+from ipc.kafka.admin_messages import (
+    AlterableConfig,
+    AlterConfigOp,
+    AlterConfigsRequest,
+    AlterConfigsResource,
+    AlterConfigsResourceResponse,
+    AlterConfigsResponse,
+    ConfigSource,
+    ConfigType,
+    CreatePartitionsAssignment,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreatePartitionsTopic,
+    CreatePartitionsTopicResult,
+    DeleteRecordsPartition,
+    DeleteRecordsPartitionResult,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
+    DeleteRecordsTopic,
+    DeleteRecordsTopicResult,
+    DescribeConfigsRequest,
+    DescribeConfigsResource,
+    DescribeConfigsResourceResult,
+    DescribeConfigsResponse,
+    DescribeConfigsResult,
+    DescribeConfigsSynonym,
+    IncrementalAlterableConfig,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResource,
+    IncrementalAlterConfigsResponse,
+    ResourceType,
+)
 from ipc.kafka.apis import APIS, ApiKey, ApiSpec, supported_api_versions
 from ipc.kafka.codec import (
     Request,
@@ -160,22 +192,47 @@ __all__ = [
     "APIS",
     "DEFAULT_MAX_FRAME_BYTES",
     "AbortedTransaction",
+    "AlterConfigOp",
+    "AlterConfigsRequest",
+    "AlterConfigsResource",
+    "AlterConfigsResourceResponse",
+    "AlterConfigsResponse",
+    "AlterableConfig",
     "ApiKey",
     "ApiSpec",
     "ApiVersion",
     "ApiVersionsRequest",
     "ApiVersionsResponse",
     "BatchIndexAndErrorMessage",
+    "ConfigSource",
+    "ConfigType",
     "CreatableReplicaAssignment",
     "CreatableTopic",
     "CreatableTopicConfig",
     "CreatableTopicResult",
+    "CreatePartitionsAssignment",
+    "CreatePartitionsRequest",
+    "CreatePartitionsResponse",
+    "CreatePartitionsTopic",
+    "CreatePartitionsTopicResult",
     "CreateTopicsRequest",
     "CreateTopicsResponse",
     "DeletableTopicResult",
+    "DeleteRecordsPartition",
+    "DeleteRecordsPartitionResult",
+    "DeleteRecordsRequest",
+    "DeleteRecordsResponse",
+    "DeleteRecordsTopic",
+    "DeleteRecordsTopicResult",
     "DeleteTopicsRequest",
     "DeleteTopicsResponse",
     "DescribableLogDirTopic",
+    "DescribeConfigsRequest",
+    "DescribeConfigsResource",
+    "DescribeConfigsResourceResult",
+    "DescribeConfigsResponse",
+    "DescribeConfigsResult",
+    "DescribeConfigsSynonym",
     "DescribeLogDirsPartition",
     "DescribeLogDirsRequest",
     "DescribeLogDirsResponse",
@@ -197,6 +254,10 @@ __all__ = [
     "FrameTooLargeError",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "IncrementalAlterConfigsRequest",
+    "IncrementalAlterConfigsResource",
+    "IncrementalAlterConfigsResponse",
+    "IncrementalAlterableConfig",
     "InitProducerIdRequest",
     "InitProducerIdResponse",
     "JoinGroupRequest",
@@ -243,6 +304,7 @@ __all__ = [
     "RecordsValue",
     "Request",
     "RequestHeader",
+    "ResourceType",
     "Response",
     "SaslAuthenticateRequest",
     "SaslAuthenticateResponse",

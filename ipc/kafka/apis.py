@@ -6,7 +6,14 @@ response a broker sends, which request and response header version a frame carri
 supported -- is derived from it.
 
 Versions stay below each API's flexible version (so bodies use the classic encodings), except ApiVersions,
-which we speak up to v3 (flexible) because kafka-python's version probe needs it.
+which we speak up to v3 (flexible) because kafka-python's version probe needs it, and DescribeConfigs,
+spoken up to v4 (flexible), the version Kafka's own AdminClient asks for first.
+
+**Advertised.** An API the codec speaks is in ApiVersions only when ``advertised``: the broker answers it.
+The configuration and partition-administration APIs (DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs, CreatePartitions, DeleteRecords) are declared, encoded and decoded here (the admin
+client uses them), but not advertised until the broker has their handlers; a client that sends one anyway
+has its connection closed, as for an API the broker does not know.
 
 Header versions (Kafka's ``MessageType.requestHeaderVersion`` / ``responseHeaderVersion``):
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ipc.kafka import admin_messages as a
 from ipc.kafka import group_messages as g
 from ipc.kafka import messages as m
 from ipc.kafka.schema import Struct
@@ -52,10 +60,15 @@ class ApiKey(enum.IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
     DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +81,7 @@ class ApiSpec:
     min_version: int
     max_version: int
     first_flexible_version: int | None  # Kafka's, from the JSON's "flexibleVersions"; None = never
+    advertised: bool = True  # listed in ApiVersions: the broker answers it (module docstring)
 
     @property
     def name(self) -> str:
@@ -113,6 +127,20 @@ APIS: dict[int, ApiSpec] = {
         ),
         ApiSpec(_K.DESCRIBE_LOG_DIRS, m.DescribeLogDirsRequest, m.DescribeLogDirsResponse, 0, 1, 2),
         ApiSpec(_K.SASL_AUTHENTICATE, g.SaslAuthenticateRequest, g.SaslAuthenticateResponse, 0, 1, 2),
+        # declared for the admin client; advertised once the broker answers them (module docstring)
+        ApiSpec(_K.DELETE_RECORDS, a.DeleteRecordsRequest, a.DeleteRecordsResponse, 0, 1, 2, False),
+        ApiSpec(_K.DESCRIBE_CONFIGS, a.DescribeConfigsRequest, a.DescribeConfigsResponse, 0, 4, 4, False),
+        ApiSpec(_K.ALTER_CONFIGS, a.AlterConfigsRequest, a.AlterConfigsResponse, 0, 1, 2, False),
+        ApiSpec(_K.CREATE_PARTITIONS, a.CreatePartitionsRequest, a.CreatePartitionsResponse, 0, 1, 2, False),
+        ApiSpec(
+            _K.INCREMENTAL_ALTER_CONFIGS,
+            a.IncrementalAlterConfigsRequest,
+            a.IncrementalAlterConfigsResponse,
+            0,
+            0,
+            1,
+            False,
+        ),
     )
 }
 assert set(APIS) == set(ApiKey)
@@ -137,6 +165,6 @@ def api_for_response(body: Struct) -> ApiSpec:
 
 
 def supported_api_versions() -> list[m.ApiVersion]:
-    """The ``api_keys`` list of an ApiVersions response: every API we speak, ascending by key."""
-    specs = sorted(APIS.values(), key=lambda s: s.api_key)
+    """The ``api_keys`` list of an ApiVersions response: every advertised API, ascending by key."""
+    specs = sorted((s for s in APIS.values() if s.advertised), key=lambda s: s.api_key)
     return [m.ApiVersion(s.api_key, s.min_version, s.max_version) for s in specs]

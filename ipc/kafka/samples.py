@@ -6,7 +6,8 @@ everything is driven by a caller's ``random.Random``, so a failure is reproduced
 * :func:`random_message` -- a valid message of a struct class at a version, with values at the edges of
   each field's kind (min, max, -1, 0, null where allowed, non-ASCII strings, empty and non-empty arrays).
 * :func:`sample_requests` / :func:`sample_responses` -- one valid frame (size prefix included) per API and
-  version we speak.
+  version we speak; by default only the advertised APIs (those a broker answers), with
+  ``advertised_only=False`` every API the codec speaks.
 * :func:`mutate` -- a malformed variant of a frame body: truncated, bit-flipped, overwritten with random
   bytes or with absurd lengths, spliced, or with trailing bytes.
 """
@@ -44,11 +45,12 @@ class Sample(NamedTuple):
     frame: bytes  # size prefix included
 
 
-def all_api_versions() -> list[tuple[ApiSpec, int]]:
-    """Every (API, version) this codec speaks, by api key then version."""
+def all_api_versions(*, advertised_only: bool = False) -> list[tuple[ApiSpec, int]]:
+    """Every (API, version) this codec speaks (or only the advertised APIs'), by api key then version."""
     return [
         (spec, version)
         for spec in sorted(APIS.values(), key=lambda s: s.api_key)
+        if spec.advertised or not advertised_only
         for version in range(spec.min_version, spec.max_version + 1)
     ]
 
@@ -99,20 +101,20 @@ def _header(spec: ApiSpec, version: int, rng: random.Random) -> RequestHeader:
     return RequestHeader(spec.api_key, version, rng.randint(-(1 << 31), (1 << 31) - 1), client_id)
 
 
-def sample_requests(rng: random.Random) -> list[Sample]:
-    """One valid request frame per API and version."""
+def sample_requests(rng: random.Random, *, advertised_only: bool = True) -> list[Sample]:
+    """One valid request frame per API and version (of the advertised APIs only, by default)."""
     out = []
-    for spec, version in all_api_versions():
+    for spec, version in all_api_versions(advertised_only=advertised_only):
         body = random_message(spec.request, version, spec.is_flexible(version), rng)
         header = _header(spec, version, rng)
         out.append(Sample(spec, version, header, body, encode_request(header, body)))
     return out
 
 
-def sample_responses(rng: random.Random) -> list[Sample]:
+def sample_responses(rng: random.Random, *, advertised_only: bool = True) -> list[Sample]:
     """One valid response frame per API and version (the header is the request's it answers)."""
     out = []
-    for spec, version in all_api_versions():
+    for spec, version in all_api_versions(advertised_only=advertised_only):
         body = random_message(spec.response, version, spec.is_flexible(version), rng)
         header = _header(spec, version, rng)
         out.append(Sample(spec, version, header, body, encode_response(header, body)))

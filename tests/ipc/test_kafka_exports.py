@@ -5,12 +5,16 @@ from __future__ import annotations
 import inspect
 
 import ipc.kafka
-from ipc.kafka import group_messages, messages
+from ipc.kafka import admin_messages, group_messages, messages
 from ipc.kafka.apis import APIS
 from ipc.kafka.schema import Struct
 
 FRONT_DOOR = {
     "APIS",
+    "AlterConfigOp",
+    "ConfigSource",
+    "ConfigType",
+    "ResourceType",
     "DEFAULT_MAX_FRAME_BYTES",
     "ApiKey",
     "ApiSpec",
@@ -41,7 +45,7 @@ FRONT_DOOR = {
 def message_classes() -> set[str]:
     return {
         name
-        for module in (messages, group_messages)
+        for module in (messages, group_messages, admin_messages)
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and issubclass(obj, Struct) and obj is not Struct
     }

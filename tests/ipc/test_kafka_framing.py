@@ -25,7 +25,7 @@ from ipc.kafka import (
 from ipc.kafka.samples import sample_requests, sample_responses
 from storage.errors import ProtocolError
 
-SAMPLES = [s for seed in range(3) for s in sample_requests(random.Random(seed))]
+SAMPLES = [s for seed in range(3) for s in sample_requests(random.Random(seed), advertised_only=False)]
 
 
 def test_every_request_fed_byte_by_byte_yields_the_same_frame() -> None:
