@@ -81,6 +81,7 @@ from appliance.server.proctitle import set_proctitle
 from appliance.server.rings import RingTable
 from appliance.server.topic_changes import TopicChanges
 from appliance.server.writer import writer_main
+from appliance.server.writer_demand import WriterDemand
 from ipc.control_server import ControlServer
 from ipc.ring import warm_up
 from ipc.shm import Permissions, reclaim
@@ -135,6 +136,9 @@ class Supervisor:
         self._next_memory_s = 0.0
         self._next_liveness_check_s = 0.0
         self._liveness = LivenessCheck(lambda: WRITER_STALL_S)
+        self._demand = WriterDemand(self._spawn_writer, idle_ms=config.writer_idle_ms,
+                                    stop_timeout_ms=config.shutdown_timeout_ms,
+                                    retention_check_interval_ms=config.retention_check_interval_ms)
         self._memory_reported = False
         self._watchdog_s = sdnotify.watchdog_interval_s()
         self._next_watchdog_s = 0.0
@@ -175,8 +179,8 @@ class Supervisor:
             return
         warm_up()
         self._bind_control_socket()
-        for partition in prepared:
-            if not partition.offline:  # an offline partition gets no writer (appliance.server.partitions)
+        for partition in prepared:  # with writer.idle.ms -1; else on demand (appliance.server.writer_demand)
+            if not partition.offline and self._demand.resident:  # an offline one gets no writer
                 self._spawn_writer(partition)
         for spec in self.extra_specs:
             child = Child(role="extra", name=spec.name)
@@ -256,6 +260,7 @@ class Supervisor:
             broker_wake_fd=self._broker_wake_fd, should_stop=lambda: self._stop_requested,
         )  # fmt: skip
         self._partitions[(topic.name, partition)] = part
+        self._demand.register(part)
         return part
 
     def _extend_start_timeout(self) -> None:
@@ -290,10 +295,19 @@ class Supervisor:
     # -- what the control operations ask of it ------------------------------------------------------------
 
     def start_partition(self, topic: TopicMetadata, partition: int) -> None:
-        """Recover one partition of a new topic and start its writer (none if its log is offline)."""
+        """Recover one partition of a new topic; start its writer if writers are resident (else on demand)."""
         part = self._prepare_partition(topic, partition)
-        if not part.offline:
+        if not part.offline and self._demand.resident:
             self._spawn_writer(part)
+
+    def need_writer(self, part: Partition) -> None:
+        """A producer attached a ring to ``part``: its writer is started if it does not run."""
+        self._demand.need(part)
+
+    def wake_partition(self, part: Partition) -> None:
+        """Run ``part``'s timers now, starting its writer for them if none runs (a topic's settings changed,
+        so what its log has due was computed with old ones)."""
+        self._demand.wake(part)
 
     def stop_partitions(self, topic: TopicMetadata) -> None:
         """Stop the writers of those of the topic's partitions served here; unlink their rings, state pages
@@ -303,6 +317,7 @@ class Supervisor:
         self._stop_writers(parts, self.config.shutdown_timeout_ms)
         for key, part in zip(keys, parts, strict=True):
             self._rings.drop_partition(part)
+            self._demand.forget(part)
             part.release()
             del self._partitions[key]
 
@@ -361,7 +376,9 @@ class Supervisor:
             part.tell_writer(record.attach_command())
             if record.detaching:
                 part.tell_writer({"op": "detach", "ring": record.names.ring})
-        _log.info("writer %s started (pid %d)", part.name, pid)
+        self._demand.started(part)
+        (_log.info if child.restarts or self._demand.resident else _log.debug)(
+            "writer %s started (pid %d)", part.name, pid)
 
     def _spawn_extra(self, spec: ChildSpec, child: Child) -> None:
         ready_r, ready_w = (-1, -1)
@@ -402,8 +419,14 @@ class Supervisor:
     def _child_exited(self, child: Child, status: int) -> None:
         how = describe_exit(status)
         clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        if child.role == "writer":
+            self._read_last_reports(child)
+        idle_exit = child.role == "writer" and self._demand.exited(child, clean, how)
         self._forget_descriptors(child)
         child.pid = 0
+        child.uss_bytes = 0
+        if idle_exit:  # stopped because nobody writes (writer_demand): not a crash
+            return
         if child.stopping:
             log = _log.info if clean else _log.warning
             log("%s %s stopped: %s", child.role, child.name, how)
@@ -419,6 +442,12 @@ class Supervisor:
         _log.error("%s %s %s; %s%s (%d deaths in the last %d s)", child.role, child.name, how, what,
                    f" in {delay:.2f} s" if delay else "", len(child.crashes), CRASH_WINDOW_S)  # fmt: skip
         child.restart_at_s = now + delay
+
+    def _read_last_reports(self, child: Child) -> None:
+        """Read what an exited writer sent last (its ``next_due``) before its channel is closed."""
+        part = self._partitions.get(_partition_key(child.name))
+        if part is not None and part.writer is child:
+            self._read_writer(part)
 
     def _forget_descriptors(self, child: Child) -> None:
         """Close the supervisor's end of a dead child's channel and readiness pipe."""
@@ -452,6 +481,7 @@ class Supervisor:
             self._serve_events(selector, self._timeout())
             self._reap()
             self._restart_due()
+            self._demand.start_queued()  # writers producers asked for (writer_demand)
             self._timers()
             if self._changes is not None:
                 self._changes.step()  # topics being created: a few partitions a turn (topic_changes)
@@ -476,9 +506,10 @@ class Supervisor:
         if self._watchdog_s is not None:
             deadlines.append(self._next_watchdog_s)
         deadlines += [c.restart_at_s for c in self.children() if c.restart_at_s is not None]
-        step_s = self._changes.next_step_s() if self._changes is not None else None
-        if step_s is not None:
-            deadlines.append(step_s)
+        for due_s in (self._changes.next_step_s() if self._changes is not None else None,
+                      self._demand.next_deadline_s()):  # fmt: skip
+            if due_s is not None:
+                deadlines.append(due_s)
         return max(0.0, min(deadlines) - now)
 
     def _drain_wakeup(self) -> None:
@@ -499,6 +530,9 @@ class Supervisor:
         for message in messages:
             if message.get("op") == "detached":
                 self._rings.detached(part, str(message.get("ring")))
+                self._demand.rings_changed(part)
+            else:
+                self._demand.on_message(part, message)
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -514,6 +548,7 @@ class Supervisor:
         if now >= self._next_liveness_check_s:
             self._next_liveness_check_s = now + min(1.0, WRITER_STALL_S / 4)
             self._check_liveness()
+            self._demand.check()  # idle writers stopped, stopped ones whose timers are due started
         if now >= self._next_pending_s:
             self._next_pending_s = now + _PENDING_INTERVAL_S
             self._finish_pending()
@@ -608,6 +643,7 @@ class Supervisor:
         for part in parts:
             part.writer.stopping = True
             part.writer.restart_at_s = None
+            self._demand.stop_for_good(part)
         for part in running:
             part.tell_writer({"op": "stop", "timeout_ms": int(timeout_ms * 0.8)})
         return self._wait_children([p.writer for p in running], timeout_ms)
@@ -693,3 +729,9 @@ class Supervisor:
         for fd in self._lock_fds:
             os.close(fd)
         self._lock_fds = []
+
+
+def _partition_key(name: str) -> tuple[str, int]:
+    """("orders", 3) for a writer named "orders-3" (a topic name may hold "-", a partition number not)."""
+    topic, _, number = name.rpartition("-")
+    return topic, int(number) if number.isdigit() else -1
