@@ -17,11 +17,14 @@ Start-up, in this order (each step needs the previous one)::
     6. load the numba kernels (ipc.ring.warm_up), so the forked writers share them
     7. create each partition's state page (offsets published) and doorbell
     8. bind the control socket (0600, or 0660 with appliance.shm.group)
-    9. fork one writer per partition (none for an offline one), then the extra children (the broker, the
-       replicas of appliance.replica.dirs: ``appliance.server.children``), after all imports
+    9. fork the extra children (the broker, the replicas of appliance.replica.dirs:
+       ``appliance.server.children``), after all imports; no writer (with appliance.writer.idle.ms -1:
+       one per partition that is not offline, first)
    10. sd_notify READY=1 (after the extra children that asked for it said they are ready)
 
-Then it serves the control socket (``appliance.server.control_ops``), restarts a child that dies (a writer
+Then it serves the control socket (``appliance.server.control_ops``), forks a partition's writer when a
+producer attaches to it, stops it once nobody has written for ``appliance.writer.idle.ms`` and starts it
+again when its retention is due (``appliance.server.writer_demand``), restarts a child that dies (a writer
 recovers its log as it opens it; the supervisor logs the exit status or signal and backs off when a child
 keeps dying), kills a writer that is stuck (``appliance.server.liveness``: busy in one round, or asleep
 through its rung doorbell, for :data:`WRITER_STALL_S`) and restarts it, pings the systemd watchdog, updates
@@ -34,9 +37,9 @@ partition's log, log end offset, high watermark (replication factor 1), log star
 producers own their rings' frames.
 
 Stop (SIGTERM or SIGINT): ``STOPPING=1``; the control socket closes (no new producers); the extra children
-get SIGTERM; each writer is told to stop: it drains every ring, appends and acknowledges everything that
-was published, snapshots its producer state and closes its log cleanly.  Then every shared-memory object
-of the instance is removed and the process exits 0.  A child still running after
+get SIGTERM; each running writer is told to stop: it drains every ring, appends and acknowledges everything
+that was published, snapshots its producer state and closes its log cleanly.  Then every shared-memory
+object of the instance is removed and the process exits 0.  A child still running after
 ``appliance.shutdown.timeout.ms`` is killed (and the next start recovers its log).  While it waits for its
 children the supervisor still answers control requests (the ops that would create something refuse), so a
 child asking for metadata as it stops does not wait out its control timeout.
@@ -68,7 +71,7 @@ from appliance.server.children import (
     describe_exit,
     fork_child,
     kill_quietly,
-    unique_memory_bytes,
+    measure_memory,
     wait_children,
 )
 from appliance.server.control_ops import ControlOps, check_replication_factor
@@ -445,8 +448,8 @@ class Supervisor:
 
     def _read_last_reports(self, child: Child) -> None:
         """Read what an exited writer sent last (its ``next_due``) before its channel is closed."""
-        part = self._partitions.get(_partition_key(child.name))
-        if part is not None and part.writer is child:
+        part = self._demand.running_part(child.pid)
+        if part is not None:
             self._read_writer(part)
 
     def _forget_descriptors(self, child: Child) -> None:
@@ -547,7 +550,7 @@ class Supervisor:
             self._measure_memory()
         if now >= self._next_liveness_check_s:
             self._next_liveness_check_s = now + min(1.0, WRITER_STALL_S / 4)
-            self._check_liveness()
+            self._liveness.kill_stuck(self._partitions)  # restarted as after any death
             self._demand.check()  # idle writers stopped, stopped ones whose timers are due started
         if now >= self._next_pending_s:
             self._next_pending_s = now + _PENDING_INTERVAL_S
@@ -561,29 +564,9 @@ class Supervisor:
         if reserve is not None and not reserve.complete:
             reserve.ensure()
 
-    def _check_liveness(self) -> None:
-        """Kill (once) each running writer that is stuck (``appliance.server.liveness``: read from shared
-        memory, no writer woken); it is restarted as after any death.  A dead one is its exit (SIGCHLD)."""
-        for part, verdict in self._liveness.stuck(self._partitions):
-            _log.error("writer %s (pid %d) %s for %.1f s (limit %.1f s) at log end offset %d: it is stuck; "
-                       "killing it and restarting it (the new writer recovers the log and answers every "
-                       "published frame)", part.name, part.writer.pid, verdict.what, verdict.for_s,
-                       WRITER_STALL_S, part.page.log_end_offset)  # fmt: skip
-            part.writer.stall_killed = True
-            kill_quietly(part.writer.pid, signal.SIGKILL)
-
     def _measure_memory(self) -> None:
-        for child in self.children():
-            child.refresh_memory(0.0)
-        if not self._memory_reported:
-            self._memory_reported = True
-            own = unique_memory_bytes(os.getpid())
-            for child in self.children():
-                if child.pid:
-                    _log.info(
-                        "%s %s (pid %d): unique memory %.1f MiB (the supervisor's: %.1f MiB)",
-                        child.role, child.name, child.pid, child.uss_bytes / 2**20, own / 2**20,
-                    )  # fmt: skip
+        measure_memory(self.children(), log_each=not self._memory_reported)
+        self._memory_reported = True
 
     def _update_status(self) -> None:
         writers = sum(1 for p in self._partitions.values() if p.writer.pid)
@@ -729,9 +712,3 @@ class Supervisor:
         for fd in self._lock_fds:
             os.close(fd)
         self._lock_fds = []
-
-
-def _partition_key(name: str) -> tuple[str, int]:
-    """("orders", 3) for a writer named "orders-3" (a topic name may hold "-", a partition number not)."""
-    topic, _, number = name.rpartition("-")
-    return topic, int(number) if number.isdigit() else -1

@@ -170,6 +170,11 @@ class WriterDemand:
         if demand.quick_exit:
             part.tell_writer({"op": "run_timers"})
 
+    def running_part(self, pid: int) -> Partition | None:
+        """The partition whose running writer has ``pid``."""
+        demand = self._running.get(pid)
+        return None if demand is None else demand.part
+
     def next_deadline_s(self) -> float | None:
         """When the supervisor's loop must turn next for this: now if writers are queued, else the heap's
         first deadline (stale entries included: they cost one turn)."""
