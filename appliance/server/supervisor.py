@@ -76,7 +76,7 @@ from appliance.server.children import (
 )
 from appliance.server.control_ops import ControlOps, check_replication_factor
 from appliance.server.faults import ControlFaults
-from appliance.server.instance import instance_lock_path, lock_file, lock_log_dirs, shm_names_for
+from appliance.server.instance import InstanceLocks, shm_names_for
 from appliance.server.liveness import LivenessCheck
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition, recover_partition
@@ -116,9 +116,7 @@ class Supervisor:
         self.permissions = Permissions(mode=config.shm_mode, gid=config.shm_gid)
         self.extra_specs = list(extra_children)
         self.started_s = time.monotonic()
-        self._lock_fds: list[int] = []
-        self._instance_locked = False
-        self._instance_lock_path = instance_lock_path(self.names)
+        self._locks = InstanceLocks(self.names)
         self._store: MetadataStore | None = None
         self._changes: TopicChanges | None = None
         self._next_pending_s = 0.0
@@ -203,11 +201,7 @@ class Supervisor:
 
     def _lock_instance(self) -> None:
         """Lock the log dirs and the instance's names; remove what a crashed run left in shared memory."""
-        config = self.config
-        self._lock_fds += lock_log_dirs(config.log_dirs)
-        instance = f"instance {config.instance_id} (shared memory {self.names.prefix}*)"
-        self._lock_fds.append(lock_file(str(self._instance_lock_path), instance))
-        self._instance_locked = True
+        self._locks.acquire(self.config, self.names)
         removed = reclaim(self.names.instance)
         if removed:
             _log.warning("reclaimed %d shared-memory objects a previous run left (%s ...)", len(removed),
@@ -351,9 +345,7 @@ class Supervisor:
                 child.channel.close()
             if child.ready_fd >= 0 and child.ready_fd not in keep:
                 os.close(child.ready_fd)
-        for fd in self._lock_fds:
-            os.close(fd)
-        self._lock_fds = []
+        self._locks.close_fds()
         if self._allocator is not None:
             self._allocator.close()
 
@@ -682,11 +674,11 @@ class Supervisor:
         self._partitions.clear()
         if self._allocator is not None:
             self._allocator.close()
-        leftovers = reclaim(self.names.instance) if self._instance_locked else []
+        leftovers = reclaim(self.names.instance) if self._locks.locked else []
         if leftovers:
             _log.warning("removed %d shared-memory objects still present at stop", len(leftovers))
         self._close_selector(started)
-        self._unlock()
+        self._locks.release()
 
     def _close_selector(self, started_s: float) -> None:
         """Close the selector, the signal wake-up and the broker's eventfd (the children have stopped)."""
@@ -702,13 +694,3 @@ class Supervisor:
             os.close(self._broker_wake_fd)
             self._broker_wake_fd = -1
         _log.info("stopped in %.0f ms", (time.monotonic() - started_s) * 1000)
-
-    def _unlock(self) -> None:
-        if self._instance_locked:
-            try:
-                os.unlink(self._instance_lock_path)  # still locked by us: nobody else can be using it
-            except FileNotFoundError:
-                pass
-        for fd in self._lock_fds:
-            os.close(fd)
-        self._lock_fds = []
