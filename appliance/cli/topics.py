@@ -290,8 +290,9 @@ def format_topic(topic: TopicDescription) -> str:
         local = p.local
         if local is not None and not p.offline_reason:
             memory = f"{local.writer_uss_bytes / 2**20:.1f}MiB" if local.writer_uss_bytes else "-"
+            writer = local.writer_pid or "idle"  # no writer runs while nobody writes (writer_demand)
             line += (
-                f"\tWriterPid: {local.writer_pid}\tWriterUniqueMemory: {memory}\t"
+                f"\tWriterPid: {writer}\tWriterUniqueMemory: {memory}\t"
                 f"WriterRestarts: {local.writer_restarts}"
             )
         lines.append(line)

@@ -202,6 +202,7 @@ class Config:
     shm_group: str | None
     control_socket: str
     unix_listener: str | None
+    writer_idle_ms: int  # -1: resident writers (appliance.server.writer_demand)
     shutdown_timeout_ms: int
     log_level: str
     replica_dirs: tuple[str, ...]

@@ -254,6 +254,8 @@ SETTINGS: Final = SettingTable((
        "Unix socket where local producers attach; default: <first log dir>/.appliance.sock"),
     _s("appliance.unix.listener", "unix_listener", DERIVED, _derivable(_optional_path),
        "the broker's Unix socket (Kafka protocol); default: <first log dir>/.broker.sock; \"\" disables it"),
+    _s("appliance.writer.idle.ms", "writer_idle_ms", 60_000, integer(-1, INT_MAX),
+       "a partition's writer exits after this long with no producer ring attached; -1: writers always run"),
     _s("appliance.shutdown.timeout.ms", "shutdown_timeout_ms", 30_000, integer(0, INT_MAX),
        "on SIGTERM, how long the supervisor waits for rings to drain before killing children"),
     _s("appliance.log.level", "log_level", "INFO", choice(LOG_LEVELS), "level of the service's log lines"),

@@ -59,6 +59,7 @@ __all__ = [
     "fork_child",
     "kill_quietly",
     "load_extra_children",
+    "measure_memory",
     "restart_delay_s",
     "unique_memory_bytes",
     "wait_children",
@@ -196,6 +197,19 @@ def unique_memory_bytes(pid: int) -> int:
             if len(parts) >= 2 and parts[1].isdigit():
                 total_kib += int(parts[1])
     return total_kib * 1024
+
+
+def measure_memory(children: Sequence[Child], *, log_each: bool) -> None:
+    """Measure the unique memory of every running child; with ``log_each``, log it (and the caller's)."""
+    for child in children:
+        child.refresh_memory(0.0)
+    if not log_each:
+        return
+    own = unique_memory_bytes(os.getpid())
+    for child in children:
+        if child.pid:
+            _log.info("%s %s (pid %d): unique memory %.1f MiB (the supervisor's: %.1f MiB)", child.role,
+                      child.name, child.pid, child.uss_bytes / 2**20, own / 2**20)  # fmt: skip
 
 
 def fork_child(title: str, body: Callable[[], int], close_inherited: Callable[[], None]) -> int:

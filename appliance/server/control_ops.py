@@ -15,7 +15,9 @@ anything else (a bug)               UNKNOWN_SERVER_ERROR (logged with its traceb
 =================================== ===============================
 
 The ops read the topic metadata store, the partitions' state pages and the ring table; what starts or stops
-processes (a new topic's writers, a deleted topic's) they ask of the supervisor (:class:`Supervised`).
+processes (a new topic's writers, a deleted topic's, the writer of a partition a producer attaches to: they
+run on demand, ``appliance.server.writer_demand``) they ask of the supervisor (:class:`Supervised`).
+A partition with no writer running is described with ``writer_pid`` 0 and its state page's offsets.
 While the supervisor stops, the ops that would create something refuse and the others still answer.
 Creating and deleting a topic are all-or-nothing (``appliance.server.topic_changes``).
 
@@ -83,6 +85,8 @@ class Supervised(Protocol):
     def children(self) -> list[Child]: ...
 
     def control_connections(self) -> int: ...
+
+    def need_writer(self, part: Partition) -> None: ...
 
 
 def check_replication_factor(name: str, replication_factor: int) -> None:
@@ -239,6 +243,7 @@ class ControlOps:
                                   self.config.ring_bytes)
         record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1,
                                    capacity)
+        self.supervisor.need_writer(part)  # started if it does not run; the frames wait in the ring meanwhile
         _log.debug("pid %d attached ring %s (producer id %s)", connection.peer_pid, record.names.ring,
                    producer_id)  # fmt: skip
         names = record.names

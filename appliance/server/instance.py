@@ -25,7 +25,7 @@ from appliance.config.server_config import Config
 from ipc.shm import SHM_DIR, ShmNames
 from storage.errors import ApplianceError
 
-__all__ = ["LOCK_FILE", "instance_lock_path", "lock_file", "lock_log_dirs", "shm_names_for"]
+__all__ = ["LOCK_FILE", "InstanceLocks", "instance_lock_path", "lock_file", "lock_log_dirs", "shm_names_for"]
 
 LOCK_FILE: Final = ".appliance.lock"  # in every log dir
 
@@ -71,3 +71,34 @@ def shm_names_for(config: Config) -> ShmNames:
 def instance_lock_path(names: ShmNames) -> Path:
     """The lock file of an instance's shared-memory names: ``/dev/shm/la-<instance>.lock``."""
     return SHM_DIR / f"la-{names.instance}.lock"
+
+
+class InstanceLocks:
+    """The locks a running appliance holds: its log dirs' and its shared-memory names'."""
+
+    def __init__(self, names: ShmNames) -> None:
+        self.path = instance_lock_path(names)
+        self.fds: list[int] = []
+        self.locked = False  # the instance's names are ours: its shared memory may be reclaimed
+
+    def acquire(self, config: Config, names: ShmNames) -> None:
+        """Lock the log dirs, then the instance's names; ApplianceError if another appliance holds one."""
+        self.fds += lock_log_dirs(config.log_dirs)
+        self.fds.append(lock_file(str(self.path), f"instance {config.instance_id} (shared memory "
+                                                  f"{names.prefix}*)"))  # fmt: skip
+        self.locked = True
+
+    def close_fds(self) -> None:
+        """Close the lock descriptors (in a forked child: the locks stay the parent's)."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def release(self) -> None:
+        """Remove the instance's lock file (still locked by us: nobody else uses it) and unlock all."""
+        if self.locked:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self.close_fds()

@@ -21,14 +21,19 @@ semaphore value per partition: no system call, no writer woken.
 
 from __future__ import annotations
 
+import logging
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
+from appliance.server.children import kill_quietly
 from appliance.server.partitions import Partition
 from ipc.state_page import monotonic_ms
 
 __all__ = ["LivenessCheck", "Stuck"]
+
+_log = logging.getLogger("appliance.supervisor")
 
 
 class Stuck(NamedTuple):
@@ -58,6 +63,17 @@ class LivenessCheck:
                 yield part, verdict
         for key in [k for k in self._rung if k not in partitions]:
             del self._rung[key]
+
+    def kill_stuck(self, partitions: Mapping[tuple[str, int], Partition]) -> None:
+        """SIGKILL (once) each running writer that is stuck, with one error line; the supervisor restarts
+        it as after any death (the new writer recovers the log and answers every published frame)."""
+        for part, verdict in self.stuck(partitions):
+            _log.error("writer %s (pid %d) %s for %.1f s (limit %.1f s) at log end offset %d: it is stuck; "
+                       "killing it and restarting it (the new writer recovers the log and answers every "
+                       "published frame)", part.name, part.writer.pid, verdict.what, verdict.for_s,
+                       self._stall_s(), part.page.log_end_offset)  # fmt: skip
+            part.writer.stall_killed = True
+            kill_quietly(part.writer.pid, signal.SIGKILL)
 
     def _judge(self, key: tuple[str, int], part: Partition, now_ms: int, now_s: float) -> Stuck | None:
         child = part.writer

@@ -45,6 +45,7 @@ from appliance.config.server_config import Config
 from appliance.config.topic_metadata import TopicMetadata
 from appliance.server.children import Child
 from appliance.server.writer import WriterSpec
+from appliance.server.writer_timers import idle_due_in_ms
 from ipc.control import encode
 from ipc.ring import RingNames
 from ipc.shm import Permissions, ShmNames
@@ -95,16 +96,21 @@ class Partition:
     writer: Child
     rings: dict[str, RingRecord] = field(default_factory=dict)
     offline: str = ""  # why the log was not opened (module docstring, "Offline"); empty: served
+    idle_due_in_ms: int | None = None  # at recovery: when the log needs a writer with no producer
 
     @property
     def name(self) -> str:
         return f"{self.topic}-{self.partition}"
 
     def tell_writer(self, command: Mapping[str, Any]) -> None:
-        """Send a command to the partition's writer (if it runs) and ring its doorbell."""
+        """Send a command to the partition's writer (if it runs) and ring its doorbell.  A writer told to
+        stop gets no other command: a ring attached meanwhile is handed to the next writer (a stopping
+        writer lets go of every ring it serves, and the supervisor would unlink it)."""
         channel = self.writer.channel
         if channel is None:
-            return  # restarting: it gets the ring list when it starts
+            return  # not running, or restarting: the next writer gets the ring list when it starts
+        if self.writer.stopping and command.get("op") != "stop":
+            return
         data = encode(command)
         channel.setblocking(True)
         try:
@@ -171,6 +177,7 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
                      "their CreateTime timestamps", topic.name)  # fmt: skip
     replicated = topic.replication_factor > 1
     offline = ""
+    due_in_ms: int | None = None
     try:
         log = open_log(directory, log_config, (topic.name, partition), should_stop)
     except CorruptRecordError as exc:
@@ -182,6 +189,8 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
     else:
         try:
             state = _starting_state(log, directory, replicated, config.node_id)
+            due_in_ms = idle_due_in_ms(log, retention_enabled="delete" in effective.cleanup_policy,
+                                       retention_check_interval_ms=config.retention_check_interval_ms)
         finally:
             log.close(clean=True)
     write_offline_note(directory, offline or None)
@@ -211,7 +220,7 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
         test_faults=tuple(config.test_faults),
     )
     return Partition(topic.name, partition, directory, spec, page, doorbell, Child("writer", spec.name),
-                     offline=offline)
+                     offline=offline, idle_due_in_ms=due_in_ms)
 
 
 def open_log(

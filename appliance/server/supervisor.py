@@ -17,11 +17,14 @@ Start-up, in this order (each step needs the previous one)::
     6. load the numba kernels (ipc.ring.warm_up), so the forked writers share them
     7. create each partition's state page (offsets published) and doorbell
     8. bind the control socket (0600, or 0660 with appliance.shm.group)
-    9. fork one writer per partition (none for an offline one), then the extra children (the broker, the
-       replicas of appliance.replica.dirs: ``appliance.server.children``), after all imports
+    9. fork the extra children (the broker, the replicas of appliance.replica.dirs:
+       ``appliance.server.children``), after all imports; no writer (with appliance.writer.idle.ms -1:
+       one per partition that is not offline, first)
    10. sd_notify READY=1 (after the extra children that asked for it said they are ready)
 
-Then it serves the control socket (``appliance.server.control_ops``), restarts a child that dies (a writer
+Then it serves the control socket (``appliance.server.control_ops``), forks a partition's writer when a
+producer attaches to it, stops it once nobody has written for ``appliance.writer.idle.ms`` and starts it
+again when its retention is due (``appliance.server.writer_demand``), restarts a child that dies (a writer
 recovers its log as it opens it; the supervisor logs the exit status or signal and backs off when a child
 keeps dying), kills a writer that is stuck (``appliance.server.liveness``: busy in one round, or asleep
 through its rung doorbell, for :data:`WRITER_STALL_S`) and restarts it, pings the systemd watchdog, updates
@@ -34,9 +37,9 @@ partition's log, log end offset, high watermark (replication factor 1), log star
 producers own their rings' frames.
 
 Stop (SIGTERM or SIGINT): ``STOPPING=1``; the control socket closes (no new producers); the extra children
-get SIGTERM; each writer is told to stop: it drains every ring, appends and acknowledges everything that
-was published, snapshots its producer state and closes its log cleanly.  Then every shared-memory object
-of the instance is removed and the process exits 0.  A child still running after
+get SIGTERM; each running writer is told to stop: it drains every ring, appends and acknowledges everything
+that was published, snapshots its producer state and closes its log cleanly.  Then every shared-memory
+object of the instance is removed and the process exits 0.  A child still running after
 ``appliance.shutdown.timeout.ms`` is killed (and the next start recovers its log).  While it waits for its
 children the supervisor still answers control requests (the ops that would create something refuse), so a
 child asking for metadata as it stops does not wait out its control timeout.
@@ -68,12 +71,12 @@ from appliance.server.children import (
     describe_exit,
     fork_child,
     kill_quietly,
-    unique_memory_bytes,
+    measure_memory,
     wait_children,
 )
 from appliance.server.control_ops import ControlOps, check_replication_factor
 from appliance.server.faults import ControlFaults
-from appliance.server.instance import instance_lock_path, lock_file, lock_log_dirs, shm_names_for
+from appliance.server.instance import InstanceLocks, shm_names_for
 from appliance.server.liveness import LivenessCheck
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition, recover_partition
@@ -81,6 +84,7 @@ from appliance.server.proctitle import set_proctitle
 from appliance.server.rings import RingTable
 from appliance.server.topic_changes import TopicChanges
 from appliance.server.writer import writer_main
+from appliance.server.writer_demand import WriterDemand
 from ipc.control_server import ControlServer
 from ipc.ring import warm_up
 from ipc.shm import Permissions, reclaim
@@ -112,9 +116,7 @@ class Supervisor:
         self.permissions = Permissions(mode=config.shm_mode, gid=config.shm_gid)
         self.extra_specs = list(extra_children)
         self.started_s = time.monotonic()
-        self._lock_fds: list[int] = []
-        self._instance_locked = False
-        self._instance_lock_path = instance_lock_path(self.names)
+        self._locks = InstanceLocks(self.names)
         self._store: MetadataStore | None = None
         self._changes: TopicChanges | None = None
         self._next_pending_s = 0.0
@@ -135,6 +137,9 @@ class Supervisor:
         self._next_memory_s = 0.0
         self._next_liveness_check_s = 0.0
         self._liveness = LivenessCheck(lambda: WRITER_STALL_S)
+        self._demand = WriterDemand(self._spawn_writer, idle_ms=config.writer_idle_ms,
+                                    stop_timeout_ms=config.shutdown_timeout_ms,
+                                    retention_check_interval_ms=config.retention_check_interval_ms)
         self._memory_reported = False
         self._watchdog_s = sdnotify.watchdog_interval_s()
         self._next_watchdog_s = 0.0
@@ -175,8 +180,8 @@ class Supervisor:
             return
         warm_up()
         self._bind_control_socket()
-        for partition in prepared:
-            if not partition.offline:  # an offline partition gets no writer (appliance.server.partitions)
+        for partition in prepared:  # with writer.idle.ms -1; else on demand (appliance.server.writer_demand)
+            if not partition.offline and self._demand.resident:  # an offline one gets no writer
                 self._spawn_writer(partition)
         for spec in self.extra_specs:
             child = Child(role="extra", name=spec.name)
@@ -196,11 +201,7 @@ class Supervisor:
 
     def _lock_instance(self) -> None:
         """Lock the log dirs and the instance's names; remove what a crashed run left in shared memory."""
-        config = self.config
-        self._lock_fds += lock_log_dirs(config.log_dirs)
-        instance = f"instance {config.instance_id} (shared memory {self.names.prefix}*)"
-        self._lock_fds.append(lock_file(str(self._instance_lock_path), instance))
-        self._instance_locked = True
+        self._locks.acquire(self.config, self.names)
         removed = reclaim(self.names.instance)
         if removed:
             _log.warning("reclaimed %d shared-memory objects a previous run left (%s ...)", len(removed),
@@ -256,6 +257,7 @@ class Supervisor:
             broker_wake_fd=self._broker_wake_fd, should_stop=lambda: self._stop_requested,
         )  # fmt: skip
         self._partitions[(topic.name, partition)] = part
+        self._demand.register(part)
         return part
 
     def _extend_start_timeout(self) -> None:
@@ -290,10 +292,19 @@ class Supervisor:
     # -- what the control operations ask of it ------------------------------------------------------------
 
     def start_partition(self, topic: TopicMetadata, partition: int) -> None:
-        """Recover one partition of a new topic and start its writer (none if its log is offline)."""
+        """Recover one partition of a new topic; start its writer if writers are resident (else on demand)."""
         part = self._prepare_partition(topic, partition)
-        if not part.offline:
+        if not part.offline and self._demand.resident:
             self._spawn_writer(part)
+
+    def need_writer(self, part: Partition) -> None:
+        """A producer attached a ring to ``part``: its writer is started if it does not run."""
+        self._demand.need(part)
+
+    def wake_partition(self, part: Partition) -> None:
+        """Run ``part``'s timers now, starting its writer for them if none runs (a topic's settings changed,
+        so what its log has due was computed with old ones)."""
+        self._demand.wake(part)
 
     def stop_partitions(self, topic: TopicMetadata) -> None:
         """Stop the writers of those of the topic's partitions served here; unlink their rings, state pages
@@ -303,6 +314,7 @@ class Supervisor:
         self._stop_writers(parts, self.config.shutdown_timeout_ms)
         for key, part in zip(keys, parts, strict=True):
             self._rings.drop_partition(part)
+            self._demand.forget(part)
             part.release()
             del self._partitions[key]
 
@@ -333,9 +345,7 @@ class Supervisor:
                 child.channel.close()
             if child.ready_fd >= 0 and child.ready_fd not in keep:
                 os.close(child.ready_fd)
-        for fd in self._lock_fds:
-            os.close(fd)
-        self._lock_fds = []
+        self._locks.close_fds()
         if self._allocator is not None:
             self._allocator.close()
 
@@ -361,7 +371,9 @@ class Supervisor:
             part.tell_writer(record.attach_command())
             if record.detaching:
                 part.tell_writer({"op": "detach", "ring": record.names.ring})
-        _log.info("writer %s started (pid %d)", part.name, pid)
+        self._demand.started(part)
+        (_log.info if child.restarts or self._demand.resident else _log.debug)(
+            "writer %s started (pid %d)", part.name, pid)
 
     def _spawn_extra(self, spec: ChildSpec, child: Child) -> None:
         ready_r, ready_w = (-1, -1)
@@ -402,8 +414,14 @@ class Supervisor:
     def _child_exited(self, child: Child, status: int) -> None:
         how = describe_exit(status)
         clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        if child.role == "writer":
+            self._read_last_reports(child)
+        idle_exit = child.role == "writer" and self._demand.exited(child, clean, how)
         self._forget_descriptors(child)
         child.pid = 0
+        child.uss_bytes = 0
+        if idle_exit:  # stopped because nobody writes (writer_demand): not a crash
+            return
         if child.stopping:
             log = _log.info if clean else _log.warning
             log("%s %s stopped: %s", child.role, child.name, how)
@@ -419,6 +437,12 @@ class Supervisor:
         _log.error("%s %s %s; %s%s (%d deaths in the last %d s)", child.role, child.name, how, what,
                    f" in {delay:.2f} s" if delay else "", len(child.crashes), CRASH_WINDOW_S)  # fmt: skip
         child.restart_at_s = now + delay
+
+    def _read_last_reports(self, child: Child) -> None:
+        """Read what an exited writer sent last (its ``next_due``) before its channel is closed."""
+        part = self._demand.running_part(child.pid)
+        if part is not None:
+            self._read_writer(part)
 
     def _forget_descriptors(self, child: Child) -> None:
         """Close the supervisor's end of a dead child's channel and readiness pipe."""
@@ -452,6 +476,7 @@ class Supervisor:
             self._serve_events(selector, self._timeout())
             self._reap()
             self._restart_due()
+            self._demand.start_queued()  # writers producers asked for (writer_demand)
             self._timers()
             if self._changes is not None:
                 self._changes.step()  # topics being created: a few partitions a turn (topic_changes)
@@ -476,9 +501,10 @@ class Supervisor:
         if self._watchdog_s is not None:
             deadlines.append(self._next_watchdog_s)
         deadlines += [c.restart_at_s for c in self.children() if c.restart_at_s is not None]
-        step_s = self._changes.next_step_s() if self._changes is not None else None
-        if step_s is not None:
-            deadlines.append(step_s)
+        for due_s in (self._changes.next_step_s() if self._changes is not None else None,
+                      self._demand.next_deadline_s()):  # fmt: skip
+            if due_s is not None:
+                deadlines.append(due_s)
         return max(0.0, min(deadlines) - now)
 
     def _drain_wakeup(self) -> None:
@@ -499,6 +525,9 @@ class Supervisor:
         for message in messages:
             if message.get("op") == "detached":
                 self._rings.detached(part, str(message.get("ring")))
+                self._demand.rings_changed(part)
+            else:
+                self._demand.on_message(part, message)
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -513,7 +542,8 @@ class Supervisor:
             self._measure_memory()
         if now >= self._next_liveness_check_s:
             self._next_liveness_check_s = now + min(1.0, WRITER_STALL_S / 4)
-            self._check_liveness()
+            self._liveness.kill_stuck(self._partitions)  # restarted as after any death
+            self._demand.check()  # idle writers stopped, stopped ones whose timers are due started
         if now >= self._next_pending_s:
             self._next_pending_s = now + _PENDING_INTERVAL_S
             self._finish_pending()
@@ -526,29 +556,9 @@ class Supervisor:
         if reserve is not None and not reserve.complete:
             reserve.ensure()
 
-    def _check_liveness(self) -> None:
-        """Kill (once) each running writer that is stuck (``appliance.server.liveness``: read from shared
-        memory, no writer woken); it is restarted as after any death.  A dead one is its exit (SIGCHLD)."""
-        for part, verdict in self._liveness.stuck(self._partitions):
-            _log.error("writer %s (pid %d) %s for %.1f s (limit %.1f s) at log end offset %d: it is stuck; "
-                       "killing it and restarting it (the new writer recovers the log and answers every "
-                       "published frame)", part.name, part.writer.pid, verdict.what, verdict.for_s,
-                       WRITER_STALL_S, part.page.log_end_offset)  # fmt: skip
-            part.writer.stall_killed = True
-            kill_quietly(part.writer.pid, signal.SIGKILL)
-
     def _measure_memory(self) -> None:
-        for child in self.children():
-            child.refresh_memory(0.0)
-        if not self._memory_reported:
-            self._memory_reported = True
-            own = unique_memory_bytes(os.getpid())
-            for child in self.children():
-                if child.pid:
-                    _log.info(
-                        "%s %s (pid %d): unique memory %.1f MiB (the supervisor's: %.1f MiB)",
-                        child.role, child.name, child.pid, child.uss_bytes / 2**20, own / 2**20,
-                    )  # fmt: skip
+        measure_memory(self.children(), log_each=not self._memory_reported)
+        self._memory_reported = True
 
     def _update_status(self) -> None:
         writers = sum(1 for p in self._partitions.values() if p.writer.pid)
@@ -608,6 +618,7 @@ class Supervisor:
         for part in parts:
             part.writer.stopping = True
             part.writer.restart_at_s = None
+            self._demand.stop_for_good(part)
         for part in running:
             part.tell_writer({"op": "stop", "timeout_ms": int(timeout_ms * 0.8)})
         return self._wait_children([p.writer for p in running], timeout_ms)
@@ -663,11 +674,11 @@ class Supervisor:
         self._partitions.clear()
         if self._allocator is not None:
             self._allocator.close()
-        leftovers = reclaim(self.names.instance) if self._instance_locked else []
+        leftovers = reclaim(self.names.instance) if self._locks.locked else []
         if leftovers:
             _log.warning("removed %d shared-memory objects still present at stop", len(leftovers))
         self._close_selector(started)
-        self._unlock()
+        self._locks.release()
 
     def _close_selector(self, started_s: float) -> None:
         """Close the selector, the signal wake-up and the broker's eventfd (the children have stopped)."""
@@ -683,13 +694,3 @@ class Supervisor:
             os.close(self._broker_wake_fd)
             self._broker_wake_fd = -1
         _log.info("stopped in %.0f ms", (time.monotonic() - started_s) * 1000)
-
-    def _unlock(self) -> None:
-        if self._instance_locked:
-            try:
-                os.unlink(self._instance_lock_path)  # still locked by us: nobody else can be using it
-            except FileNotFoundError:
-                pass
-        for fd in self._lock_fds:
-            os.close(fd)
-        self._lock_fds = []

@@ -8,7 +8,13 @@ copy-on-write) and talks to it over a socketpair carrying JSON lines (``applianc
     supervisor -> writer   {"op": "attach", "ring": ..., "space": ..., "doorbell": ...}   serve this ring
                            {"op": "detach", "ring": ...}    drain what is published, then let it go
                            {"op": "stop", "timeout_ms": N}  drain every ring, close the log, exit 0
+                           ("idle": true: the partition has no producer; logged at debug level)
+                           {"op": "run_timers"}             retention and producer-id expiry now
     writer -> supervisor   {"op": "detached", "ring": ...}  the ring may be unlinked now
+                           {"op": "timers_done"}            after run_timers
+                           {"op": "next_due", "in_ms": N}   at a stop: when the log next needs a writer
+                                                            with no producer (null: not without one;
+                                                            ``appliance.server.writer_timers``)
 
 After writing a command the supervisor rings the partition's doorbell, so a sleeping writer reacts at once.
 A writer whose channel reaches EOF (the supervisor died) stops as if told to.
@@ -233,6 +239,7 @@ class PartitionWriter:
         self._resume = ResumeMap(log, spec.name)
         self._stopping = False
         self._stop_timeout_ms = _DEFAULT_STOP_TIMEOUT_MS
+        self._idle_stop = False  # stopped because no producer needs it: its lines at debug level
         self._closed = False
         self._trace = PublishTrace.maybe_open(spec.topic, spec.partition)  # benchmarks only
         self.disk = DiskSpace(spec.name, os.path.dirname(os.path.normpath(spec.directory)) or ".",
@@ -577,7 +584,9 @@ class PartitionWriter:
         for ring in list(self.rings.values()):
             ring.detaching = True
         self._finish_detaches()
-        _log.info(
+        self._send({"op": "next_due", "in_ms": self.timers.due_when_idle_in_ms()})
+        _log.log(
+            logging.DEBUG if self._idle_stop else logging.INFO,
             "writer %s: stopped at log end offset %d (%d rounds, %d batches appended, %d duplicates, "
             "%d refused)",
             self.name, self.log.log_end_offset, self.stats.rounds, self.stats.appended_batches,
@@ -636,7 +645,11 @@ class PartitionWriter:
         elif op == "detach":
             self.detach_ring(command["ring"])
         elif op == "stop":
+            self._idle_stop = bool(command.get("idle", False))
             self.request_stop(int(command.get("timeout_ms", _DEFAULT_STOP_TIMEOUT_MS)))
+        elif op == "run_timers":
+            self.timers.run_now()
+            self._send({"op": "timers_done"})
         else:
             _log.error("writer %s: unknown command %r ignored", self.name, command)
 

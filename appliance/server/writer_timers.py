@@ -19,11 +19,24 @@ polled:
 ``segment.ms`` needs no deadline: as in Kafka, a segment is rolled by the append that finds it too old
 (``storage.segment``), and retention never deletes the active segment, so an idle log has nothing to roll.
 With none of these due the writer sleeps for :data:`LONGEST_SLEEP_S` at most (a guard, not a tick).
+
+A partition with no writer
+--------------------------
+A writer runs only while its partition is written (``appliance.server.writer_demand``).  What a log with no
+writer still has due is retention by time alone: :func:`idle_due_in_ms` is how long until its oldest closed
+segment's largest timestamp is ``retention.ms`` old.  The writer reports it when it stops, the supervisor
+computes it for every log it recovers at start-up, and starts the writer then (``run_timers``).  Nothing
+else needs a process: a clean stop flushed everything (no ``flush.ms``), no producer writes (no roll, no
+full log dir to re-measure), and producer-id expiry is applied when the next writer opens the log, before it
+appends anything, which a producer sees exactly as an expiry done on time.  A due that has passed without a
+deletion (a replicated partition's high watermark below the segment) is tried again
+``log.retention.check.interval.ms`` later: Kafka's granularity stays the bound of the lateness.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Final
 
@@ -34,9 +47,10 @@ from storage.log import Log
 from storage.log_config import LONG_MAX
 from storage.producer_state import ProducerStateManager
 
-__all__ = ["LONGEST_SLEEP_S", "WriterTimers"]
+__all__ = ["LONGEST_SLEEP_S", "MIN_IDLE_DUE_MS", "WriterTimers", "idle_due_in_ms"]
 
 LONGEST_SLEEP_S: Final = 3600.0
+MIN_IDLE_DUE_MS: Final = 1000  # a partition with no writer is woken no sooner than this after its last one
 
 _log = logging.getLogger("appliance.writer")
 
@@ -101,6 +115,16 @@ class WriterTimers:
         self._log.maybe_flush()
         self._recovery_point = self._log.recovery_point
 
+    def due_when_idle_in_ms(self) -> int | None:
+        """How long until this log next needs its writer once it stops (:func:`idle_due_in_ms`)."""
+        return idle_due_in_ms(self._log, retention_enabled=self._retention_enabled,
+                              retention_check_interval_ms=int(self._retention_interval_s * 1000))
+
+    def run_now(self) -> int:
+        """Retention and producer-id expiry at once (the writer was started for them); segments deleted."""
+        self._next_retention_s = time.monotonic() + self._retention_interval_s
+        return self.run_retention()
+
     def run_retention(self) -> int:
         """Delete the segments retention allows, publish the log start offset, expire idle producers."""
         deleted = 0
@@ -118,3 +142,26 @@ class WriterTimers:
         self._producer_state.expire(time.time_ns() // 1_000_000)
         return deleted
 
+
+
+def idle_due_in_ms(log: Log, *, retention_enabled: bool, retention_check_interval_ms: int,
+                   now_ms: int | None = None) -> int | None:
+    """How long until retention by time may delete a segment of ``log`` (module docstring, "A partition with
+    no writer"): None if never without appends (no closed segment, ``retention.ms`` -1, or retention off)."""
+    retention_ms = log.config.retention_ms
+    segments = log.segments
+    if not retention_enabled or retention_ms < 0 or len(segments) < 2:
+        return None
+    oldest = segments[0]
+    if oldest.max_timestamp >= 0:
+        largest_ms = oldest.max_timestamp
+    else:  # a segment without timestamps: its file's modification time, as retention reads it
+        try:
+            largest_ms = int(os.stat(oldest.path).st_mtime * 1000)
+        except FileNotFoundError:
+            return MIN_IDLE_DUE_MS
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    due_in_ms = largest_ms + retention_ms + 1 - now
+    if due_in_ms <= 0:  # due, yet not deleted: retried on Kafka's schedule
+        due_in_ms = retention_check_interval_ms
+    return max(due_in_ms, MIN_IDLE_DUE_MS)

@@ -344,8 +344,8 @@ def test_a_refusal_first_seen_by_the_publish_of_the_next_batch_loses_none_of_the
     sent, never completed, and not waited for by flush().)"""
     client = appliance.client()
     client.create_topic("renumber", 2, configs={"max.message.bytes": 3000})
-    writer = client.metadata(["renumber"]).topics["renumber"].partitions[0].writer_pid
     client.close()
+    writer = 0  # the partition's writer, started by the first batches below
     producer = Producer(route=_GenerousRoute(str(appliance.socket_path), timeout_ms=10_000),
                         batch_size=1000, linger_ms=10_000)  # 5 records of 154 bytes to a batch
 
@@ -366,6 +366,7 @@ def test_a_refusal_first_seen_by_the_publish_of_the_next_batch_loses_none_of_the
     try:
         before = [producer.send("renumber", b"a%03d" % i + bytes(150), partition=0) for i in range(10)]
         producer.flush()
+        writer = _writer_pid(appliance, "renumber")
         os.kill(writer, signal.SIGSTOP)
         try:
             big = producer.send("renumber", bytes(5000), partition=0)  # refused: MESSAGE_TOO_LARGE
@@ -469,7 +470,7 @@ def test_publish_and_wait_hands_a_built_batch_to_the_writer(appliance: Appliance
 @pytest.fixture
 def small_rings() -> Iterator[Appliance]:
     serve = Appliance(None, "topics.slow.partitions=1", "appliance.ring.bytes=65536",
-                      "listeners=PLAINTEXT://127.0.0.1:0")
+                      "listeners=PLAINTEXT://127.0.0.1:0", "appliance.writer.idle.ms=-1")  # a writer to stop
     try:
         serve.start()
         yield serve
@@ -478,11 +479,14 @@ def small_rings() -> Iterator[Appliance]:
 
 
 def _writer_pid(serve: Appliance, topic: str) -> int:
+    """The running writer of the topic's partition 0 (never 0: os.kill(0, ...) signals the test's group)."""
     client = serve.client()
     try:
-        return client.metadata([topic]).topics[topic].partitions[0].writer_pid
+        pid = client.metadata([topic]).topics[topic].partitions[0].writer_pid
     finally:
         client.close()
+    assert pid > 0, f"no writer runs for {topic}-0"
+    return pid
 
 
 def test_records_sent_while_every_slot_is_taken_gather_in_one_batch(small_rings: Appliance) -> None:

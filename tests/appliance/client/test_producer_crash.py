@@ -184,6 +184,11 @@ def test_writer_killed_under_load_restarts_and_every_record_is_there_once(
             if stop.wait(0.4):
                 return
             pid = _writer_pid(serve, "load")
+            deadline = time.monotonic() + 20
+            while pid == 0 and time.monotonic() < deadline:  # not started yet (writer_demand)
+                time.sleep(0.02)
+                pid = _writer_pid(serve, "load")
+            assert pid > 0, "the producer started no writer"
             os.kill(pid, signal.SIGKILL)
             kills.append(pid)
             deadline = time.monotonic() + 20

@@ -66,6 +66,13 @@ def test_serve_with_no_configuration_runs_from_the_working_directory_and_stops_c
     assert [line.split("\t")[2] for line in described[1:]] == ["Partition: 0", "Partition: 1"]
 
     assert get_proctitle(serve.pid) == "appliance: supervisor"
+    assert serve.writers() == [], "no partition is written yet: no writer runs (writer_demand)"
+    with serve.client() as client:
+        for partition in (0, 1):  # producers start the writers
+            producer = RawProducer(client, "orders", partition)
+            producer.send([b"wakes the writer"])
+            assert producer.ring.wait_acks(0, 10_000)
+            producer.close()
     writers = sorted(serve.writers(2))
     assert len(writers) == 2
     assert sorted(get_proctitle(pid) for pid in writers) == ["appliance: writer orders-0",
@@ -170,9 +177,12 @@ def test_produce_through_a_ring_refuse_bad_input_and_run_control_ops(appliances:
     status = client.status()
     assert status["pid"] == serve.pid
     assert len([child for child in status["children"] if child["role"] == "writer"]) == 4
-    assert all(child["uss_bytes"] > 0 for child in status["children"])
+    assert all(child["uss_bytes"] > 0 for child in status["children"] if child["pid"])
+    assert [child["uss_bytes"] for child in status["children"] if not child["pid"]] == [0, 0], \
+        "the writers of the partitions nobody wrote do not run"
     fresh = client.status(memory=True)  # measured now, not as last measured
-    assert all(child["uss_bytes"] > 0 and child["uss_age_s"] < 1.0 for child in fresh["children"]), fresh
+    assert all(child["uss_bytes"] > 0 and child["uss_age_s"] < 1.0 for child in fresh["children"]
+               if child["pid"]), fresh
 
     # retention runs in the writers on their timer
     short = RawProducer(client, "short", 0)
@@ -286,12 +296,12 @@ def test_writers_of_a_killed_supervisor_exit_and_a_new_one_starts(appliances: li
     serve = Appliance(None, "topics.t.partitions=2")
     appliances.append(serve)
     serve.start()
-    writers = serve.writers(2)
     with serve.client() as client:
         producer = RawProducer(client, "t", 1)
         for i in range(10):
             producer.send([b"before %d" % i])
         assert producer.ring.wait_acks(9, 5000)
+        writers = serve.writers(1)  # the written partition's
         os.kill(serve.pid, signal.SIGKILL)  # only the supervisor
         assert serve.process is not None and serve.process.wait(10) == -signal.SIGKILL
         deadline = time.monotonic() + 10

@@ -22,6 +22,8 @@ from ipc.state_page import StatePage
 
 warm_up()
 
+RESIDENT = "appliance.writer.idle.ms=-1"  # these tests are about running writers: every partition has one
+
 
 @pytest.fixture
 def appliances() -> Iterator[list[Appliance]]:
@@ -56,7 +58,7 @@ def wait_until(condition: object, what: str, timeout_s: float = 20.0) -> None:
 
 
 def test_an_idle_writer_makes_no_wake_ups_and_is_seen_asleep(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=2")
+    serve = Appliance(None, "topics.t.partitions=2", RESIDENT)
     appliances.append(serve)
     serve.start()
     writers = serve.writers(2)
@@ -85,7 +87,7 @@ def test_an_idle_writer_makes_no_wake_ups_and_is_seen_asleep(appliances: list[Ap
 
 
 def test_retention_runs_on_time_with_no_producer(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=1", "log.retention.check.interval.ms=500",
+    serve = Appliance(None, "topics.t.partitions=1", RESIDENT, "log.retention.check.interval.ms=500",
                       "topics.t.segment.bytes=2048", "topics.t.retention.ms=1500")  # fmt: skip
     appliances.append(serve)
     serve.start()
@@ -110,7 +112,7 @@ def test_retention_runs_on_time_with_no_producer(appliances: list[Appliance]) ->
 
 
 def test_a_sigkilled_idle_writer_is_restarted(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=1")
+    serve = Appliance(None, "topics.t.partitions=1", RESIDENT)
     appliances.append(serve)
     serve.start()
     (writer,) = serve.writers(1)
@@ -128,7 +130,7 @@ def test_a_sigkilled_idle_writer_is_restarted(appliances: list[Appliance]) -> No
 
 
 def test_a_writer_stuck_in_a_round_is_killed_and_restarted_loses_nothing(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=1", 'appliance.test.faults=["writer.stall"]',
+    serve = Appliance(None, "topics.t.partitions=1", RESIDENT, 'appliance.test.faults=["writer.stall"]',
                       patch={"WRITER_STALL_S": 1.0})  # fmt: skip
     appliances.append(serve)
     serve.start()
@@ -155,7 +157,7 @@ def test_a_writer_stuck_in_a_round_is_killed_and_restarted_loses_nothing(applian
 
 
 def test_a_writer_asleep_through_its_doorbell_is_killed_and_restarted(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=1", patch={"WRITER_STALL_S": 1.0})
+    serve = Appliance(None, "topics.t.partitions=1", RESIDENT, patch={"WRITER_STALL_S": 1.0})
     appliances.append(serve)
     serve.start()
     (stuck,) = serve.writers(1)
@@ -186,7 +188,7 @@ def recovery_point(directory: Path) -> int:
 
 
 def test_flush_ms_flushes_an_idle_partition_on_time_then_it_sleeps(appliances: list[Appliance]) -> None:
-    serve = Appliance(None, "topics.t.partitions=1", "topics.t.flush.ms=1500")
+    serve = Appliance(None, "topics.t.partitions=1", RESIDENT, "topics.t.flush.ms=1500")
     appliances.append(serve)
     serve.start()
     (writer,) = serve.writers(1)
