@@ -206,6 +206,7 @@ def measure_memory(children: Sequence[Child], *, log_each: bool) -> None:
     if not log_each:
         return
     own = unique_memory_bytes(os.getpid())
+    _log.info("supervisor (pid %d): unique memory %.1f MiB", os.getpid(), own / 2**20)
     for child in children:
         if child.pid:
             _log.info("%s %s (pid %d): unique memory %.1f MiB (the supervisor's: %.1f MiB)", child.role,

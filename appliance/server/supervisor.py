@@ -557,7 +557,9 @@ class Supervisor:
             reserve.ensure()
 
     def _measure_memory(self) -> None:
-        measure_memory(self.children(), log_each=not self._memory_reported)
+        # writers are measured by the requests that show them (status, metadata), within a time budget:
+        # reading /proc/PID/smaps_rollup of a thousand writers every interval would cost seconds each time
+        measure_memory([c for c in self.children() if c.role != "writer"], log_each=not self._memory_reported)
         self._memory_reported = True
 
     def _update_status(self) -> None:
