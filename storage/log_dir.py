@@ -52,6 +52,7 @@ __all__ = [
     "read_offline_note",
     "read_partition_checkpoint",
     "remove_stray_files",
+    "segment_base_offsets",
     "unlock_log_directory",
     "write_offline_note",
     "write_partition_checkpoint",
@@ -76,8 +77,13 @@ def parse_topic_partition(directory: str) -> tuple[str, int] | None:
 
 def list_segment_base_offsets(directory: str) -> list[int]:
     """Base offsets of the ``.log`` files in ``directory``, sorted."""
+    return segment_base_offsets(os.listdir(directory))
+
+
+def segment_base_offsets(names: list[str]) -> list[int]:
+    """Base offsets of the ``.log`` files among ``names`` (a directory listing), sorted."""
     bases = []
-    for name in os.listdir(directory):
+    for name in names:
         base = parse_segment_name(name, LOG_SUFFIX)
         if base is not None:
             bases.append(base)
