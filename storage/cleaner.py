@@ -37,10 +37,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    Then the group is swapped in (``Log.swap_cleaned``, ``storage.clean_swap``).
 5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
 
-Memory: the offset map's table (at most the dedupe buffer; smaller when the dirty section holds fewer
-records than the buffer holds keys), one batch's decompressed records and its rewrite, and
-the output buffered up to ``_OUT_CHUNK_BYTES`` before each write.  Segments are read through read-only
-mappings.
+Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
+records than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
+compressed batch's decompressed records and its rewrite, and the output buffered up to ``_OUT_CHUNK_BYTES``
+before each write.  Segments are read through read-only mappings; the record kernels take a segment's
+uncompressed batches in one call (``put_batches``, ``select_batches``) and hand compressed ones back.
 """
 
 from __future__ import annotations
