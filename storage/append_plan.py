@@ -160,17 +160,16 @@ def stamp_as_leader(parts: Sequence[memoryview], headers: Sequence[BatchHeader],
 
 
 def check_as_follower(headers: Sequence[BatchHeader], log_end_offset: int, name: str) -> AppendPlan:
-    """A leader's batches, offsets kept: the first must start at ``log_end_offset`` and offsets must move
-    forward (:class:`InvalidRecordError` naming partition ``name`` otherwise)."""
+    """A leader's batches, offsets kept: the first must start at or after ``log_end_offset`` and offsets must
+    move forward (:class:`InvalidRecordError` naming partition ``name`` otherwise).  A batch may start past
+    the offset after the one before it: a compacted leader's log has such gaps, and a follower copies them
+    (Kafka's follower checks only that offsets increase)."""
     expected = log_end_offset
     batches: list[BatchRow] = []
     records = position = 0
     for header in headers:
-        if not batches and header.base_offset != expected:
-            raise InvalidRecordError(
-                f"partition {name}: follower append: the first record batch has base offset "
-                f"{header.base_offset}, expected the log end offset {expected}"
-            )
+        if not batches and header.base_offset < expected:
+            raise _below_log_end(name, header.base_offset, expected)
         if header.base_offset < expected:
             raise InvalidRecordError(
                 f"partition {name}: follower append: record batch at position {position} has base "
@@ -185,18 +184,21 @@ def check_as_follower(headers: Sequence[BatchHeader], log_end_offset: int, name:
 
 def check_walked(view: memoryview, batches: BatchArrays, log_end_offset: int, name: str) -> None:
     """Walked batches (``storage.batch_scan.walk_batches``' arrays) of a follower append: at least one, the
-    first at position 0 and at ``log_end_offset``, the last ending at the end of ``view``."""
+    first at position 0 and at or after ``log_end_offset``, the last ending at the end of ``view``."""
     count = len(batches.positions)
     if count == 0 or batches.positions[0] != 0 or int(batches.positions[-1] + batches.sizes[-1]) != len(
             view):
         raise InvalidRecordError(f"partition {name} append: follower append: the walked batches do not "
                                  f"cover the buffer of {len(view)} bytes ({count} batches)")
     first_base = int(batches.base_offsets[0])
-    if first_base != log_end_offset:
-        raise InvalidRecordError(
-            f"partition {name}: follower append: the first record batch has base offset "
-            f"{first_base}, expected the log end offset {log_end_offset}"
-        )
+    if first_base < log_end_offset:
+        raise _below_log_end(name, first_base, log_end_offset)
+
+
+def _below_log_end(name: str, base_offset: int, log_end_offset: int) -> InvalidRecordError:
+    return InvalidRecordError(
+        f"partition {name}: follower append: the first record batch has base offset {base_offset}, below "
+        f"the log end offset {log_end_offset}: the logs diverged; truncate the follower, then fetch again")
 
 
 def walked_rows(batches: BatchArrays) -> list[BatchRow]:

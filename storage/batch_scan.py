@@ -60,12 +60,16 @@ __all__ = [
     "END",
     "FULL",
     "TRUNCATED",
+    "WALK_CAPACITY",
     "BatchArrays",
     "FoundBatch",
     "ScanError",
     "SegmentScan",
+    "check_crcs",
+    "kernel_error",
     "next_candidate",
     "plan_index_entries",
+    "read_be",
     "scan_segment",
     "valid_batches_after",
     "walk_batches",
@@ -91,11 +95,12 @@ REASONS: Final = {
 }
 
 _INT32_MAX: Final = 2**31 - 1
-_CAPACITY: Final = 1 << 16  # batches per kernel call
+WALK_CAPACITY: Final = 1 << 16  # batches per kernel call
 
 
 @numba.njit(cache=True)
-def _be(buf: np.ndarray, at: int, size: int) -> int:
+def read_be(buf: np.ndarray, at: int, size: int) -> int:
+    """The signed big-endian integer of ``size`` bytes at ``buf[at]`` (a header field, in numba)."""
     value = int(buf[at])
     if value >= 128:
         value -= 256
@@ -133,15 +138,15 @@ def walk_batches(
             return n, pos, TRUNCATED
         if buf[pos + MAGIC_OFFSET] != MAGIC:
             return n, pos, BAD_MAGIC
-        size = _be(buf, pos + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD
+        size = read_be(buf, pos + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD
         if size < HEADER_SIZE:
             return n, pos, BAD_LENGTH
         if size > end - pos:
             return n, pos, TRUNCATED
-        delta = _be(buf, pos + LAST_OFFSET_DELTA_OFFSET, 4)
-        if delta < 0 or _be(buf, pos + RECORDS_COUNT_OFFSET, 4) < 0:
+        delta = read_be(buf, pos + LAST_OFFSET_DELTA_OFFSET, 4)
+        if delta < 0 or read_be(buf, pos + RECORDS_COUNT_OFFSET, 4) < 0:
             return n, pos, BAD_COUNTS
-        base = _be(buf, pos + BASE_OFFSET_OFFSET, 8)
+        base = read_be(buf, pos + BASE_OFFSET_OFFSET, 8)
         last = base + delta
         if base < expected or last - segment_base_offset > _INT32_MAX:
             return n, pos, BAD_OFFSETS
@@ -149,9 +154,9 @@ def walk_batches(
         sizes[n] = size
         base_offsets[n] = base
         last_offsets[n] = last
-        max_timestamps[n] = _be(buf, pos + MAX_TIMESTAMP_OFFSET, 8)
-        epochs[n] = _be(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, 4)
-        crcs[n] = _be(buf, pos + CRC_OFFSET, 4) & 0xFFFFFFFF
+        max_timestamps[n] = read_be(buf, pos + MAX_TIMESTAMP_OFFSET, 8)
+        epochs[n] = read_be(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, 4)
+        crcs[n] = read_be(buf, pos + CRC_OFFSET, 4) & 0xFFFFFFFF
         n += 1
         pos += size
         expected = last + 1
@@ -264,12 +269,12 @@ def scan_segment(
 def _scan(view: memoryview, array: np.ndarray, base_offset: int, interval: int,
           check_crc: bool) -> SegmentScan:
     end = len(view)
-    arrays = tuple(np.empty(_CAPACITY, dtype=np.int64) for _ in range(7))
+    arrays = tuple(np.empty(WALK_CAPACITY, dtype=np.int64) for _ in range(7))
     index_rel: list[np.ndarray] = []
     index_pos: list[np.ndarray] = []
     time_ts: list[np.ndarray] = []
     time_rel: list[np.ndarray] = []
-    out = tuple(np.empty(_CAPACITY, dtype=np.int64) for _ in range(4))
+    out = tuple(np.empty(WALK_CAPACITY, dtype=np.int64) for _ in range(4))
     state = np.array([0, NO_TIMESTAMP, base_offset - 1, NO_TIMESTAMP], dtype=np.int64)
     epoch_starts: list[tuple[int, int]] = []
     last_epoch = -1
@@ -283,7 +288,7 @@ def _scan(view: memoryview, array: np.ndarray, base_offset: int, interval: int,
         batches = BatchArrays(*(a[:count] for a in arrays))
         valid = count
         if check_crc and count:
-            valid = _check_crcs(view, batches)
+            valid = check_crcs(view, batches)
             if valid < count:
                 bad = int(batches.positions[valid])
                 error = ScanError(bad, BAD_CRC, REASONS[BAD_CRC], int(batches.base_offsets[valid]),
@@ -311,7 +316,7 @@ def _scan(view: memoryview, array: np.ndarray, base_offset: int, interval: int,
             continue
         pos = stop
         if code != END:
-            error = _kernel_error(array, stop, code)
+            error = kernel_error(array, stop, code)
         break
     return SegmentScan(
         valid_bytes=pos,
@@ -329,7 +334,7 @@ def _scan(view: memoryview, array: np.ndarray, base_offset: int, interval: int,
     )
 
 
-def _check_crcs(view: memoryview, batches: BatchArrays) -> int:
+def check_crcs(view: memoryview, batches: BatchArrays) -> int:
     """Number of leading batches whose stored CRC matches."""
     positions = batches.positions.tolist()
     sizes = batches.sizes.tolist()
@@ -348,12 +353,14 @@ def _epoch_changes(epochs: np.ndarray, base_offsets: np.ndarray) -> list[tuple[i
     return [(int(epochs[i]), int(base_offsets[i])) for i in starts if epochs[i] >= 0]
 
 
-def _kernel_error(array: np.ndarray, position: int, code: int) -> ScanError:
+def kernel_error(array: np.ndarray, position: int, code: int) -> ScanError:
+    """The :class:`ScanError` for :func:`walk_batches`' ``code`` at ``position``, with the batch's offsets
+    when its header is whole."""
     base: int | None = None
     last: int | None = None
     if len(array) - position >= HEADER_SIZE:
-        base = int(_be(array, position + BASE_OFFSET_OFFSET, 8))
-        last = base + int(_be(array, position + LAST_OFFSET_DELTA_OFFSET, 4))
+        base = int(read_be(array, position + BASE_OFFSET_OFFSET, 8))
+        last = base + int(read_be(array, position + LAST_OFFSET_DELTA_OFFSET, 4))
     return ScanError(position, code, REASONS.get(code, f"code {code}"), base, last)
 
 
@@ -382,11 +389,11 @@ def next_candidate(buf: np.ndarray, start: int, end: int, segment_base_offset: i
     pos = start
     while pos + HEADER_SIZE <= end:
         if buf[pos + MAGIC_OFFSET] == MAGIC:
-            size = _be(buf, pos + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD
+            size = read_be(buf, pos + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD
             if HEADER_SIZE <= size <= end - pos:
-                delta = _be(buf, pos + LAST_OFFSET_DELTA_OFFSET, 4)
-                base = _be(buf, pos + BASE_OFFSET_OFFSET, 8)
-                if (delta >= 0 and _be(buf, pos + RECORDS_COUNT_OFFSET, 4) >= 0
+                delta = read_be(buf, pos + LAST_OFFSET_DELTA_OFFSET, 4)
+                base = read_be(buf, pos + BASE_OFFSET_OFFSET, 8)
+                if (delta >= 0 and read_be(buf, pos + RECORDS_COUNT_OFFSET, 4) >= 0
                         and base >= segment_base_offset and base + delta - segment_base_offset <= _INT32_MAX):
                     return pos
         pos += 1
@@ -427,13 +434,13 @@ def valid_batches_after(path: str, start: int, segment_base_offset: int, *,
                 pos = int(next_candidate(array, pos, size, segment_base_offset))
                 if pos < 0:
                     break
-                length = int(_be(array, pos + BATCH_LENGTH_OFFSET, 4)) + LOG_OVERHEAD
-                stored = int(_be(array, pos + CRC_OFFSET, 4)) & 0xFFFFFFFF
+                length = int(read_be(array, pos + BATCH_LENGTH_OFFSET, 4)) + LOG_OVERHEAD
+                stored = int(read_be(array, pos + CRC_OFFSET, 4)) & 0xFFFFFFFF
                 if crc32c.crc32c(view[pos + ATTRIBUTES_OFFSET : pos + length]) != stored:
                     pos += 1
                     continue
-                base = int(_be(array, pos + BASE_OFFSET_OFFSET, 8))
-                delta = int(_be(array, pos + LAST_OFFSET_DELTA_OFFSET, 4))
+                base = int(read_be(array, pos + BASE_OFFSET_OFFSET, 8))
+                delta = int(read_be(array, pos + LAST_OFFSET_DELTA_OFFSET, 4))
                 found.append(FoundBatch(pos, length, base, base + delta))
                 pos += length
         finally:

@@ -37,10 +37,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    Then the group is swapped in (``Log.swap_cleaned``, ``storage.clean_swap``).
 5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
 
-Memory: the offset map's table (at most the dedupe buffer; smaller when the dirty section holds fewer
-records than the buffer holds keys), one batch's decompressed records and its rewrite, and
-the output buffered up to ``_OUT_CHUNK_BYTES`` before each write.  Segments are read through read-only
-mappings.
+Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
+records than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
+compressed batch's decompressed records and its rewrite, and the output buffered up to ``_OUT_CHUNK_BYTES``
+before each write.  Segments are read through read-only mappings; the record kernels take a segment's
+uncompressed batches in one call (``put_batches``, ``select_batches``) and hand compressed ones back.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from storage.batch_header import (
     write_crc,
 )
 from storage.batch_reader import records_data
-from storage.batch_scan import _CAPACITY, BatchArrays, _check_crcs, _kernel_error, describe, walk_batches
+from storage.batch_scan import WALK_CAPACITY, BatchArrays, check_crcs, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
 from storage.clean_swap import cleaned_paths
@@ -83,8 +84,28 @@ from storage.log_dir import (
     write_partition_checkpoint,
 )
 from storage.offset_index import OFFSET_INDEX_ENTRY
-from storage.offset_map import DEFAULT_DEDUPE_BUFFER_BYTES, MALFORMED_RECORDS, OffsetMap, put_records
-from storage.record_filter import RecordMarks, Selection, select_records, write_kept
+from storage.offset_map import (
+    DEFAULT_DEDUPE_BUFFER_BYTES,
+    GROW,
+    MALFORMED_RECORDS,
+    STOPPED,
+    OffsetMap,
+    put_batches,
+    put_records,
+)
+from storage.record_filter import (
+    COPY,
+    DELETE_HORIZON_FLAG_MASK,
+    DROP,
+    MARKS_FULL,
+    RESULT_COLUMNS,
+    RecordMarks,
+    Selection,
+    batch_action,
+    select_batches,
+    select_records,
+    write_kept,
+)
 from storage.segment_indexes import IndexPaths
 from storage.segment_list import SegmentInfo
 
@@ -100,9 +121,9 @@ __all__ = [
     "first_dirty_offset",
 ]
 
-DELETE_HORIZON_FLAG_MASK: Final = 0x40  # attribute bit 6: baseTimestamp holds the delete horizon (KIP-534)
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 _OUT_CHUNK_BYTES: Final = 4 << 20
+_MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
 _NO_PRODUCER: Final = -1
 
 
@@ -163,19 +184,19 @@ def clean_log(log: Log, *, upper_bound: int, now_ms: int | None = None,
         return CleanResult(start, start, done, 0, 0, 0, 0, 0, 0)
     last_batches = _producer_last_offsets(infos)
     to_clean = [s for s in closed if s.base_offset < end]
-    written = read = keyless = 0
+    written = read = 0
     groups = _group_segments(to_clean, log.config)
+    selector = _Selector(omap, last_batches, now, delete_retention_ms)
     for group in groups:
-        cleaned, stats = _write_group(log.directory, group, omap, last_batches, now, delete_retention_ms,
-                                      log.config)
+        cleaned = _write_group(log.directory, group, selector, log.config)
         log.swap_cleaned(cleaned.base_offset, cleaned.replaced)
         read += sum(s.size_bytes for s in group)
         written += cleaned.size_bytes
-        keyless += stats
     if CLEAN_FAULTS.armed:
         CLEAN_FAULTS.check("clean.checkpoint", log.directory)
     write_partition_checkpoint(log.directory, CLEANER_OFFSET_CHECKPOINT_FILE, log.topic_partition, end)
-    return CleanResult(start, end, done, omap.size, len(to_clean), len(groups), read, written, keyless)
+    return CleanResult(start, end, done, omap.size, len(to_clean), len(groups), read, written,
+                       selector.keyless)
 
 
 def _dirty_segments(closed: Sequence[SegmentInfo], start: int, bound: int) -> list[SegmentInfo]:
@@ -223,13 +244,14 @@ def _mapped(path: str) -> Iterator[_Mapped]:
 def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
     """Every batch of the segment, checked (structure and CRC); :class:`CorruptRecordError` naming the file,
     the position and the offsets at the first invalid one."""
-    arrays = tuple(np.empty(min(_CAPACITY, len(mapped.array) // HEADER_SIZE + 1), np.int64) for _ in range(7))
+    rows = min(WALK_CAPACITY, len(mapped.array) // HEADER_SIZE + 1)
+    arrays = tuple(np.empty(rows, np.int64) for _ in range(7))
     parts: list[BatchArrays] = []
     position, expected, end = 0, info.base_offset, len(mapped.array)
     while True:
         count, stop, code = walk_batches(mapped.array, position, end, info.base_offset, expected, *arrays)
         batches = BatchArrays(*(a[:count].copy() for a in arrays))
-        valid = _check_crcs(mapped.view, batches)
+        valid = check_crcs(mapped.view, batches)
         if valid < count:
             header = parse_header(mapped.view, int(batches.positions[valid]))
             raise CorruptRecordError(
@@ -242,7 +264,7 @@ def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
         if code == 0 and stop == end:
             break
         if code != 1:  # not FULL: an invalid batch
-            raise CorruptRecordError(describe(info.path, _kernel_error(mapped.array, stop, code))
+            raise CorruptRecordError(describe(info.path, kernel_error(mapped.array, stop, code))
                                      + "; the log cannot be cleaned")
         position = stop
     return BatchArrays(*(np.concatenate(column) for column in zip(*parts, strict=True)))
@@ -265,29 +287,49 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 
 # --- the offset map -----------------------------------------------------------------------------------------
 def _index_segment(omap: OffsetMap, info: SegmentInfo) -> bool:
-    """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first."""
+    """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first.
+    Uncompressed batches go through :func:`put_batches` in one call; it stops at a compressed batch (put
+    here after decompressing) and before a batch that needs the table grown or does not fit."""
     with _mapped(info.path) as mapped:
-        batches = _walk(mapped, info)
-        for i, position in enumerate(batches.positions.tolist()):
-            last = int(batches.last_offsets[i])
-            if last < omap.end_offset:
-                continue
-            header = parse_header(mapped.view, position)
+        return _index_mapped(omap, info, mapped)
+
+
+def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped) -> bool:
+    batches = _walk(mapped, info)
+    first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
+    while True:
+        i, omap.size, omap.seen, code = put_batches(
+            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.digests, omap.offsets,
+            omap.size, omap.grow_at, omap.entries, omap.seen)
+        if i > first:
+            omap.end_offset = int(batches.last_offsets[i - 1]) + 1
+        if code == 0:
+            return True
+        position = int(batches.positions[i])
+        header = parse_header(mapped.view, position)
+        if code == MALFORMED_RECORDS:
+            raise _malformed(info.path, position, header)
+        if code == GROW:
             if header.records_count > omap.room:
                 if omap.size == 0:
-                    raise ConfigError(
-                        f"{info.path}: the batch at position {position} holds {header.records_count} "
-                        f"records, more keys than log.cleaner.dedupe.buffer.size holds ({omap.capacity}); "
-                        "raise it")
+                    raise _map_too_small(info.path, position, header.records_count, omap.capacity)
                 return False
-            if not header.attributes & CONTROL_FLAG_MASK:
-                data, start, end = _records(mapped, position, header, info.path)
-                new = put_records(data, start, end, header.records_count, header.base_offset, omap.table)
-                if new == MALFORMED_RECORDS:
-                    raise _malformed(info.path, position, header)
-                omap.size += new
-            omap.end_offset = last + 1
-    return True
+            omap.grow()
+            first = i
+            continue
+        data, start, end = _records(mapped, position, header, info.path)
+        size, seen = put_records(data, start, end, header.records_count, header.base_offset, omap.table,
+                                 omap.digests, omap.offsets, omap.size, omap.entries, omap.seen)
+        if size == MALFORMED_RECORDS:
+            raise _malformed(info.path, position, header)
+        omap.size, omap.seen = size, seen
+        omap.end_offset = header.last_offset + 1
+        first = i + 1
+
+
+def _map_too_small(path: str, position: int, records: int, capacity: int) -> ConfigError:
+    return ConfigError(f"{path}: the batch at position {position} holds {records} records, more keys than "
+                       f"log.cleaner.dedupe.buffer.size holds ({capacity}); raise it")
 
 
 def _producer_last_offsets(infos: Sequence[SegmentInfo]) -> dict[int, int]:
@@ -296,7 +338,7 @@ def _producer_last_offsets(infos: Sequence[SegmentInfo]) -> dict[int, int]:
     for info in infos:
         with _mapped(info.path) as mapped:
             end = info.size_bytes if info.is_active else len(mapped.array)
-            arrays = tuple(np.empty(_CAPACITY, np.int64) for _ in range(7))
+            arrays = tuple(np.empty(WALK_CAPACITY, np.int64) for _ in range(7))
             position = 0
             while position < end:
                 count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0,
@@ -325,7 +367,7 @@ def _record_count(info: SegmentInfo) -> int:
     """The records in the segment's batches (from their headers): more than it can hold keys."""
     total = 0
     with _mapped(info.path) as mapped:
-        arrays = tuple(np.empty(_CAPACITY, np.int64) for _ in range(7))
+        arrays = tuple(np.empty(WALK_CAPACITY, np.int64) for _ in range(7))
         position, end = 0, len(mapped.array)
         while position < end:
             count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
@@ -385,25 +427,131 @@ class _Output:
             os.close(self.fd)
 
 
-def _write_group(directory: str, group: Sequence[SegmentInfo], omap: OffsetMap, last_batches: dict[int, int],
-                 now_ms: int, delete_retention_ms: int, config: LogConfig) -> tuple[CleanedSegment, int]:
-    """Write the group's cleaned segment and its indexes aside; returns it and the keyless records dropped."""
+class _Selector:
+    """Writes the cleaned form of segments' batches, in offset order across a pass's groups: ``seen``
+    follows the records the map read, so each record finds its entry in ``omap.entries``."""
+
+    def __init__(self, omap: OffsetMap, last_batches: dict[int, int], now_ms: int,
+                 delete_retention_ms: int) -> None:
+        self.omap = omap
+        self.last_batches = last_batches
+        self.now_ms = now_ms
+        self.delete_retention_ms = delete_retention_ms
+        self.seen = 0
+        self.marks = RecordMarks.make(_MARKS)
+        self.results = np.empty((_MARKS, RESULT_COLUMNS), np.int64)
+        self.keyless = 0
+
+    def clean_segment(self, mapped: _Mapped, info: SegmentInfo, out: _Output) -> None:
+        """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4)."""
+        batches = _walk(mapped, info)
+        positions, sizes = batches.positions, batches.sizes
+        omap = self.omap
+        first = 0
+        while first < len(positions):
+            i, self.seen, code = select_batches(
+                mapped.array, positions, sizes, first, self.now_ms, omap.start_offset, omap.end_offset,
+                omap.table, omap.digests, omap.offsets, omap.entries, self.seen, *self.marks, self.results)
+            self._write_run(mapped, positions[first:i].tolist(), sizes[first:i].tolist(), out)
+            if code == 0:
+                return
+            position = int(positions[i])
+            header = parse_header(mapped.view, position)
+            if code == MALFORMED_RECORDS:
+                raise _malformed(info.path, position, header)
+            if code == MARKS_FULL and i == first:
+                self.marks = RecordMarks.make(max(header.records_count, 2 * len(self.marks.keep)))
+            elif code == STOPPED:
+                self._write_compressed(mapped, position, header, info.path, out)
+                i += 1
+            first = i
+
+    def _write_run(self, mapped: _Mapped, positions: list[int], sizes: list[int], out: _Output) -> None:
+        """Write the batches ``select_batches`` selected: copies as one slice, the others one by one."""
+        copy_from = copy_to = 0
+        for row, (position, size) in enumerate(zip(positions, sizes, strict=True)):
+            action, kept, tombstones, max_timestamp, keyless, mark_at = self.results[row].tolist()
+            if action == COPY:
+                if copy_to != position:
+                    copy_from = position
+                copy_to = position + size
+                continue
+            out.add(mapped.view[copy_from:copy_to])
+            copy_from = copy_to = 0
+            self.keyless += keyless
+            header = parse_header(mapped.view, position)
+            selection = Selection(kept, tombstones, max_timestamp, keyless)
+            piece = self._rewritten(mapped.array, position + HEADER_SIZE, position + size, header, selection,
+                                    action, mark_at)
+            if piece is not None:
+                out.add(piece)
+        out.add(mapped.view[copy_from:copy_to])
+
+    def _write_compressed(self, mapped: _Mapped, position: int, header: BatchHeader, path: str,
+                          out: _Output) -> None:
+        """Select and write one compressed batch, decompressed here."""
+        omap = self.omap
+        count = header.records_count
+        if not self.marks.fits(count):
+            self.marks = RecordMarks.make(max(count, 2 * len(self.marks.keep)))
+        has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
+        read_by_map = header.last_offset >= omap.start_offset
+        data, start, end = _records(mapped, position, header, path)
+        selection = Selection(*select_records(
+            data, start, end, count, header.base_offset, header.base_timestamp,
+            has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table, omap.digests,
+            omap.offsets, omap.entries, self.seen if read_by_map else -1, *self.marks, 0))
+        if selection.kept == MALFORMED_RECORDS:
+            raise _malformed(path, position, header)
+        if read_by_map:
+            self.seen += count
+        self.keyless += selection.keyless
+        action = batch_action(selection.kept, count, selection.tombstones, has_horizon)
+        if action == COPY:
+            out.add(mapped.view[position : position + header.size])
+            return
+        piece = self._rewritten(data, start, end, header, selection, action, 0)
+        if piece is not None:
+            out.add(piece)
+
+    def _rewritten(self, data: np.ndarray, start: int, end: int, header: BatchHeader, selection: Selection,
+                   action: int, mark_at: int) -> bytearray | None:
+        """A batch that drops records (``action`` DROP or REWRITE) as the cleaned segment holds it: its kept
+        records around the same offsets and producer fields, an empty batch for a producer's last batch,
+        or None."""
+        if action == DROP:
+            producer = header.producer_id
+            if producer != _NO_PRODUCER and self.last_batches.get(producer) == header.last_offset:
+                return _empty_batch(header)
+            return None
+        count = header.records_count
+        has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
+        set_horizon = selection.tombstones > 0 and not has_horizon
+        base_timestamp = self.now_ms + self.delete_retention_ms if set_horizon else header.base_timestamp
+        records = np.empty(end - start + 20 * count, np.uint8)
+        rebase_ms = header.base_timestamp - base_timestamp
+        stop = write_kept(data, mark_at, count, *self.marks, rebase_ms, records, 0)
+        body: bytes | np.ndarray = records[:stop]
+        codec = header.attributes & COMPRESSION_CODEC_MASK
+        if codec:
+            body = compress(codec, records[:stop].data)
+        attributes = header.attributes | (DELETE_HORIZON_FLAG_MASK if set_horizon else 0)
+        log_append_time = header.attributes & TIMESTAMP_TYPE_MASK
+        max_timestamp = header.max_timestamp if log_append_time else selection.max_timestamp
+        return _batch(header, attributes, base_timestamp, max_timestamp, selection.kept, body)
+
+
+def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
+                 config: LogConfig) -> CleanedSegment:
+    """Write the group's cleaned segment and its indexes aside; returns it."""
     base = group[0].base_offset
     log_path, index_path, time_index_path = cleaned_paths(directory, base)
     out = _Output(log_path)
-    keyless = 0
     ok = False
     try:
-        marks = RecordMarks.make(64)
         for info in group:
             with _mapped(info.path) as mapped:
-                batches = _walk(mapped, info)
-                for position, size in zip(batches.positions.tolist(), batches.sizes.tolist(), strict=True):
-                    piece, marks, dropped = _clean_batch(mapped, position, size, info.path, omap, marks,
-                                                         last_batches, now_ms, delete_retention_ms)
-                    keyless += dropped
-                    if piece is not None:
-                        out.add(piece)
+                selector.clean_segment(mapped, info, out)
                 out.flush()
         ok = True
     finally:
@@ -418,48 +566,7 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], omap: OffsetMap, 
         scan, closed=True, max_bytes=config.segment_index_bytes)
     indexes.offset_index.close()
     indexes.time_index.close()
-    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes), keyless
-
-
-def _clean_batch(mapped: _Mapped, position: int, size: int, path: str, omap: OffsetMap, marks: RecordMarks,
-                 last_batches: dict[int, int], now_ms: int,
-                 delete_retention_ms: int) -> tuple[memoryview | bytearray | None, RecordMarks, int]:
-    """The batch at ``position`` as the cleaned segment holds it (None: dropped), the scratch marks (grown
-    if needed) and the keyless records dropped.  The rules are in the module docstring, step 4."""
-    original = mapped.view[position : position + size]
-    header = parse_header(mapped.view, position)
-    if header.base_offset >= omap.end_offset or header.attributes & CONTROL_FLAG_MASK:
-        return original, marks, 0
-    has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
-    drop_tombstones = has_horizon and now_ms >= header.base_timestamp
-    count = header.records_count
-    if not marks.fits(count):
-        marks = RecordMarks.make(max(count, 2 * marks.keep.shape[0]))
-    data, start, end = _records(mapped, position, header, path)
-    selection = Selection(*select_records(data, start, end, count, header.base_offset,
-                                          header.base_timestamp, drop_tombstones, omap.end_offset,
-                                          omap.table, *marks))
-    if selection.kept == MALFORMED_RECORDS:
-        raise _malformed(path, position, header)
-    set_horizon = selection.tombstones > 0 and not has_horizon
-    if selection.kept == count and not set_horizon:
-        return original, marks, selection.keyless
-    if selection.kept == 0:
-        if header.producer_id != _NO_PRODUCER and last_batches.get(header.producer_id) == header.last_offset:
-            return _empty_batch(header), marks, selection.keyless
-        return None, marks, selection.keyless
-    base_timestamp = now_ms + delete_retention_ms if set_horizon else header.base_timestamp
-    records = np.empty(end - start + 20 * count, np.uint8)
-    stop = write_kept(data, count, *marks, header.base_timestamp - base_timestamp, records, 0)
-    body: bytes | np.ndarray = records[:stop]
-    codec = header.attributes & COMPRESSION_CODEC_MASK
-    if codec:
-        body = compress(codec, records[:stop].data)
-    attributes = header.attributes | (DELETE_HORIZON_FLAG_MASK if set_horizon else 0)
-    log_append_time = header.attributes & TIMESTAMP_TYPE_MASK
-    max_timestamp = header.max_timestamp if log_append_time else selection.max_timestamp
-    batch = _batch(header, attributes, base_timestamp, max_timestamp, selection.kept, body)
-    return batch, marks, selection.keyless
+    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes)
 
 
 def _batch(header: BatchHeader, attributes: int, base_timestamp: int, max_timestamp: int, count: int,

@@ -43,7 +43,6 @@ unclean stop ``storage.recovery`` checks only the segments from the recovery poi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import threading
@@ -85,15 +84,16 @@ from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LONG_MAX, LogConfig
 from storage.log_dir import (
     CLEAN_SHUTDOWN_FILE,
+    FORK_GENERATION,
     LEADER_EPOCH_CHECKPOINT_FILE,
     LOG_START_OFFSET_CHECKPOINT_FILE,
     RECOVERY_POINT_CHECKPOINT_FILE,
     lock_log_directory,
     parse_topic_partition,
+    unlock_log_directory,
     write_partition_checkpoint,
 )
 from storage.log_loader import load_log
-from storage.retention import segments_to_delete
 from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
@@ -114,14 +114,6 @@ _new_tuple = tuple.__new__  # NamedTuple construction without its keyword handli
 _time_ns = time.time_ns
 
 _log = logging.getLogger(__name__)
-_FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
-
-
-def _forked() -> None:
-    _FORK_GENERATION[0] += 1
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 class Log:
@@ -140,7 +132,7 @@ class Log:
         self._where = f"partition {self.name} append"
         self._lock_fd = lock_fd
         self._pid = os.getpid()
-        self._fork_generation = _FORK_GENERATION[0]
+        self._fork_generation = FORK_GENERATION[0]
         self._log_start_offset = 0
         self._recovery_point = 0
         self._epochs = LeaderEpochCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT_FILE))
@@ -228,8 +220,7 @@ class Log:
         self._closed = True
         self._append_generation = -1
         if self._lock_fd >= 0:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            unlock_log_directory(self._lock_fd)
             self._lock_fd = -1
 
     def __enter__(self) -> Log:
@@ -327,7 +318,7 @@ class Log:
         if count == 1 == len(headers):  # the hot path (see the module docstring)
             header = headers[0]
             if (leader_epoch == self._epochs.latest_epoch >= 0  # the latest recorded epoch
-                    and self._append_generation == _FORK_GENERATION[0]  # open, and not a forked child
+                    and self._append_generation == FORK_GENERATION[0]  # open, and not a forked child
                     and self._flusher.error is None):  # (else the general path raises it)
                 segment = self._segments[-1]
                 view = views[0]
@@ -375,7 +366,8 @@ class Log:
                            validated: Sequence[BatchHeader] | None = None) -> AppendInfo:
         """Append a leader's batches unchanged (a replica): offsets and epochs are the batches' own.
 
-        The first batch must start at the log end offset and offsets must move forward; each new
+        The first batch must start at or after the log end offset and offsets must move forward (a gap
+        between batches, as a compacted leader has them, is copied as it is); each new
         ``partitionLeaderEpoch`` is recorded in the leader-epoch cache.  Raises :class:`CorruptRecordError` or
         :class:`InvalidRecordError`; then nothing was appended.  ``validated``: the headers of every batch in
         ``buf``, in order, as the caller's own check of these very bytes returned them (magic, length, CRC:
@@ -406,10 +398,10 @@ class Log:
 
         ``batches``: what ``storage.batch_scan.walk_batches(np.frombuffer(buf, np.uint8), 0, len(buf),
         s, self.log_end_offset, ...)`` returned for these very bytes (any ``s``), at least one row, the first
-        at position 0, the last ending at ``len(buf)`` -- so offsets move forward from the log end -- with
-        every stored CRC checked by the caller.  **The log trusts them** beyond the first base offset and
-        the total length, which it checks (:class:`InvalidRecordError`; then nothing was appended).  Same
-        effects as :meth:`append_as_follower`: epochs recorded, rolls, indexes, flushes.
+        at position 0, the last ending at ``len(buf)`` -- so offsets move forward from the log end, gaps
+        allowed -- with every stored CRC checked by the caller.  **The log trusts them** beyond the first
+        base offset and the total length, which it checks (:class:`InvalidRecordError`; then nothing was
+        appended).  Same effects as :meth:`append_as_follower`: epochs recorded, rolls, indexes, flushes.
         """
         self._check_writable()
         view = writable_bytes(buf)
@@ -516,7 +508,7 @@ class Log:
     def _check_writable(self) -> None:
         if self._closed:
             raise LogLockedError(f"partition {self.name}: the log is closed")
-        if _FORK_GENERATION[0] != self._fork_generation:
+        if FORK_GENERATION[0] != self._fork_generation:
             raise LogLockedError(
                 f"partition {self.name}: the log was opened by process {self._pid}, not this forked "
                 f"process {os.getpid()}; a log has exactly one writer"
@@ -659,10 +651,7 @@ class Log:
         segment; only below ``high_watermark`` if given).  Returns the number of segments deleted."""
         self._check_writable()
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        count = segments_to_delete(self._segment_list.retention_candidates(), now_ms=now,
-                                   retention_ms=self.config.retention_ms,
-                                   retention_bytes=self.config.retention_bytes,
-                                   log_start_offset=self._log_start_offset, high_watermark=high_watermark)
+        count = self._segment_list.retention_count(now, self._log_start_offset, high_watermark)
         if count:
             self._delete_first_segments(count)
         return count

@@ -39,6 +39,7 @@ from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, parse_s
 __all__ = [
     "CLEANER_OFFSET_CHECKPOINT_FILE",
     "CLEAN_SHUTDOWN_FILE",
+    "FORK_GENERATION",
     "LEADER_EPOCH_CHECKPOINT_FILE",
     "LOCK_FILE",
     "LOG_START_OFFSET_CHECKPOINT_FILE",
@@ -51,6 +52,8 @@ __all__ = [
     "read_offline_note",
     "read_partition_checkpoint",
     "remove_stray_files",
+    "segment_base_offsets",
+    "unlock_log_directory",
     "write_offline_note",
     "write_partition_checkpoint",
 ]
@@ -74,8 +77,13 @@ def parse_topic_partition(directory: str) -> tuple[str, int] | None:
 
 def list_segment_base_offsets(directory: str) -> list[int]:
     """Base offsets of the ``.log`` files in ``directory``, sorted."""
+    return segment_base_offsets(os.listdir(directory))
+
+
+def segment_base_offsets(names: list[str]) -> list[int]:
+    """Base offsets of the ``.log`` files among ``names`` (a directory listing), sorted."""
     bases = []
-    for name in os.listdir(directory):
+    for name in names:
         base = parse_segment_name(name, LOG_SUFFIX)
         if base is not None:
             bases.append(base)
@@ -100,6 +108,22 @@ def lock_log_directory(directory: str, name: str) -> int:
     os.pwrite(fd, pid, 0)
     os.ftruncate(fd, len(pid))  # after the write: a file truncated to 0 is flushed by ext4 on close
     return fd
+
+
+def unlock_log_directory(fd: int) -> None:
+    """Release the lock :func:`lock_log_directory` took and close its descriptor."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+FORK_GENERATION = [0]  # bumped in every forked child: a Log opened before a fork refuses to append after it
+
+
+def _forked() -> None:
+    FORK_GENERATION[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def delete_segment_files(directory: str, base_offset: int) -> None:

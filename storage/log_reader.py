@@ -18,37 +18,53 @@ while a :class:`LogReader` reads the same directory.  The reader is safe against
 
 The reader's picture of the directory (which segments exist, the log start offset) is refreshed when the
 directory's mtime changes (segment created or deleted, checkpoint renamed) and whenever an offset is beyond
-the segments it knows.  A :class:`~storage.segment_file.FetchSlice` it returns stays valid until the next
-call on the reader.  Not thread-safe: one reader per thread.
+the segments it knows or a segment it reads was deleted.  A clean (``storage.clean_swap``) replaces a group
+of segments with renames: between its first and last rename some of the group's offsets are in no
+``.log`` file, so a listing that shows a ``*.deleted`` or ``*.swap`` file is not used: the reader lists
+again after a short sleep, until the swap is done (a swap takes a few fsyncs; one a crash left unfinished,
+for ``swap_wait_s``, is a retriable ``KafkaStorageError``: the log's next open finishes it).  A listed
+segment that is gone before it is opened (renamed by a swap, deleted) also makes the reader list again, and
+a view whose file was replaced under the same name (the group's first segment) is reopened.  A view opened
+before a swap keeps reading the replaced file (its descriptor holds it) until it is unlinked, and then the
+reader lists again: every read sees each batch either as it was before a clean or as after it.  A
+:class:`~storage.segment_file.FetchSlice` it returns stays valid until the next call on the reader.  Not
+thread-safe: one reader per thread.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import time
 from collections.abc import Iterator
 
 from storage.checkpoints import LeaderEpochCache, read_offset_checkpoint
-from storage.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
+from storage.errors import KafkaStorageError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from storage.log_config import LogConfig
 from storage.log_dir import (
     LEADER_EPOCH_CHECKPOINT_FILE,
     LOG_START_OFFSET_CHECKPOINT_FILE,
-    list_segment_base_offsets,
     parse_topic_partition,
+    segment_base_offsets,
 )
 from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import FetchSlice, split_batches
 
-__all__ = ["LogReader", "open_read_only"]
+__all__ = ["DEFAULT_SWAP_WAIT_S", "LogReader", "open_read_only"]
+
+DEFAULT_SWAP_WAIT_S = 10.0  # how long a listing waits for a clean's swap to finish
+_FIRST_DELAY_S = 0.0005
+_MAX_DELAY_S = 0.05
 
 
 class LogReader:
     """Reads a partition directory that a ``Log`` in another process may be writing.  See the module doc."""
 
     def __init__(self, directory: str, config: LogConfig | None = None, *,
-                 topic_partition: tuple[str, int] | None = None) -> None:
+                 topic_partition: tuple[str, int] | None = None,
+                 swap_wait_s: float = DEFAULT_SWAP_WAIT_S) -> None:
         self.directory = directory
         self.config = config or LogConfig()
         tp = topic_partition or parse_topic_partition(directory) or (os.path.basename(directory), 0)
@@ -60,24 +76,56 @@ class LogReader:
         self._dir_mtime_ns = -1
         self._epochs: LeaderEpochCache | None = None
         self._epochs_identity: tuple[int, int] = (0, 0)
+        self.swap_wait_s = swap_wait_s
         if not os.path.isdir(directory):
             raise UnknownTopicOrPartitionError(f"partition {self.name}: no log directory {directory}")
         self.refresh()
 
     # --- the directory's picture ----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Re-list the segments and re-read the log start offset."""
-        self._dir_mtime_ns = os.stat(self.directory).st_mtime_ns
-        bases = list_segment_base_offsets(self.directory)
+        """Re-list the segments and re-read the log start offset: again while a clean's swap is in flight
+        (up to ``swap_wait_s``, then :class:`KafkaStorageError`) or a listed segment is gone before it
+        was opened, so the picture never misses a segment's offsets."""
+        delay, waited = _FIRST_DELAY_S, 0.0
+        while True:
+            self._dir_mtime_ns = os.stat(self.directory).st_mtime_ns
+            names = os.listdir(self.directory)
+            swapping = [n for n in names if n.endswith((DELETED_SUFFIX, SWAP_SUFFIX))]
+            if not swapping and self._open_segments(segment_base_offsets(names)):
+                break
+            if waited >= self.swap_wait_s:
+                raise KafkaStorageError(
+                    f"partition {self.name}: {self.directory} holds {sorted(swapping)}: a clean's swap has "
+                    f"been unfinished for {waited:.1f} s (KAFKA_STORAGE_ERROR, retriable); the next open of "
+                    "the log finishes or undoes it (restart the partition's writer)",
+                    partition=self.name, directory=self.directory, cause="unfinished clean swap")
+            time.sleep(delay)
+            waited += delay
+            delay = min(2 * delay, _MAX_DELAY_S)
+        try:
+            entries = read_offset_checkpoint(os.path.join(self.directory, LOG_START_OFFSET_CHECKPOINT_FILE))
+        except Exception:  # a torn read cannot happen (atomic rename), but never fail a reader on it
+            entries = None
+        self._checkpoint_start = max(entries.values()) if entries else 0
+
+    def _open_segments(self, bases: list[int]) -> bool:
+        """Make the segments at ``bases`` the picture, keeping the views still on the same file; False (the
+        picture unchanged) when one was renamed or deleted before it was opened."""
         known = {s.base_offset: s for s in self._segments}
-        segments = []
+        segments: list[LogSegment] = []
         for base in bases:
             segment = known.pop(base, None)
+            if segment is not None and not segment.same_file():
+                known[-1 - base] = segment  # a clean replaced it: its view is closed below
+                segment = None
             if segment is None:
                 try:
                     segment = LogSegment.open_view(self.directory, base, self.config)
                 except FileNotFoundError:
-                    continue  # deleted between listdir and open
+                    for opened in segments:
+                        if opened not in self._segments:
+                            opened.close()
+                    return False
             else:
                 segment.refresh_view()
             segments.append(segment)
@@ -85,11 +133,7 @@ class LogReader:
             gone.close()
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
-        try:
-            entries = read_offset_checkpoint(os.path.join(self.directory, LOG_START_OFFSET_CHECKPOINT_FILE))
-        except Exception:  # a torn read cannot happen (atomic rename), but never fail a reader on it
-            entries = None
-        self._checkpoint_start = max(entries.values()) if entries else 0
+        return True
 
     def _maybe_refresh(self) -> None:
         if os.stat(self.directory).st_mtime_ns != self._dir_mtime_ns:

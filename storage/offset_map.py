@@ -1,4 +1,4 @@
-"""The cleaner's key -> latest offset map: a fixed-size open-addressing hash table in numpy arrays.
+"""The cleaner's key -> latest offset map: an open-addressing hash table over dense key arrays, in numpy.
 
 Theory of operation
 -------------------
@@ -6,23 +6,32 @@ Compaction keeps, of every key, the record with the largest offset.  Before it r
 reads the *dirty* section of the log (what no clean has seen yet) and records, for every key there, the
 largest offset at which it appears.  Kafka's ``SkimpyOffsetMap`` does it in a fixed buffer of
 ``log.cleaner.dedupe.buffer.size`` bytes, storing a 16-byte digest of each key (MD5) and an 8-byte offset;
-this map does the same:
+this map stores the same 24 bytes per key, and finds them through a small table:
 
 * **the key digest** is MurmurHash3 x64 128 (:func:`key_hash`), computed in numba over the key's bytes
   where they lie (a mapped segment, or a decompressed records section).  Two keys collide only if all 128
   bits agree (about 2**-64 for a billion keys), and the map compares all 128;
-* **the table** is ``slots`` rows of 24 bytes, one ``(slots, 3)`` ``uint64`` array: the two digest words and
-  the offset plus one (0 marks an empty slot, so a new table is all zeros and costs no writes); one row is
-  one cache access.  ``slots = dedupe_buffer_bytes // 24``, or fewer when the caller knows that fewer keys
-  can come (the records of the dirty section): a smaller table is faster to probe and the memory bound still
-  holds.  A slot is found by linear probing from ``digest % slots`` (:func:`map_put`, :func:`map_get`:
-  numba);
-* **the load bound**: at most ``0.9 * slots`` keys go in (Kafka's ``log.cleaner.io.buffer.load.factor``),
-  so every probe ends at an empty slot soon.  The caller fills the map batch by batch and stops *before* a
-  batch whose records could pass the bound (:attr:`OffsetMap.room`): the map then covers a prefix of the
-  dirty section, ending on a batch boundary, and the clean runs in several passes.
+* **the keys** are dense arrays in the order keys were first seen: ``digests`` (two ``uint64`` words per
+  key) and ``offsets`` (``int64``, the latest offset).  A key's index there is its *entry*;
+* **the table** is ``slots`` ``uint64`` words: 0 for an empty slot, else ``entry + 1`` in the low 32 bits
+  and the digest's top 32 bits above them, so a probe reads the dense arrays only when those 32 bits agree.
+  A slot is found by linear probing from ``digest % slots`` (:func:`map_put`, :func:`map_find`: numba).
+  The table starts small and doubles (:meth:`OffsetMap.grow`, rebuilt from the dense arrays, so the old
+  table is dropped first) when it is half full, up to the slots that hold ``capacity`` keys at load 0.9
+  (Kafka's ``log.cleaner.io.buffer.load.factor``): a table about twice the keys stays in the CPU's caches;
+* **record entries**: the map pass also writes, for each record it reads, its key's entry (-1: no key) to
+  ``entries``, in offset order, while there is room; the clean then decides whether a record survives by
+  comparing its offset with ``offsets[entry]`` instead of hashing and probing again.  Records past the room
+  are hashed again;
+* **the bound**: ``capacity * 24 + slots * 8 + len(entries) * 4 <= log.cleaner.dedupe.buffer.size``.
+  ``entries`` takes at most a quarter of the buffer, the keys the rest (:data:`BYTES_PER_ENTRY` each, with
+  their share of the table), fewer when the caller knows that fewer keys can come.  The caller fills the
+  map batch by batch and stops *before* a batch whose records could pass ``capacity``
+  (:attr:`OffsetMap.room`): the map then covers a prefix of the dirty section, ending on a batch boundary,
+  and the clean runs in several passes.
 
-Nothing else is allocated per key: the memory is the two arrays, fixed when the map is made.
+Nothing else is allocated per key or per record: the memory is those arrays, fixed when the map is made
+(the table's, growing to its bound).
 """
 
 from __future__ import annotations
@@ -32,26 +41,47 @@ from typing import Final
 import numba
 import numpy as np
 
+from storage.batch_header import (
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
+    COMPRESSION_CODEC_MASK,
+    CONTROL_FLAG_MASK,
+    HEADER_SIZE,
+    RECORDS_COUNT_OFFSET,
+)
+from storage.batch_scan import read_be
 from storage.varint import read_varint, read_varlong
 
 __all__ = [
     "BYTES_PER_ENTRY",
     "DEFAULT_DEDUPE_BUFFER_BYTES",
+    "GROW",
     "LOAD_FACTOR",
     "MALFORMED_RECORDS",
+    "NO_KEY",
+    "STOPPED",
     "OffsetMap",
     "key_hash",
-    "map_get",
+    "map_find",
     "map_put",
+    "put_batches",
     "put_records",
 ]
 
-BYTES_PER_ENTRY: Final = 24  # 16-byte key digest + 8-byte offset, as Kafka's SkimpyOffsetMap with MD5
+KEY_BYTES: Final = 24  # 16-byte key digest + 8-byte offset, as Kafka's SkimpyOffsetMap with MD5
+SLOT_BYTES: Final = 8
+ENTRY_BYTES: Final = 4
 LOAD_FACTOR: Final = 0.9  # Kafka's log.cleaner.io.buffer.load.factor
+BYTES_PER_ENTRY: Final = KEY_BYTES + 9  # a key and its share of a table at LOAD_FACTOR (8 / 0.9 < 9)
 DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.dedupe.buffer.size
-MALFORMED_RECORDS: Final = -1  # put_records: a record's fields do not parse inside the records section
-_EMPTY: Final = 0  # table[slot, 2] of an empty slot (it holds offset + 1)
-_ONE = np.uint64(1)
+MALFORMED_RECORDS: Final = -1  # a record's fields do not parse inside the records section
+GROW: Final = -2  # put_batches: the next batch's keys could pass the table's growth point
+STOPPED: Final = -3  # put_batches: stopped before a compressed batch (the caller decompresses it)
+NO_KEY: Final = -1  # entries[i] of a record without a key
+_MIN_SLOTS: Final = 1 << 12
+_EMPTY = np.uint64(0)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
 
 _C1 = np.uint64(0x87C37B91114253D5)
 _C2 = np.uint64(0x4CF5AD432745937F)
@@ -123,93 +153,148 @@ def key_hash(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.u
 
 
 @numba.njit(cache=True, inline="always")
-def map_put(table: np.ndarray, h1: np.uint64, h2: np.uint64, offset: int) -> int:
-    """Record ``offset`` for the key whose digest is ``(h1, h2)``: 1 if the key is new, 0 if it was there
-    (its offset is then replaced: the dirty section is read in offset order).  The caller keeps the table
-    below its load bound, so an empty slot is always found."""
+def map_find(table: np.ndarray, digests: np.ndarray, h1: np.uint64, h2: np.uint64) -> tuple[int, int]:
+    """``(slot, entry)`` of the key whose digest is ``(h1, h2)``; entry -1 and the empty slot where it would
+    go when it is not there.  The table is never full, so an empty slot ends every probe."""
     slots = table.shape[0]
+    tag = (h2 >> _S32) << _S32
     slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
-    stored = np.uint64(offset) + _ONE
     while True:
-        if table[slot, 2] == _EMPTY:
-            table[slot, 0] = h1
-            table[slot, 1] = h2
-            table[slot, 2] = stored
-            return 1
-        if table[slot, 0] == h1 and table[slot, 1] == h2:
-            table[slot, 2] = stored
-            return 0
+        word = table[slot]
+        if word == _EMPTY:
+            return slot, -1
+        if word & ~_LOW32 == tag:
+            entry: int = np.int64((word & _LOW32) - np.uint64(1))  # type: ignore[assignment]  # numba
+            if digests[entry, 0] == h1 and digests[entry, 1] == h2:
+                return slot, entry
         slot += 1
         if slot == slots:
             slot = 0
 
 
 @numba.njit(cache=True, inline="always")
-def map_get(table: np.ndarray, h1: np.uint64, h2: np.uint64) -> int:
-    """The latest offset recorded for the key whose digest is ``(h1, h2)``, or -1."""
-    slots = table.shape[0]
-    slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
-    while True:
-        stored = table[slot, 2]
-        if stored == _EMPTY:
-            return -1
-        if table[slot, 0] == h1 and table[slot, 1] == h2:
-            return np.int64(stored - _ONE)  # type: ignore[return-value]  # numba: an int64
-        slot += 1
-        if slot == slots:
-            slot = 0
+def map_put(table: np.ndarray, digests: np.ndarray, offsets: np.ndarray, size: int, h1: np.uint64,
+            h2: np.uint64, offset: int) -> int:
+    """Record ``offset`` for the key whose digest is ``(h1, h2)``; returns its entry, ``size`` when the key
+    is new (the caller counts it).  The dirty section is read in offset order, so ``offset`` replaces what
+    the key had.  The caller keeps ``size`` below the table's load bound and ``capacity``."""
+    slot, entry = map_find(table, digests, h1, h2)
+    if entry < 0:
+        entry = size
+        digests[entry, 0] = h1
+        digests[entry, 1] = h2
+        table[slot] = ((h2 >> _S32) << _S32) | np.uint64(entry + 1)
+    offsets[entry] = offset
+    return entry
 
 
 @numba.njit(cache=True)
-def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int,
-                table: np.ndarray) -> int:
+def _find_key(table: np.ndarray, digests: np.ndarray, key: np.ndarray) -> int:
+    """The entry of ``key`` (its bytes), or -1: hashed and found in numba, where the digest stays uint64."""
+    h1, h2 = key_hash(key, 0, key.shape[0])
+    return map_find(table, digests, h1, h2)[1]
+
+
+@numba.njit(cache=True)
+def _rebuild(table: np.ndarray, digests: np.ndarray, size: int) -> None:
+    """Put the first ``size`` keys of ``digests`` into the empty ``table``."""
+    for entry in range(size):
+        slot, _ = map_find(table, digests, digests[entry, 0], digests[entry, 1])
+        table[slot] = ((digests[entry, 1] >> _S32) << _S32) | np.uint64(entry + 1)
+
+
+@numba.njit(cache=True)
+def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
+                digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray,
+                seen: int) -> tuple[int, int]:
     """Put the key of each of the ``count`` records in ``data[start:end]`` (a batch's records section) with
-    its offset; returns the number of new keys, or :data:`MALFORMED_RECORDS`.  Records without a key are
-    skipped (the clean drops them)."""
-    new = 0
+    its offset, and each record's entry in ``entries[seen...]`` while there is room; returns the keys in the
+    map and the records seen after them, or ``(MALFORMED_RECORDS, seen)``.  Records without a key are not
+    put (the clean drops them)."""
     at = start
+    room = entries.shape[0]
     for _ in range(count):
         length, after = read_varint(data, at, end)
         if after < 0 or length <= 0 or after + length > end:
-            return MALFORMED_RECORDS
+            return MALFORMED_RECORDS, seen
         record_end = after + length
         _, p = read_varlong(data, after + 1, record_end)  # after the attributes byte: timestampDelta
         if p < 0:
-            return MALFORMED_RECORDS
+            return MALFORMED_RECORDS, seen
         offset_delta, p = read_varint(data, p, record_end)
         if p < 0:
-            return MALFORMED_RECORDS
+            return MALFORMED_RECORDS, seen
         key_length, p = read_varint(data, p, record_end)
         if p < 0 or key_length < -1 or p + key_length > record_end:
-            return MALFORMED_RECORDS
+            return MALFORMED_RECORDS, seen
+        entry = NO_KEY
         if key_length >= 0:
             h1, h2 = key_hash(data, p, key_length)
-            new += map_put(table, h1, h2, base_offset + offset_delta)
+            entry = map_put(table, digests, offsets, size, h1, h2, base_offset + offset_delta)
+            if entry == size:
+                size += 1
+        if seen < room:
+            entries[seen] = entry
+        seen += 1
         at = record_end
     if at != end:
-        return MALFORMED_RECORDS
-    return new
+        return MALFORMED_RECORDS, seen
+    return size, seen
+
+
+@numba.njit(cache=True)
+def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, table: np.ndarray,
+                digests: np.ndarray, offsets: np.ndarray, size: int, grow_at: int, entries: np.ndarray,
+                seen: int) -> tuple[int, int, int, int]:
+    """Put the keys of the batches at ``positions[first:]`` of a segment (``data``: all of it), as
+    :func:`put_records`, skipping control batches.  Returns ``(batch index, keys, records seen, code)``:
+    code 0 when all were put; else the batch at the index was not: :data:`GROW` (its records could take
+    the keys past ``grow_at``), :data:`STOPPED` (it is compressed) or :data:`MALFORMED_RECORDS`."""
+    for i in range(first, positions.shape[0]):
+        position = positions[i]
+        attributes = read_be(data, position + ATTRIBUTES_OFFSET, 2)
+        if attributes & CONTROL_FLAG_MASK:
+            continue
+        count = read_be(data, position + RECORDS_COUNT_OFFSET, 4)
+        if size + count > grow_at:
+            return i, size, seen, GROW
+        if attributes & COMPRESSION_CODEC_MASK:
+            return i, size, seen, STOPPED
+        base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
+        put, after = put_records(data, position + HEADER_SIZE, position + sizes[i], count, base_offset,
+                                 table, digests, offsets, size, entries, seen)
+        if put == MALFORMED_RECORDS:
+            return i, size, seen, MALFORMED_RECORDS
+        size, seen = put, after
+    return positions.shape[0], size, seen, 0
 
 
 class OffsetMap:
-    """The table (see the module docstring), ``(slots, 3)`` uint64.
+    """The arrays of the module docstring.
 
-    ``size`` counts the keys in it; the map covers ``[start_offset, end_offset)``.  ``max_keys``: at most
-    that many keys will be put (the table is then smaller than the buffer allows).
+    ``size`` counts the keys in it, ``seen`` the records the pass read (``entries`` holds the first
+    ``len(entries)`` of them); the map covers ``[start_offset, end_offset)``.  ``max_keys``: at most that
+    many keys (and records) will be put (the arrays are then smaller than the buffer allows).
     """
 
     def __init__(self, dedupe_buffer_bytes: int, *, max_keys: int | None = None) -> None:
-        slots = dedupe_buffer_bytes // BYTES_PER_ENTRY
-        if slots < 2:
+        limit = max(1, max_keys) if max_keys is not None else dedupe_buffer_bytes
+        entries = min(limit, dedupe_buffer_bytes // 4 // ENTRY_BYTES)
+        capacity = min(limit, (dedupe_buffer_bytes - entries * ENTRY_BYTES) // BYTES_PER_ENTRY)
+        if capacity < 1:
             raise ValueError(f"log.cleaner.dedupe.buffer.size {dedupe_buffer_bytes} holds no key "
                              f"({BYTES_PER_ENTRY} bytes per key)")
-        if max_keys is not None:
-            slots = min(slots, max(2, int(max_keys / LOAD_FACTOR) + 2))
-        self.table = np.zeros((slots, 3), dtype=np.uint64)
-        self.capacity = max(1, int(slots * LOAD_FACTOR))
+        self.capacity = capacity
+        self.max_slots = int(capacity / LOAD_FACTOR) + 1
+        self.digests = np.empty((capacity, 2), dtype=np.uint64)
+        self.offsets = np.empty(capacity, dtype=np.int64)
+        self.entries = np.empty(entries, dtype=np.int32)
+        self.table = np.zeros(0, dtype=np.uint64)
         self.size = 0
+        self.seen = 0
         self.start_offset = -1
         self.end_offset = -1
+        self.clear(-1)
 
     @property
     def slots(self) -> int:
@@ -217,22 +302,38 @@ class OffsetMap:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.table.nbytes)
+        """The bytes of the arrays at their bound (the table at ``max_slots``)."""
+        return (self.digests.nbytes + self.offsets.nbytes + self.entries.nbytes
+                + self.max_slots * SLOT_BYTES)
 
     @property
     def room(self) -> int:
         """Keys that may still go in."""
         return self.capacity - self.size
 
+    @property
+    def grow_at(self) -> int:
+        """The keys the table takes before :meth:`grow`: half its slots, or ``capacity`` at its bound."""
+        return self.capacity if self.slots >= self.max_slots else self.slots // 2
+
     def clear(self, start_offset: int) -> None:
-        """Empty the map for a pass that starts at ``start_offset``."""
-        if self.size:
-            self.table.fill(_EMPTY)
-        self.size = 0
+        """Empty the map for a pass that starts at ``start_offset``: the smallest table."""
+        slots = self.max_slots
+        while slots // 2 >= _MIN_SLOTS:
+            slots = (slots + 1) // 2
+        self.table = np.zeros(0, dtype=np.uint64)  # dropped before the new one is made
+        self.table = np.zeros(slots, dtype=np.uint64)
+        self.size = self.seen = 0
         self.start_offset = self.end_offset = start_offset
+
+    def grow(self) -> None:
+        """Double the table (up to ``max_slots``), rebuilt from the dense key arrays."""
+        slots = min(self.max_slots, 2 * self.slots)
+        self.table = np.zeros(0, dtype=np.uint64)
+        self.table = np.zeros(slots, dtype=np.uint64)
+        _rebuild(self.table, self.digests, self.size)
 
     def latest_offset(self, key: bytes) -> int:
         """The latest offset recorded for ``key``, or -1 (tests, tools; the clean looks up in numba)."""
-        data = np.frombuffer(key, dtype=np.uint8)
-        h1, h2 = key_hash(data, 0, len(key))
-        return int(map_get(self.table, h1, h2))
+        entry = _find_key(self.table, self.digests, np.frombuffer(key, dtype=np.uint8))
+        return -1 if entry < 0 else int(self.offsets[entry])

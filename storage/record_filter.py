@@ -1,4 +1,4 @@
-"""Which records of a batch a clean keeps, and the kept records written out: two numba kernels.
+"""Which records of a batch a clean keeps, and the kept records written out: numba kernels.
 
 A record survives a clean (Kafka's ``LogCleaner.shouldRetainRecord``) iff
 
@@ -10,9 +10,11 @@ A record survives a clean (Kafka's ``LogCleaner.shouldRetainRecord``) iff
 A record without a key is never kept: a compacted topic refuses keyless records at produce time (as Kafka
 does), so one can only come from before the topic was compacted.
 
-:func:`select_records` walks the records section once and marks what survives (``keep``), remembering where
-each record and its ``timestampDelta`` lie; :func:`write_kept` then writes the kept records, verbatim, or
-with their ``timestampDelta`` moved to a new ``baseTimestamp`` (the delete horizon, which Kafka stores in
+:func:`select_records` walks a batch's records section once and marks what survives (``keep``), remembering
+where each record and its ``timestampDelta`` lie (:func:`select_batches` does it for a run of a segment's
+uncompressed batches in one call, reading their headers itself, and says what to do with each batch:
+:func:`batch_action`); :func:`write_kept` then writes the kept records, verbatim, or with their
+``timestampDelta`` moved to a new ``baseTimestamp`` (the delete horizon, which Kafka stores in
 ``baseTimestamp``: a record's timestamp, ``baseTimestamp + timestampDelta``, does not change).  Record
 offsets never change: ``offsetDelta`` stays relative to the batch's ``baseOffset``, which the clean keeps.
 """
@@ -24,11 +26,41 @@ from typing import Final, NamedTuple
 import numba
 import numpy as np
 
-from storage.offset_map import MALFORMED_RECORDS, key_hash, map_get
+from storage.batch_header import (
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
+    COMPRESSION_CODEC_MASK,
+    CONTROL_FLAG_MASK,
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_OFFSET,
+    RECORDS_COUNT_OFFSET,
+)
+from storage.batch_scan import read_be
+from storage.offset_map import MALFORMED_RECORDS, STOPPED, key_hash, map_find
 from storage.varint import read_varint, read_varlong, size_of_varint, write_varint
 
-__all__ = ["RecordMarks", "Selection", "select_records", "write_kept"]
+__all__ = [
+    "COPY",
+    "DELETE_HORIZON_FLAG_MASK",
+    "DROP",
+    "MARKS_FULL",
+    "RESULT_COLUMNS",
+    "REWRITE",
+    "RecordMarks",
+    "Selection",
+    "batch_action",
+    "select_batches",
+    "select_records",
+    "write_kept",
+]
 
+DELETE_HORIZON_FLAG_MASK: Final = 0x40  # attribute bit 6: baseTimestamp holds the delete horizon (KIP-534)
+COPY: Final = 1  # batch_action: the batch is copied byte for byte
+DROP: Final = 2  # batch_action: no record survives
+REWRITE: Final = 3  # batch_action: the kept records go in a new batch
+RESULT_COLUMNS: Final = 6  # select_batches' results: action, kept, tombstones, max timestamp, keyless, mark
+MARKS_FULL: Final = -4  # select_batches: the next batch's records do not fit the marks left
 _NO_TIMESTAMP: Final = -1
 
 
@@ -44,7 +76,7 @@ class Selection(NamedTuple):
 
 
 class RecordMarks(NamedTuple):
-    """Scratch arrays for one batch's records (at least ``count`` entries each)."""
+    """Scratch arrays for the records of a run of batches, one after the other."""
 
     keep: np.ndarray  # bool
     starts: np.ndarray  # int64: where the record's length varint starts
@@ -61,19 +93,35 @@ class RecordMarks(NamedTuple):
         return self.keep.shape[0] >= count
 
 
+@numba.njit(cache=True, inline="always")
+def _latest(data: np.ndarray, key_at: int, key_length: int, table: np.ndarray, digests: np.ndarray,
+            offsets: np.ndarray, entries: np.ndarray, seen: int) -> int:
+    """The latest offset the map holds for the key at ``data[key_at:]``: through the record's entry when
+    the map pass kept it (``seen`` >= 0, inside ``entries``), else by hashing the key; -1: not in the map."""
+    if 0 <= seen < entries.shape[0]:
+        return offsets[entries[seen]]
+    h1, h2 = key_hash(data, key_at, key_length)
+    _, entry = map_find(table, digests, h1, h2)
+    return -1 if entry < 0 else offsets[entry]
+
+
 @numba.njit(cache=True)
 def select_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int,
                    base_timestamp: int, drop_tombstones: bool, map_end: int, table: np.ndarray,
-                   keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                   delta_ends: np.ndarray, deltas: np.ndarray) -> tuple[int, int, int, int]:
-    """Mark the records of ``data[start:end]`` that survive (rules in the module docstring);
-    ``drop_tombstones``: the batch's delete horizon has passed.  Returns ``Selection``'s fields."""
+                   digests: np.ndarray, offsets: np.ndarray, entries: np.ndarray, seen: int,
+                   keep: np.ndarray, starts: np.ndarray, ends: np.ndarray, delta_ends: np.ndarray,
+                   deltas: np.ndarray, mark_at: int) -> tuple[int, int, int, int]:
+    """Mark the records of ``data[start:end]`` that survive (rules in the module docstring) in the marks
+    from ``mark_at`` on; ``drop_tombstones``: the batch's delete horizon has passed; ``seen``: the batch's
+    first record's place in the map's ``entries`` (-1: the map pass did not read it).  Returns
+    ``Selection``'s fields."""
     kept = 0
     tombstones = 0
     keyless = 0
     max_timestamp = _NO_TIMESTAMP
     at = start
-    for i in range(count):
+    for n in range(count):
+        i = mark_at + n
         length, after = read_varint(data, at, end)
         if after < 0 or length <= 0 or after + length > end:
             return MALFORMED_RECORDS, 0, 0, 0
@@ -93,22 +141,16 @@ def select_records(data: np.ndarray, start: int, end: int, count: int, base_offs
             return MALFORMED_RECORDS, 0, 0, 0
         offset = base_offset + offset_delta
         survives = True
-        tombstone = False
+        value_length, _ = read_varint(data, p + max(key_length, 0), record_end)
+        tombstone = value_length < 0
         if offset < map_end:
             if key_length < 0:
                 survives = False
                 keyless += 1
             else:
-                h1, h2 = key_hash(data, p, key_length)
-                survives = offset >= map_get(table, h1, h2)
-                value_length, _ = read_varint(data, p + key_length, record_end)
-                tombstone = value_length < 0
-                if tombstone and drop_tombstones:
-                    survives = False
-        else:
-            value_at = p + max(key_length, 0)
-            value_length, _ = read_varint(data, value_at, record_end)
-            tombstone = value_length < 0
+                latest = _latest(data, p, key_length, table, digests, offsets, entries,
+                                 seen + n if seen >= 0 else -1)
+                survives = offset >= latest and not (tombstone and drop_tombstones)
         keep[i] = survives
         if survives:
             kept += 1
@@ -123,13 +165,77 @@ def select_records(data: np.ndarray, start: int, end: int, count: int, base_offs
 
 
 @numba.njit(cache=True)
-def write_kept(data: np.ndarray, count: int, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-               delta_ends: np.ndarray, deltas: np.ndarray, rebase_ms: int, out: np.ndarray,
+def batch_action(kept: int, count: int, tombstones: int, has_horizon: bool) -> int:
+    """What the clean does with a selected batch: :data:`DROP` (no record kept), :data:`COPY` (all kept
+    and no delete horizon to set) or :data:`REWRITE`."""
+    if kept == 0:
+        return DROP
+    if kept == count and (tombstones == 0 or has_horizon):
+        return COPY
+    return REWRITE
+
+
+@numba.njit(cache=True)
+def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, now_ms: int,
+                   map_start: int, map_end: int, table: np.ndarray, digests: np.ndarray,
+                   offsets: np.ndarray, entries: np.ndarray, seen: int, keep: np.ndarray,
+                   starts: np.ndarray, ends: np.ndarray, delta_ends: np.ndarray, deltas: np.ndarray,
+                   results: np.ndarray) -> tuple[int, int, int]:
+    """:func:`select_records` over the batches at ``positions[first:]`` of a segment (``data``: all of
+    it), their marks one after the other from 0.  ``results[i - first]``: the batch's action
+    (:func:`batch_action`; :data:`COPY` also for a control batch and one from the map's end on, which are
+    not read), ``Selection``'s fields and where its marks start (:data:`RESULT_COLUMNS`).  ``seen``: the
+    records the map read before the first batch.  Returns ``(batch index, seen, code)``: code 0 when all
+    were selected; else the batch at the index was not: :data:`STOPPED` (compressed: the caller selects
+    it), :data:`MARKS_FULL` (its records do not fit the marks or ``results`` left: the caller writes what
+    was selected, then calls again) or ``MALFORMED_RECORDS``."""
+    mark_at = 0
+    for i in range(first, positions.shape[0]):
+        row = i - first
+        if row == results.shape[0]:
+            return i, seen, MARKS_FULL
+        position = positions[i]
+        attributes = read_be(data, position + ATTRIBUTES_OFFSET, 2)
+        base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
+        if attributes & CONTROL_FLAG_MASK or base_offset >= map_end:
+            results[row, :] = 0
+            results[row, 0] = COPY
+            continue
+        if attributes & COMPRESSION_CODEC_MASK:
+            return i, seen, STOPPED
+        count = read_be(data, position + RECORDS_COUNT_OFFSET, 4)
+        if mark_at + count > keep.shape[0]:
+            return i, seen, MARKS_FULL
+        read_by_map = base_offset + read_be(data, position + LAST_OFFSET_DELTA_OFFSET, 4) >= map_start
+        base_timestamp = read_be(data, position + BASE_TIMESTAMP_OFFSET, 8)
+        has_horizon = attributes & DELETE_HORIZON_FLAG_MASK != 0
+        kept, tombstones, max_timestamp, keyless = select_records(
+            data, position + HEADER_SIZE, position + sizes[i], count, base_offset, base_timestamp,
+            has_horizon and now_ms >= base_timestamp, map_end, table, digests, offsets, entries,
+            seen if read_by_map else -1, keep, starts, ends, delta_ends, deltas, mark_at)
+        if kept == MALFORMED_RECORDS:
+            return i, seen, MALFORMED_RECORDS
+        results[row, 0] = batch_action(kept, count, tombstones, has_horizon)
+        results[row, 1] = kept
+        results[row, 2] = tombstones
+        results[row, 3] = max_timestamp
+        results[row, 4] = keyless
+        results[row, 5] = mark_at
+        mark_at += count
+        if read_by_map:
+            seen += count
+    return positions.shape[0], seen, 0
+
+
+@numba.njit(cache=True)
+def write_kept(data: np.ndarray, first: int, count: int, keep: np.ndarray, starts: np.ndarray,
+               ends: np.ndarray, delta_ends: np.ndarray, deltas: np.ndarray, rebase_ms: int, out: np.ndarray,
                at: int) -> int:
-    """Write the kept records (``keep``) to ``out`` at ``at``; returns the position after them.  With
+    """Write the kept records (``keep``) among the ``count`` marks from ``first`` to ``out`` at ``at``;
+    returns the position after them.  With
     ``rebase_ms`` (old ``baseTimestamp`` - new) every ``timestampDelta`` grows by it, so each record keeps
     its timestamp; ``out`` has room for the records plus 20 bytes each."""
-    for i in range(count):
+    for i in range(first, first + count):
         if not keep[i]:
             continue
         if rebase_ms == 0:

@@ -227,6 +227,13 @@ class LogSegment:
         segment.refresh_view()
         return segment
 
+    def same_file(self) -> bool:
+        """Whether this view's descriptor holds the file at its path (a clean's swap may have put another)."""
+        try:
+            return os.stat(self.log_path).st_ino == os.fstat(self.read_fd).st_ino
+        except FileNotFoundError:
+            return False
+
     def refresh_view(self) -> None:
         """Re-map the index files if the writer replaced or grew them (reader views only)."""
         try:

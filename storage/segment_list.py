@@ -41,7 +41,7 @@ from typing import NamedTuple
 from storage.clean_swap import finish_interrupted_swap, swap_in
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LogConfig
-from storage.retention import RetentionCandidate
+from storage.retention import RetentionCandidate, segments_to_delete
 from storage.segment import BatchRow, LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice
 
@@ -163,9 +163,14 @@ class SegmentList:
         self.segments[:] = [LogSegment.create(self.directory, offset, self.config)]
         self.bases[:] = [offset]
 
-    def retention_candidates(self) -> list[RetentionCandidate]:
-        return [RetentionCandidate(s.base_offset, s.next_offset, s.size_bytes, s.largest_timestamp())
-                for s in self.segments]
+    def retention_count(self, now_ms: int, log_start_offset: int, high_watermark: int | None) -> int:
+        """How many of the oldest segments retention deletes (``storage.retention``, with this list's
+        ``retention.ms`` and ``retention.bytes``)."""
+        candidates = [RetentionCandidate(s.base_offset, s.next_offset, s.size_bytes, s.largest_timestamp())
+                      for s in self.segments]
+        return segments_to_delete(candidates, now_ms=now_ms, retention_ms=self.config.retention_ms,
+                                  retention_bytes=self.config.retention_bytes,
+                                  log_start_offset=log_start_offset, high_watermark=high_watermark)
 
     def count_wholly_below(self, offset: int) -> int:
         """How many of the oldest segments hold only offsets below ``offset`` (never the active one)."""

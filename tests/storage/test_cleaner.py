@@ -17,7 +17,7 @@ from storage.cleaner import DELETE_HORIZON_FLAG_MASK, clean_log, first_dirty_off
 from storage.errors import ConfigError, CorruptRecordError
 from storage.log import Log
 from storage.log_config import LogConfig
-from storage.offset_map import BYTES_PER_ENTRY, OffsetMap, key_hash, map_get, map_put
+from storage.offset_map import BYTES_PER_ENTRY, OffsetMap, key_hash, map_find, map_put
 
 CONFIG = LogConfig(segment_bytes=600, index_interval_bytes=100)
 
@@ -84,16 +84,31 @@ def test_key_hash_is_murmur3_x64_128() -> None:
 
 def test_offset_map_keeps_the_latest_offset_and_its_bound() -> None:
     omap = OffsetMap(10 * BYTES_PER_ENTRY)
-    assert (omap.slots, omap.capacity, omap.memory_bytes) == (10, 9, 10 * BYTES_PER_ENTRY)
+    assert omap.capacity == 7 and omap.memory_bytes <= 10 * BYTES_PER_ENTRY
     data = np.frombuffer(b"k1k2", np.uint8)
-    h = key_hash(data, 0, 2)
-    assert map_put(omap.table, h[0], h[1], 5) == 1
-    assert map_put(omap.table, h[0], h[1], 9) == 0
-    assert map_get(omap.table, h[0], h[1]) == 9
-    assert OffsetMap(1 << 20, max_keys=90).slots == 102  # fewer keys to come: a smaller table
+    h = tuple(map(np.uint64, key_hash(data, 0, 2)))
+    assert map_put(omap.table, omap.digests, omap.offsets, 0, h[0], h[1], 5) == 0  # new: entry 0
+    assert map_put(omap.table, omap.digests, omap.offsets, 1, h[0], h[1], 9) == 0  # known: same entry
+    assert map_find(omap.table, omap.digests, h[0], h[1])[1] == 0 and omap.offsets[0] == 9
+    small = OffsetMap(1 << 20, max_keys=90)  # fewer keys to come: smaller arrays
+    assert small.capacity == 90 and small.memory_bytes < 90 * (BYTES_PER_ENTRY + 4)
     assert omap.latest_offset(b"k1") == 9 and omap.latest_offset(b"k2") == -1
     with pytest.raises(ValueError, match=r"dedupe\.buffer\.size"):
         OffsetMap(BYTES_PER_ENTRY)
+
+
+def test_offset_map_table_grows_to_its_bound_keeping_every_key() -> None:
+    omap = OffsetMap(1 << 20)
+    assert omap.slots < omap.max_slots and omap.memory_bytes <= 1 << 20
+    data = np.frombuffer(b"".join(b"key-%06d" % i for i in range(omap.capacity)), np.uint8)
+    for i in range(omap.capacity):
+        if omap.size == omap.grow_at:
+            omap.grow()
+        h1, h2 = map(np.uint64, key_hash(data, 10 * i, 10))
+        assert map_put(omap.table, omap.digests, omap.offsets, omap.size, h1, h2, 1000 + i) == omap.size
+        omap.size += 1
+    assert omap.slots == omap.max_slots and omap.room == 0
+    assert all(omap.latest_offset(b"key-%06d" % i) == 1000 + i for i in range(0, omap.capacity, 97))
 
 
 def test_small_dedupe_buffer_cleans_in_passes_keeping_offsets(tmp_path: Path) -> None:

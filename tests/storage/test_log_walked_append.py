@@ -108,12 +108,12 @@ def test_walked_append_decides_as_the_header_append(
         assert _files(root / "walked" / "t-0") == _files(root / "headers" / "t-0")
 
 
-def test_walked_append_refuses_a_gap_or_arrays_of_other_bytes(tmp_path: Path) -> None:
+def test_walked_append_refuses_batches_we_hold_or_arrays_of_other_bytes(tmp_path: Path) -> None:
     data = memoryview(_leader_bytes(tmp_path, [(2, 10, 1, 1, False)] * 3))
     log = Log.open(tmp_path / "f" / "t-0", LogConfig())
     batches = _walk(data, 0)
     log.append_walked_as_follower(data[:int(batches.sizes[0])], BatchArrays(*(a[:1] for a in batches)))
-    with pytest.raises(InvalidRecordError, match="base offset 0, expected the log end offset 2"):
+    with pytest.raises(InvalidRecordError, match="base offset 0, below the log end offset 2"):
         log.append_walked_as_follower(data, batches)  # the first batch again
     rest = data[int(batches.sizes[0]):]
     with pytest.raises(InvalidRecordError, match="do not cover the buffer"):
