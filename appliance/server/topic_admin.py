@@ -132,7 +132,7 @@ class TopicAdmin:
 
     def create_partitions(self, message: Mapping[str, Any]) -> dict[str, Any] | TopicMetadata:
         """``create_partitions``: the error reply, or the topic with its new count (``validate_only``: as it
-        would be; nothing changed)."""
+        is, nothing changed)."""
         name = str(message["topic"])
         count = message["count"]
         topic = self.store.get(name)
@@ -146,7 +146,7 @@ class TopicAdmin:
                                   f"{topic.replication_factor}); partitions can be added to topics of "
                                   "replication factor 1 only, for now")  # fmt: skip
         if message.get("validate_only"):
-            return dataclasses.replace(topic, partitions=count)
+            return topic  # as it is: it would be given count partitions
         return self.changes.add_partitions(name, count)
 
     # -- records ------------------------------------------------------------------------------------------
