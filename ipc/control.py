@@ -28,6 +28,12 @@ Ops (fields; the reply's fields):
                      ``replication_factor``, ``configs``,       partition is served; with ``"wait": false``
                      ``wait`` opt.                              once recorded (partitions start after)
 ``delete_topic``     ``topic``                                  (nothing)
+``alter_topic_       ``topic``; ``set`` (settings), ``delete``  ``configs``: the topic's overrides after
+configs``            (names), ``replace``, ``validate_only``    (``appliance.server.topic_admin``)
+``create_partitions`` ``topic``, ``count``; ``validate_only``   ``topic`` (as in ``metadata``), once the new
+                                                                partitions are served
+``delete_records``   ``topic``, ``partition``, ``offset``       ``low_watermark``: the new log start offset,
+                                                                once the partition's writer moved it
 ``init_producer_id`` (none)                                     ``producer_id``, ``producer_epoch``
 ``attach``           ``topic``, ``partition``, ``producer_id``, ring, semaphore and state page names, sizes
                      ``ring_bytes`` (opt.: the capacity wanted) (``ring_bytes``, ``ring_bytes_max``)
@@ -499,6 +505,30 @@ class ControlClient:
     def delete_topic(self, name: str, *, timeout_s: float | None = None) -> None:
         """Delete a topic: its writers stop, its rings are detached, its logs removed."""
         self.request({"op": "delete_topic", "topic": name}, timeout_s=timeout_s)
+
+    def alter_topic_configs(self, name: str, *, set_configs: Mapping[str, Any] | None = None,
+                            delete: Sequence[str] = (), replace: bool = False,
+                            validate_only: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Change a topic's settings (``replace``: the whole override set becomes ``set_configs``);
+        ConfigError (INVALID_CONFIG) naming a bad key or value, nothing changed.  Returns the topic's
+        overrides afterwards (or as they would be, ``validate_only``)."""
+        request: dict[str, Any] = {"op": "alter_topic_configs", "topic": name, "set": dict(set_configs or {}),
+                                   "delete": list(delete), "replace": replace, "validate_only": validate_only}
+        return dict(self.request(request)["configs"])
+
+    def create_partitions(self, name: str, count: int, *, validate_only: bool = False,
+                          timeout_s: float | None = None) -> TopicInfo:  # fmt: skip
+        """Grow a topic to ``count`` partitions; returns once they are served.  ConfigError
+        (INVALID_PARTITIONS) unless ``count`` is larger than the current count."""
+        request = {"op": "create_partitions", "topic": name, "count": count, "validate_only": validate_only}
+        return TopicInfo.from_json(self.request(request, timeout_s=timeout_s)["topic"])
+
+    def delete_records(self, name: str, partition: int, offset: int, *,
+                       timeout_s: float | None = None) -> int:  # fmt: skip
+        """Move the partition's log start offset to ``offset`` (at most its high watermark); returns the
+        log start offset after it."""
+        request = {"op": "delete_records", "topic": name, "partition": partition, "offset": offset}
+        return int(self.request(request, timeout_s=timeout_s)["low_watermark"])
 
     def init_producer_id(self) -> tuple[int, int]:
         """A new idempotent producer id and its epoch (0): unique for the life of this data dir."""

@@ -76,6 +76,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.broker.cluster import Cluster
+from appliance.broker.config_requests import CONFIG_HANDLERS
 from appliance.broker.connection import Connection, ConnectionClosed, ResponseSlot
 from appliance.broker.fetch_session import (
     POLL_INTERVAL_MS,
@@ -86,6 +87,7 @@ from appliance.broker.fetch_session import (
 )
 from appliance.broker.handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker.listeners import Listeners, Listening
+from appliance.broker.partition_requests import PARTITION_HANDLERS
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
 from appliance.broker.replication import LeaderReplication
@@ -126,6 +128,7 @@ SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent r
 FALLBACK_TICK_MS = 100  # longest sleep while a fetch is held or a replicated partition led (module docstring)
 _WRITERS = "writers"  # selector data of the writers' wake-up eventfd
 _CONTROL = "control"  # selector data of the cluster's socket (answers to topic changes)
+_HANDLERS = {**HANDLERS, **CONFIG_HANDLERS, **PARTITION_HANDLERS}  # every API answered without holding
 
 
 class Broker:
@@ -389,7 +392,7 @@ class Broker:
             elif self._unauthorized_replica(conn, getattr(body, "replica_id", -1)):
                 response = _cluster_authorization_failed(api_key, body)
             else:
-                response = HANDLERS[api_key](self.ctx, header, body)
+                response = _HANDLERS[api_key](self.ctx, header, body)
         except (ConnectionClosed, ProtocolError):
             raise
         except Exception:

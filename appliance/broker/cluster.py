@@ -89,6 +89,23 @@ class Cluster(Protocol):
         INVALID_REPLICATION_FACTOR, INVALID_CONFIG, ..."""
         ...
 
+    def alter_topic_configs(self, name: str, set_configs: Mapping[str, str], delete: Sequence[str], *,
+                            replace: bool, validate_only: bool) -> None:  # fmt: skip
+        """Change a topic's settings: set some, reset ``delete`` (``replace``: reset every other too); the
+        whole set validated first.  ClusterError: INVALID_CONFIG naming the key (nothing changed),
+        UNKNOWN_TOPIC_OR_PARTITION, ..."""
+        ...
+
+    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int) -> None:
+        """Grow a topic to ``count`` partitions, returning once they are served.  ClusterError:
+        INVALID_PARTITIONS, UNKNOWN_TOPIC_OR_PARTITION, REQUEST_TIMED_OUT (it goes on), ..."""
+        ...
+
+    def delete_records(self, topic: str, partition: int, offset: int, *, timeout_ms: int) -> int:
+        """Move the partition's log start offset to ``offset``; the log start offset after it.
+        ClusterError: OFFSET_OUT_OF_RANGE (above the high watermark), KAFKA_STORAGE_ERROR, ..."""
+        ...
+
     def init_producer_id(self) -> tuple[int, int]:
         """A fresh (producer id, producer epoch) for an idempotent producer."""
         ...

@@ -73,6 +73,7 @@ def topic_meta(info: TopicInfo) -> TopicMeta:
         state_pages={p.partition: p.state_page for p in info.partitions},
         replicas=replicas,
         min_insync_replicas=info.min_insync_replicas,
+        configs=dict(info.configs),
         offline={p.partition: p.offline for p in info.partitions if p.offline},
     )
 
@@ -281,6 +282,32 @@ class ControlCluster:
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
         return topic_meta(info)
+
+    def alter_topic_configs(self, name: str, set_configs: Mapping[str, str], delete: Sequence[str], *,
+                            replace: bool, validate_only: bool) -> None:  # fmt: skip
+        what, down = f"alter the settings of topic {name!r}", ErrorCode.REQUEST_TIMED_OUT
+        try:
+            self._connected(what, down).alter_topic_configs(
+                name, set_configs=set_configs, delete=delete, replace=replace, validate_only=validate_only)
+        except ApplianceError as e:
+            raise _as_cluster_error(e, what, down) from None
+
+    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int) -> None:
+        what, down = f"add partitions to topic {name!r}", ErrorCode.REQUEST_TIMED_OUT
+        timeout_s = min(timeout_ms / 1000, REQUEST_TIMEOUT_S) if timeout_ms > 0 else REQUEST_TIMEOUT_S
+        try:
+            self._connected(what, down).create_partitions(name, count, validate_only=validate_only,
+                                                          timeout_s=timeout_s)  # fmt: skip
+        except ApplianceError as e:
+            raise _as_cluster_error(e, what, down) from None
+
+    def delete_records(self, topic: str, partition: int, offset: int, *, timeout_ms: int) -> int:
+        what, down = f"delete records of {topic}-{partition}", ErrorCode.REQUEST_TIMED_OUT
+        timeout_s = min(timeout_ms / 1000, REQUEST_TIMEOUT_S) if timeout_ms > 0 else REQUEST_TIMEOUT_S
+        try:
+            return self._connected(what, down).delete_records(topic, partition, offset, timeout_s=timeout_s)
+        except ApplianceError as e:
+            raise _as_cluster_error(e, what, down) from None
 
     def init_producer_id(self) -> tuple[int, int]:
         down = ErrorCode.COORDINATOR_NOT_AVAILABLE

@@ -1,4 +1,10 @@
-"""``appliance topics create|list|describe|delete``: manage topics of a running appliance.
+"""``appliance topics create|list|describe|alter|delete-records|delete``: topics of a running appliance.
+
+``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions; ``kafka-topics.sh --alter``);
+``delete-records --topic T --partition P --offset O`` moves a partition's log start offset to O, -1 for
+its high watermark (DeleteRecords; ``kafka-delete-records.sh``), or every partition an
+``--offset-json-file`` lists in kafka-delete-records' shape (``{"partitions": [{"topic": "t",
+"partition": 0, "offset": 10}]}``).  Topic settings are changed with ``appliance configs``.
 
 Where the appliance is, as Kafka's ``kafka-topics.sh`` says it:
 
@@ -37,6 +43,7 @@ partition count or setting, no appliance there); 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -87,6 +94,12 @@ class TopicsBackend(Protocol):
 
     def delete(self, name: str) -> None: ...
 
+    def add_partitions(self, name: str, count: int) -> None: ...
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move the partition's log start offset to ``offset`` (-1: the high watermark); the new one."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -114,6 +127,14 @@ class ControlBackend:
     def delete(self, name: str) -> None:
         self.client.delete_topic(name)
 
+    def add_partitions(self, name: str, count: int) -> None:
+        self.client.create_partitions(name, count)
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        if offset == -1:
+            offset = self.client.metadata([topic]).topics[topic].partitions[partition].high_watermark
+        return self.client.delete_records(topic, partition, offset)
+
     def close(self) -> None:
         self.client.close()
 
@@ -137,6 +158,12 @@ class KafkaBackend:
 
     def delete(self, name: str) -> None:
         self.admin.delete_topic(name)
+
+    def add_partitions(self, name: str, count: int) -> None:
+        self.admin.create_partitions(name, count)
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        return self.admin.delete_records({(topic, partition): offset})[(topic, partition)]
 
     def close(self) -> None:
         self.admin.close()
@@ -257,9 +284,18 @@ def _parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="print the topic names")
     describe = commands.add_parser("describe", help="print topics with their partitions and offsets")
     describe.add_argument("names", nargs="*", metavar="NAME", help="topics to describe (default: all)")
+    alter = commands.add_parser("alter", help="add partitions to a topic")
+    alter.add_argument("name", nargs="?", help="the topic (or --topic NAME)")
+    alter.add_argument("--topic", help="the topic, as kafka-topics --alter --topic NAME takes it")
+    alter.add_argument("--partitions", type=int, required=True, help="the new partition count, larger")
+    records = commands.add_parser("delete-records", help="delete a partition's records below an offset")
+    records.add_argument("--topic", help="the topic")
+    records.add_argument("--partition", type=int, help="the partition")
+    records.add_argument("--offset", type=int, help="the new log start offset (-1: the high watermark)")
+    records.add_argument("--offset-json-file", metavar="FILE", help="kafka-delete-records' JSON instead")
     delete = commands.add_parser("delete", help="delete a topic and its data")
     delete.add_argument("name")
-    for sub in (create, listing, describe, delete):
+    for sub in (create, listing, describe, alter, records, delete):
         add_connection_arguments(sub)
     return parser
 
@@ -329,6 +365,24 @@ def _topic_configs(items: Sequence[str]) -> dict[str, Any]:
     return configs
 
 
+def _records_to_delete(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of each partition ``delete-records`` names; ValueError if unclear."""
+    given = (args.topic, args.partition, args.offset)
+    if args.offset_json_file is None:
+        if any(v is None for v in given):
+            raise ValueError("give --topic, --partition and --offset, or --offset-json-file FILE")
+        return [(args.topic, args.partition, args.offset)]
+    if any(v is not None for v in given):
+        raise ValueError("--offset-json-file lists the partitions: no --topic, --partition or --offset")
+    try:
+        with open(args.offset_json_file, encoding="utf-8") as f:
+            document = json.load(f)
+        return [(str(p["topic"]), int(p["partition"]), int(p["offset"])) for p in document["partitions"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--offset-json-file {args.offset_json_file}: {exc!r}; expected "
+                         '{"partitions": [{"topic": T, "partition": P, "offset": O}, ...]}') from None
+
+
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run one parsed command; return the exit status."""
     try:
@@ -361,6 +415,13 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         elif args.command == "describe":
             for topic in backend.describe(args.names or None):
                 print(format_topic(topic), file=out)
+        elif args.command == "alter":
+            backend.add_partitions(args.name, args.partitions)
+            print(f"Topic {args.name} now has {args.partitions} partitions.", file=out)
+        elif args.command == "delete-records":
+            for topic, partition, offset in args.records:
+                low = backend.delete_records(topic, partition, offset)
+                print(f"Partition: {topic}-{partition}\tLow watermark: {low}", file=out)
         else:
             backend.delete(args.name)
             print(f"Deleted topic {args.name}.", file=out)
@@ -381,6 +442,12 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE if exc.code else EXIT_OK
     try:
         check_connection_arguments(args)
+        if args.command == "alter":
+            if (args.name is None) == (args.topic is None):
+                raise ValueError("give the topic once: NAME or --topic NAME")
+            args.name = args.name or args.topic
+        if args.command == "delete-records":
+            args.records = _records_to_delete(args)
         if args.command == "create":
             _topic_configs(args.topic_config)
             for flag, value in (("--partitions", args.partitions), ("--replication-factor",

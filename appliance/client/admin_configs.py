@@ -12,9 +12,10 @@
 * **delete_records** -- DeleteRecords to each partition's leader: move the log start offset forward;
   returns each partition's new low watermark.
 
-The broker answers these once its handlers are built; until then the versions negotiated with it have none
-in common and the call raises ``ProtocolError`` saying the broker does not support the API.  A resource's
-error is raised like the other admin calls' (``INVALID_CONFIG`` as :class:`ConfigError`, naming the key).
+The broker answers them (``appliance.broker.config_requests``, ``appliance.broker.partition_requests``); a
+broker that does not has no version in common with the client, and the call raises ``ProtocolError`` saying
+so.  A resource's error is raised like the other admin calls' (``INVALID_CONFIG`` as :class:`ConfigError`,
+naming the key).
 """
 
 from __future__ import annotations

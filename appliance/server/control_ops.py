@@ -19,7 +19,8 @@ processes (a new topic's writers, a deleted topic's, the writer of a partition a
 run on demand, ``appliance.server.writer_demand``) they ask of the supervisor (:class:`Supervised`).
 A partition with no writer running is described with ``writer_pid`` 0 and its state page's offsets.
 While the supervisor stops, the ops that would create something refuse and the others still answer.
-Creating and deleting a topic are all-or-nothing (``appliance.server.topic_changes``).
+Creating and deleting a topic are all-or-nothing (``appliance.server.topic_changes``); altering a topic's
+settings, adding partitions and deleting records are ``appliance.server.topic_admin``.
 
 ``metadata`` describes each topic on its own: a partition the supervisor does not serve is reported with
 ``offline`` saying so, and a topic that cannot be described at all is listed with ``error`` and
@@ -49,6 +50,7 @@ from appliance.server.children import Child, unique_memory_bytes
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition
 from appliance.server.rings import RingTable
+from appliance.server.topic_admin import TopicAdmin
 from appliance.server.topic_changes import Done, TopicChanges
 from ipc.control import error_response, ok_response
 from ipc.control_server import CloseConnection, ServerConnection
@@ -88,6 +90,8 @@ class Supervised(Protocol):
 
     def need_writer(self, part: Partition) -> None: ...
 
+    def wake_partition(self, part: Partition) -> None: ...
+
 
 def check_replication_factor(name: str, replication_factor: int) -> None:
     """ConfigError unless 1 <= ``replication_factor`` <= :data:`MAX_REPLICATION_FACTOR`."""
@@ -110,6 +114,7 @@ class ControlOps:
         self.allocator = allocator
         self.partitions = partitions
         self.rings = rings
+        self.admin = TopicAdmin(supervisor, self.config, store, changes, partitions)
         self.requests: dict[str, int] = {}  # requests answered since start, by op (``status``)
         self._measure_until_s = 0.0  # writers' memory is measured for a request until then
 
@@ -209,6 +214,24 @@ class ControlOps:
         if pending:  # recorded: gone for clients; the rest is finished later (topic_changes)
             return ok_response(pending=f"the deletion is recorded and finishes later: {pending}")
         return ok_response()
+
+    def _op_alter_topic_configs(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return self.admin.alter_configs(message)
+
+    def _op_create_partitions(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        if self.supervisor.stopping:
+            return error_response(ErrorCode.BROKER_NOT_AVAILABLE, "the appliance is stopping")
+        result = self.admin.create_partitions(message)
+        return result if isinstance(result, dict) else ok_response(topic=self._topic_json(result))
+
+    def _op_delete_records(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return self.admin.delete_records(message, lambda reply: connection.reply(message, reply))
 
     # -- producers ----------------------------------------------------------------------------------------
 
@@ -360,6 +383,9 @@ class ControlOps:
         "promote": _op_promote,
         "create_topic": _op_create_topic,
         "delete_topic": _op_delete_topic,
+        "alter_topic_configs": _op_alter_topic_configs,
+        "create_partitions": _op_create_partitions,
+        "delete_records": _op_delete_records,
         "init_producer_id": _op_init_producer_id,
         "attach": _op_attach,
         "attach_many": _op_attach_many,

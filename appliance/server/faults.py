@@ -22,6 +22,7 @@ The points (:data:`FAULT_POINTS`):
 ``metadata.write``      a write of the topic metadata file (ENOSPC: the disk is full)
 ``create.recorded``     create: the topic is in the metadata file, no partition started yet
 ``create.partition``    create: one partition is served, the others are not
+``partitions.recorded`` add partitions: the new count is in the metadata file, no new partition served
 ``delete.recorded``     delete: the topic is marked for deletion, its writers still run
 ``delete.stopped``      delete: the writers stopped, the directories are still there
 ``delete.removed``      delete: the directories are gone, the metadata file still has the mark
@@ -56,6 +57,7 @@ FAULT_POINTS: Final = frozenset({
     "metadata.write",
     "create.recorded",
     "create.partition",
+    "partitions.recorded",
     "delete.recorded",
     "delete.stopped",
     "delete.removed",

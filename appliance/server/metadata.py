@@ -38,6 +38,7 @@ directory name ``<topic>-<partition>``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -191,6 +192,36 @@ class MetadataStore:
             del self._topics[name]
             raise
         return topic
+
+    def set_configs(self, name: str, configs: Mapping[str, Any]) -> TopicMetadata:
+        """Replace the topic's overrides (AlterConfigs; the caller has validated them); if the write fails,
+        nothing changed.  UnknownTopicOrPartitionError if there is no such topic."""
+        return self._replace(self.get(name), configs=dict(configs))
+
+    def set_partition_count(self, name: str, partitions: int) -> TopicMetadata:
+        """Give the topic ``partitions`` partitions (CreatePartitions, or its roll-back to the old count):
+        new ones are placed like a new topic's, removed ones forgotten.  If the write fails, nothing
+        changed.  ConfigError outside 1..MAX_PARTITIONS."""
+        topic = self.get(name)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"topic {name!r}: {partitions} partitions, expected 1..{MAX_PARTITIONS}")
+        placement = list(topic.log_dirs[:partitions])
+        load = self._partitions_per_dir()
+        for _ in range(topic.partitions, partitions):
+            chosen = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
+            load[chosen] += 1
+            placement.append(chosen)
+        return self._replace(topic, partitions=partitions, log_dirs=tuple(placement))
+
+    def _replace(self, topic: TopicMetadata, **changes: Any) -> TopicMetadata:
+        changed = dataclasses.replace(topic, **changes)
+        self._topics[topic.name] = changed
+        try:
+            self._save()
+        except BaseException:
+            self._topics[topic.name] = topic
+            raise
+        return changed
 
     def delete_topic(self, name: str) -> TopicMetadata:
         """Forget a topic at once (the caller removes its directories); UnknownTopicOrPartitionError if

@@ -30,10 +30,14 @@ bring it back (the note is removed when the log opens).
 
 The writer's channel carries JSON lines both ways (``appliance.server.writer``): :meth:`Partition.tell_writer`
 sends a command and rings the doorbell, :meth:`Partition.read_writer` reads the writer's reports.
+:meth:`Partition.ask_writer` sends a command the writer answers (DeleteRecords): numbered with an ``"id"``
+its reply carries, queued for the next writer while none runs (:meth:`Partition.deliver_queued` at its
+start), and answered with an error if the writer exits before it replied (:meth:`Partition.writer_gone`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -61,6 +65,9 @@ from storage.log_dir import write_offline_note
 __all__ = ["Partition", "RingRecord", "open_log", "recover_partition"]
 
 _OPEN_WAIT_S = 30.0  # for a previous run's writer to let go of the log
+_COMMAND_IDS = itertools.count(1)  # numbers the commands a writer answers (ask_writer)
+
+Answer = Callable[[dict[str, Any]], None]  # a writer's reply to ask_writer, or an error reply
 
 _log = logging.getLogger("appliance.supervisor")
 
@@ -97,6 +104,8 @@ class Partition:
     rings: dict[str, RingRecord] = field(default_factory=dict)
     offline: str = ""  # why the log was not opened (module docstring, "Offline"); empty: served
     idle_due_in_ms: int | None = None  # at recovery: when the log needs a writer with no producer
+    queued: list[dict[str, Any]] = field(default_factory=list)  # ask_writer's commands for the next writer
+    waiting: dict[int, Answer] = field(default_factory=dict)  # command id -> who wants the writer's reply
 
     @property
     def name(self) -> str:
@@ -120,6 +129,42 @@ class Partition:
         finally:
             channel.setblocking(False)
         self.doorbell.ring()
+
+    def ask_writer(self, command: Mapping[str, Any], answer: Answer) -> bool:
+        """Send ``command`` (numbered) to the writer, whose reply goes to ``answer``; while no writer can
+        take it (none runs, or it is stopping) it is queued for the next one.  Returns whether it was
+        queued: then the caller starts a writer (``Supervisor.wake_partition``)."""
+        numbered = {**command, "id": next(_COMMAND_IDS)}
+        self.waiting[numbered["id"]] = answer
+        if self.writer.channel is None or self.writer.stopping:
+            self.queued.append(numbered)
+            return True
+        self.tell_writer(numbered)
+        return False
+
+    def deliver_queued(self) -> None:
+        """A writer was started: hand it the commands that waited for one."""
+        queued, self.queued = self.queued, []
+        for command in queued:
+            self.tell_writer(command)
+
+    def take_reply(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` answered an :meth:`ask_writer` (then its ``answer`` was called)."""
+        command_id = message.get("id")
+        answer = self.waiting.pop(command_id, None) if isinstance(command_id, int) else None
+        if answer is None:
+            return False
+        answer(dict(message))
+        return True
+
+    def writer_gone(self, how: str) -> None:
+        """The writer exited: the commands it was given and did not answer are answered with an error
+        (those still queued wait for the next writer)."""
+        queued = {command["id"] for command in self.queued}
+        for command_id in [i for i in self.waiting if i not in queued]:
+            self.waiting.pop(command_id)({"ok": False, "error": "NOT_LEADER_OR_FOLLOWER",
+                                          "message": f"the writer of {self.name} {how} before it answered; "
+                                                     "retry"})  # fmt: skip
 
     def read_writer(self) -> list[dict[str, Any]] | None:
         """The complete messages the writer sent since the last call; None at end of file (it is exiting)."""

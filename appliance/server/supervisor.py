@@ -83,8 +83,8 @@ from appliance.server.partitions import Partition, recover_partition
 from appliance.server.proctitle import set_proctitle
 from appliance.server.rings import RingTable
 from appliance.server.topic_changes import TopicChanges
-from appliance.server.writer import writer_main
 from appliance.server.writer_demand import WriterDemand
+from appliance.server.writer_process import writer_main
 from ipc.control_server import ControlServer
 from ipc.ring import warm_up
 from ipc.shm import Permissions, reclaim
@@ -306,10 +306,11 @@ class Supervisor:
         so what its log has due was computed with old ones)."""
         self._demand.wake(part)
 
-    def stop_partitions(self, topic: TopicMetadata) -> None:
-        """Stop the writers of those of the topic's partitions served here; unlink their rings, state pages
-        and doorbells.  A partition not served (any more) is skipped, so a deletion may repeat this."""
-        keys = [(topic.name, p) for p in range(topic.partitions) if (topic.name, p) in self._partitions]
+    def stop_partitions(self, topic: TopicMetadata, first: int = 0) -> None:
+        """Stop the writers of those of the topic's partitions from ``first`` on served here; unlink their
+        rings, state pages and doorbells.  One not served (any more) is skipped: a deletion may repeat it."""
+        keys = [(topic.name, p) for p in range(first, topic.partitions)]
+        keys = [key for key in keys if key in self._partitions]
         parts = [self._partitions[key] for key in keys]
         self._stop_writers(parts, self.config.shutdown_timeout_ms)
         for key, part in zip(keys, parts, strict=True):
@@ -371,6 +372,7 @@ class Supervisor:
             part.tell_writer(record.attach_command())
             if record.detaching:
                 part.tell_writer({"op": "detach", "ring": record.names.ring})
+        part.deliver_queued()
         self._demand.started(part)
         (_log.info if child.restarts or self._demand.resident else _log.debug)(
             "writer %s started (pid %d)", part.name, pid)
@@ -415,7 +417,7 @@ class Supervisor:
         how = describe_exit(status)
         clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         if child.role == "writer":
-            self._read_last_reports(child)
+            self._read_last_reports(child, how)
         idle_exit = child.role == "writer" and self._demand.exited(child, clean, how)
         self._forget_descriptors(child)
         child.pid = 0
@@ -438,11 +440,13 @@ class Supervisor:
                    f" in {delay:.2f} s" if delay else "", len(child.crashes), CRASH_WINDOW_S)  # fmt: skip
         child.restart_at_s = now + delay
 
-    def _read_last_reports(self, child: Child) -> None:
-        """Read what an exited writer sent last (its ``next_due``) before its channel is closed."""
+    def _read_last_reports(self, child: Child, how: str) -> None:
+        """Read what an exited writer sent last (its ``next_due``, replies) before its channel is closed;
+        the commands it did not answer are answered with an error."""
         part = self._demand.running_part(child.pid)
         if part is not None:
             self._read_writer(part)
+            part.writer_gone(how)
 
     def _forget_descriptors(self, child: Child) -> None:
         """Close the supervisor's end of a dead child's channel and readiness pipe."""
@@ -526,7 +530,7 @@ class Supervisor:
             if message.get("op") == "detached":
                 self._rings.detached(part, str(message.get("ring")))
                 self._demand.rings_changed(part)
-            else:
+            elif not part.take_reply(message):
                 self._demand.on_message(part, message)
 
     def _timers(self) -> None:

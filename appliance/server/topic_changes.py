@@ -23,6 +23,15 @@ Create::
   written, the roll-back is retried every second; a restart before that finds the topic recorded and
   serves it whole.
 
+Add partitions (CreatePartitions)::
+
+    1. record the new partition count in the metadata file  commit point: a failure changes nothing
+    2. per new partition: recover its log, its state page and doorbell (as a new topic's)
+
+  A failure in step 2 rolls the new partitions back: those served stop, their directories go, and the old
+  count is written again (if that write fails too, the next start serves the topic with the new count,
+  whole).  The caller is answered when every new partition is served, or with the error.
+
 Delete::
 
     1. mark the topic for deletion in the metadata file   commit point: a failure changes nothing
@@ -92,9 +101,9 @@ class Lifecycle(Protocol):
     def start_partition(self, topic: TopicMetadata, partition: int) -> None:
         """Recover one partition of a new topic and start its writer."""
 
-    def stop_partitions(self, topic: TopicMetadata) -> None:
-        """Stop the writers of the topic's partitions that run (any of them may not); unlink their rings,
-        state pages and doorbells."""
+    def stop_partitions(self, topic: TopicMetadata, first: int = 0) -> None:
+        """Stop the writers of the topic's partitions from ``first`` on that run (any of them may not);
+        unlink their rings, state pages and doorbells."""
 
 
 class TopicChanges:
@@ -214,6 +223,41 @@ class TopicChanges:
         if self._finish(topic):
             return "it was rolled back; try again"
         return "its deletion is retried every second; try again once it is gone"
+
+    # -- add partitions -----------------------------------------------------------------------------------
+
+    def add_partitions(self, name: str, count: int) -> TopicMetadata:
+        """Grow ``name`` to ``count`` partitions (module docstring, "Add partitions").  ConfigError or
+        OSError before the commit point (nothing changed); :class:`CreateRolledBack` after it."""
+        if self.supervisor.stopping:
+            raise ApplianceError("the appliance is stopping")
+        if name in self._creating:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} is still being created")
+        old = self.store.get(name)
+        topic = self.store.set_partition_count(name, count)
+        try:
+            self.faults.hit("partitions.recorded")
+            for partition in range(old.partitions, count):
+                self.supervisor.start_partition(topic, partition)
+        except Exception as exc:
+            _log.error("adding partitions %d..%d to topic %s failed after they were recorded: %s; rolling "
+                       "them back", old.partitions, count - 1, name, _describe(exc))  # fmt: skip
+            raise CreateRolledBack(f"topic {name!r} was not given {count} partitions: {_describe(exc)}; "
+                                   f"{self._roll_back_partitions(topic, old.partitions)}") from exc
+        _log.info("topic %s now has %d partitions (was %d)", name, count, old.partitions)
+        return topic
+
+    def _roll_back_partitions(self, topic: TopicMetadata, old_count: int) -> str:
+        try:
+            self.supervisor.stop_partitions(topic, old_count)
+            for partition in range(old_count, topic.partitions):
+                _remove_partition_directory(topic.directory(partition))
+            self.store.set_partition_count(topic.name, old_count)
+        except Exception as exc:
+            _log.error("topic %s: rolling back its new partitions failed: %s; the next start serves all %d",
+                       topic.name, _describe(exc), topic.partitions)  # fmt: skip
+            return f"the roll-back failed ({_describe(exc)}): the next start serves all {topic.partitions}"
+        return f"it still has {old_count}; try again"
 
     # -- delete -------------------------------------------------------------------------------------------
 

@@ -10,8 +10,15 @@ copy-on-write) and talks to it over a socketpair carrying JSON lines (``applianc
                            {"op": "stop", "timeout_ms": N}  drain every ring, close the log, exit 0
                            ("idle": true: the partition has no producer; logged at debug level)
                            {"op": "run_timers"}             retention and producer-id expiry now
+                           {"op": "reload_config", "log_config": {...}, "retention_enabled": B}
+                                                            the topic's settings changed: reopen the log
+                                                            with them (between rounds; nothing is lost)
+                           {"op": "delete_records", "id": N, "offset": O}   DeleteRecords: move the
+                                                            log start offset to O (at most the high
+                                                            watermark), publish it
     writer -> supervisor   {"op": "detached", "ring": ...}  the ring may be unlinked now
                            {"op": "timers_done"}            after run_timers
+                           {"op": "records_deleted", "id": N, "ok": B, "low_watermark": L, ...}
                            {"op": "next_due", "in_ms": N}   at a stop: when the log next needs a writer
                                                             with no producer (null: not without one;
                                                             ``appliance.server.writer_timers``)
@@ -88,10 +95,10 @@ at most about one segment's headers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -101,9 +108,9 @@ from typing import Any, Final
 import numpy as np
 
 from appliance.server.disk_space import DiskSpace
-from appliance.server.faults import writer_fault_point
 from appliance.server.publish_trace import PublishTrace
 from appliance.server.resume_map import ResumeMap, log_headers, published_records
+from appliance.server.writer_spec import DEFAULT_PEEK_BYTES, WriterSpec
 from appliance.server.writer_timers import WriterTimers
 from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
@@ -126,16 +133,14 @@ from storage.errors import (
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.producer_state import (
-    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     DUPLICATE_SEQUENCE_NUMBER,
     NONE,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
     ProducerStateManager,
 )
 
-__all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec", "writer_main"]
+__all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec"]
 
-DEFAULT_PEEK_BYTES: Final = 4 << 20  # per ring and round; a round appends at most rings x this
 _HOUSEKEEPING_INTERVAL_NS: Final = 10_000_000  # commands, busy stamp: at most this often in a stream
 _DEFAULT_STOP_TIMEOUT_MS: Final = 10_000
 _ERRORS_LOGGED_PER_RING: Final = (
@@ -145,31 +150,6 @@ _ERRORS_LOGGED_PER_RING: Final = (
 _log = logging.getLogger("appliance.writer")
 
 FaultPoint = Callable[[str], None]  # called with a fault point's name; raising there stops the writer
-
-
-@dataclass(frozen=True, slots=True)
-class WriterSpec:
-    """Everything a writer needs, decided by the supervisor before the fork."""
-
-    topic: str
-    partition: int
-    directory: str  # the partition's log directory
-    log_config: LogConfig
-    leader_epoch: int  # appends are stamped with it
-    state_page: str  # shared-memory name of the partition state page (created by the supervisor)
-    doorbell: str  # the writer's semaphore (created by the supervisor)
-    publish_high_watermark: bool = True  # replication factor 1: HW = LEO, written by the writer
-    retention_check_interval_ms: int = 300_000
-    retention_enabled: bool = True  # cleanup.policy includes delete
-    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
-    peek_bytes: int = DEFAULT_PEEK_BYTES
-    broker_wake_fd: int = -1  # the broker's wake-up eventfd, added to after each round with work (-1: none)
-    log_dir_min_free_bytes: int = 0  # log.dir.min.free.bytes of the partition's log dir (0: no reserve)
-    test_faults: tuple[str, ...] = ()  # appliance.test.faults (tests only; "writer.stall" is the writer's)
-
-    @property
-    def name(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 @dataclass(slots=True)
@@ -650,8 +630,54 @@ class PartitionWriter:
         elif op == "run_timers":
             self.timers.run_now()
             self._send({"op": "timers_done"})
+        elif op == "reload_config":
+            self.reload_config(LogConfig.from_properties(command["log_config"]),
+                               bool(command.get("retention_enabled", True)))
+        elif op == "delete_records":
+            self._send({"op": "records_deleted", "id": command.get("id"),
+                        **self.delete_records(int(command["offset"]))})
         else:
             _log.error("writer %s: unknown command %r ignored", self.name, command)
+
+    def reload_config(self, log_config: LogConfig, retention_enabled: bool) -> None:
+        """Serve with the topic's new settings from now on: the log is closed cleanly and opened again with
+        them (between rounds: every appended batch stays, the producer state in memory stays valid), so a
+        new ``segment.bytes`` or ``retention.ms`` applies to the next append and the next retention pass."""
+        spec = self.spec
+        if log_config == spec.log_config and retention_enabled == spec.retention_enabled:
+            return
+        self.spec = spec = dataclasses.replace(spec, log_config=log_config,
+                                               retention_enabled=retention_enabled)
+        self.log.close(clean=True)
+        self.log = log = Log.open(spec.directory, log_config, topic_partition=(spec.topic, spec.partition))
+        self._max_message_bytes = log_config.max_message_bytes
+        self._active_base = log.active_segment.base_offset
+        resumed = self._resume.records
+        self._resume = ResumeMap(log, spec.name)
+        self._resume.records = resumed
+        self.timers = WriterTimers(spec.name, log, self.state_page, self.producer_state, self.disk,
+                                   retention_check_interval_ms=spec.retention_check_interval_ms,
+                                   retention_enabled=retention_enabled)
+        _log.info("writer %s: settings reloaded (%s)", self.name, log_config)
+
+    def delete_records(self, offset: int) -> dict[str, Any]:
+        """DeleteRecords: move the log start offset to ``offset`` (segments wholly below it are deleted),
+        publish it in the state page; the reply's fields (``low_watermark``, or the error)."""
+        high_watermark = self.state_page.high_watermark
+        if offset > high_watermark:
+            return {"ok": False, "error": ErrorCode.OFFSET_OUT_OF_RANGE.name,
+                    "message": f"partition {self.name}: offset {offset} is above the high watermark "
+                               f"{high_watermark}; records can be deleted up to it"}  # fmt: skip
+        try:
+            self.log.increment_log_start_offset(offset)
+        except OSError as exc:
+            return {"ok": False, "error": ErrorCode.KAFKA_STORAGE_ERROR.name,
+                    "message": f"partition {self.name}: moving the log start offset to {offset}: "
+                               f"{describe_os_error(exc)}"}  # fmt: skip
+        start = self.log.log_start_offset
+        self.state_page.log_start_offset = start
+        _log.info("writer %s: records deleted below offset %d (DeleteRecords)", self.name, start)
+        return {"ok": True, "low_watermark": start}
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._channel is None:
@@ -677,35 +703,3 @@ def _error_name(code: int) -> str:
         return ErrorCode(code).name
     except ValueError:
         return f"error {code}"
-
-
-def writer_main(spec: WriterSpec, channel: socket.socket) -> int:
-    """Body of a forked writer process: title, signals, open, serve, close.  Returns the exit code."""
-    from appliance.server.proctitle import set_proctitle
-
-    set_proctitle(f"appliance: writer {spec.name}")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
-    holder: list[PartitionWriter] = []
-
-    def on_term(signum: int, frame: object) -> None:
-        if holder:
-            holder[0].request_stop()
-
-    signal.signal(signal.SIGTERM, on_term)
-    parent = os.getppid()  # the supervisor (fork_child made sure it is alive and set PR_SET_PDEATHSIG)
-    writer = PartitionWriter.open(spec, channel, faults=writer_fault_point(spec.test_faults, spec.directory))
-    holder.append(writer)
-    try:
-        code = writer.run()
-    except BaseException:
-        _log.exception("writer %s: failed; closing the log uncleanly (the next start recovers it)", spec.name)
-        writer.close(clean=False)
-        raise
-    if os.getppid() != parent:  # orphaned: the supervisor was killed (module docstring, "Orphaned")
-        _log.warning("writer %s: the supervisor (pid %d) is gone; closing the log without the clean-shutdown "
-                     "marker (the next start checks it as after a crash)", spec.name, parent)  # fmt: skip
-        writer.log.flush()
-        writer.close(clean=False)
-        return code
-    writer.close(clean=True)
-    return code

@@ -221,7 +221,7 @@ class WriterDemand:
         else:
             _log.warning("writer %s %s as it stopped for idleness; the next writer recovers its log",
                          part.name, how)  # fmt: skip
-        if part.rings:  # attached while it stopped
+        if part.rings or part.queued:  # attached (or a command queued for a writer) while it stopped
             self._enqueue((part.topic, part.partition))
             return True
         due_in_ms = demand.due_in_ms if clean else self._retry_ms

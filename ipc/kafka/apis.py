@@ -9,11 +9,12 @@ Versions stay below each API's flexible version (so bodies use the classic encod
 which we speak up to v3 (flexible) because kafka-python's version probe needs it, and DescribeConfigs,
 spoken up to v4 (flexible), the version Kafka's own AdminClient asks for first.
 
-**Advertised.** An API the codec speaks is in ApiVersions only when ``advertised``: the broker answers it.
-The configuration and partition-administration APIs (DescribeConfigs, AlterConfigs,
-IncrementalAlterConfigs, CreatePartitions, DeleteRecords) are declared, encoded and decoded here (the admin
-client uses them), but not advertised until the broker has their handlers; a client that sends one anyway
-has its connection closed, as for an API the broker does not know.
+**Advertised.** An API the codec speaks is in ApiVersions only when ``advertised``: the broker answers it,
+up to ``advertised_max_version`` when that is lower than what the codec speaks.  DescribeConfigs is
+advertised up to v3, its last non-flexible version (the broker answers the classic encodings); the codec's
+v4 is for the admin client talking to brokers that offer it.  The configuration and partition-administration
+APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, CreatePartitions, DeleteRecords) are answered
+by ``appliance.broker.config_requests`` and ``appliance.broker.partition_requests``.
 
 Header versions (Kafka's ``MessageType.requestHeaderVersion`` / ``responseHeaderVersion``):
 
@@ -82,6 +83,11 @@ class ApiSpec:
     max_version: int
     first_flexible_version: int | None  # Kafka's, from the JSON's "flexibleVersions"; None = never
     advertised: bool = True  # listed in ApiVersions: the broker answers it (module docstring)
+    advertised_max_version: int | None = None  # below max_version: the versions the broker answers
+
+    @property
+    def max_advertised(self) -> int:
+        return self.max_version if self.advertised_max_version is None else self.advertised_max_version
 
     @property
     def name(self) -> str:
@@ -127,11 +133,12 @@ APIS: dict[int, ApiSpec] = {
         ),
         ApiSpec(_K.DESCRIBE_LOG_DIRS, m.DescribeLogDirsRequest, m.DescribeLogDirsResponse, 0, 1, 2),
         ApiSpec(_K.SASL_AUTHENTICATE, g.SaslAuthenticateRequest, g.SaslAuthenticateResponse, 0, 1, 2),
-        # declared for the admin client; advertised once the broker answers them (module docstring)
-        ApiSpec(_K.DELETE_RECORDS, a.DeleteRecordsRequest, a.DeleteRecordsResponse, 0, 1, 2, False),
-        ApiSpec(_K.DESCRIBE_CONFIGS, a.DescribeConfigsRequest, a.DescribeConfigsResponse, 0, 4, 4, False),
-        ApiSpec(_K.ALTER_CONFIGS, a.AlterConfigsRequest, a.AlterConfigsResponse, 0, 1, 2, False),
-        ApiSpec(_K.CREATE_PARTITIONS, a.CreatePartitionsRequest, a.CreatePartitionsResponse, 0, 1, 2, False),
+        # the configuration and partition-administration APIs (module docstring)
+        ApiSpec(_K.DELETE_RECORDS, a.DeleteRecordsRequest, a.DeleteRecordsResponse, 0, 1, 2),
+        ApiSpec(_K.DESCRIBE_CONFIGS, a.DescribeConfigsRequest, a.DescribeConfigsResponse, 0, 4, 4,
+                advertised_max_version=3),
+        ApiSpec(_K.ALTER_CONFIGS, a.AlterConfigsRequest, a.AlterConfigsResponse, 0, 1, 2),
+        ApiSpec(_K.CREATE_PARTITIONS, a.CreatePartitionsRequest, a.CreatePartitionsResponse, 0, 1, 2),
         ApiSpec(
             _K.INCREMENTAL_ALTER_CONFIGS,
             a.IncrementalAlterConfigsRequest,
@@ -139,7 +146,6 @@ APIS: dict[int, ApiSpec] = {
             0,
             0,
             1,
-            False,
         ),
     )
 }
@@ -167,4 +173,4 @@ def api_for_response(body: Struct) -> ApiSpec:
 def supported_api_versions() -> list[m.ApiVersion]:
     """The ``api_keys`` list of an ApiVersions response: every advertised API, ascending by key."""
     specs = sorted((s for s in APIS.values() if s.advertised), key=lambda s: s.api_key)
-    return [m.ApiVersion(s.api_key, s.min_version, s.max_version) for s in specs]
+    return [m.ApiVersion(s.api_key, s.min_version, s.max_advertised) for s in specs]

@@ -1,0 +1,155 @@
+"""CreatePartitions and DeleteRecords: adding partitions to a topic, moving a partition's log start offset.
+
+Handlers as in ``appliance.broker.handlers``: ``(ctx, header, request body) -> response body``, each topic
+or partition answered on its own.  Both are blocking calls to the supervisor from the broker's loop, each
+for at most the control connection's request timeout (5 s) or the request's ``timeout_ms`` if shorter: a
+call that runs out answers REQUEST_TIMED_OUT and the change goes on in the supervisor.
+
+**CreatePartitions** checks what Kafka checks before asking: a topic named twice (INVALID_REQUEST), a name
+Kafka refuses (INVALID_TOPIC_EXCEPTION), an unknown topic (UNKNOWN_TOPIC_OR_PARTITION), a count not above
+the current one (INVALID_PARTITIONS), assignments that are not one per new partition of the topic's
+replication factor, or that name a node other than this one (INVALID_REPLICA_ASSIGNMENT, naming it).  The
+supervisor then adds the partitions all-or-nothing (``appliance.server.topic_admin``); ``validate_only``
+stops before that.  The broker's topic view is reloaded before the answer, so a Metadata sent after it
+lists the new partitions.
+
+**DeleteRecords** is answered by the partition's leader only (NOT_LEADER_OR_FOLLOWER elsewhere).  Offset -1
+means the high watermark; an offset above the high watermark, or below -1, is OFFSET_OUT_OF_RANGE.  The
+partition's writer moves the log start offset (started for it if none runs); ``low_watermark`` is the log
+start offset afterwards (-1 with an error).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from appliance.broker.cluster import ClusterError
+from appliance.broker.handlers import BrokerContext, Handler
+from appliance.config.server_config import check_topic_name
+from ipc.kafka import (
+    ApiKey,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreatePartitionsTopic,
+    CreatePartitionsTopicResult,
+    DeleteRecordsPartitionResult,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
+    DeleteRecordsTopicResult,
+    ErrorCode,
+    RequestHeader,
+)
+
+__all__ = ["PARTITION_HANDLERS"]
+
+log = logging.getLogger("appliance.broker")
+
+HIGH_WATERMARK = -1  # DeleteRecords' offset -1: everything below the high watermark
+
+
+# -- CreatePartitions ------------------------------------------------------------------------------------
+
+
+def create_partitions(
+    ctx: BrokerContext, header: RequestHeader, body: CreatePartitionsRequest
+) -> CreatePartitionsResponse:
+    ctx.refresh_topics(soon=True)
+    counts: dict[str, int] = {}
+    for topic in body.topics:
+        counts[topic.name] = counts.get(topic.name, 0) + 1
+    results = []
+    changed = False
+    for topic in body.topics:
+        result = CreatePartitionsTopicResult(name=topic.name, error_code=ErrorCode.NONE)
+        results.append(result)
+        refusal = _refusal(ctx, topic, counts[topic.name] > 1)
+        if refusal is not None:
+            result.error_code, result.error_message = refusal
+            continue
+        try:
+            ctx.cluster.create_partitions(topic.name, topic.count, validate_only=body.validate_only,
+                                          timeout_ms=body.timeout_ms)  # fmt: skip
+        except ClusterError as e:
+            log.info("CreatePartitions %r (count %d) refused: %s", topic.name, topic.count, e)
+            result.error_code, result.error_message = e.code, str(e)
+            continue
+        if not body.validate_only:
+            log.info("topic %r: now %d partitions (CreatePartitions)", topic.name, topic.count)
+            changed = True
+    if changed:
+        ctx.reload_topics()
+    return CreatePartitionsResponse(throttle_time_ms=0, results=results)
+
+
+def _refusal(ctx: BrokerContext, topic: CreatePartitionsTopic, duplicated: bool) -> tuple[int, str] | None:
+    """The error Kafka answers for one topic of a CreatePartitions before anything is asked, or None."""
+    name = topic.name
+    reason = check_topic_name(name)
+    if reason is not None:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}"
+    if duplicated:
+        return ErrorCode.INVALID_REQUEST, f"topic {name!r} appears more than once in the request"
+    meta = ctx.table.topics.get(name)
+    if meta is None or meta.error:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+    if topic.count <= meta.partitions:
+        return (ErrorCode.INVALID_PARTITIONS, f"topic {name!r} has {meta.partitions} partitions; the new "
+                f"count must be larger, not {topic.count}")  # fmt: skip
+    if topic.assignments is None:
+        return None
+    added = topic.count - meta.partitions
+    if len(topic.assignments) != added:
+        return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {len(topic.assignments)} "
+                f"assignments for {added} new partitions; give one per new partition")  # fmt: skip
+    for index, assignment in enumerate(topic.assignments, start=meta.partitions):
+        nodes = assignment.broker_ids
+        if len(nodes) != meta.replication_factor or len(set(nodes)) != len(nodes):
+            return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r} partition {index}: replicas "
+                    f"{nodes}: expected {meta.replication_factor} distinct node ids")  # fmt: skip
+        unknown = [node for node in nodes if node != ctx.node_id]
+        if unknown:
+            return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r} partition {index}: node "
+                    f"{unknown[0]} is not a broker of this cluster (node.id {ctx.node_id} is)")  # fmt: skip
+    return None
+
+
+# -- DeleteRecords ---------------------------------------------------------------------------------------
+
+
+def delete_records(
+    ctx: BrokerContext, header: RequestHeader, body: DeleteRecordsRequest
+) -> DeleteRecordsResponse:
+    topics = []
+    for topic in body.topics:
+        results = [_delete(ctx, topic.name, part.partition_index, part.offset, body.timeout_ms)
+                   for part in topic.partitions]  # fmt: skip
+        topics.append(DeleteRecordsTopicResult(name=topic.name, partitions=results))
+    return DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
+
+
+def _delete(ctx: BrokerContext, topic: str, partition: int, offset: int,
+            timeout_ms: int) -> DeleteRecordsPartitionResult:  # fmt: skip
+    out = DeleteRecordsPartitionResult(partition_index=partition, low_watermark=-1, error_code=ErrorCode.NONE)
+    handle, code = ctx.lookup(topic, partition)
+    if handle is None:
+        out.error_code = code
+        return out
+    high_watermark = handle.high_watermark
+    target = high_watermark if offset == HIGH_WATERMARK else offset
+    if target < 0 or target > high_watermark:
+        log.info("DeleteRecords %s-%d: offset %d outside 0..%d (the high watermark)", topic, partition,
+                 offset, high_watermark)  # fmt: skip
+        out.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+        return out
+    try:
+        out.low_watermark = ctx.cluster.delete_records(topic, partition, target, timeout_ms=timeout_ms)
+    except ClusterError as e:
+        log.info("DeleteRecords %s-%d (offset %d) failed: %s", topic, partition, target, e)
+        out.error_code = e.code
+    return out
+
+
+PARTITION_HANDLERS: dict[int, Handler] = {
+    ApiKey.CREATE_PARTITIONS: create_partitions,
+    ApiKey.DELETE_RECORDS: delete_records,
+}
