@@ -561,8 +561,7 @@ class Supervisor:
             reserve.ensure()
 
     def _measure_memory(self) -> None:
-        # writers are measured by the requests that show them (status, metadata), within a time budget:
-        # reading /proc/PID/smaps_rollup of a thousand writers every interval would cost seconds each time
+        # not the writers: the requests that show theirs measure them within a budget (control_ops)
         measure_memory([c for c in self.children() if c.role != "writer"], log_each=not self._memory_reported)
         self._memory_reported = True
 

@@ -90,7 +90,7 @@ def test_serve_with_no_configuration_runs_from_the_working_directory_and_stops_c
     assert serve.leftovers() == []
     assert not serve.socket_path.exists()
     log = serve.log()
-    assert "supervisor (pid %d): unique memory" % serve.pid in log, "its own memory is logged"
+    assert f"supervisor (pid {serve.pid}): unique memory" in log, "its own memory is logged"
     assert "stopped in" in log
 
 
