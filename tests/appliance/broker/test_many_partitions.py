@@ -30,7 +30,7 @@ from appliance.client.producer import Producer
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.campaign]
+pytestmark = [pytest.mark.slow, pytest.mark.campaign, pytest.mark.timeout(1200)]
 
 PARTITIONS = int(os.environ.get("APPLIANCE_TEST_PARTITIONS", "0")) or rounds(200, 1000)
 SMALL = "small"  # the other topic, checked at every step
@@ -169,9 +169,10 @@ def test_many_partitions_created_produced_consumed_deleted(served: Served) -> No
     for topic in ("wide", "widecli"):
         produce_confluent(served.bootstrap, topic, {p: f"{topic}-kafka-{p}".encode() for p in range(n)})
     after = requests(app)
-    # the first produce to every partition does not pay a control round trip per partition
+    # the first produce to every partition does not pay a control round trip per partition: attaches go in
+    # batches (at most 128 rings attached ahead stay unused, so not every batch is full)
     round_trips = sum(after.get(op, 0) - before.get(op, 0) for op in ("attach", "attach_many"))
-    assert round_trips <= 2 * -(-n // 10), f"{round_trips} attach round trips for {2 * n} partitions"
+    assert round_trips <= 2 * n // 8, f"{round_trips} attach round trips for {2 * n} partitions"
     served.check_small("produced with confluent-kafka")
     for topic in ("wide", "widecli"):
         produce_local(app, topic, {p: f"{topic}-local-{p}".encode() for p in range(n)})
