@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.partition_costs import cpu_ticks, pss_bytes
+
 __all__ = ["IdleCost", "main", "measure"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -49,16 +51,6 @@ class IdleCost(NamedTuple):
     tree_pss_mib: float
 
 
-def _ticks(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return 0
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def _wakeups(pid: int) -> int:
     total = 0
     try:
@@ -70,17 +62,6 @@ def _wakeups(pid: int) -> int:
     except OSError:
         pass
     return total
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _children(pid: int) -> list[int]:
@@ -123,12 +104,12 @@ def measure(tree: Path, partitions: int, seconds: float, settle_s: float = 5.0,
         time.sleep(settle_s)
         writers = [p for p in _children(process.pid) if _is_writer(p)]
         everyone = [process.pid, *_children(process.pid)]
-        before = {pid: (_ticks(pid), _wakeups(pid)) for pid in everyone}
+        before = {pid: (cpu_ticks(pid), _wakeups(pid)) for pid in everyone}
         started = time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - started
-        after = {pid: (_ticks(pid), _wakeups(pid)) for pid in everyone}
-        pss_mib = sum(_pss_kib(pid) for pid in everyone) / 1024
+        after = {pid: (cpu_ticks(pid), _wakeups(pid)) for pid in everyone}
+        pss_mib = sum(pss_bytes(pid) for pid in everyone) / 2**20
     finally:
         process.send_signal(signal.SIGTERM)
         try:

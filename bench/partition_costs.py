@@ -67,7 +67,8 @@ def tree_pids(root: int) -> list[int]:
     return found
 
 
-def _cpu_ticks(pid: int) -> int:
+def cpu_ticks(pid: int) -> int:
+    """User plus system clock ticks of ``pid`` so far (0 when it is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -77,7 +78,8 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _pss_bytes(pid: int) -> int:
+def pss_bytes(pid: int) -> int:
+    """The proportional set size of ``pid`` (0 when it is gone)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
@@ -103,16 +105,16 @@ def _shm_bytes(prefix: str) -> int:
 
 def tree_usage(root: int, shm_prefix: str) -> TreeUsage:
     pids = tree_pids(root)
-    return TreeUsage(len(pids), sum(_pss_bytes(p) for p in pids), _shm_bytes(shm_prefix))
+    return TreeUsage(len(pids), sum(pss_bytes(p) for p in pids), _shm_bytes(shm_prefix))
 
 
 def idle_core_pct(root: int, seconds: float) -> float:
     """CPU of the whole tree over ``seconds``, as a share of one core (percent)."""
-    before = {pid: _cpu_ticks(pid) for pid in tree_pids(root)}
+    before = {pid: cpu_ticks(pid) for pid in tree_pids(root)}
     started = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - started
-    after = {pid: _cpu_ticks(pid) for pid in tree_pids(root)}
+    after = {pid: cpu_ticks(pid) for pid in tree_pids(root)}
     ticks = sum(t - before.get(pid, 0) for pid, t in after.items())
     return 100.0 * ticks / _TICKS / elapsed
 
