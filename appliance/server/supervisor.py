@@ -561,8 +561,7 @@ class Supervisor:
             reserve.ensure()
 
     def _measure_memory(self) -> None:
-        # not the writers: the requests that show theirs measure them within a budget (control_ops)
-        measure_memory([c for c in self.children() if c.role != "writer"], log_each=not self._memory_reported)
+        measure_memory(self.children(), log_each=not self._memory_reported)
         self._memory_reported = True
 
     def _update_status(self) -> None:

@@ -110,6 +110,7 @@ import numpy as np
 from appliance.server.disk_space import DiskSpace
 from appliance.server.publish_trace import PublishTrace
 from appliance.server.resume_map import ResumeMap, log_headers, published_records
+from appliance.server.writer_admin import delete_records
 from appliance.server.writer_spec import DEFAULT_PEEK_BYTES, WriterSpec
 from appliance.server.writer_timers import WriterTimers
 from ipc.control import LineDecoder, encode
@@ -634,8 +635,8 @@ class PartitionWriter:
             self.reload_config(LogConfig.from_properties(command["log_config"]),
                                bool(command.get("retention_enabled", True)))
         elif op == "delete_records":
-            self._send({"op": "records_deleted", "id": command.get("id"),
-                        **self.delete_records(int(command["offset"]))})
+            reply = delete_records(self.log, self.state_page, self.name, int(command["offset"]))
+            self._send({"op": "records_deleted", "id": command.get("id"), **reply})
         else:
             _log.error("writer %s: unknown command %r ignored", self.name, command)
 
@@ -659,25 +660,6 @@ class PartitionWriter:
                                    retention_check_interval_ms=spec.retention_check_interval_ms,
                                    retention_enabled=retention_enabled)
         _log.info("writer %s: settings reloaded (%s)", self.name, log_config)
-
-    def delete_records(self, offset: int) -> dict[str, Any]:
-        """DeleteRecords: move the log start offset to ``offset`` (segments wholly below it are deleted),
-        publish it in the state page; the reply's fields (``low_watermark``, or the error)."""
-        high_watermark = self.state_page.high_watermark
-        if offset > high_watermark:
-            return {"ok": False, "error": ErrorCode.OFFSET_OUT_OF_RANGE.name,
-                    "message": f"partition {self.name}: offset {offset} is above the high watermark "
-                               f"{high_watermark}; records can be deleted up to it"}  # fmt: skip
-        try:
-            self.log.increment_log_start_offset(offset)
-        except OSError as exc:
-            return {"ok": False, "error": ErrorCode.KAFKA_STORAGE_ERROR.name,
-                    "message": f"partition {self.name}: moving the log start offset to {offset}: "
-                               f"{describe_os_error(exc)}"}  # fmt: skip
-        start = self.log.log_start_offset
-        self.state_page.log_start_offset = start
-        _log.info("writer %s: records deleted below offset %d (DeleteRecords)", self.name, start)
-        return {"ok": True, "low_watermark": start}
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._channel is None:
