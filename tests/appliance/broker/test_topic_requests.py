@@ -1,5 +1,6 @@
 """CreateTopics with real clients against one ``appliance serve``: every topic setting Kafka documents
-round-trips through CreateTopics and DescribeConfigs or is refused with its reason; a wrong type is
+round-trips through CreateTopics (and IncrementalAlterConfigs) and DescribeConfigs or is refused with its
+reason; a wrong type is
 INVALID_CONFIG naming the key and creates nothing; explicit replica assignments are honoured where the
 appliance can keep them and refused with INVALID_REPLICA_ASSIGNMENT (or INVALID_REQUEST) naming why."""
 
@@ -10,7 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+)
 from support.kafka_appliance import Appliance, start_appliance, stop_appliance
 
 from appliance.config.topic_configs import CATALOG, Behaviour
@@ -134,6 +142,16 @@ def test_every_setting_round_trips_through_create_topics_and_describe_configs(
     resource = ConfigResource("topic", topic)
     entry = admin.describe_configs([resource])[resource].result(TIMEOUT_S)[name]
     assert (entry.value, entry.source) == (ACCEPTED[name], ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+
+
+def test_every_setting_is_accepted_by_name_in_incremental_alter_configs(admin: AdminClient) -> None:
+    create(admin, NewTopic("altered-all", 1, 1))
+    entries = [ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+               for name, value in ACCEPTED.items()]  # fmt: skip
+    resource = ConfigResource("topic", "altered-all", incremental_configs=entries)
+    admin.incremental_alter_configs([resource])[resource].result(TIMEOUT_S)
+    described = admin.describe_configs([resource])[resource].result(TIMEOUT_S)
+    assert {name: described[name].value for name in ACCEPTED} == ACCEPTED
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
