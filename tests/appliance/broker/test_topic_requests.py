@@ -22,6 +22,7 @@ from confluent_kafka.admin import (
 from support.kafka_appliance import Appliance, start_appliance, stop_appliance
 
 from appliance.config.topic_configs import CATALOG, Behaviour
+from ipc.control import ControlClient, ControlError
 from ipc.kafka.admin_messages import ConfigType
 
 TIMEOUT_S = 15
@@ -241,6 +242,7 @@ def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
         yield running
     finally:
         stop_appliance(running)
+    assert "Traceback" not in running.log_text(), running.log_text()
 
 
 def test_an_assignment_naming_a_local_replica_is_honoured_and_others_refused(replicated: Appliance) -> None:
@@ -255,3 +257,18 @@ def test_an_assignment_naming_a_local_replica_is_honoured_and_others_refused(rep
     code, message = refused(admin, assigned("far", [[0, 2]]))
     assert code == "INVALID_REPLICA_ASSIGNMENT" and "node 2 does not exist (the nodes are 0, 1)" in message
     assert not {"led-by-1", "mixed", "far"} & topic_names(admin)
+
+
+@pytest.mark.parametrize(
+    "replicas", [[1, 0], [0, 0], [0], "0,1"], ids=["other-first", "twice", "too-few", "not-a-list"]
+)
+def test_the_supervisor_refuses_replicas_it_cannot_record(replicated: Appliance, replicas: object) -> None:
+    """The supervisor checks the replicas a create carries again (a client of the control socket other than
+    the broker): this node first, distinct, as many as the replication factor."""
+    with ControlClient.connect(replicated.data_dir / ".appliance.sock") as client:
+        with pytest.raises(ControlError, match=r"replicas") as raised:
+            client.request({"op": "create_topic", "topic": "raw-replicas", "replication_factor": 2,
+                            "replicas": replicas})  # fmt: skip
+    assert raised.value.error == "INVALID_REPLICA_ASSIGNMENT"
+    admin = AdminClient({"bootstrap.servers": replicated.bootstrap})
+    assert "raw-replicas" not in topic_names(admin)
