@@ -6,6 +6,7 @@ appliance can keep them and refused with INVALID_REPLICA_ASSIGNMENT (or INVALID_
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterator
 
@@ -250,6 +251,11 @@ def test_an_assignment_naming_a_local_replica_is_honoured_and_others_refused(rep
     create(admin, assigned("pair", [[0, 1], [0, 1]]))
     described = admin.list_topics("pair", timeout=TIMEOUT_S).topics["pair"]
     assert {p.id: list(p.replicas) for p in described.partitions.values()} == {0: [0, 1], 1: [0, 1]}
+    replica_dir = replicated.data_dir.parent / "replica1"
+    deadline = time.monotonic() + TIMEOUT_S  # node 1 learns its topics from Metadata every 500 ms
+    while not all((replica_dir / f"pair-{p}").is_dir() for p in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all((replica_dir / f"pair-{p}").is_dir() for p in (0, 1)), "node 1 does not hold the topic"
     code, message = refused(admin, assigned("led-by-1", [[1, 0]]))
     assert code == "INVALID_REPLICA_ASSIGNMENT" and "node 0 leads every partition" in message, message
     code, message = refused(admin, assigned("mixed", [[0, 1], [0]]))
