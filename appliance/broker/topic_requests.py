@@ -8,7 +8,8 @@ Metadata, Fetch and Produce go on meanwhile.  So a CreateTopics or DeleteTopics 
 Produce waiting for acks is (``appliance.broker.produce``):
 
 1. :meth:`TopicRequests.start` checks each topic as Kafka does (a name Kafka would refuse, a duplicate, a
-   bad partition count or replication factor, a bad setting, a topic that exists or does not) and answers at
+   bad partition count or replication factor, a replica assignment the appliance cannot honour
+   (``appliance.config.replica_assignment``), a bad setting, a topic that exists or does not) and answers at
    once if nothing is left to ask the supervisor (or ``validate_only``).  Every topic that passed is a
    :class:`~appliance.broker.cluster.TopicChange` submitted to the supervisor without waiting
    (:meth:`~appliance.broker.cluster.Cluster.submit`), and the request is *held*: the broker parks its
