@@ -56,6 +56,7 @@ class TopicChange:
     partitions: int | None = None  # create: None is num.partitions
     replication_factor: int | None = None  # create: None is default.replication.factor
     configs: Mapping[str, object] = field(default_factory=dict)  # create: the topic's overrides
+    replicas: tuple[int, ...] | None = None  # create: an explicit assignment's replicas; None: assigned
     done: bool = False
     error: ClusterError | None = None
 

@@ -360,6 +360,8 @@ def _change_request(change: TopicChange) -> dict[str, Any]:
         request["replication_factor"] = change.replication_factor
     if change.configs:
         request["configs"] = dict(change.configs)
+    if change.replicas is not None:
+        request["replicas"] = list(change.replicas)
     return request
 
 

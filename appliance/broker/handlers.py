@@ -19,7 +19,11 @@ Conventions, as Kafka has them:
   after it, below the high watermark, else offset -1.
 * Metadata creates a topic it is asked about and does not know when ``auto.create.topics.enable`` and the
   request's ``allow_auto_topic_creation`` (v4+; always on before v4) say so; never one whose name begins
-  with ``__`` (reserved for internal topics: INVALID_TOPIC_EXCEPTION, as CreateTopics answers).
+  with ``__`` (reserved for internal topics: INVALID_TOPIC_EXCEPTION, as CreateTopics answers).  As in
+  Kafka, the creation is not waited for: it is submitted to the supervisor as CreateTopics' are
+  (``Cluster.submit``, answered once recorded), the topic is answered LEADER_NOT_AVAILABLE (retriable) in
+  that response, and a later Metadata lists it; a request asking again meanwhile submits nothing new
+  (``BrokerContext.auto_creating``).  Otherwise a missing topic is UNKNOWN_TOPIC_OR_PARTITION.
 * Metadata builds each topic's answer, and each partition's, on its own: a topic the supervisor could not
   describe is answered with its error (LEADER_NOT_AVAILABLE: retriable), a partition whose answer fails
   with KAFKA_STORAGE_ERROR (a file or shared-memory error) or UNKNOWN_SERVER_ERROR (a bug), each logged
@@ -32,12 +36,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.broker import log_dirs
-from appliance.broker.cluster import Cluster, ClusterError
+from appliance.broker.cluster import Cluster, ClusterError, TopicChange
 from appliance.broker.partitions import PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker.replication import LeaderReplication
 from appliance.config.server_config import Config, check_new_topic_name, check_topic_name
@@ -105,6 +109,8 @@ class BrokerContext:
     # listener name -> the (host, port) clients are told to connect to
     advertised: dict[str, tuple[str, int]] = field(default_factory=dict)
     replication: LeaderReplication | None = None  # the ISR of the replicated partitions led here
+    # topics Metadata is auto-creating: submitted to the supervisor, not yet in the topic list
+    auto_creating: dict[str, TopicChange] = field(default_factory=dict)
     _refreshed_at: float = -1e18
     _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
 
@@ -191,13 +197,12 @@ def metadata(
             topics.append(MetadataResponseTopic(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name))
             continue
         if meta is None and auto_create:
-            code, meta = _create(ctx, name, None, None, {}, "auto-created by Metadata")
-            if meta is None:
-                topics.append(MetadataResponseTopic(error_code=code, name=name))
-                continue
+            topics.append(MetadataResponseTopic(error_code=_auto_create(ctx, name), name=name))
+            continue
         if meta is None:
             topics.append(MetadataResponseTopic(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name))
             continue
+        ctx.auto_creating.pop(name, None)
         topics.append(_topic_metadata_or_error(ctx, meta))
     host, port = ctx.advertised.get(listener) or next(iter(ctx.advertised.values()), ("127.0.0.1", 9092))
     return MetadataResponse(
@@ -278,27 +283,24 @@ def _isr(ctx: BrokerContext, meta: TopicMeta, index: int) -> tuple[int, ...]:
     return (ctx.node_id, *(r for r in known if r != ctx.node_id))
 
 
-def _create(
-    ctx: BrokerContext,
-    name: str,
-    partitions: int | None,
-    replication_factor: int | None,
-    configs: Mapping[str, str],
-    why: str,
-) -> tuple[ErrorCode, TopicMeta | None]:
-    try:
-        meta = ctx.cluster.create_topic(name, partitions, replication_factor, configs)
-    except ClusterError as e:
-        if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:  # created meanwhile by someone else
-            ctx.reload_topics()
-            existing = ctx.table.topics.get(name)
-            if existing is not None:
-                return ErrorCode.NONE, existing
-        log.info("topic %r not created (%s): %s", name, why, e)
-        return e.code, None
-    log.info("topic %r created (%s): %d partitions", name, why, meta.partitions)
-    ctx.reload_topics()
-    return ErrorCode.NONE, ctx.table.topics.get(name, meta)
+def _auto_create(ctx: BrokerContext, name: str) -> ErrorCode:
+    """Have the supervisor create ``name`` (``num.partitions``, ``default.replication.factor``) without
+    waiting, through the path CreateTopics takes (:meth:`Cluster.submit`); the answer for it in this
+    response: LEADER_NOT_AVAILABLE (retriable) while it is being created, as Kafka answers, or the error of
+    a creation refused."""
+    change = ctx.auto_creating.get(name)
+    if change is None:
+        change = TopicChange("create", name, 0)  # timeout 0: answered once recorded
+        ctx.auto_creating[name] = change
+        ctx.cluster.submit(change)
+        log.info("topic %r: auto-creating it for Metadata (auto.create.topics.enable)", name)
+    if not change.done:
+        return ErrorCode.LEADER_NOT_AVAILABLE
+    del ctx.auto_creating[name]  # answered, and the topic list did not show it yet
+    if change.error is not None and change.error.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+        log.info("topic %r not auto-created by Metadata: %s", name, change.error)
+        return change.error.code
+    return ErrorCode.LEADER_NOT_AVAILABLE  # created: the next refresh lists it
 
 
 # -- ListOffsets -----------------------------------------------------------------------------------------

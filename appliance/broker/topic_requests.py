@@ -8,7 +8,8 @@ Metadata, Fetch and Produce go on meanwhile.  So a CreateTopics or DeleteTopics 
 Produce waiting for acks is (``appliance.broker.produce``):
 
 1. :meth:`TopicRequests.start` checks each topic as Kafka does (a name Kafka would refuse, a duplicate, a
-   bad partition count or replication factor, a bad setting, a topic that exists or does not) and answers at
+   bad partition count or replication factor, a replica assignment the appliance cannot honour
+   (``appliance.config.replica_assignment``), a bad setting, a topic that exists or does not) and answers at
    once if nothing is left to ask the supervisor (or ``validate_only``).  Every topic that passed is a
    :class:`~appliance.broker.cluster.TopicChange` submitted to the supervisor without waiting
    (:meth:`~appliance.broker.cluster.Cluster.submit`), and the request is *held*: the broker parks its
@@ -35,6 +36,12 @@ from typing import Any, Final
 
 from appliance.broker.cluster import TopicChange
 from appliance.broker.handlers import BrokerContext
+from appliance.config.replica_assignment import (
+    Assignment,
+    AssignmentRefusal,
+    check_assignment,
+    known_nodes,
+)
 from appliance.config.server_config import check_new_topic_name, check_topic_name, parse_override
 from ipc.kafka import (
     CreatableTopicResult,
@@ -152,6 +159,13 @@ class TopicRequests:
         }
         partitions = None if topic.num_partitions == -1 else topic.num_partitions
         replication = None if topic.replication_factor == -1 else topic.replication_factor
+        replicas: tuple[int, ...] | None = None
+        if topic.assignments:
+            assigned = self._assignment(topic)
+            if isinstance(assigned, AssignmentRefusal):
+                return assigned.code, assigned.message
+            partitions, replication, replicas = (assigned.partitions, assigned.replication_factor,
+                                                 assigned.replicas)  # fmt: skip
         overrides: dict[str, object] = dict(configs)
         if partitions is not None:
             overrides["partitions"] = partitions
@@ -162,7 +176,18 @@ class TopicRequests:
         except ConfigError as e:
             return ErrorCode.INVALID_CONFIG, str(e)
         return TopicChange("create", name, timeout_ms, partitions=partitions, replication_factor=replication,
-                           configs=configs)  # fmt: skip
+                           configs=configs, replicas=replicas)  # fmt: skip
+
+    def _assignment(self, topic: Any) -> Assignment | AssignmentRefusal:
+        """The replicas a CreateTopics topic's explicit assignment asks for, or why they cannot be honoured
+        (``appliance.config.replica_assignment``)."""
+        config = self.ctx.config
+        listed = (replicas for meta in self.ctx.table.topics.values() for replicas in meta.replicas.values())
+        nodes = known_nodes(config.node_id, len(config.replica_dirs), listed)
+        pairs = [(a.partition_index, list(a.broker_ids)) for a in topic.assignments]
+        return check_assignment(topic.name, pairs, num_partitions=topic.num_partitions,
+                                replication_factor=topic.replication_factor, node_id=config.node_id,
+                                nodes=nodes)  # fmt: skip
 
     # -- finishing ----------------------------------------------------------------------------------------
 
@@ -211,9 +236,6 @@ def _refusal(topic: Any, duplicated: bool) -> tuple[ErrorCode, str] | None:
         return ErrorCode.INVALID_TOPIC_EXCEPTION, reason
     if duplicated:
         return ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} appears more than once in the request"
-    if topic.assignments:
-        return (ErrorCode.INVALID_REQUEST,
-                "manual replica assignment is not supported; give partitions instead")  # fmt: skip
     if topic.num_partitions == 0 or topic.num_partitions < -1:
         return (ErrorCode.INVALID_PARTITIONS,
                 f"number of partitions {topic.num_partitions}: must be at least 1")  # fmt: skip

@@ -194,12 +194,29 @@ class ControlOps:
         self.config.log_config(name, configs)  # validates: ConfigError -> INVALID_CONFIG
         if self.changes.faults.fires("create.drop_connection"):
             raise CloseConnection("test fault point create.drop_connection")
-        replicas = assign_replicas(self.config.node_id, replication)
+        replicas = self._replicas(message.get("replicas"), replication)
+        if isinstance(replicas, str):
+            return error_response(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {replicas}")
         done = self._reply_later(connection, message)
         topic = self.changes.begin_create(name, partitions, replication, configs, replicas, done)
         if message.get("wait", True) is False:
             return ok_response(topic=self._topic_json(topic))
         return None  # answered by done() once every partition is served (topic_changes)
+
+    def _replicas(self, asked: object, replication: int) -> tuple[int, ...] | str:
+        """The replicas to record: an explicit assignment's (checked by the broker:
+        ``appliance.config.replica_assignment``; checked again here for its shape), else assigned."""
+        node_id = self.config.node_id
+        if asked is None:
+            return assign_replicas(node_id, replication)
+        if not isinstance(asked, list) or not all(isinstance(n, int) and n >= 0 for n in asked):
+            return f"replicas {asked!r}: expected a list of node ids"
+        if replication == 1 and asked in ([], [node_id]):
+            return ()
+        if len(asked) != replication or len(set(asked)) != len(asked) or asked[0] != node_id:
+            return (f"replicas {asked}: expected {replication} distinct node ids, this node ({node_id}) "
+                    "first")  # fmt: skip
+        return tuple(asked)
 
     def _create_topic(
         self, name: str, partitions: int, replication: int, configs: Mapping[str, Any]

@@ -137,3 +137,26 @@ def test_a_refused_value_in_the_file_names_the_file_the_topic_and_the_key(tmp_pa
 def test_an_unknown_topic_setting_is_still_an_error_with_the_nearest_name() -> None:
     with pytest.raises(ConfigError, match=r"unknown topic setting 'min\.cleanable\.ratio' .*'min\.cleanable"):
         load_config().topic("orders", {"min.cleanable.ratio": 0.5})
+
+
+def test_every_setting_is_accepted_by_name_in_a_topics_table(tmp_path: pathlib.Path) -> None:
+    """Each catalog row with a value it accepts (Kafka's default, or any other the row keeps), written in a
+    ``[topics.NAME]`` table as TOML types it, loads and is kept as given."""
+    values = {row.name: as_create_topics({row.name: row.kafka_default.split(" (")[0]})[row.name]
+              for row in CATALOG}  # fmt: skip
+    values.update({"segment.bytes": 2097152, "message.timestamp.type": "LogAppendTime", "preallocate": False})
+    lines = ["[topics.orders]", *(f'"{name}" = {toml_value(value)}' for name, value in values.items())]
+    path = tmp_path / "every.toml"
+    path.write_text("\n".join(lines) + "\n")
+    kept = dict(load_config(path).topics["orders"].overrides)
+    assert {name: kafka_value(value) for name, value in kept.items()} == {
+        name: kafka_value(value) for name, value in values.items()
+    }
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
