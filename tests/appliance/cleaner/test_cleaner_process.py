@@ -28,7 +28,7 @@ Latest = dict[bytes, tuple[int, bytes | None]]  # key -> (offset, value) of its 
 class Running:
     """An appliance on a fixed port; its Kafka bootstrap address."""
 
-    def __init__(self, cwd: Path, *overrides: str) -> None:
+    def __init__(self, cwd: Path | None, *overrides: str) -> None:
         self.port = free_port()
         self.app = Appliance(cwd, f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
                              "log.cleaner.backoff.ms=200", *overrides)  # fmt: skip
@@ -94,7 +94,7 @@ def _wait(condition: Any, what: str, app: Appliance, timeout_s: float = 60.0) ->
 
 @pytest.fixture(scope="module")
 def running() -> Iterator[Running]:
-    server = Running(None)  # type: ignore[arg-type]
+    server = Running(None)
     server.app.start()
     try:
         yield server
