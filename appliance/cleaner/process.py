@@ -77,6 +77,7 @@ class _Target:
     def __init__(self, topic: TopicMetadata, partition: int, settings: TopicConfig, page: StatePage,
                  config: Config) -> None:  # fmt: skip
         self.name = f"{topic.name}-{partition}"
+        self.topic_id = topic.topic_id
         self.topic_partition = (topic.name, partition)
         self.directory = topic.directory(partition)
         self.settings = settings
@@ -93,7 +94,7 @@ class Cleaner:
         self._metadata_path = metadata_path
         self._control = control
         self._throttle = Throttle(config.cleaner_io_max_bytes_per_second)
-        self._pages: dict[tuple[str, int], StatePage] = {}
+        self._pages: dict[tuple[str, str, int], StatePage] = {}  # by (topic id, topic, partition)
         self._uncleanable: set[tuple[str, int]] = set()
         self.passes = 0
 
@@ -163,7 +164,7 @@ class Cleaner:
         except (OSError, ApplianceError) as exc:
             _log.warning("cleaner: cannot read the topic metadata %s: %s", self._metadata_path, exc)
             return []
-        targets = []
+        targets: list[_Target] = []
         for topic in topics.values():
             try:
                 settings = self.config.topic(topic.name, topic.configs)
@@ -173,23 +174,30 @@ class Cleaner:
             if "compact" not in settings.cleanup_policy:
                 continue
             for partition in range(topic.partitions):
-                key = (topic.name, partition)
-                if key in self._uncleanable:
+                if (topic.name, partition) in self._uncleanable:
                     continue
-                page = self._page(key)
+                page = self._page((topic.topic_id, topic.name, partition))
                 if page is not None:
                     targets.append(_Target(topic, partition, settings, page, self.config))
+        self._forget_pages({(t.topic_id, *t.topic_partition) for t in targets})
         return targets
 
-    def _page(self, key: tuple[str, int]) -> StatePage | None:
+    def _page(self, key: tuple[str, str, int]) -> StatePage | None:
+        """The partition's state page, attached the first time (keyed by the topic's id: a topic deleted
+        and created again under its name gets a new page)."""
         page = self._pages.get(key)
         if page is None:
             try:
-                page = StatePage.attach(self._names.state_page(*key))
+                page = StatePage.attach(self._names.state_page(key[1], key[2]))
             except (OSError, ApplianceError):
                 return None  # not served here (yet)
             self._pages[key] = page
         return page
+
+    def _forget_pages(self, keep: set[tuple[str, str, int]]) -> None:
+        """Let go of the pages of partitions no longer compacted or served (a topic deleted or altered)."""
+        for key in [k for k in self._pages if k not in keep]:
+            self._pages.pop(key).close()
 
     def _view(self, target: _Target) -> LogView | None:
         try:
