@@ -13,6 +13,7 @@ import random
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +21,10 @@ from support.campaign import rounds
 from support.harness import Appliance, _title
 from support.kafka_appliance import free_port
 
+from storage.batch_reader import iter_records
 from storage.log import Log
 from storage.log_config import LogConfig
+from storage.log_reader import LogReader
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -40,8 +43,10 @@ class Campaign:
         self.port = free_port()
         # the throttle makes a pass last a second or two, so most kills land inside one
         self.app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                             "log.cleaner.backoff.ms=50",
+                             "log.cleaner.backoff.ms=50", "replica.fetch.backoff.ms=50",
                              "log.cleaner.io.max.bytes.per.second=50000")  # fmt: skip
+        self.replica_dir = self.app.cwd / "replica"
+        self.app.overrides.append(f"appliance.replica.dirs={self.replica_dir}")
         self.produced: Produced = {}
         self.round = 0
         self.random = random.Random(int(os.environ.get("CLEANER_KILL_SEED", "17")))
@@ -82,10 +87,10 @@ class Campaign:
             assert time.monotonic() < deadline, f"no clean started; log:\n{self.app.log()}"
             time.sleep(0.02)
 
-    def check(self) -> None:
+    def check(self, records: list[tuple[int, bytes, bytes | None]] | None = None) -> None:
         """Reading from the start: each record read was produced at its offset; each key's latest record
         is there (a tombstone may be gone)."""
-        records = self.read()
+        records = self.read() if records is None else records
         for offset, key, value in records:
             assert self.produced.get(offset) == (key, value), (offset, key, value)
         offsets = [r[0] for r in records]
@@ -131,7 +136,7 @@ def campaign() -> Iterator[Campaign]:
 def test_sigkill_of_the_cleaner_or_the_appliance_while_it_cleans_loses_nothing(campaign: Campaign) -> None:
     app = campaign.app
     admin = AdminClient({"bootstrap.servers": campaign.bootstrap})
-    admin.create_topics([NewTopic(TOPIC, 1, 1, config=CONFIGS)])[TOPIC].result(30)
+    admin.create_topics([NewTopic(TOPIC, 1, 2, config=CONFIGS)])[TOPIC].result(30)
     del admin  # its handle would keep reconnecting while the appliance is down
     kills = rounds(5, 50)
     for kill in range(kills):
@@ -158,3 +163,16 @@ def test_sigkill_of_the_cleaner_or_the_appliance_while_it_cleans_loses_nothing(c
     assert batches
     names = os.listdir(app.data / f"{TOPIC}-0")
     assert not [n for n in names if n.endswith((".cleaned", ".swap", ".deleted"))], names
+    campaign.check(_follower_records(campaign.replica_dir / f"{TOPIC}-0", max(campaign.produced) + 1))
+
+
+def _follower_records(directory: Path, end: int) -> list[tuple[int, bytes, bytes | None]]:
+    """The follower's records from its files, once it has copied up to ``end``."""
+    deadline = time.monotonic() + 60
+    while True:
+        with LogReader(str(directory)) as reader:
+            if reader.log_end_offset >= end:
+                batches = list(reader.batches())
+                return [(r.offset, r.key or b"", r.value) for batch in batches for r in iter_records(batch)]
+        assert time.monotonic() < deadline, f"the follower did not reach offset {end}"
+        time.sleep(0.1)
