@@ -6,7 +6,9 @@ Theory of operation
 ``log.cleaner.enable`` (the default) the supervisor forks the cleaner after the writers ("appliance:
 cleaner" in ``ps``), restarts it with the back-off of every child when it dies, and sends it SIGTERM at
 stop (it exits at once: whatever it was doing is abandoned, as after a SIGKILL).  It holds one control
-connection to the supervisor.
+connection to the supervisor, and runs at nice :data:`NICENESS`: on a busy host the partition writers and
+the broker get the CPU first (Kafka's cleaner threads share one process with them; here the scheduler can
+tell them apart).
 
 Each round (:meth:`Cleaner.round`) reads the topic metadata file, lists every partition of a topic whose
 ``cleanup.policy`` holds ``compact`` that this node serves (``appliance.cleaner.log_view``), measures them
@@ -58,6 +60,7 @@ from storage.errors import ApplianceError, CorruptRecordError
 __all__ = ["CleanRefusedError", "Cleaner", "child_spec", "cleaner_child"]
 
 _SWAP_TIMEOUT_S: Final = 60.0
+NICENESS: Final = 10  # the cleaner is background work: the writers and the broker come first for the CPU
 _WAKE_CHECK_S: Final = 0.5  # how often a sleeping cleaner looks at the metadata file
 
 _log = logging.getLogger("appliance.cleaner")
@@ -246,6 +249,7 @@ def cleaner_child(context: ChildContext) -> int:
         raise _Stop
 
     signal.signal(signal.SIGTERM, on_term)
+    os.nice(NICENESS)
     cleaner = Cleaner(context.config, context.shm_names, context.metadata_path, context.connect())
     _log.info("cleaner: started (dedupe buffer %d bytes, backoff %d ms)",
               context.config.cleaner_dedupe_buffer_size, context.config.cleaner_backoff_ms)
