@@ -24,9 +24,10 @@ deleted or changed meanwhile, a writer starting or stopping) ends the pass: this
 by this process only, after the pass's last swap.
 
 A round that cleaned something is followed at once by the next; else the cleaner sleeps
-``log.cleaner.backoff.ms``, waking early when the topic metadata file changes (a topic created, altered or
-deleted).  A log whose data does not parse (``CorruptRecordError``) is left alone until the cleaner
-restarts, with an error naming it.
+``log.cleaner.backoff.ms``, waking early when the topic metadata directory changes (a topic created,
+altered or deleted: ``ipc.dir_watch``'s inotify watch, so an idle cleaner wakes once a backoff).  A log
+whose data does not parse (``CorruptRecordError``) is left alone until the cleaner restarts, with an
+error naming it.
 
 A SIGKILL of this process at any point leaves at most ``*.cleaned`` files (unlinked by the next pass over
 that log, and by the log's next open) and a checkpoint that may be behind the swaps done (the next pass
@@ -51,6 +52,7 @@ from appliance.config.server_config import Config, TopicConfig
 from appliance.config.topic_metadata import TopicMetadata, read_topics
 from appliance.server.children import ChildContext, ChildSpec
 from ipc.control import ControlClient
+from ipc.dir_watch import DirectoryWatch, wait_any
 from ipc.shm import ShmNames
 from ipc.state_page import StatePage
 from storage.clean_swap import CLEANED_SUFFIX
@@ -99,12 +101,15 @@ class Cleaner:
         self._throttle = Throttle(config.cleaner_io_max_bytes_per_second)
         self._pages: dict[tuple[str, str, int], StatePage] = {}  # by (topic id, topic, partition)
         self._uncleanable: set[tuple[str, int]] = set()
+        self._watch = DirectoryWatch.open(os.path.dirname(metadata_path))  # None: poll the file's mtime
         self.passes = 0
 
     def close(self) -> None:
         for page in self._pages.values():
             page.close()
         self._pages.clear()
+        if self._watch is not None:
+            self._watch.close()
         self._control.close()
 
     def run(self) -> None:
@@ -116,6 +121,8 @@ class Cleaner:
     def round(self) -> CleanResult | None:
         """Measure every compacted partition and clean the one picked; its result, or None (nothing to
         clean, or the pass was refused or failed: logged)."""
+        if self._watch is not None:
+            self._watch.drain()  # changes up to now are read by this round; later ones end the next sleep
         now_ms = time.time_ns() // 1_000_000
         targets = self._targets()
         measured: list[tuple[_Target, LogView, Dirt]] = []
@@ -218,6 +225,11 @@ class Cleaner:
                 from None
 
     def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until the metadata directory changes (inotify; else its file's mtime is
+        looked at every :data:`_WAKE_CHECK_S`)."""
+        if self._watch is not None:
+            wait_any([self._watch], seconds)
+            return
         deadline = time.monotonic() + seconds
         before = _mtime_ns(self._metadata_path)
         while (left := deadline - time.monotonic()) > 0:

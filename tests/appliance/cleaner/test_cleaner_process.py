@@ -1,6 +1,7 @@
 """The cleaner as a process of ``appliance serve``: a compacted topic produced to with confluent-kafka
 gets its closed segments rewritten (each key's latest value at its original offset, tombstones gone after
-``delete.retention.ms``), and ``log.cleaner.enable=false`` runs no cleaner and keeps every record."""
+``delete.retention.ms``), the cleaner sleeping ``log.cleaner.backoff.ms`` (ten minutes here) wakes when the
+topic's settings are altered, and ``log.cleaner.enable=false`` runs no cleaner and keeps every record."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from support.kafka_appliance import free_port
 from storage.log_reader import LogReader
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 TOPIC = "compacted"
 KEYS = 40
@@ -31,7 +38,7 @@ class Running:
     def __init__(self, cwd: Path | None, *overrides: str) -> None:
         self.port = free_port()
         self.app = Appliance(cwd, f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                             "log.cleaner.backoff.ms=200", *overrides)  # fmt: skip
+                             "log.cleaner.backoff.ms=600000", *overrides)  # fmt: skip
 
     @property
     def bootstrap(self) -> str:
@@ -40,6 +47,12 @@ class Running:
     def create(self, name: str, configs: dict[str, str]) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         admin.create_topics([NewTopic(name, 1, 1, config=configs)])[name].result(30)
+
+    def alter(self, name: str, configs: dict[str, str]) -> None:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+        resource = ConfigResource("topic", name, incremental_configs=entries)
+        admin.incremental_alter_configs([resource])[resource].result(30)
 
     def produce(self, rounds: range, *, tombstones: range = range(0)) -> Latest:
         """Every key of ``rounds`` rounds (then the ``tombstones`` keys deleted); key -> (offset, value) of
@@ -119,9 +132,12 @@ def test_a_compacted_topic_is_cleaned_by_the_cleaner_process(running: Running) -
     app = running.app
     titles = [_title(pid) for pid in app.children()]
     assert "appliance: cleaner" in titles, titles
-    running.create(TOPIC, COMPACT)
+    running.create(TOPIC, COMPACT)  # the cleaner wakes for it, finds nothing to clean and sleeps 10 min
     oracle = running.produce(range(30), tombstones=range(5))
     produced = max(offset for offset, _ in oracle.values()) + 1
+    time.sleep(1.0)
+    assert "cleaned offsets" not in app.log()
+    running.alter(TOPIC, {"min.cleanable.dirty.ratio": "0.02"})  # wakes it
     _wait(lambda: "cleaner: compacted-0 cleaned offsets" in app.log(), "a clean", app)
     _wait(lambda: len(running.records()) < produced / 2, "records dropped", app)
     records = running.records()
@@ -131,6 +147,7 @@ def test_a_compacted_topic_is_cleaned_by_the_cleaner_process(running: Running) -
     # the tombstones were kept by the first clean (their horizon: now + delete.retention.ms 0); more data,
     # another clean, and they are gone
     oracle.update(running.produce(range(30, 60)))
+    running.alter(TOPIC, {"min.cleanable.dirty.ratio": "0.01"})
     _wait(lambda: app.log().count("cleaner: compacted-0 cleaned offsets") >= 2, "a second clean", app)
 
     def tombstones_gone() -> bool:
