@@ -1,6 +1,6 @@
 """``appliance bench COMMAND``: measure the appliance on this host.
 
-Commands: produce, consume, e2e, replicate, partitions, partition-throughput, recovery.
+Commands: produce, consume, e2e, replicate, partitions, partition-throughput, recovery, cleaner.
 
 Modelled on Kafka's ``kafka-producer-perf-test`` and ``kafka-consumer-perf-test``::
 
@@ -14,6 +14,7 @@ Modelled on Kafka's ``kafka-producer-perf-test`` and ``kafka-consumer-perf-test`
     appliance bench partitions --counts 10,100,1000,5000 --idle-s 30      # what partitions cost
     appliance bench partition-throughput --counts 1,4,16,64,256            # throughput and memory
     appliance bench recovery --segments 1,10,100,1000 --max-bytes 2GiB    # restart / recovery time
+    appliance bench cleaner --records 1000000 --dirty-records 3000000 --pairs 3   # the cleaner's cost
 
 Where: by default each run starts its own ``appliance serve`` in a fresh temporary directory and stops and
 removes it at the end.  ``--data-dir DIR`` uses the appliance running there (or starts one there) and
@@ -183,6 +184,18 @@ def _scaling_commands(sub: Any) -> None:
     s.add_argument("--progress", action="store_true")
     s.add_argument("--no-progress", action="store_true")
 
+    k = sub.add_parser("cleaner", help="send() throughput while the cleaner cleans another topic, as a ratio "
+                       "to the same with it stopped; the cleaner's peak memory (bench.cleaner_load)")
+    k.add_argument("--records", type=_count, default=1_000_000, help="records of each timed run (1,000,000)")
+    k.add_argument("--record-size", type=parse_size, default=100)
+    k.add_argument("--dirty-records", type=_count, default=3_000_000,
+                   help="keyed 100 B records written to the compacted topic before each pair (3,000,000)")
+    k.add_argument("--keys", type=_count, default=100_000, help="distinct keys among them (100,000)")
+    k.add_argument("--pairs", type=_count, default=3, help="pairs of runs, with and without (3)")
+    k.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the appliance started (repeat)")
+    k.add_argument("--json", metavar="FILE")
+
     v = sub.add_parser("recovery", help="restart and crash-recovery time as the log grows")
     v.add_argument("--segments", type=_int_list, default=[1, 10, 100, 1000], help="segment counts")
     v.add_argument("--max-bytes", type=parse_size, default=2 << 30,
@@ -284,9 +297,18 @@ def _recovery(args: argparse.Namespace) -> dict[str, Any]:
                         progress=_progress_enabled(args))
 
 
+def _cleaner(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.cleaner_load import run_cleaner_load
+
+    return run_cleaner_load(records=args.records, record_size=args.record_size,
+                            dirty_records=args.dirty_records, keys=args.keys, pairs=args.pairs,
+                            overrides=args.override)
+
+
 _RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "produce": _produce, "consume": _consume, "e2e": _e2e, "replicate": _replicate,
     "partitions": _partitions, "partition-throughput": _partition_throughput, "recovery": _recovery,
+    "cleaner": _cleaner,
 }
 
 

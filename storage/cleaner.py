@@ -50,8 +50,8 @@ import contextlib
 import mmap
 import os
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Final, NamedTuple, Protocol
 
 import numpy as np
 
@@ -109,14 +109,13 @@ from storage.record_filter import (
 from storage.segment_indexes import IndexPaths
 from storage.segment_list import SegmentInfo
 
-if TYPE_CHECKING:
-    from storage.log import Log
-
 __all__ = [
     "DEFAULT_DELETE_RETENTION_MS",
     "DELETE_HORIZON_FLAG_MASK",
     "CleanResult",
+    "CleanableLog",
     "CleanedSegment",
+    "IoThrottle",
     "clean_log",
     "first_dirty_offset",
 ]
@@ -150,7 +149,29 @@ class CleanResult(NamedTuple):
     records_dropped_keyless: int
 
 
-def first_dirty_offset(log: Log) -> int:
+IoThrottle = Callable[[int], None]  # called with the bytes just read or written; may sleep
+
+
+class CleanableLog(Protocol):
+    """What a pass needs of a log: ``storage.log.Log`` (in the process that holds it), or a read-only view
+    whose ``swap_cleaned`` asks that process to swap (``appliance.cleaner``)."""
+
+    @property
+    def directory(self) -> str: ...
+    @property
+    def config(self) -> LogConfig: ...
+    @property
+    def topic_partition(self) -> tuple[str, int]: ...
+    @property
+    def log_start_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def segments(self) -> list[SegmentInfo]: ...
+    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None: ...
+
+
+def first_dirty_offset(log: CleanableLog) -> int:
     """The first offset no clean has seen: ``cleaner-offset-checkpoint``, or the log start offset when the
     file is missing or names an offset outside the log (Kafka's rule)."""
     stored = read_partition_checkpoint(log.directory, CLEANER_OFFSET_CHECKPOINT_FILE, log.topic_partition)
@@ -159,11 +180,13 @@ def first_dirty_offset(log: Log) -> int:
     return stored
 
 
-def clean_log(log: Log, *, upper_bound: int, now_ms: int | None = None,
+def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
               dedupe_buffer_bytes: int = DEFAULT_DEDUPE_BUFFER_BYTES,
               delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS,
-              offset_map: OffsetMap | None = None) -> CleanResult:
-    """One cleaning pass over ``log`` (steps 1-5 of the module docstring), in the writer's process."""
+              offset_map: OffsetMap | None = None, io_throttle: IoThrottle | None = None) -> CleanResult:
+    """One cleaning pass over ``log`` (steps 1-5 of the module docstring).  ``io_throttle``, if given, is
+    called after each segment read for the map and each segment rewritten, with the bytes read and written
+    (``log.cleaner.io.max.bytes.per.second``: it sleeps to keep the rate)."""
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     infos = log.segments
     closed = [s for s in infos if not s.is_active]
@@ -176,7 +199,10 @@ def clean_log(log: Log, *, upper_bound: int, now_ms: int | None = None,
         omap = offset_map
     omap.clear(start)
     for info in dirty:
-        if not _index_segment(omap, info):
+        fitted = _index_segment(omap, info)
+        if io_throttle is not None:
+            io_throttle(info.size_bytes)
+        if not fitted:
             break
     end = omap.end_offset
     done = not dirty or end >= dirty[-1].next_offset
@@ -188,7 +214,7 @@ def clean_log(log: Log, *, upper_bound: int, now_ms: int | None = None,
     groups = _group_segments(to_clean, log.config)
     selector = _Selector(omap, last_batches, now, delete_retention_ms)
     for group in groups:
-        cleaned = _write_group(log.directory, group, selector, log.config)
+        cleaned = _write_group(log.directory, group, selector, log.config, io_throttle)
         log.swap_cleaned(cleaned.base_offset, cleaned.replaced)
         read += sum(s.size_bytes for s in group)
         written += cleaned.size_bytes
@@ -542,7 +568,7 @@ class _Selector:
 
 
 def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
-                 config: LogConfig) -> CleanedSegment:
+                 config: LogConfig, io_throttle: IoThrottle | None = None) -> CleanedSegment:
     """Write the group's cleaned segment and its indexes aside; returns it."""
     base = group[0].base_offset
     log_path, index_path, time_index_path = cleaned_paths(directory, base)
@@ -550,9 +576,12 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
     ok = False
     try:
         for info in group:
+            written = out.size_bytes
             with _mapped(info.path) as mapped:
                 selector.clean_segment(mapped, info, out)
                 out.flush()
+            if io_throttle is not None:
+                io_throttle(info.size_bytes + out.size_bytes - written)
         ok = True
     finally:
         out.close(fsync=ok)

@@ -160,20 +160,25 @@ def test_packages_import_only_downward(package: str, forbidden: tuple[str, ...])
 # -- the rooms of appliance/ and the one-way rule, read from the source ------------------------------------
 
 REPO = Path(__file__).resolve().parents[1]
-ROOMS = ("cli", "server", "broker", "follower", "client", "config", "spark")
+ROOMS = ("cli", "server", "broker", "follower", "client", "config", "spark", "cleaner")
 # what each room may not import (besides `bench`, which nothing imports): `cli` is on top; `client` never
 # reaches the service side; the service side never reaches the client; `config` is read by every room
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "appliance.cli": (),
     "appliance.server": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
-                         "appliance.follower"),
-    "appliance.broker": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.follower"),
-    "appliance.follower": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker"),
+                         "appliance.follower", "appliance.cleaner"),
+    "appliance.broker": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.follower",
+                         "appliance.cleaner"),
+    "appliance.follower": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
+                           "appliance.cleaner"),
+    "appliance.cleaner": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
+                          "appliance.follower"),
     "appliance.client": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
-                         "appliance.spark"),
-    "appliance.spark": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower"),
+                         "appliance.spark", "appliance.cleaner"),
+    "appliance.spark": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
+                        "appliance.cleaner"),
     "appliance.config": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
-                         "appliance.client", "appliance.spark"),
+                         "appliance.client", "appliance.spark", "appliance.cleaner"),
     "storage": ("appliance", "ipc", "replicas"),
     "ipc": ("appliance", "replicas"),
     "replicas": ("appliance",),

@@ -156,6 +156,10 @@ class TopicConfig:
     max_message_bytes: int
     message_timestamp_type: str
     cleanup_policy: tuple[str, ...]
+    min_cleanable_dirty_ratio: float
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
     min_insync_replicas: int
     overrides: Mapping[str, object]  # canonical name -> value set for this topic (not inherited)
 
@@ -188,8 +192,17 @@ class Config:
     max_message_bytes: int
     message_timestamp_type: str
     cleanup_policy: tuple[str, ...]
+    min_cleanable_dirty_ratio: float
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
     min_insync_replicas: int
     retention_check_interval_ms: int
+    cleaner_enable: bool
+    cleaner_dedupe_buffer_size: int
+    cleaner_io_max_bytes_per_second: float
+    cleaner_backoff_ms: int
+    cleaner_threads: int
     log_dir_min_free_bytes: int
     replica_lag_time_max_ms: int
     replica_fetch_max_bytes: int

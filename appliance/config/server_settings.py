@@ -99,12 +99,38 @@ def _policy(value: object) -> object:
     for item in items:
         if item not in CLEANUP_POLICIES:
             raise Invalid(f"unknown policy {item!r}: expected delete, compact or both")
-        if item == "compact":
-            raise Invalid("compaction is not built yet: a compacted topic would keep every record (and "
-                          "retention would never delete them); use delete")
         if item not in result:
             result.append(item)
     return tuple(sorted(result, key=CLEANUP_POLICIES.index))
+
+
+def ratio(value: object) -> object:
+    """A double from 0 to 1, as a number or its text (CreateTopics carries "0.5")."""
+    if isinstance(value, bool):
+        raise Invalid("expected a number between 0 and 1, got a boolean")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise Invalid("expected a number between 0 and 1") from None
+    if not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise Invalid("expected a number between 0 and 1")
+    return float(value)
+
+
+def _bytes_per_second(value: object) -> object:
+    """A rate above 0 (Kafka's double): a number or its text; Kafka's default, the largest double, is no
+    limit."""
+    if isinstance(value, bool):
+        raise Invalid("expected a number of bytes per second above 0, got a boolean")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise Invalid("expected a number of bytes per second above 0") from None
+    if not isinstance(value, int | float) or not value > 0:
+        raise Invalid("expected a number of bytes per second above 0")
+    return float(value)
 
 
 def _fault_list(value: object) -> object:
@@ -195,8 +221,20 @@ _PER_TOPIC: Final = (
        "CreateTime keeps the producer's timestamps; LogAppendTime stamps the append time",
        "log.message.timestamp.type"),
     _s("cleanup.policy", "cleanup_policy", "delete", _policy,
-       "delete (retention); compact (and compact,delete) is refused: compaction is not built yet",
-       "log.cleanup.policy"),
+       "delete (retention by time and size), compact (the cleaner keeps each key's latest record), or "
+       "compact,delete (both)", "log.cleanup.policy"),
+    _s("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", 0.5, ratio,
+       "the cleaner cleans a compacted log once its dirty bytes are this share of its cleanable bytes",
+       "log.cleaner.min.cleanable.ratio"),
+    _s("delete.retention.ms", "delete_retention_ms", 86_400_000, integer(0),
+       "a compacted log keeps a tombstone this long after the clean that first kept it",
+       "log.cleaner.delete.retention.ms"),
+    _s("min.compaction.lag.ms", "min_compaction_lag_ms", 0, integer(0),
+       "the cleaner leaves records younger than this (by their segment's newest timestamp) uncleaned",
+       "log.cleaner.min.compaction.lag.ms"),
+    _s("max.compaction.lag.ms", "max_compaction_lag_ms", LONG_MAX, integer(1),
+       "a compacted log whose oldest dirty segment is older than this is cleaned whatever its dirty ratio",
+       "log.cleaner.max.compaction.lag.ms"),
     _s("min.insync.replicas", "min_insync_replicas", 1, integer(1, 100),
        "acks=all writes need this many in-sync replicas, else NotEnoughReplicas"),
 )
@@ -227,6 +265,17 @@ SETTINGS: Final = SettingTable((
     *_PER_TOPIC,
     _s("log.retention.check.interval.ms", "retention_check_interval_ms", 300_000, integer(1),
        "how often the cleaner looks for segments to delete"),
+    # --- the log cleaner (appliance.cleaner)
+    _s("log.cleaner.enable", "cleaner_enable", True, boolean(),
+       "run the cleaner process, which compacts the topics with cleanup.policy compact"),
+    _s("log.cleaner.dedupe.buffer.size", "cleaner_dedupe_buffer_size", 134_217_728, integer(1 << 20),
+       "memory of the cleaner's key -> offset map; a log with more keys is cleaned in several passes"),
+    _s("log.cleaner.io.max.bytes.per.second", "cleaner_io_max_bytes_per_second", 1.7976931348623157e308,
+       _bytes_per_second, "bytes the cleaner reads plus writes per second at most (default: no limit)"),
+    _s("log.cleaner.backoff.ms", "cleaner_backoff_ms", 15_000, integer(0),
+       "how long the cleaner sleeps when no log needs cleaning"),
+    _s("log.cleaner.threads", "cleaner_threads", 1, integer(1, 1),
+       "cleaner threads: 1 (one cleaner process; more are refused, see docs/configuration.md)"),
     _s("log.dir.min.free.bytes", "log_dir_min_free_bytes", 33_554_432, integer(0),
        "free bytes a log dir keeps: below them its partitions refuse writes with KAFKA_STORAGE_ERROR"),
     # --- replication

@@ -14,7 +14,7 @@ one by name.  Each :class:`TopicSetting` row says, once:
   accepted and what the appliance does instead is said in ``note``), or **refused** for some or all values
   (``refuse`` says why and what to use instead).
 
-**Validation is one step.** The thirteen settings the appliance implements are the per-topic rows of
+**Validation is one step.** The settings the appliance implements are the per-topic rows of
 :data:`appliance.config.server_settings.TOPIC_SETTINGS`; the catalog reuses their converters (so a range
 is declared once).  Every other row gets a converter built here from the settings kit: Kafka's type and
 range, then the row's refusal.  :data:`ALL_TOPIC_SETTINGS` is the one table of both, and the server's
@@ -86,20 +86,6 @@ class TopicSetting:
 
 
 # -------------------------------------------------------------------------------------- converters
-
-
-def _ratio(value: object) -> object:
-    """A double from 0 to 1, as a number or its text (CreateTopics carries "0.5")."""
-    if isinstance(value, bool):
-        raise Invalid("expected a number between 0 and 1, got a boolean")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise Invalid("expected a number between 0 and 1") from None
-    if not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise Invalid("expected a number between 0 and 1")
-    return float(value)
 
 
 _VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?(-IV[0-9]+)?")
@@ -208,8 +194,7 @@ CATALOG: Final[tuple[TopicSetting, ...]] = (
         "[compact, delete]",
         "delete",
         "log.cleanup.policy",
-        "delete is built; compact (and compact,delete) is refused until the cleaner is",
-        _B.DIFFERENT,
+        "compact: the cleaner process (appliance.cleaner); compact,delete: retention applies as well",
     ),
     _other(
         "compression.gzip.level",
@@ -252,15 +237,12 @@ CATALOG: Final[tuple[TopicSetting, ...]] = (
         "accepted and kept; no effect, as in Kafka with compression.type=producer (never recompressed)",
         integer(-131072, 22),
     ),
-    _other(
+    _implemented(
         "delete.retention.ms",
         _T.LONG,
         "[0,...]",
         "86400000 (1 day)",
         "log.cleaner.delete.retention.ms",
-        _B.DIFFERENT,
-        "accepted and kept for compaction; no effect on a delete topic, as in Kafka",
-        integer(0),
     ),
     _other(
         "file.delete.delay.ms",
@@ -320,15 +302,12 @@ CATALOG: Final[tuple[TopicSetting, ...]] = (
         integer(-2),
         _unless(-2, _NO_TIERED + "; set retention.ms"),
     ),
-    _other(
+    _implemented(
         "max.compaction.lag.ms",
         _T.LONG,
         "[1,...]",
         "9223372036854775807",
         "log.cleaner.max.compaction.lag.ms",
-        _B.DIFFERENT,
-        "accepted and kept for compaction; no effect on a delete topic, as in Kafka",
-        integer(1),
     ),
     _implemented("max.message.bytes", _T.INT, "[0,...]", "1048588", "message.max.bytes"),
     _other(
@@ -393,25 +372,19 @@ CATALOG: Final[tuple[TopicSetting, ...]] = (
         "CreateTime",
         "log.message.timestamp.type",
     ),
-    _other(
+    _implemented(
         "min.cleanable.dirty.ratio",
         _T.DOUBLE,
         "[0,...,1]",
         "0.5",
         "log.cleaner.min.cleanable.ratio",
-        _B.DIFFERENT,
-        "accepted and kept for compaction; no effect on a delete topic, as in Kafka",
-        _ratio,
     ),
-    _other(
+    _implemented(
         "min.compaction.lag.ms",
         _T.LONG,
         "[0,...]",
         "0",
         "log.cleaner.min.compaction.lag.ms",
-        _B.DIFFERENT,
-        "accepted and kept for compaction; no effect on a delete topic, as in Kafka",
-        integer(0),
     ),
     _implemented(
         "min.insync.replicas",

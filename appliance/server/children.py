@@ -69,6 +69,7 @@ __all__ = [
 EXTRA_CHILDREN: tuple[str, ...] = (
     "appliance.broker.process:child_spec",
     "appliance.follower.replica:child_specs",
+    "appliance.cleaner.process:child_spec",
 )
 
 CRASH_WINDOW_S: Final = 60.0  # deaths this recent count for the back-off

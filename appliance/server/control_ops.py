@@ -20,7 +20,8 @@ run on demand, ``appliance.server.writer_demand``) they ask of the supervisor (:
 A partition with no writer running is described with ``writer_pid`` 0 and its state page's offsets.
 While the supervisor stops, the ops that would create something refuse and the others still answer.
 Creating and deleting a topic are all-or-nothing (``appliance.server.topic_changes``); altering a topic's
-settings, adding partitions and deleting records are ``appliance.server.topic_admin``.
+settings, adding partitions and deleting records are ``appliance.server.topic_admin``; the cleaner's
+``swap_cleaned`` is ``appliance.server.clean_handoff``.
 
 ``metadata`` describes each topic on its own: a partition the supervisor does not serve is reported with
 ``offline`` saying so, and a topic that cannot be described at all is listed with ``error`` and
@@ -47,6 +48,7 @@ from typing import Any, Final, Protocol
 from appliance.config.server_config import Config, ConfigError, check_new_topic_name
 from appliance.config.topic_metadata import TopicMetadata, assign_replicas
 from appliance.server.children import Child, unique_memory_bytes
+from appliance.server.clean_handoff import swap_cleaned
 from appliance.server.metadata import MetadataStore
 from appliance.server.partitions import Partition
 from appliance.server.rings import RingTable
@@ -252,6 +254,12 @@ class ControlOps:
 
     # -- producers ----------------------------------------------------------------------------------------
 
+    def _op_swap_cleaned(
+        self, connection: ServerConnection, message: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        part = self._partition(str(message["topic"]), message["partition"])
+        return swap_cleaned(part, message, lambda reply: connection.reply(message, reply))
+
     def _op_init_producer_id(
         self, connection: ServerConnection, message: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -403,6 +411,7 @@ class ControlOps:
         "alter_topic_configs": _op_alter_topic_configs,
         "create_partitions": _op_create_partitions,
         "delete_records": _op_delete_records,
+        "swap_cleaned": _op_swap_cleaned,
         "init_producer_id": _op_init_producer_id,
         "attach": _op_attach,
         "attach_many": _op_attach_many,

@@ -16,9 +16,12 @@ copy-on-write) and talks to it over a socketpair carrying JSON lines (``applianc
                            {"op": "delete_records", "id": N, "offset": O}   DeleteRecords: move the
                                                             log start offset to O (at most the high
                                                             watermark), publish it
+                           {"op": "swap_cleaned", "id": N, "base_offset": B, "replaced": [...],
+                            "sizes": [...]}                 swap a segment the cleaner wrote aside in
     writer -> supervisor   {"op": "detached", "ring": ...}  the ring may be unlinked now
                            {"op": "timers_done"}            after run_timers
                            {"op": "records_deleted", "id": N, "ok": B, "low_watermark": L, ...}
+                           {"op": "cleaned_swapped", "id": N, "ok": B, ...}
                            {"op": "next_due", "in_ms": N}   at a stop: when the log next needs a writer
                                                             with no producer (null: not without one;
                                                             ``appliance.server.writer_timers``)
@@ -110,7 +113,7 @@ import numpy as np
 from appliance.server.disk_space import DiskSpace
 from appliance.server.publish_trace import PublishTrace
 from appliance.server.resume_map import ResumeMap, log_headers, published_records
-from appliance.server.writer_admin import delete_records
+from appliance.server.writer_admin import delete_records, swap_cleaned
 from appliance.server.writer_spec import DEFAULT_PEEK_BYTES, WriterSpec
 from appliance.server.writer_timers import WriterTimers
 from ipc.control import LineDecoder, encode
@@ -637,6 +640,10 @@ class PartitionWriter:
         elif op == "delete_records":
             reply = delete_records(self.log, self.state_page, self.name, int(command["offset"]))
             self._send({"op": "records_deleted", "id": command.get("id"), **reply})
+        elif op == "swap_cleaned":
+            reply = swap_cleaned(self.log, self.name, int(command["base_offset"]), list(command["replaced"]),
+                                 list(command["sizes"]))
+            self._send({"op": "cleaned_swapped", "id": command.get("id"), **reply})
         else:
             _log.error("writer %s: unknown command %r ignored", self.name, command)
 

@@ -532,15 +532,35 @@ def test_every_setting_and_alias_is_documented() -> None:
             assert f"`{name}`" in doc, name
 
 
-@pytest.mark.parametrize("policy", ["compact", "compact,delete", '["delete", "compact"]'])
-def test_compaction_is_refused_until_it_is_built(tmp_path: pathlib.Path, policy: str) -> None:
+@pytest.mark.parametrize(("policy", "loaded"), [("compact", ("compact",)),
+                                              ("compact,delete", ("delete", "compact")),
+                                              ('["delete", "compact"]', ("delete", "compact"))])
+def test_compaction_is_accepted_everywhere_a_policy_is_given(tmp_path: pathlib.Path, policy: str,
+                                                             loaded: tuple[str, ...]) -> None:
     value = policy if policy.startswith("[") else f'"{policy}"'
-    for text in (f'"cleanup.policy" = {value}\n', f'[topics.orders]\n"cleanup.policy" = {value}\n',
-                 f'"log.cleanup.policy" = {value}\n'):
-        with pytest.raises(ConfigError, match="compaction is not built yet"):
-            load_config(write(tmp_path / "c.toml", text))
-    with pytest.raises(ConfigError, match="compaction is not built yet"):
-        load_config().topic("orders", {"cleanup.policy": policy.strip('[]"').replace('", "', ",")})
+    for name in ("cleanup.policy", "log.cleanup.policy"):
+        assert load_config(write(tmp_path / "c.toml", f'"{name}" = {value}\n')).cleanup_policy == loaded
+    config = load_config(write(tmp_path / "c.toml", f'[topics.orders]\n"cleanup.policy" = {value}\n'))
+    assert config.topic("orders").cleanup_policy == loaded
+    assert load_config().topic("orders", {"cleanup.policy": policy.strip('[]"').replace('", "', ",")}
+                               ).cleanup_policy == loaded
+
+
+def test_the_cleaners_settings_have_kafkas_names_and_defaults(tmp_path: pathlib.Path) -> None:
+    config = load_config()
+    assert (config.cleaner_enable, config.cleaner_dedupe_buffer_size, config.cleaner_backoff_ms,
+            config.cleaner_threads) == (True, 134_217_728, 15_000, 1)
+    assert config.cleaner_io_max_bytes_per_second == 1.7976931348623157e308
+    assert (config.min_cleanable_dirty_ratio, config.delete_retention_ms, config.min_compaction_lag_ms) == (
+        0.5, 86_400_000, 0)
+    text = '"log.cleaner.min.cleanable.ratio" = 0.2\n"log.cleaner.delete.retention.ms" = 5\n'
+    loaded = load_config(write(tmp_path / "c.toml", text))
+    assert loaded.topic("t").min_cleanable_dirty_ratio == 0.2
+    assert loaded.topic("t", {"delete.retention.ms": 7}).delete_retention_ms == 7
+    for bad in ('"log.cleaner.threads" = 2', '"log.cleaner.io.max.bytes.per.second" = 0',
+                '"min.cleanable.dirty.ratio" = 1.5'):
+        with pytest.raises(ConfigError, match=bad.split('"')[1]):
+            load_config(write(tmp_path / "c.toml", bad + "\n"))
 
 
 def test_internal_topic_names_are_refused_in_the_file(tmp_path: pathlib.Path) -> None:

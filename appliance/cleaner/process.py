@@ -1,0 +1,281 @@
+"""The cleaner process: its main loop (:class:`Cleaner`) and the supervisor's hook (:func:`child_spec`).
+
+Theory of operation
+-------------------
+``appliance serve`` names :func:`child_spec` in ``appliance.server.children.EXTRA_CHILDREN``: with
+``log.cleaner.enable`` (the default) the supervisor forks the cleaner after the writers ("appliance:
+cleaner" in ``ps``), restarts it with the back-off of every child when it dies, and sends it SIGTERM at
+stop (it exits at once: whatever it was doing is abandoned, as after a SIGKILL).  It holds one control
+connection to the supervisor, and runs at nice :data:`NICENESS`: on a busy host the partition writers and
+the broker get the CPU first (Kafka's cleaner threads share one process with them; here the scheduler can
+tell them apart).
+
+Each round (:meth:`Cleaner.round`) reads the topic metadata file, lists every partition of a topic whose
+``cleanup.policy`` holds ``compact`` that this node serves (``appliance.cleaner.log_view``), measures them
+(``appliance.cleaner.choice``) and cleans the one picked with ``storage.cleaner.clean_log``: the offset map
+in this process (at most ``log.cleaner.dedupe.buffer.size``), the cleaned groups written aside as
+``<base>.log.cleaned`` by this process, reads and writes throttled to
+``log.cleaner.io.max.bytes.per.second`` (``appliance.cleaner.throttle``).  **The swap is the log's owner's**:
+for each group the view's ``swap_cleaned`` sends the control op ``swap_cleaned`` and waits; the supervisor
+has the partition's running writer swap it in (``Log.swap_cleaned``) or, with no writer running, swaps it
+itself holding the log's lock (``appliance.server.clean_handoff``).  A refused swap (a replaced segment
+deleted or changed meanwhile, a writer starting or stopping) ends the pass: this process unlinks its
+``.cleaned`` files and the log is measured again next round.  The ``cleaner-offset-checkpoint`` is written
+by this process only, after the pass's last swap.
+
+A round that cleaned something is followed at once by the next; else the cleaner sleeps
+``log.cleaner.backoff.ms``, waking early when the topic metadata directory changes (a topic created,
+altered or deleted: ``ipc.dir_watch``'s inotify watch, so an idle cleaner wakes once a backoff).  A log
+whose data does not parse (``CorruptRecordError``) is left alone until the cleaner restarts, with an
+error naming it.
+
+A SIGKILL of this process at any point leaves at most ``*.cleaned`` files (unlinked by the next pass over
+that log, and by the log's next open) and a checkpoint that may be behind the swaps done (the next pass
+cleans those segments again, to the same result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Final
+
+from appliance.cleaner.choice import Dirt, measure, pick
+from appliance.cleaner.log_view import LogView, list_view
+from appliance.cleaner.throttle import Throttle
+from appliance.config.server_config import Config, TopicConfig
+from appliance.config.topic_metadata import TopicMetadata, read_topics
+from appliance.server.children import ChildContext, ChildSpec
+from ipc.control import ControlClient
+from ipc.dir_watch import DirectoryWatch, wait_any
+from ipc.shm import ShmNames
+from ipc.state_page import StatePage
+from storage.clean_swap import CLEANED_SUFFIX
+from storage.cleaner import CleanResult, clean_log
+from storage.errors import ApplianceError, CorruptRecordError
+
+__all__ = ["CleanRefusedError", "Cleaner", "child_spec", "cleaner_child"]
+
+_SWAP_TIMEOUT_S: Final = 60.0
+NICENESS: Final = 10  # the cleaner is background work: the writers and the broker come first for the CPU
+_WAKE_CHECK_S: Final = 0.5  # how often a sleeping cleaner looks at the metadata file
+
+_log = logging.getLogger("appliance.cleaner")
+
+
+class CleanRefusedError(ApplianceError):
+    """The log's owner refused a swap (the log changed under the pass): the pass ends, nothing changed."""
+
+
+class _Stop(BaseException):
+    """SIGTERM: leave the loop."""
+
+
+class _Target:
+    """A compacted partition this node serves, with its state page (attached once)."""
+
+    def __init__(self, topic: TopicMetadata, partition: int, settings: TopicConfig, page: StatePage,
+                 config: Config) -> None:  # fmt: skip
+        self.name = f"{topic.name}-{partition}"
+        self.topic_id = topic.topic_id
+        self.topic_partition = (topic.name, partition)
+        self.directory = topic.directory(partition)
+        self.settings = settings
+        self.page = page
+        self.log_config = config.log_config(topic.name, topic.configs)
+
+
+class Cleaner:
+    """The cleaner's loop (see the module docstring)."""
+
+    def __init__(self, config: Config, names: ShmNames, metadata_path: str, control: ControlClient) -> None:
+        self.config = config
+        self._names = names
+        self._metadata_path = metadata_path
+        self._control = control
+        self._throttle = Throttle(config.cleaner_io_max_bytes_per_second)
+        self._pages: dict[tuple[str, str, int], StatePage] = {}  # by (topic id, topic, partition)
+        self._uncleanable: set[tuple[str, int]] = set()
+        self._watch = DirectoryWatch.open(os.path.dirname(metadata_path))  # None: poll the file's mtime
+        self.passes = 0
+
+    def close(self) -> None:
+        for page in self._pages.values():
+            page.close()
+        self._pages.clear()
+        if self._watch is not None:
+            self._watch.close()
+        self._control.close()
+
+    def run(self) -> None:
+        """Rounds until SIGTERM."""
+        while True:
+            if self.round() is None:
+                self._sleep(self.config.cleaner_backoff_ms / 1000)
+
+    def round(self) -> CleanResult | None:
+        """Measure every compacted partition and clean the one picked; its result, or None (nothing to
+        clean, or the pass was refused or failed: logged)."""
+        if self._watch is not None:
+            self._watch.drain()  # changes up to now are read by this round; later ones end the next sleep
+        now_ms = time.time_ns() // 1_000_000
+        targets = self._targets()
+        measured: list[tuple[_Target, LogView, Dirt]] = []
+        for target in targets:
+            view = self._view(target)
+            if view is None:
+                continue
+            dirt = measure(view, min_compaction_lag_ms=target.settings.min_compaction_lag_ms,
+                           max_compaction_lag_ms=target.settings.max_compaction_lag_ms, now_ms=now_ms)
+            measured.append((target, view, dirt))
+        chosen = pick([(dirt, t.settings.min_cleanable_dirty_ratio) for t, _, dirt in measured])
+        if chosen is None:
+            return None
+        target, view, dirt = measured[chosen]
+        return self._clean(target, view, dirt, now_ms)
+
+    def _clean(self, target: _Target, view: LogView, dirt: Dirt, now_ms: int) -> CleanResult | None:
+        _log.info("cleaner: cleaning %s from offset %d to %d (dirty ratio %.2f%s)", target.name,
+                  dirt.first_dirty_offset, dirt.upper_bound, dirt.ratio, ", overdue" if dirt.overdue else "")
+        _unlink_cleaned(target.directory)
+        started = time.monotonic()
+        try:
+            result = clean_log(view, upper_bound=dirt.upper_bound, now_ms=now_ms,
+                               dedupe_buffer_bytes=self.config.cleaner_dedupe_buffer_size,
+                               delete_retention_ms=target.settings.delete_retention_ms,
+                               io_throttle=self._throttle)  # fmt: skip
+        except CleanRefusedError as exc:
+            _log.info("cleaner: %s: pass ended: %s; measured again next round", target.name, exc)
+            return None
+        except CorruptRecordError as exc:
+            self._uncleanable.add(target.topic_partition)
+            _log.error("cleaner: %s is not cleaned until the cleaner restarts: %s", target.name, exc)
+            return None
+        except OSError as exc:  # a segment deleted under the pass (retention), a full disk ...
+            _log.warning("cleaner: %s: pass abandoned: %s; measured again next round", target.name, exc)
+            return None
+        finally:
+            _unlink_cleaned(target.directory)
+        self.passes += 1
+        _log.info("cleaner: %s cleaned offsets %d..%d in %.2f s: %d segments in %d groups, %d bytes read, "
+                  "%d written, %d keys%s", target.name, result.start_offset, result.end_offset,
+                  time.monotonic() - started, result.segments_cleaned, result.groups, result.bytes_read,
+                  result.bytes_written, result.keys, "" if result.done else " (more next pass)")  # fmt: skip
+        return result
+
+    def _targets(self) -> list[_Target]:
+        try:
+            topics = read_topics(self._metadata_path)
+        except (OSError, ApplianceError) as exc:
+            _log.warning("cleaner: cannot read the topic metadata %s: %s", self._metadata_path, exc)
+            return []
+        targets: list[_Target] = []
+        for topic in topics.values():
+            try:
+                settings = self.config.topic(topic.name, topic.configs)
+            except ApplianceError as exc:
+                _log.warning("cleaner: topic %s: its settings do not load: %s", topic.name, exc)
+                continue
+            if "compact" not in settings.cleanup_policy:
+                continue
+            for partition in range(topic.partitions):
+                if (topic.name, partition) in self._uncleanable:
+                    continue
+                page = self._page((topic.topic_id, topic.name, partition))
+                if page is not None:
+                    targets.append(_Target(topic, partition, settings, page, self.config))
+        self._forget_pages({(t.topic_id, *t.topic_partition) for t in targets})
+        return targets
+
+    def _page(self, key: tuple[str, str, int]) -> StatePage | None:
+        """The partition's state page, attached the first time (keyed by the topic's id: a topic deleted
+        and created again under its name gets a new page)."""
+        page = self._pages.get(key)
+        if page is None:
+            try:
+                page = StatePage.attach(self._names.state_page(key[1], key[2]))
+            except (OSError, ApplianceError):
+                return None  # not served here (yet)
+            self._pages[key] = page
+        return page
+
+    def _forget_pages(self, keep: set[tuple[str, str, int]]) -> None:
+        """Let go of the pages of partitions no longer compacted or served (a topic deleted or altered)."""
+        for key in [k for k in self._pages if k not in keep]:
+            self._pages.pop(key).close()
+
+    def _view(self, target: _Target) -> LogView | None:
+        try:
+            return list_view(target.directory, target.log_config, target.topic_partition, target.page,
+                             lambda base, replaced, sizes: self._swap(target, base, replaced, sizes))
+        except FileNotFoundError:
+            return None  # changed while listed: next round
+
+    def _swap(self, target: _Target, base_offset: int, replaced: Sequence[int], sizes: Sequence[int]) -> None:
+        try:
+            self._control.swap_cleaned(target.topic_partition[0], target.topic_partition[1], base_offset,
+                                       list(replaced), list(sizes), timeout_s=_SWAP_TIMEOUT_S)
+        except ApplianceError as exc:
+            raise CleanRefusedError(f"the swap of the segment cleaned at {base_offset} was refused: {exc}") \
+                from None
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until the metadata directory changes (inotify; else its file's mtime is
+        looked at every :data:`_WAKE_CHECK_S`)."""
+        if self._watch is not None:
+            wait_any([self._watch], seconds)
+            return
+        deadline = time.monotonic() + seconds
+        before = _mtime_ns(self._metadata_path)
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, _WAKE_CHECK_S))
+            if _mtime_ns(self._metadata_path) != before:
+                return
+
+
+def _mtime_ns(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _unlink_cleaned(directory: str) -> None:
+    """Unlink the ``*.cleaned`` files in ``directory``: this process is their only writer."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if name.endswith(CLEANED_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, name))
+
+
+def cleaner_child(context: ChildContext) -> int:
+    """The cleaner process's main: rounds until SIGTERM; exit 0."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, on_term)
+    os.nice(NICENESS)
+    cleaner = Cleaner(context.config, context.shm_names, context.metadata_path, context.connect())
+    _log.info("cleaner: started (dedupe buffer %d bytes, backoff %d ms)",
+              context.config.cleaner_dedupe_buffer_size, context.config.cleaner_backoff_ms)
+    try:
+        cleaner.run()
+    except _Stop:
+        pass
+    finally:
+        cleaner.close()
+    return 0
+
+
+def child_spec(config: Config) -> ChildSpec | None:
+    """The supervisor's hook: the cleaner, unless ``log.cleaner.enable`` is false."""
+    if not config.cleaner_enable:
+        return None
+    return ChildSpec(name="cleaner", target=cleaner_child, title="appliance: cleaner", stop_timeout_ms=5_000)

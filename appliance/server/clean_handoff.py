@@ -1,0 +1,104 @@
+"""The hand-off of a cleaned segment: the cleaner process wrote it aside, the log's owner swaps it in.
+
+Theory of operation
+-------------------
+A log has one writer.  The cleaner process (``appliance.cleaner``) reads closed segments and writes each
+cleaned group aside as ``<base>.log.cleaned`` (and its indexes); it never renames or deletes a segment.
+For each group it sends the control op ``swap_cleaned`` (``topic``, ``partition``, ``base_offset``,
+``replaced``: the base offsets of the closed segments it replaces, ``sizes``: their sizes as the cleaner
+read them) and waits.  :func:`swap_cleaned` (the supervisor) gives the swap to whoever owns the log now:
+
+* **a writer runs** (and is not stopping): the writer command ``{"op": "swap_cleaned", ...}``
+  (``Partition.ask_writer``); the writer checks the replaced segments are still its closed segments with
+  those sizes and calls ``Log.swap_cleaned`` between two drain rounds (``appliance.server.writer_admin``),
+  so its segment list and the directory change together;
+* **no writer runs**: the supervisor swaps here and now, in one turn of its loop, holding the log's lock
+  (``.lock``): no writer can be forked for the partition before the turn ends, and a process still holding
+  the lock (a writer of an earlier supervisor) makes the swap refused;
+* **a writer is starting, stopping or waiting for its restart**: refused (retriable); the cleaner unlinks
+  its files and measures the log again next round.
+
+Either way the swap is ``storage.clean_swap.swap_in`` (renames, each step fsynced; a SIGKILL at any step is
+finished or undone by the log's next open), after the same check: the replaced segments are consecutive,
+closed (the active segment is never replaced), of the sizes the cleaner read (else retention,
+DeleteRecords or a truncation changed the log meanwhile: refused, nothing renamed), and the cleaned file
+exists.  A refusal is ``KAFKA_STORAGE_ERROR`` naming the partition and the segment; nothing changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from appliance.server.partitions import Partition
+from appliance.server.writer_admin import check_replaced
+from ipc.control import error_response, ok_response
+from ipc.kafka.errors import ErrorCode
+from storage.clean_swap import finish_interrupted_swap, swap_in
+from storage.errors import LogLockedError, describe_os_error
+from storage.log_dir import lock_log_directory, segment_base_offsets, unlock_log_directory
+from storage.segment import LOG_SUFFIX, segment_path
+
+__all__ = ["swap_cleaned"]
+
+_log = logging.getLogger("appliance.supervisor")
+
+Reply = Callable[[dict[str, Any]], None]
+
+
+def swap_cleaned(part: Partition, message: Mapping[str, Any], reply: Reply) -> dict[str, Any] | None:
+    """The control op ``swap_cleaned`` for ``part``: the reply now, or None (``reply`` is called when the
+    partition's writer answered)."""
+    base, replaced, sizes = message["base_offset"], message["replaced"], message["sizes"]
+    if (not isinstance(base, int) or not isinstance(replaced, list) or not isinstance(sizes, list)
+            or not all(isinstance(v, int) for v in (*replaced, *sizes)) or len(replaced) != len(sizes)
+            or not replaced):  # fmt: skip
+        return error_response(ErrorCode.INVALID_REQUEST, f"swap_cleaned of {part.name}: base_offset, "
+                              "replaced and sizes must be an offset and two lists of integers")  # fmt: skip
+    if part.offline:
+        return error_response(ErrorCode.KAFKA_STORAGE_ERROR,
+                              f"partition {part.name} is offline: {part.offline}")
+    child = part.writer
+    if child.channel is not None and not child.stopping:
+        part.ask_writer({"op": "swap_cleaned", "base_offset": base, "replaced": replaced, "sizes": sizes},
+                        lambda answer: reply(_answer(answer)))  # fmt: skip
+        return None
+    if child.pid or child.stopping or child.restart_at_s is not None:
+        return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {part.name}: its writer is starting "
+                              "or stopping; the cleaner tries again later")  # fmt: skip
+    return _swap_here(part.spec.directory, part.name, base, replaced, sizes)
+
+
+def _swap_here(directory: str, name: str, base: int, replaced: list[int], sizes: list[int]) -> dict[str, Any]:
+    try:
+        lock_fd = lock_log_directory(directory, name)
+    except LogLockedError as exc:
+        return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"{exc}; the cleaner tries again later")
+    try:
+        bases = segment_base_offsets(os.listdir(directory))
+        refused = check_replaced(directory, bases, name, base, replaced, sizes,
+                                 lambda b: os.stat(segment_path(directory, b, LOG_SUFFIX)).st_size)
+        if refused is not None:
+            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, refused)
+        try:
+            swap_in(directory, base, replaced)
+        except OSError as exc:
+            finish_interrupted_swap(directory)
+            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {name}: swapping in the segment "
+                                  f"cleaned at {base}: {describe_os_error(exc)}")  # fmt: skip
+    except OSError as exc:
+        return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {name}: {describe_os_error(exc)}")
+    finally:
+        unlock_log_directory(lock_fd)
+    _log.info("partition %s: swapped in a cleaned segment at %d for segments %s (no writer running)", name,
+              base, replaced)
+    return ok_response()
+
+
+def _answer(answer: Mapping[str, Any]) -> dict[str, Any]:
+    if answer.get("ok"):
+        return ok_response()
+    code = ErrorCode.__members__.get(str(answer.get("error")), ErrorCode.KAFKA_STORAGE_ERROR)
+    return error_response(code, str(answer.get("message", "the writer refused the swap")))
