@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "OffsetAndTimestamp": "storage.segment",
     "EARLIEST_TIMESTAMP": "storage.log",
     "LATEST_TIMESTAMP": "storage.log",
+    "MAX_TIMESTAMP": "storage.timestamp_search",
     "LogReader": "storage.log_reader",
     "open_read_only": "storage.log_reader",
     "LogConfig": "storage.log_config",
@@ -58,6 +59,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
     "AppendInfo",
     "ApplianceError",
     "BackPressureError",

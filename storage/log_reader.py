@@ -51,6 +51,7 @@ from storage.log_dir import (
 )
 from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import FetchSlice, split_batches
+from storage.timestamp_search import MAX_TIMESTAMP, record_at_or_after, record_of_max_timestamp
 
 __all__ = ["DEFAULT_SWAP_WAIT_S", "LogReader", "open_read_only"]
 
@@ -237,16 +238,9 @@ class LogReader:
             return OffsetAndTimestamp(self._start(), -1)
         if timestamp_ms == LATEST_TIMESTAMP:
             return OffsetAndTimestamp(self._end()[1], -1)
-        start = self._start()
-        for i, segment in enumerate(self._segments):
-            closed = i < len(self._segments) - 1
-            last = segment.time_index.last_entry() if closed else None
-            if last is not None and last.timestamp < timestamp_ms:
-                continue  # a closed segment's last time entry holds its largest timestamp
-            found = segment.find_timestamp(timestamp_ms, verify=True)
-            if found is not None:
-                return OffsetAndTimestamp(max(found.offset, start), found.timestamp)
-        return None
+        if timestamp_ms == MAX_TIMESTAMP:
+            return record_of_max_timestamp(self._segments, log_start_offset=self._start(), verify=True)
+        return record_at_or_after(self._segments, timestamp_ms, log_start_offset=self._start(), verify=True)
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetsForLeaderEpoch from the writer's ``leader-epoch-checkpoint`` and the end on disk."""

@@ -32,6 +32,7 @@ SURFACES: dict[str, set[str]] = {
         "InvalidRecordError",
         "KafkaStorageError",
         "LATEST_TIMESTAMP",
+        "MAX_TIMESTAMP",
         "Log",
         "LogConfig",
         "LogLockedError",
