@@ -99,9 +99,6 @@ def _policy(value: object) -> object:
     for item in items:
         if item not in CLEANUP_POLICIES:
             raise Invalid(f"unknown policy {item!r}: expected delete, compact or both")
-        if item == "compact":
-            raise Invalid("compaction is not built yet: a compacted topic would keep every record (and "
-                          "retention would never delete them); use delete")
         if item not in result:
             result.append(item)
     return tuple(sorted(result, key=CLEANUP_POLICIES.index))

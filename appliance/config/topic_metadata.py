@@ -30,7 +30,6 @@ reset silently (the logs would be orphaned). """
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping
@@ -53,8 +52,6 @@ __all__ = [
     "read_topics",
     "topics_path",
 ]
-
-_log = logging.getLogger("appliance.supervisor")
 
 META_DIR: Final = "meta"
 TOPICS_FILE: Final = "topics.json"
@@ -156,30 +153,8 @@ def _parse_topic(path: Path, name: object, raw: object) -> TopicMetadata:
     ):
         raise _fail(path, f"topic {name!r}: replicas must list {replication} distinct node ids, "
                           f"got {replicas!r}")
-    return TopicMetadata(name, str(topic_id), partitions, replication, _without_compaction(name, configs),
+    return TopicMetadata(name, str(topic_id), partitions, replication, dict(configs),
                          tuple(log_dirs), tuple(replicas))
-
-
-def _without_compaction(name: str, configs: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored topic's settings with ``compact`` taken out of its cleanup policy, keeping what it did.
-
-    Earlier versions stored ``cleanup.policy=compact`` and ignored it, so a ``compact`` topic kept every
-    record; it is served the same way now that the setting is refused (``delete`` with retention off),
-    and ``compact,delete`` as ``delete``, with a warning naming the topic."""
-    policy = configs.get("cleanup.policy")
-    items = policy.split(",") if isinstance(policy, str) else policy
-    names = [str(i).strip() for i in items] if isinstance(items, list) else []
-    if "compact" not in names:
-        return dict(configs)
-    out = dict(configs, **{"cleanup.policy": "delete"})
-    if "delete" in names:
-        kept = "retention applies as before"
-    else:
-        out.update({"retention.ms": -1, "retention.bytes": -1})
-        kept = "nothing is deleted (retention.ms=-1, retention.bytes=-1)"
-    _log.warning("topic %s was stored with cleanup.policy=%s, which is refused until compaction is built; "
-                 "it is served as before: %s", name, policy, kept)
-    return out
 
 
 def read_topics(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:

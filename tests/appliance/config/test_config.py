@@ -532,15 +532,7 @@ def test_every_setting_and_alias_is_documented() -> None:
             assert f"`{name}`" in doc, name
 
 
-@pytest.mark.parametrize("policy", ["compact", "compact,delete", '["delete", "compact"]'])
-def test_compaction_is_refused_until_it_is_built(tmp_path: pathlib.Path, policy: str) -> None:
-    value = policy if policy.startswith("[") else f'"{policy}"'
-    for text in (f'"cleanup.policy" = {value}\n', f'[topics.orders]\n"cleanup.policy" = {value}\n',
-                 f'"log.cleanup.policy" = {value}\n'):
-        with pytest.raises(ConfigError, match="compaction is not built yet"):
-            load_config(write(tmp_path / "c.toml", text))
-    with pytest.raises(ConfigError, match="compaction is not built yet"):
-        load_config().topic("orders", {"cleanup.policy": policy.strip('[]"').replace('", "', ",")})
+
 
 
 def test_internal_topic_names_are_refused_in_the_file(tmp_path: pathlib.Path) -> None:

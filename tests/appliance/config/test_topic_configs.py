@@ -101,7 +101,6 @@ def test_a_wrong_type_or_range_names_the_key_and_changes_nothing(name: str, valu
         ("unclean.leader.election.enable", "true", "appliance replicas promote --unclean"),
         ("message.timestamp.after.max.ms", "3600000", "LogAppendTime"),
         ("follower.replication.throttled.replicas", "0:1", "replica.fetch.max.bytes"),
-        ("cleanup.policy", "compact", "compaction is not built yet"),
     ],
 )
 def test_a_refused_value_says_why_and_what_to_use_instead(name: str, value: str, why: str) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config.server_config import load_config
 from appliance.config.topic_metadata import read_topics
 from appliance.server.faults import ControlFaults
 from appliance.server.metadata import MetadataStore
@@ -28,22 +27,6 @@ def test_topics_persist_and_reload_in_creation_order(tmp_path: Path) -> None:
     assert read_topics(store.path) == reopened.topics
     assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
     assert not list(store.path.parent.glob("*.tmp"))
-
-
-@pytest.mark.parametrize(("stored", "served"), [
-    ("compact", {"cleanup.policy": "delete", "retention.ms": -1, "retention.bytes": -1}),
-    (["compact", "delete"], {"cleanup.policy": "delete", "retention.ms": 5}),
-])
-def test_a_compacted_topic_stored_by_an_earlier_version_is_served_as_before(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, stored: object, served: dict[str, object]) -> None:
-    store = MetadataStore.open([str(tmp_path)])
-    store.create_topic("kept", 1, 1, {"retention.ms": 5})
-    raw = json.loads(store.path.read_text())
-    raw["topics"]["kept"]["configs"]["cleanup.policy"] = stored
-    store.path.write_text(json.dumps(raw))
-    assert read_topics(store.path)["kept"].configs == served
-    assert "topic kept was stored with cleanup.policy" in caplog.text
-    assert load_config().topic("kept", read_topics(store.path)["kept"].configs).cleanup_policy == ("delete",)
 
 
 def test_delete_forgets_the_topic(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from support.kafka_appliance import REPO, Appliance, start_appliance, stop_appliance
@@ -22,7 +21,6 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 RESERVED = "reserved for the appliance's internal topics"
-NO_COMPACTION = "compaction is not built yet"
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +74,3 @@ def test_internal_names_are_refused_on_every_creation_path(appliance: Appliance)
 
     assert topic_names(appliance) == before
     assert not [p for p in appliance.data_dir.iterdir() if p.name.startswith("__")]
-
-
-def test_compaction_is_refused_over_the_protocol_and_the_control_socket(appliance: Appliance) -> None:
-    before = topic_names(appliance)
-    for policy in ("compact", "compact,delete"):
-        error = create_over_kafka(appliance, NewTopic("compacted", 1, 1, config={"cleanup.policy": policy}))
-        assert error.code() == confluent_kafka.KafkaError.INVALID_CONFIG
-        assert NO_COMPACTION in error.str()
-    result = topics_cli("create", "compacted", "--topic-config", "cleanup.policy=compact",
-                        "--data-dir", str(appliance.data_dir))  # fmt: skip
-    assert result.returncode == 1
-    assert NO_COMPACTION in result.stderr, result.stderr
-    assert topic_names(appliance) == before
-    assert not (Path(appliance.data_dir) / "compacted-0").exists()
