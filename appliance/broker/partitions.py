@@ -67,6 +67,7 @@ class TopicMeta:
     # better for the partitions it leads: appliance.broker.replication)
     isr: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     min_insync_replicas: int = 1  # the topic's min.insync.replicas
+    cleanup_policy: tuple[str, ...] = ("delete",)  # the topic's effective cleanup.policy
     configs: Mapping[str, object] = field(default_factory=dict)  # the topic's own settings (overrides)
     # partition -> why it is offline (a damaged log the supervisor would not open); absent: online
     offline: Mapping[int, str] = field(default_factory=dict)
