@@ -9,7 +9,8 @@ a message).  The appliance has one such rule so far:
   INVALID_RECORD; so does the appliance, and nothing of the batch is appended.
 
 :func:`keyless_records` finds the keyless records of one validated batch (decompressing it when compressed,
-through ``storage.batch_reader``); :func:`refusal` words the answer: the record indexes and one message
+through ``storage.batch_reader``), :func:`keyless_columns` those of records about to be built into one
+(``storage.batch_builder``'s columns); :func:`refusal` words the answer: the record indexes and one message
 per record, as Produce v8 carries them, plus the top-level message.  The broker applies it to a Produce
 request's batch, the local producer to the records it is about to send, so both report the same thing.
 """
@@ -21,9 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from storage.batch_builder import RecordColumns, Records
 from storage.batch_reader import Bytes, decode_batch
 
-__all__ = ["RecordRefusal", "keyless_records", "refusal", "requires_keys"]
+__all__ = ["RecordRefusal", "keyless_columns", "keyless_records", "refusal", "requires_keys"]
 
 _SHOWN_INDEXES = 10  # the top-level message lists at most this many indexes
 
@@ -49,6 +51,19 @@ def keyless_records(buf: Bytes, position: int = 0, *, where: str = "buffer") -> 
     that cannot be decoded."""
     batch = decode_batch(buf, position, where=where, verify_crc=False)
     return np.flatnonzero(batch.key_lengths < 0)
+
+
+def keyless_columns(records: Records) -> np.ndarray:
+    """The indexes (int64, ascending) of the records without a key among ``records`` before they are built
+    into a batch (the producer's check): a list of values has no keys at all."""
+    if not isinstance(records, RecordColumns):
+        return np.arange(len(records), dtype=np.int64)
+    keys = records.keys
+    if keys is None:
+        return np.arange(records.values.item_count, dtype=np.int64)
+    if keys.nulls is None:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero(keys.nulls).astype(np.int64)
 
 
 def refusal(partition: str, indexes: Sequence[int] | np.ndarray) -> RecordRefusal:

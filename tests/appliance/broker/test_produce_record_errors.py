@@ -3,7 +3,9 @@
 The broker refuses the whole batch with INVALID_RECORD and Produce v8's ``record_errors`` naming the keyless
 records' batch indexes (KIP-467); nothing of the batch is appended.  librdkafka (confluent-kafka 2.x) then
 fails every message of that batch permanently, the keyless one and the 99 others alike, with INVALID_RECORD:
-the batch is one unit of append, and librdkafka does not resend the other records on its own.
+the batch is one unit of append, and librdkafka does not resend the other records on its own.  Our local
+``Producer`` (the rings, no broker) checks the same rule before it publishes and reports the same way: the
+keyless records fail with their own InvalidRecordError, the others with the batch's.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import pytest
 from support.kafka_appliance import Appliance, start_appliance, stop_appliance
 from support.wire import WireClient, produce
 
+from appliance.client.producer import Producer
 from ipc.kafka import ApiKey, ErrorCode
 from storage.batch_builder import build_batch
 from storage.compression import COMPRESSION_ZSTD
+from storage.errors import InvalidRecordError
 
 COMPACTED = '[topics.comp]\npartitions = 1\n"cleanup.policy" = "compact"\n'
 
@@ -107,3 +111,45 @@ def test_produce_before_v8_gets_the_error_code_alone(wire: WireClient) -> None:
     response = wire.call(ApiKey.PRODUCE, 7, produce(1, ("comp", 0, batch)))
     [answer] = response.responses[0].partition_responses
     assert answer.error_code == ErrorCode.INVALID_RECORD
+
+
+# -- the local producer (rings): the same refusal, reported to its callbacks ---------------------------------
+
+
+def _local_producer(appliance: Appliance) -> Producer:
+    return Producer({"appliance.data.dir": str(appliance.data_dir), "linger.ms": 300})
+
+
+def test_the_local_producer_fails_the_keyless_record_with_its_own_reason(appliance: Appliance) -> None:
+    before = _end_offset(appliance, "comp")
+    producer = _local_producer(appliance)
+    reports: dict[int, Any] = {}
+    try:
+        handles = [producer.send("comp", b"v", key=None if i == 37 else b"k%d" % i, partition=0,
+                                 callback=lambda err, meta, i=i: reports.__setitem__(i, err))
+                   for i in range(100)]
+        producer.flush(30)
+    finally:
+        producer.close()
+    assert isinstance(reports[37], InvalidRecordError)
+    assert "compacted topic comp-0: record at batch index 37 has no key" in str(reports[37])
+    assert {type(e) for i, e in reports.items() if i != 37} == {InvalidRecordError}
+    assert "batch index 37" in str(reports[0]) and "not appended" in str(reports[0])
+    with pytest.raises(InvalidRecordError, match="record at batch index 37 has no key"):
+        handles[37].get(5)
+    assert _end_offset(appliance, "comp") == before
+
+
+def test_the_local_producer_sends_keyed_records_after_a_refused_batch(appliance: Appliance) -> None:
+    before = _end_offset(appliance, "comp")
+    producer = _local_producer(appliance)
+    try:
+        refused = producer.send_many("comp", [b"a", b"b", b"c"], keys=[b"x", None, b"z"], partition=0)
+        with pytest.raises(InvalidRecordError, match="batch index 1"):
+            refused.get(10)
+        delivered = producer.send_many("comp", [b"a", b"b"], keys=[b"x", b"y"], partition=0)
+        assert delivered.get(10) is not None
+        assert producer.send("plain", b"no key").get(10).offset >= 0
+    finally:
+        producer.close()
+    assert _end_offset(appliance, "comp") == before + 2
