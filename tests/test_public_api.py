@@ -31,6 +31,7 @@ SURFACES: dict[str, set[str]] = {
         "HeaderColumns",
         "InvalidRecordError",
         "KafkaStorageError",
+        "SwapInProgressError",
         "LATEST_TIMESTAMP",
         "MAX_TIMESTAMP",
         "Log",
