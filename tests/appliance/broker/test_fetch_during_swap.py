@@ -48,7 +48,8 @@ def _child(directory: str, kill_at: str) -> None:
     """Write the log, say how far it goes, wait for a line, then clean with a SIGKILL at ``kill_at``."""
     with Log.open(directory, CONFIG, topic_partition=(TOPIC, 0)) as log:
         for j in range(BATCHES):
-            keys = [b"k%d" % ((j * 7 + r) % 20) for r in range(3)]
+            # one key of its own (every cleaned segment keeps records), two that later batches supersede
+            keys = [b"u%d" % j, *(b"k%d" % ((j * 7 + r) % 20) for r in range(2))]
             log.append(build_batch([b"v%d-%d" % (j, r) for r in range(3)], keys), leader_epoch=0)
         log.roll()
         log.flush()
@@ -59,8 +60,15 @@ def _child(directory: str, kill_at: str) -> None:
     print("clean finished without reaching the fault point", flush=True)
 
 
-def _records(data: bytes) -> list[tuple[int, bytes | None]]:
-    return [(r.offset, r.key) for position, _ in iter_batches(data) for r in iter_records(data, position)]
+def _records(data: bytes, from_offset: int = 0) -> tuple[list[tuple[int, bytes | None]], int]:
+    """The records at or after ``from_offset`` in fetched bytes, and the offset after their last batch (a
+    clean leaves gaps: a batch may end past its last record)."""
+    records: list[tuple[int, bytes | None]] = []
+    next_offset = from_offset
+    for position, header in iter_batches(data):
+        records += [(r.offset, r.key) for r in iter_records(data, position) if r.offset >= from_offset]
+        next_offset = header.last_offset + 1
+    return records, next_offset
 
 
 def _fetch(wire: WireClient, offset: int = 0) -> Any:
@@ -77,11 +85,11 @@ def _read_all(wire: WireClient, end: int) -> list[tuple[int, bytes | None]]:
     while offset < end:
         part = _fetch(wire, offset)
         assert part.error_code == ErrorCode.NONE
-        found = _records(bytes(part.records or b""))
-        if not found:
+        found, next_offset = _records(bytes(part.records or b""), offset)
+        if next_offset == offset:
             break
         records += found
-        offset = found[-1][0] + 1
+        offset = next_offset
     return records
 
 
