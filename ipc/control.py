@@ -327,6 +327,7 @@ class TopicInfo:
     max_message_bytes: int
     replicas: tuple[int, ...] = ()  # node ids holding a copy, leader first (factor 1: the leader alone)
     min_insync_replicas: int = 1
+    cleanup_policy: tuple[str, ...] = ("delete",)  # the effective cleanup.policy: "compact" needs keys
     # a topic the supervisor could not describe: the Kafka error name and why (no partitions then)
     error: str = ""
     message: str = ""
@@ -356,6 +357,7 @@ class TopicInfo:
             max_message_bytes=int(raw["max_message_bytes"]),
             replicas=tuple(int(r) for r in raw.get("replicas", ())),
             min_insync_replicas=int(raw.get("min_insync_replicas", 1)),
+            cleanup_policy=tuple(str(p) for p in raw.get("cleanup_policy", ("delete",))),
         )
 
 

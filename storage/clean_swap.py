@@ -28,8 +28,8 @@ renaming them first, and committing after, lets recovery decide from the names a
 
 Readers: a process that holds a replaced segment open (a descriptor, a mapping) keeps reading the old inode
 after the unlink; one that lists the directory between steps 2 and 5 sees the replaced offsets missing, so
-it must list again while any ``*.deleted`` or ``*.swap`` file is there (``storage.log_reader`` does not do
-that yet: see docs/storage.md, "Compaction").
+it must list again while any ``*.deleted`` or ``*.swap`` file is there (``storage.log_reader`` does, for a
+bounded wait, then raises ``SwapInProgressError``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ __all__ = [
     "PartitionOfflineError",
     "ProtocolError",
     "RequestTimeoutError",
+    "SwapInProgressError",
     "TopicExistsError",
     "UnknownTopicOrPartitionError",
     "describe_os_error",
@@ -151,6 +152,13 @@ class KafkaStorageError(ApplianceError):
             "retention.ms or retention.bytes): writes resume by themselves",
             partition=partition, directory=directory, cause=cause,
         )
+
+
+class SwapInProgressError(KafkaStorageError):
+    """A reader found a clean's swap (``storage.clean_swap``) unfinished in a partition directory for longer
+    than it waits (``LogReader.swap_wait_s``): some offsets are in no ``.log`` file for now, so it read
+    nothing rather than read around them.  Retriable: read again.  A swap takes a few fsyncs; one a crash
+    left unfinished is finished or undone by the log's next open (restart the partition's writer)."""
 
 
 def is_disk_full(exc: BaseException) -> bool:

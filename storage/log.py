@@ -97,6 +97,7 @@ from storage.log_loader import load_log
 from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
+from storage.timestamp_search import MAX_TIMESTAMP, record_at_or_after, record_of_max_timestamp
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -594,19 +595,21 @@ class Log:
             offset = piece.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:
-        """ListOffsets: the base offset and max timestamp of the first batch whose max timestamp is >=
-        ``timestamp_ms`` (a batch granularity answer: that batch may also hold earlier records), or None.
+        """ListOffsets: the offset and timestamp of the first record (at or after the log start offset) whose
+        timestamp is >= ``timestamp_ms``, or None (``storage.timestamp_search``).
 
-        ``EARLIEST_TIMESTAMP`` (-2) and ``LATEST_TIMESTAMP`` (-1) give the log start and end offsets.
+        ``EARLIEST_TIMESTAMP`` (-2) and ``LATEST_TIMESTAMP`` (-1) give the log start and end offsets
+        (timestamp -1); ``MAX_TIMESTAMP`` (-3) the first record holding the largest timestamp.
         """
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return OffsetAndTimestamp(self._log_start_offset, -1)
         if timestamp_ms == LATEST_TIMESTAMP:
             return OffsetAndTimestamp(self.log_end_offset, -1)
-        found = self._segment_list.find_timestamp(timestamp_ms)
-        if found is None:
-            return None
-        return OffsetAndTimestamp(max(found.offset, self._log_start_offset), found.timestamp)
+        if timestamp_ms == MAX_TIMESTAMP:
+            return record_of_max_timestamp(self._segments, log_start_offset=self._log_start_offset,
+                                           verify=False)
+        return record_at_or_after(self._segments, timestamp_ms, log_start_offset=self._log_start_offset,
+                                  verify=False)
 
     # --- truncation, retention ------------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:

@@ -22,7 +22,8 @@ the segments it knows or a segment it reads was deleted.  A clean (``storage.cle
 of segments with renames: between its first and last rename some of the group's offsets are in no
 ``.log`` file, so a listing that shows a ``*.deleted`` or ``*.swap`` file is not used: the reader lists
 again after a short sleep, until the swap is done (a swap takes a few fsyncs; one a crash left unfinished,
-for ``swap_wait_s``, is a retriable ``KafkaStorageError``: the log's next open finishes it).  A listed
+for ``swap_wait_s``, is a retriable ``SwapInProgressError``, a ``KafkaStorageError``: the log's next open
+finishes it).  A listed
 segment that is gone before it is opened (renamed by a swap, deleted) also makes the reader list again, and
 a view whose file was replaced under the same name (the group's first segment) is reopened.  A view opened
 before a swap keeps reading the replaced file (its descriptor holds it) until it is unlinked, and then the
@@ -40,7 +41,7 @@ from collections.abc import Iterator
 
 from storage.checkpoints import LeaderEpochCache, read_offset_checkpoint
 from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
-from storage.errors import KafkaStorageError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from storage.errors import OffsetOutOfRangeError, SwapInProgressError, UnknownTopicOrPartitionError
 from storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from storage.log_config import LogConfig
 from storage.log_dir import (
@@ -51,6 +52,7 @@ from storage.log_dir import (
 )
 from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import FetchSlice, split_batches
+from storage.timestamp_search import MAX_TIMESTAMP, record_at_or_after, record_of_max_timestamp
 
 __all__ = ["DEFAULT_SWAP_WAIT_S", "LogReader", "open_read_only"]
 
@@ -84,7 +86,7 @@ class LogReader:
     # --- the directory's picture ----------------------------------------------------------------------------
     def refresh(self) -> None:
         """Re-list the segments and re-read the log start offset: again while a clean's swap is in flight
-        (up to ``swap_wait_s``, then :class:`KafkaStorageError`) or a listed segment is gone before it
+        (up to ``swap_wait_s``, then :class:`SwapInProgressError`) or a listed segment is gone before it
         was opened, so the picture never misses a segment's offsets."""
         delay, waited = _FIRST_DELAY_S, 0.0
         while True:
@@ -94,7 +96,8 @@ class LogReader:
             if not swapping and self._open_segments(segment_base_offsets(names)):
                 break
             if waited >= self.swap_wait_s:
-                raise KafkaStorageError(
+                self._dir_mtime_ns = -1  # the picture is not current: the next call lists again
+                raise SwapInProgressError(
                     f"partition {self.name}: {self.directory} holds {sorted(swapping)}: a clean's swap has "
                     f"been unfinished for {waited:.1f} s (KAFKA_STORAGE_ERROR, retriable); the next open of "
                     "the log finishes or undoes it (restart the partition's writer)",
@@ -237,16 +240,9 @@ class LogReader:
             return OffsetAndTimestamp(self._start(), -1)
         if timestamp_ms == LATEST_TIMESTAMP:
             return OffsetAndTimestamp(self._end()[1], -1)
-        start = self._start()
-        for i, segment in enumerate(self._segments):
-            closed = i < len(self._segments) - 1
-            last = segment.time_index.last_entry() if closed else None
-            if last is not None and last.timestamp < timestamp_ms:
-                continue  # a closed segment's last time entry holds its largest timestamp
-            found = segment.find_timestamp(timestamp_ms, verify=True)
-            if found is not None:
-                return OffsetAndTimestamp(max(found.offset, start), found.timestamp)
-        return None
+        if timestamp_ms == MAX_TIMESTAMP:
+            return record_of_max_timestamp(self._segments, log_start_offset=self._start(), verify=True)
+        return record_at_or_after(self._segments, timestamp_ms, log_start_offset=self._start(), verify=True)
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetsForLeaderEpoch from the writer's ``leader-epoch-checkpoint`` and the end on disk."""

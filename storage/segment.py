@@ -682,16 +682,6 @@ class LogSegment:
                 next_offset = header.base_offset
         return headers.boundary_within(stop, next_offset, limit)
 
-    def find_timestamp(self, timestamp: int, *, verify: bool) -> OffsetAndTimestamp | None:
-        """Base offset and max timestamp of the first batch whose max timestamp is >= ``timestamp``."""
-        end = self._end()
-        entry = self.time_index.lookup(timestamp)
-        found = self.find_batch(self.base_offset if entry is None else entry.offset, verify=verify, end=end)
-        if found is None:
-            return None
-        header = BatchHeaders(self.read_fd, end).first_with_timestamp(found[0], timestamp)
-        return None if header is None else OffsetAndTimestamp(header.base_offset, header.max_timestamp)
-
     def largest_timestamp(self) -> int:
         """The segment's largest batch timestamp, or the file's mtime when it holds none (retention)."""
         if self.max_timestamp >= 0:

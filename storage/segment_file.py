@@ -171,16 +171,6 @@ class BatchHeaders:
             header = self.at(position)
         return None
 
-    def first_with_timestamp(self, position: int, timestamp: int) -> BatchHeader | None:
-        """From the batch at ``position``: the first whose max timestamp is >= ``timestamp``, or None."""
-        header = self.at(position)
-        while header is not None:
-            if header.max_timestamp >= timestamp:
-                return header
-            position += header.size
-            header = self.at(position)
-        return None
-
     def end_from(self, position: int, next_offset: int) -> tuple[int, int]:
         """``(position, next offset)`` after the last whole batch, walked from the batch at ``position``
         (``next_offset``: the answer when no batch is there)."""

@@ -22,8 +22,8 @@ one place the list changes:
 * **a clean's swap** (:meth:`~SegmentList.swap_cleaned`): a group of closed segments is replaced by the one
   segment a clean wrote aside (``storage.clean_swap``).
 
-Reads go through :meth:`~SegmentList.read` and :meth:`~SegmentList.find_timestamp`, from the segment holding
-the offset on.
+Reads go through :meth:`~SegmentList.read`, from the segment holding the offset on (timestamps:
+``storage.timestamp_search`` over ``segments``).
 
 ``segments`` is a plain list that is changed in place and never replaced, so its owner
 (``storage.log.Log``) keeps it and reads the active segment as ``segments[-1]`` on the append hot path
@@ -42,7 +42,7 @@ from storage.clean_swap import finish_interrupted_swap, swap_in
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LogConfig
 from storage.retention import RetentionCandidate, segments_to_delete
-from storage.segment import BatchRow, LogSegment, OffsetAndTimestamp
+from storage.segment import BatchRow, LogSegment
 from storage.segment_file import BatchBuffer, FetchSlice
 
 __all__ = ["SegmentInfo", "SegmentList"]
@@ -233,13 +233,4 @@ class SegmentList:
                                  verify=False)
             if found is not None:
                 return found
-        return None
-
-    def find_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:
-        """The first batch whose max timestamp is >= ``timestamp_ms`` (``LogSegment.find_timestamp``)."""
-        for segment in self.segments:
-            if segment.max_timestamp >= timestamp_ms:
-                found = segment.find_timestamp(timestamp_ms, verify=False)
-                if found is not None:
-                    return found
         return None

@@ -73,6 +73,7 @@ def topic_meta(info: TopicInfo) -> TopicMeta:
         state_pages={p.partition: p.state_page for p in info.partitions},
         replicas=replicas,
         min_insync_replicas=info.min_insync_replicas,
+        cleanup_policy=info.cleanup_policy,
         configs=dict(info.configs),
         offline={p.partition: p.offline for p in info.partitions if p.offline},
     )

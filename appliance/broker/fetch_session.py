@@ -17,6 +17,13 @@ Errors are per partition, as Kafka reports them:
 * FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH -- the client's ``current_leader_epoch`` (v9+) is older /
   newer than ours;
 * KAFKA_STORAGE_ERROR -- the log could not be read (logged with the reason);
+* none, and no records -- a clean's swap (``storage.clean_swap``) in the partition's directory was still
+  unfinished after the reader's short wait (``partitions.SWAP_WAIT_S``).  Kafka's readers never see a
+  swap (its segment map changes in one step), so Kafka would answer the records; the answer nearest to that
+  is "nothing readable yet", which every client meets by fetching again (held as a long poll like any
+  empty answer), with no metadata refresh and no error shown to the application, where the retriable
+  errors (NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR) make clients refresh metadata and back off, and
+  librdkafka passes the others to the application.  No byte of a half-swapped directory is ever sent;
 * INVALID_REQUEST -- the partition was already named earlier in the same request.
 
 Sizes (KIP-74): partitions are filled in request order until ``max_bytes`` is used up; each gets at most
@@ -68,7 +75,7 @@ from ipc.kafka import (
     FileRegion,
     PartitionData,
 )
-from storage.errors import ApplianceError, OffsetOutOfRangeError
+from storage.errors import ApplianceError, OffsetOutOfRangeError, SwapInProgressError
 
 __all__ = [
     "POLL_INTERVAL_MS",
@@ -143,6 +150,17 @@ def _error_partition(index: int, code: ErrorCode) -> PartitionData:
         high_watermark=-1,
         last_stable_offset=-1,
         log_start_offset=-1,
+        records=b"",
+    )
+
+
+def _empty_partition(index: int, high_watermark: int, log_start_offset: int) -> PartitionData:
+    return PartitionData(
+        partition_index=index,
+        error_code=ErrorCode.NONE,
+        high_watermark=high_watermark,
+        last_stable_offset=high_watermark,
+        log_start_offset=log_start_offset,
         records=b"",
     )
 
@@ -257,6 +275,10 @@ def _read_partition(
         piece = handle.reader.read(fetch_offset, max(max_bytes, 1), max_offset=bound)
     except OffsetOutOfRangeError:
         return _error_partition(index, ErrorCode.OFFSET_OUT_OF_RANGE), 0
+    except SwapInProgressError as e:
+        log.info("fetch %s at offset %d: answered empty, a clean is swapping segments: %s",
+                 handle.name, fetch_offset, e)
+        return _empty_partition(index, high_watermark, page.log_start_offset), 0
     except (ApplianceError, OSError) as e:
         log.error("fetch %s at offset %d: cannot read the log: %s", handle.name, fetch_offset, e)
         return _error_partition(index, ErrorCode.KAFKA_STORAGE_ERROR), 0

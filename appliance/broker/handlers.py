@@ -15,8 +15,12 @@ Conventions, as Kafka has them:
 * ListOffsets "latest" (-1) is the high watermark for consumers (isolation level read_uncommitted; with no
   transactions read_committed is the same) and the log end offset for followers (``replica_id >= 0``) and
   for Kafka's debugging replica id -2 (``appliance topics describe`` over TCP).
-  "earliest" (-2) is the log start offset.  A timestamp finds the first batch whose max timestamp is at or
-  after it, below the high watermark, else offset -1.
+  "earliest" (-2) is the log start offset.  A timestamp finds the first record whose timestamp is at or after
+  it (``storage.timestamp_search``: to the record, inside compressed batches too), below the high watermark,
+  else offset -1; the max-timestamp spec (-3, v7+) the first record holding the largest timestamp, with that
+  timestamp, or offset -1 when it is at or above the high watermark (Kafka filters it the same way).  Any
+  other negative timestamp (-4 and -5 belong to versions 8 and 9, not served) answers INVALID_TIMESTAMP for
+  that partition and reads nothing.
 * Metadata creates a topic it is asked about and does not know when ``auto.create.topics.enable`` and the
   request's ``allow_auto_topic_creation`` (v4+; always on before v4) say so; never one whose name begins
   with ``__`` (reserved for internal topics: INVALID_TOPIC_EXCEPTION, as CreateTopics answers).  As in
@@ -93,6 +97,7 @@ log = logging.getLogger("appliance.broker")
 EARLIEST_TIMESTAMP = -2
 DEBUGGING_REPLICA_ID = -2  # ListOffsets from a tool (not a consumer): "latest" is the log end offset
 LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3  # ListOffsets v7+: the record with the largest timestamp
 METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
 PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere)
 FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
@@ -321,6 +326,10 @@ def list_offsets(ctx: BrokerContext, header: RequestHeader, body: ListOffsetsReq
                 out.error_code = code
                 continue
             code = handle.check_epoch(part.current_leader_epoch)
+            if code == ErrorCode.NONE and part.timestamp < MAX_TIMESTAMP:
+                log.info("list offsets %s: timestamp %d is neither >= 0 nor one of -1, -2, -3",
+                         handle.name, part.timestamp)
+                code = ErrorCode.INVALID_TIMESTAMP
             if code != ErrorCode.NONE:
                 out.error_code = code
                 continue

@@ -2,10 +2,17 @@
 
 Theory of operation
 -------------------
-Kafka reports a partition's size as the size of its log: the sum of its segment files (``*.log``), indexes
+Kafka reports a partition's size as the size of its log: the sum of its segments' ``.log`` files, indexes
 and checkpoints not counted.  :func:`partition_size_bytes` measures that from the directory listing (one
 ``stat`` per segment, no file opened), so it is right while the writer appends: a reader may see a batch
-the writer is still writing counted in the size, never a size that shrinks except by retention.
+the writer is still writing counted in the size, never a size that shrinks except by retention and
+compaction.
+
+A clean swaps segments with renames (``storage.clean_swap``); Kafka's segment map changes in one step, so
+its size is the old segments' until the swap commits and the new one's after.  The listing says which:
+before the commit (no ``<base>.log.swap``) the replaced segments, renamed ``.log.deleted``, are still the
+log and are counted; from the commit on the ``.log.swap`` file is, and the ``.deleted`` ones are not.  A
+``.cleaned`` file (a clean's output not swapped in yet) is never counted.
 
 Two callers, one rule:
 
@@ -44,22 +51,29 @@ __all__ = ["describe_log_dirs", "partition_size_bytes"]
 
 
 def partition_size_bytes(directory: str) -> int:
-    """Bytes of the segment files (``<base offset>.log``) in a partition directory, as Kafka's ``Log.size``.
+    """Bytes of the segment files (``<base offset>.log``) in a partition directory, as Kafka's ``Log.size``;
+    during a clean's swap, the segments that are the log at that moment (module docstring).
 
     Raises OSError (FileNotFoundError, PermissionError) if the directory cannot be listed; a segment deleted
-    between the listing and its ``stat`` (retention) counts 0.
+    or renamed between the listing and its ``stat`` (retention, a swap) counts 0.
     """
-    from storage.segment import LOG_SUFFIX, parse_segment_name  # (storage.segment loads numba: not for a CLI)
+    # (storage.segment loads numba: imported here, not for every CLI command that imports this module)
+    from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
+    from storage.segment import LOG_SUFFIX, parse_segment_name
 
+    with os.scandir(directory) as listing:
+        entries = list(listing)
+    swap, deleted = LOG_SUFFIX + SWAP_SUFFIX, LOG_SUFFIX + DELETED_SUFFIX
+    committed = any(parse_segment_name(e.name, swap) is not None for e in entries)
+    counted = (LOG_SUFFIX, swap if committed else deleted)
     total = 0
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if parse_segment_name(entry.name, LOG_SUFFIX) is None:
-                continue
-            try:
-                total += entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:
-                continue
+    for entry in entries:
+        if all(parse_segment_name(entry.name, suffix) is None for suffix in counted):
+            continue
+        try:
+            total += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
     return total
 
 

@@ -47,6 +47,11 @@ __all__ = ["PartitionHandle", "PartitionTable", "TopicMeta"]
 
 log = logging.getLogger("appliance.broker")
 
+# How long a read waits for a clean's swap to finish before it gives up (SwapInProgressError): the broker's
+# one loop serves every connection, so it waits briefly; Fetch then answers the partition empty (no error)
+# and the client fetches again (appliance.broker.fetch_session).
+SWAP_WAIT_S = 0.2
+
 
 @dataclass(frozen=True, slots=True)
 class TopicMeta:
@@ -67,6 +72,7 @@ class TopicMeta:
     # better for the partitions it leads: appliance.broker.replication)
     isr: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     min_insync_replicas: int = 1  # the topic's min.insync.replicas
+    cleanup_policy: tuple[str, ...] = ("delete",)  # the topic's effective cleanup.policy
     configs: Mapping[str, object] = field(default_factory=dict)  # the topic's own settings (overrides)
     # partition -> why it is offline (a damaged log the supervisor would not open); absent: online
     offline: Mapping[int, str] = field(default_factory=dict)
@@ -221,7 +227,8 @@ class PartitionTable:
             return None
         try:
             config = self._log_configs(topic) if self._log_configs is not None else LogConfig()
-            reader = LogReader(directory, config, topic_partition=(topic, partition))
+            reader = LogReader(directory, config, topic_partition=(topic, partition),
+                               swap_wait_s=SWAP_WAIT_S)
         except Exception as e:
             page.close()
             log.warning("partition %s-%d: cannot read %s: %s", topic, partition, directory, e)

@@ -8,8 +8,10 @@ anything itself.  For each partition in the request the broker
 1. checks what Kafka checks before an append: the partition exists and is served here; the records are
    exactly one RecordBatch v2 (Produce v3+ allows no more, and magic 0/1 is refused) whose magic, length and
    CRC are right (``storage.batch_header.validate_batch``); it is not larger than the topic's
-   ``max.message.bytes``; it is not transactional (transactions are not implemented); for ``acks=-1`` the
-   partition has at least ``min.insync.replicas`` in-sync replicas;
+   ``max.message.bytes``; it is not transactional (transactions are not implemented); to a compacted topic
+   (``cleanup.policy`` contains ``compact``) every record has a key, else INVALID_RECORD with Produce v8's
+   ``record_errors`` naming the keyless records' batch indexes (``storage.record_checks``); for ``acks=-1``
+   the partition has at least ``min.insync.replicas`` in-sync replicas;
 2. publishes the batch bytes, unchanged, into its ring to that partition's writer
    (:class:`ipc.ring_publisher.RingPublisher`, the same code local producers use), which dedups
    idempotent batches, stamps offsets, appends and acknowledges with the base offset or an error code;
@@ -58,6 +60,7 @@ from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.partitions import PartitionHandle
 from ipc.kafka import (
+    BatchIndexAndErrorMessage,
     ErrorCode,
     PartitionProduceResponse,
     ProduceRequest,
@@ -76,6 +79,7 @@ from storage.batch_header import (
     validate_batch,
 )
 from storage.errors import ApplianceError, BackPressureError, ConfigError, CorruptRecordError
+from storage.record_checks import keyless_records, refusal, requires_keys
 
 if TYPE_CHECKING:
     from ipc.control import Attachment
@@ -251,6 +255,16 @@ class Produce:
             )
         if header.attributes & TRANSACTIONAL_FLAG_MASK:
             return ErrorCode.INVALID_RECORD, f"{where}: transactional batches are not supported"
+        if meta is not None and requires_keys(meta.cleanup_policy):
+            try:
+                keyless = keyless_records(records, where=where)
+            except CorruptRecordError as e:
+                return ErrorCode.CORRUPT_MESSAGE, str(e)
+            if keyless.size:
+                refused = refusal(f"{topic}-{index}", keyless)
+                pairs = zip(refused.indexes, refused.record_messages, strict=True)
+                answer.record_errors = [BatchIndexAndErrorMessage(i, m) for i, m in pairs]
+                return ErrorCode.INVALID_RECORD, refused.message
         replicated = self.ctx.replication.get(handle) if self.ctx.replication is not None else None
         if request.acks == -1 and replicated is not None:
             if replicated.state.append_error(-1) != ErrorCode.NONE:

@@ -38,7 +38,7 @@ This module knows nothing of the producer itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -210,6 +210,7 @@ class ProducerBatch:
         "partition",
         "plan_cache",
         "record_bytes",
+        "record_errors",
         "refused_code",
         "room_bytes",
         "size_bytes",
@@ -247,6 +248,7 @@ class ProducerBatch:
         self.base_sequence = -1
         self.base_offset = -1
         self.error: ApplianceError | None = None
+        self.record_errors: Mapping[int, ApplianceError] | None = None  # index -> its own delivery error
         self.attempts = 0
         self.refused_code = 0  # the Kafka error code of the last answer refusing it (0: none yet)
 
@@ -354,10 +356,15 @@ class ProducerBatch:
 
     # -- completion -----------------------------------------------------------------------------------
 
-    def complete(self, base_offset: int, error: ApplianceError | None) -> None:
-        """The writer answered (or the producer gave up): resolve every handle, run the callbacks."""
+    def complete(self, base_offset: int, error: ApplianceError | None,
+                 record_errors: Mapping[int, ApplianceError] | None = None) -> None:
+        """The writer answered (or the producer gave up): resolve every handle, run the callbacks.
+
+        ``record_errors`` (with ``error``): the batch was refused for the sake of these records (by index),
+        each with its own error; the others fail with ``error`` (Kafka's KIP-467 record errors)."""
         self.base_offset = base_offset
         self.error = error
+        self.record_errors = record_errors if error is not None else None
         self.state = DONE
         self.plan_cache = None  # the records are in the log now (or never will be): free them
         self.keys = self.headers = None
@@ -365,7 +372,13 @@ class ProducerBatch:
         if self.callbacks:
             callbacks, self.callbacks = self.callbacks, None
             for index, callback in callbacks:
-                _call(callback, error, None if error else self.metadata(index))
+                _call(callback, self.error_of(index), None if error else self.metadata(index))
+
+    def error_of(self, index: int) -> ApplianceError | None:
+        """The delivery error of record ``index`` of a done batch (None: delivered)."""
+        if self.record_errors is not None:
+            return self.record_errors.get(index, self.error)
+        return self.error
 
     def metadata(self, index: int) -> RecordMetadata:
         offset = self.base_offset + index if self.base_offset >= 0 else -1
@@ -405,8 +418,9 @@ class ColumnBatch(ProducerBatch):
     def column_timestamps(self) -> np.ndarray | None:
         return self._columns.timestamps
 
-    def complete(self, base_offset: int, error: ApplianceError | None) -> None:
-        super().complete(base_offset, error)
+    def complete(self, base_offset: int, error: ApplianceError | None,
+                 record_errors: Mapping[int, ApplianceError] | None = None) -> None:
+        super().complete(base_offset, error, record_errors)
         self.bulk.batch_done(error)
 
 
@@ -448,8 +462,9 @@ class RecordHandle:
         batch = self._batch
         if batch.state != DONE:
             batch.waiter([batch], timeout)
-        if batch.error is not None:
-            raise batch.error
+        error = batch.error_of(self._index)
+        if error is not None:
+            raise error
         return batch.metadata(self._index)
 
     def done(self) -> bool:
@@ -458,7 +473,7 @@ class RecordHandle:
 
     def exception(self) -> ApplianceError | None:
         """The delivery error of a done record, else None."""
-        return self._batch.error
+        return self._batch.error_of(self._index)
 
     def __repr__(self) -> str:
         batch = self._batch

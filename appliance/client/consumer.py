@@ -319,7 +319,9 @@ class Consumer:
     def offsets_for_times(self, timestamps: Mapping[TopicPartition | tuple[str, int], int]) -> dict[
         TopicPartition, int | None
     ]:
-        """The first offset whose batch has a timestamp >= the one given (ms), or None, per partition."""
+        """The offset of the first record whose timestamp is >= the one given (ms), below the high watermark,
+        or None, per partition: the broker's ListOffsets answer (``storage.timestamp_search``), read locally
+        from the log's files or asked over TCP."""
         self._check_open()
         out: dict[TopicPartition, int | None] = {}
         for partition, timestamp_ms in timestamps.items():

@@ -27,6 +27,7 @@ from ipc.ring import RingFailedError, RingNames, warm_up
 from ipc.ring_publisher import RingGrowth, RingPublisher
 from ipc.state_page import StatePage
 from storage.errors import ApplianceError, UnknownTopicOrPartitionError
+from storage.record_checks import requires_keys
 
 if TYPE_CHECKING:
     from appliance.client.accumulator import ProducerBatch
@@ -79,6 +80,11 @@ class Route(Protocol):
 
     def init_producer_id(self) -> tuple[int, int]: ...
 
+    def requires_keys(self, topic: str) -> bool:
+        """Whether the producer must refuse ``topic``'s keyless records itself (a compacted topic reached
+        through a path that does not check them: the rings)."""
+        ...
+
     def open_channel(self, topic: str, partition: int, producer_id: int, *, track_acks: bool,
                      max_in_flight: int, max_block_ms: int, acks: int = 1) -> BatchChannel: ...
 
@@ -110,6 +116,7 @@ class LocalRoute:
         self.timeout_s = max(timeout_ms, 1) / 1000
         self.client = ControlClient.connect(control_socket, timeout_s=self.timeout_s)
         self._counts: dict[str, int] = {}  # topic -> partition count, as partitions_for found it
+        self._compacted: dict[str, bool] = {}  # topic -> its cleanup.policy holds compact
         self._ahead: dict[tuple[str, int, int], Attachment] = {}  # (topic, partition, producer id)
         warm_up()  # the rings' numba kernels, loaded now so that the first frame does not pay for them
 
@@ -124,7 +131,15 @@ class LocalRoute:
         if info.error:  # listed, but the supervisor cannot describe it now
             raise ApplianceError(f"topic {topic!r}: {info.error}: {info.message}")
         self._counts[topic] = info.partition_count
+        self._compacted[topic] = requires_keys(info.cleanup_policy)
         return info.partition_count, info.max_message_bytes
+
+    def requires_keys(self, topic: str) -> bool:
+        """A compacted topic's records need keys; the writers append what the rings hold, so the producer
+        checks (``storage.record_checks``), as the broker does for Produce requests."""
+        if topic not in self._compacted:
+            self.partitions_for(topic)
+        return self._compacted[topic]
 
     def init_producer_id(self) -> tuple[int, int]:
         return self.client.init_producer_id()

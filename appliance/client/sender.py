@@ -78,7 +78,7 @@ from appliance.client.producer_config import ProducerConfig
 from appliance.client.route import BatchChannel, ConnectionLostError, Route
 from ipc.control import ControlError
 from ipc.ring import RingFailedError
-from storage.batch_builder import NO_SPACE, build_into
+from storage.batch_builder import NO_SPACE, Records, build_into
 from storage.batch_builder import build as build_bytes
 from storage.errors import (
     ApplianceError,
@@ -87,6 +87,7 @@ from storage.errors import (
     PartitionOfflineError,
     RequestTimeoutError,
 )
+from storage.record_checks import keyless_columns, refusal
 
 __all__ = ["Sender"]
 
@@ -316,9 +317,11 @@ class Sender:
         """Build ``batch`` straight into a channel frame and publish it (BackPressureError: not published)."""
         cfg = self.config
         channel = self._channel(part)
+        columns, max_bytes = batch.plan(cfg.compression)
+        if self.route.requires_keys(part.topic_name) and self._refuse_keyless(part, batch, columns):
+            return
         if cfg.idempotent:
             part.number(batch)
-        columns, max_bytes = batch.plan(cfg.compression)
         if max_bytes > channel.max_body_bytes:  # only a single huge record's bound can get here
             max_bytes = len(build_bytes(columns, compression=cfg.compression,
                                         compression_level=cfg.compression_level))  # the exact size
@@ -347,6 +350,18 @@ class Sender:
             batch.state = PUBLISHED
         else:
             batch.complete(-1, None)
+
+    @staticmethod
+    def _refuse_keyless(part: PartitionQueue, batch: ProducerBatch, columns: Records) -> bool:
+        """Fail ``batch`` (not sent, no sequence used) if it has keyless records: each of them with its own
+        InvalidRecordError, the others with the batch's, as the broker answers (``storage.record_checks``)."""
+        keyless = keyless_columns(columns)
+        if not keyless.size:
+            return False
+        refused = refusal(part.name, keyless)
+        pairs = zip(refused.indexes, refused.record_messages, strict=True)
+        batch.complete(-1, InvalidRecordError(refused.message), {i: InvalidRecordError(m) for i, m in pairs})
+        return True
 
     def _replace_channel(self, part: PartitionQueue, *, detach: bool = True) -> None:
         """The channel failed (the writer failed our ring: frames before the bad one were appended and

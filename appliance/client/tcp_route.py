@@ -400,6 +400,10 @@ class TcpRoute:
                 )
             time.sleep(self.config.retry_backoff_ms / 1000)  # being created, or electing a leader
 
+    def requires_keys(self, topic: str) -> bool:
+        """Never here: the broker checks a compacted topic's keys and answers INVALID_RECORD."""
+        return False
+
     def init_producer_id(self) -> tuple[int, int]:
         """An idempotent producer id and epoch from InitProducerId."""
         deadline = time.monotonic() + self.config.max_block_ms / 1000

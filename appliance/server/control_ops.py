@@ -451,6 +451,7 @@ class ControlOps:
             "min_insync_replicas": effective.min_insync_replicas,
             "configs": self._effective_overrides(topic),
             "max_message_bytes": effective.max_message_bytes,
+            "cleanup_policy": list(effective.cleanup_policy),
             "partitions": partitions,
         }
 

@@ -114,7 +114,7 @@ APIS: dict[int, ApiSpec] = {
     for spec in (
         ApiSpec(_K.PRODUCE, m.ProduceRequest, m.ProduceResponse, 3, 8, 9),
         ApiSpec(_K.FETCH, m.FetchRequest, m.FetchResponse, 4, 11, 12),
-        ApiSpec(_K.LIST_OFFSETS, m.ListOffsetsRequest, m.ListOffsetsResponse, 1, 5, 6),
+        ApiSpec(_K.LIST_OFFSETS, m.ListOffsetsRequest, m.ListOffsetsResponse, 1, 7, 6),
         ApiSpec(_K.METADATA, m.MetadataRequest, m.MetadataResponse, 1, 8, 9),
         ApiSpec(_K.OFFSET_COMMIT, g.OffsetCommitRequest, g.OffsetCommitResponse, 2, 7, 8),
         ApiSpec(_K.OFFSET_FETCH, g.OffsetFetchRequest, g.OffsetFetchResponse, 1, 5, 6),

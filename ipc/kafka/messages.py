@@ -264,7 +264,7 @@ class FetchResponse(Struct):
 class ListOffsetsPartition(Struct):
     partition_index: int = wire(INT32)
     current_leader_epoch: int = wire(INT32, "4+", default=-1)
-    timestamp: int = wire(INT64)  # -2 earliest, -1 latest, else a timestamp in ms
+    timestamp: int = wire(INT64)  # -3 max timestamp (v7+), -2 earliest, -1 latest, else a timestamp in ms
 
 
 @dataclass(slots=True)

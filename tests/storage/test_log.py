@@ -363,14 +363,15 @@ def test_truncate_fully_and_start_at(tmp_path: Path) -> None:
     log.close()
 
 
-def test_offset_for_timestamp_is_the_first_batch_reaching_it(tmp_path: Path) -> None:
+def test_offset_for_timestamp_is_the_first_record_reaching_it(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=500, index_interval_bytes=60))
     stamps = [100, 300, 200, 300, 500, 400, 700, 600]
     for ts in stamps:
         log.append(build_batch([b"x" * 50, b"y"], timestamps_ms=[ts - 5, ts]), leader_epoch=0)
     assert len(log.segments) > 2
-    for target in range(0, 800, 25):
-        expected = next(((2 * i, ts) for i, ts in enumerate(stamps) if ts >= target), None)
+    records = [(2 * i + j, ts - 5 + 5 * j) for i, ts in enumerate(stamps) for j in (0, 1)]
+    for target in range(0, 800, 5):
+        expected = next(((offset, ts) for offset, ts in records if ts >= target), None)
         assert log.offset_for_timestamp(target) == expected
     assert log.offset_for_timestamp(-2) == (0, -1)
     assert log.offset_for_timestamp(-1) == (16, -1)
