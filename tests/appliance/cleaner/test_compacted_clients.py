@@ -8,6 +8,7 @@ was produced at, in offset order, with gaps where superseded records were.
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Iterator
@@ -56,7 +57,8 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
 
 @pytest.fixture(scope="module")
 def produced(appliance: Appliance) -> Produced:
-    producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap, "linger.ms": 0, "acks": "all"})
+    settings = {"bootstrap.servers": appliance.bootstrap, "linger.ms": 0, "acks": "all"}
+    producer = confluent_kafka.Producer(settings)
     rows: list[tuple[int, str, str]] = []
 
     def delivered(error: Any, message: Any) -> None:
@@ -109,7 +111,7 @@ def check_compacted(rows: list[tuple[int, str, str]], produced: Produced) -> Non
     offsets = [offset for offset, _, _ in rows]
     assert offsets == sorted(set(offsets)), "offsets must increase"
     assert len(rows) < RECORDS, "superseded records must be gone"
-    assert any(b - a > 1 for a, b in zip(offsets, offsets[1:], strict=False)) or offsets[0] > 0, "no gaps"
+    assert any(b - a > 1 for a, b in itertools.pairwise(offsets)) or offsets[0] > 0, "no gaps"
     for offset, key, value in rows:
         assert produced.by_offset[offset] == (key, value), f"offset {offset} changed"
     seen = {key: (offset, value) for offset, key, value in rows}
