@@ -39,7 +39,7 @@ logger.hadoop.level = error
 TOPICS = {
     "batch-read": 3, "batch-zstd": 2, "bad-input": 2, "short-lived": 1, "stream-in": 2, "stream-out": 2,
     "replay-in": 2, "replay-out": 3, "logs": 3, "log-counts": 2, "pattern-a": 1, "write-out": 2,
-    "codecs-in": 4, "codecs-out": 4, "codecs-bad": 4,
+    "codecs-in": 4, "codecs-out": 4, "codecs-bad": 4, "compacted": 1,
 }  # fmt: skip
 
 
@@ -56,8 +56,12 @@ def appliance() -> Iterator[RunningAppliance]:
     overrides += [f"topics.{name}.partitions={count}" for name, count in TOPICS.items()]
     # a topic whose old segments retention deletes within a second (failOnDataLoss tests)
     overrides += ["topics.short-lived.segment.bytes=2048", "topics.short-lived.retention.bytes=4096"]
-    # `appliance serve` with the broker as its one extra child (no replica processes: not needed here)
-    serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": ("appliance.broker.process:child_spec",)})
+    # a compacted topic the cleaner cleans within a second of a segment rolling
+    overrides += ["topics.compacted.cleanup.policy=compact", "topics.compacted.segment.bytes=1024",
+                  "topics.compacted.min.cleanable.dirty.ratio=0.01", "log.cleaner.backoff.ms=100"]
+    # `appliance serve` with the broker and the cleaner as its extra children (no replica processes)
+    children = ("appliance.broker.process:child_spec", "appliance.cleaner.process:child_spec")
+    serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": children})
     try:
         serve.start()
         deadline = time.monotonic() + 30
