@@ -66,7 +66,7 @@ from appliance.server.partitions import Partition
 __all__ = ["HELD_POLL_S", "STARTS_BUDGET_S", "STARTS_PER_TURN", "WriterDemand"]
 
 STARTS_PER_TURN: Final = 16  # the most queued writers forked per loop turn; control requests served between
-STARTS_BUDGET_S: Final = 0.02  # a turn forks no further writer once its forks took this long (at least one)
+STARTS_BUDGET_S: Final = 0.05  # a turn forks no further writer once its forks took this long (at least one)
 HELD_POLL_S: Final = 0.02  # how often the doorbells of partitions with rings attached ahead are looked at
 
 _log = logging.getLogger("appliance.supervisor")
