@@ -26,8 +26,9 @@ producer needs it and stops it when none has for ``appliance.writer.idle.ms``::
   and the local Producer's attach-ahead, ``attach_many``'s ``ahead``) does not start their writers: such a
   partition is *held* (:meth:`WriterDemand.hold`), its ring created with the doorbell posted by the first
   frame published (``ipc.ring_setup``), and the supervisor looks at the held partitions' doorbells every
-  :data:`HELD_POLL_S` while any is held: a post (:attr:`~ipc.wakeup.Doorbell.pending`) queues the writer
-  like an attach.  A held partition whose ahead rings are let go unused has them unlinked without a writer
+  :data:`HELD_POLL_S` while any is held: a post (:attr:`~ipc.wakeup.Doorbell.pending`) with a frame at the
+  head of one of its rings (a post alone may be a producer closing its ring) queues the writer like an
+  attach.  A held partition whose ahead rings are let go unused has them unlinked without a writer
   (``appliance.server.rings``).
 * **Stop.**  The supervisor owns the ring table, so the decision has no race with an attach: a running
   writer whose partition has had no ring for ``appliance.writer.idle.ms`` and whose state page says it
@@ -62,6 +63,7 @@ from typing import Any, Final
 
 from appliance.server.children import Child, kill_quietly
 from appliance.server.partitions import Partition
+from ipc.ring import ring_has_frames
 
 __all__ = ["HELD_POLL_S", "STARTS_BUDGET_S", "STARTS_PER_TURN", "WriterDemand"]
 
@@ -161,8 +163,8 @@ class WriterDemand:
         for key, part in list(self._held.items()):
             if part.writer.pid or key in self._queued or not part.rings:
                 del self._held[key]
-            elif part.doorbell.pending > 0:
-                del self._held[key]
+            elif part.doorbell.pending > 0 and any(ring_has_frames(r.names) for r in part.rings.values()):
+                del self._held[key]  # a post alone may be a producer closing its ring, or an old one
                 self.need(part)
 
     def wake(self, part: Partition) -> None:
@@ -263,8 +265,8 @@ class WriterDemand:
         else:
             _log.warning("writer %s %s as it stopped for idleness; the next writer recovers its log",
                          part.name, how)  # fmt: skip
-        if part.queued or part.doorbell.pending > 0 or any(not r.ahead or r.detaching
-                                                           for r in part.rings.values()):  # fmt: skip
+        if part.queued or any(not r.ahead or r.detaching or ring_has_frames(r.names)
+                              for r in part.rings.values()):  # fmt: skip
             self._enqueue((part.topic, part.partition))  # attached (or a command queued) while it stopped
             return True
         if part.rings:  # only rings attached ahead: their first frame starts the writer
