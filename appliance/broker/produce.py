@@ -39,9 +39,9 @@ and grows with the traffic (``ipc.ring_publisher``, "Growing").
 had produce traffic within ``appliance.ring.idle.ms``: on a timer of the broker's loop (:meth:`Produce.tick`,
 due at :meth:`Produce.next_timer_ms`; no timer while no ring is held), a ring with nothing in flight and no
 batch published for that long, or of a partition that was deleted, is unmapped and detached, all those of
-one tick in one round trip (the supervisor unlinks each once the writer drained it).  The rings of a
-deleted topic go at the next tick (the broker's own DeleteTopics, or a metadata refresh, closes their
-partitions) or, at the latest, when they turn idle.
+one tick in one round trip (ticks are up to :data:`IDLE_CHECK_SLACK_MS` late to gather them; the supervisor
+unlinks each once the writer drained it).  The rings of a deleted topic go at the next tick (the broker's
+own DeleteTopics, or a metadata refresh, closes their partitions) or, at the latest, when they turn idle.
 When the control connection was lost and re-established (a new ``cluster.session``), the rings of the old
 one are gone: they are dropped, their unanswered batches get NOT_LEADER_OR_FOLLOWER (retriable; an
 idempotent producer's retry is deduplicated), and new ones attached.  A full ring is back-pressure: the
@@ -91,6 +91,7 @@ ATTACH_AHEAD = 32
 # the most rings attached ahead and not used yet that the broker holds (each is appliance.ring.initial.bytes
 # of /dev/shm, populated when created; they go after appliance.ring.idle.ms)
 MAX_UNUSED_AHEAD = 4 * ATTACH_AHEAD
+IDLE_CHECK_SLACK_MS = 250  # rings idle within this of each other are let go together (one round trip)
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
@@ -574,7 +575,9 @@ class Produce:
                 continue
             due_ms = max(due_ms, now_ms + 1)
             next_ms = due_ms if next_ms is None else min(next_ms, due_ms)
-        self._next_check_ms = next_ms
+        # a little late, so that rings falling idle one after another go in one detach_many
+        slack_ms = min(IDLE_CHECK_SLACK_MS, self._idle_ms / 4)
+        self._next_check_ms = None if next_ms is None else next_ms + slack_ms
         if idle:  # one round trip for all of them: the loop does not wait on the supervisor per ring
             try:
                 self.ctx.cluster.detach_many(idle)

@@ -104,7 +104,7 @@ class WriterDemand:
         self._queue: deque[_Key] = deque()
         self._queued: set[_Key] = set()
         self._heap: list[tuple[float, _Key]] = []
-        self._held: dict[_Key, Partition] = {}  # rings attached ahead, no writer asked for yet
+        self._held: dict[_Key, tuple[Partition, int]] = {}  # rings attached ahead: the doorbell posts seen
         self._next_held_poll_s = 0.0
 
     # -- partitions served ----------------------------------------------------------------------------------
@@ -152,19 +152,26 @@ class WriterDemand:
         """A producer attached a ring ahead of need: the writer starts at its first frame (module
         docstring), unless something else needs it first."""
         key = (part.topic, part.partition)
-        if key in self._demand and not part.writer.pid and key not in self._queued:
-            self._held[key] = part
+        if key in self._demand and not part.writer.pid and key not in self._queued and key not in self._held:
+            self._held[key] = (part, 0)
 
     def _poll_held(self, now: float) -> None:
-        """Queue the writers of held partitions whose doorbell was posted; forget those with no ring left."""
+        """Queue the writers of held partitions whose doorbell was posted and that have a frame (a post
+        alone may be a producer closing its ring, or an old one: its rings are looked at once a post);
+        forget those with no ring left."""
         if now < self._next_held_poll_s:
             return
         self._next_held_poll_s = now + HELD_POLL_S
-        for key, part in list(self._held.items()):
+        for key, (part, seen) in list(self._held.items()):
             if part.writer.pid or key in self._queued or not part.rings:
                 del self._held[key]
-            elif part.doorbell.pending > 0 and any(ring_has_frames(r.names) for r in part.rings.values()):
-                del self._held[key]  # a post alone may be a producer closing its ring, or an old one
+                continue
+            posts = part.doorbell.pending
+            if posts <= seen:
+                continue
+            self._held[key] = (part, posts)
+            if any(ring_has_frames(r.names) for r in part.rings.values()):
+                del self._held[key]
                 self.need(part)
 
     def wake(self, part: Partition) -> None:
@@ -270,7 +277,7 @@ class WriterDemand:
             self._enqueue((part.topic, part.partition))  # attached (or a command queued) while it stopped
             return True
         if part.rings:  # only rings attached ahead: their first frame starts the writer
-            self._held[(part.topic, part.partition)] = part
+            self._held[(part.topic, part.partition)] = (part, 0)
         due_in_ms = demand.due_in_ms if clean else self._retry_ms
         if due_in_ms is not None:
             self._schedule(demand, due_in_ms)
