@@ -112,7 +112,7 @@ __all__ = [
     "raise_for_error",
 ]
 
-MAX_LINE_BYTES: Final = 1 << 20  # a metadata reply for ~5000 partitions fits; anything longer is refused
+MAX_LINE_BYTES: Final = 64 << 20  # a metadata reply (~300 B a partition) for 200,000 partitions fits
 DEFAULT_TIMEOUT_S: Final = 30.0
 
 
