@@ -147,7 +147,7 @@ def _kafka() -> Any:
 def create_seconds(bootstrap: str, topic: str, partitions: int) -> float:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 300_000})  # thousands: minutes
     started = time.monotonic()
     future = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=600,
                                  request_timeout=660)[topic]  # fmt: skip
