@@ -27,6 +27,12 @@ The view is refreshed by the replica process every :data:`REFRESH_INTERVAL_MS` a
 topics (those whose replicas include its ``node.id``) and the last ISR its leader reported: what
 ``appliance replicas promote`` decides on.
 
+**Topic settings.**  With each Metadata answer the directory asks the same leader DescribeConfigs for the
+topics it listed and keeps, per topic, the settings set on the topic itself (``config_source``
+TOPIC_CONFIG: CreateTopics configs, AlterConfigs): :attr:`TopicView.configs`.  The replica records them in
+its own ``topics.json`` (its cleaner reads ``cleanup.policy`` and the compaction settings there); a leader
+that does not answer DescribeConfigs leaves them None (unknown: the replica keeps what it has).
+
 Thread-safe: fetcher threads and the replica's main loop call it; one lock serialises the exchanges.
 """
 
@@ -39,7 +45,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ipc.kafka import ErrorCode, MetadataRequest
+from ipc.kafka import (
+    ConfigSource,
+    DescribeConfigsRequest,
+    DescribeConfigsResource,
+    ErrorCode,
+    MetadataRequest,
+    ResourceType,
+)
 from replicas.leader_connection import LeaderConnection, LeaderInfo
 from storage.errors import ProtocolError, RequestTimeoutError
 
@@ -86,6 +99,7 @@ class TopicView:
     name: str
     partitions: int
     replicas: tuple[int, ...]  # leader first, as the leader lists them
+    configs: tuple[tuple[str, str], ...] | None = None  # the topic's own settings, sorted; None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +187,8 @@ class LeaderDirectory:
             if answer is None or not self._same_cluster(address, answer.cluster_id):
                 continue
             answered.append(address)
+            configs = self._topic_configs(address, [t.name for t in answer.topics
+                                                    if t.error_code == ErrorCode.NONE])
             brokers = {b.node_id for b in answer.brokers}
             host, port = parse_address(address)
             for t in answer.topics:
@@ -197,7 +213,8 @@ class LeaderDirectory:
                     continue
                 previous = topics.get(t.name)
                 if previous is None or top_epoch > previous[0]:
-                    topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas))
+                    topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas,
+                                                           configs.get(t.name)))
         if not answered:
             if self._silent_since_ms is None:
                 self._silent_since_ms = now
@@ -253,6 +270,28 @@ class LeaderDirectory:
             del self._last_error[address]
         self._dead_until.pop(address, None)
         return answer
+
+    def _topic_configs(self, address: str, names: list[str]) -> dict[str, tuple[tuple[str, str], ...]]:
+        """The settings set on each of the topics ``names`` (DescribeConfigs on the connection Metadata just
+        used); a topic whose answer failed, or every topic if the exchange failed, is left out."""
+        conn = self._connections.get(address)
+        if conn is None or not names:
+            return {}
+        request = DescribeConfigsRequest(
+            resources=[DescribeConfigsResource(ResourceType.TOPIC, name, None) for name in names],
+            include_synonyms=False, include_documentation=False)
+        try:
+            answer = conn.request(request)
+        except (OSError, ProtocolError, RequestTimeoutError) as error:
+            _log.debug("leader candidate %s: DescribeConfigs failed: %s", address, error)
+            return {}
+        out: dict[str, tuple[tuple[str, str], ...]] = {}
+        for result in answer.results:
+            if result.error_code == ErrorCode.NONE:
+                out[result.resource_name] = tuple(sorted(
+                    (c.name, c.value) for c in result.configs
+                    if c.config_source == ConfigSource.TOPIC_CONFIG and c.value is not None))
+        return out
 
     def close(self) -> None:
         """Close every connection; wake a thread blocked in an exchange."""
