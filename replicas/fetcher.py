@@ -52,6 +52,11 @@ The leader comes from a *leader source*: a :class:`~replicas.leader_connection.L
 returning the current one (or None while there is none) -- the supervisor's view, or
 ``leader_from_metadata`` asked of a bootstrap broker.
 
+**Sharing the log.**  Every change the fetcher makes to its log (each piece of an answer appended, a
+truncation, a log start move) holds the lock of its ``guard`` (``replicas.log_guard``): a replica's cleaner
+thread swaps cleaned segments in holding the same lock, and a truncation below the high watermark first
+stops that thread's pass in progress (``LogGuard.cutting``).
+
 The follower's high watermark is handed to ``on_high_watermark`` when it advances (publish it in a state
 page) and written to the partition's replica-state file every ``checkpoint_interval_ms`` and on close.
 """

@@ -20,8 +20,8 @@ partition says how:
    pass in progress to stop (:meth:`LogGuard.check_cut`, called by the pass after each segment it reads
    or writes, raises :class:`PassStopped`), waits for it, and cuts holding the lock.  The pass's
    ``.cleaned`` files are unlinked by the cleaner; the log is measured again next round.
-4. **Closing**: the owner marks the guard :attr:`LogGuard.closed` (holding the lock) before it closes the
-   log; a swap afterwards is refused.
+4. **Closing**: the owner calls :meth:`LogGuard.close` before it closes (or removes) the log: the pass in
+   progress stops at its next segment and is waited for, and a later pass or swap is refused.
 
 Order: the pass first, then the lock (a cut and a pass's swap both take them in that order).
 """
@@ -79,6 +79,9 @@ class LogGuard:
             self._pass.release()
 
     def close(self) -> None:
-        """Mark the log closing: a pass stops at its next segment, and no swap is done from now on."""
+        """Mark the log closing and wait for a pass in progress to stop (at its next segment): no swap is
+        done, and no ``.cleaned`` file written, from the return on."""
         with self.lock:
             self.closed = True
+        with self._pass:
+            pass

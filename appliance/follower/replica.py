@@ -14,6 +14,11 @@ addresses of ``appliance.replica.leader``; the highest leader epoch wins).  Star
     5. READY=1; then every REFRESH_INTERVAL_MS: ask the leaders' Metadata (a thread), add the topics that
        appeared (recorded in its own topics.json first), drop the ones deleted, keep the last ISR seen
 
+A topic's own settings (CreateTopics configs, AlterConfigs) are recorded from the leader's DescribeConfigs
+(``appliance.follower.leaders``).  With ``log.cleaner.enable`` a cleaner thread compacts the followed logs
+of compacted topics (``appliance.follower.cleaning``), sharing each log with its fetcher through a
+``replicas.log_guard.LogGuard``.
+
 Each fetcher is a :class:`replicas.fetcher.PartitionFetcher` on a :class:`storage.log.Log` opened (and
 recovered) by this process: Fetch with ``replica_id`` = ``node.id`` from its log end offset, the leader's
 bytes checked (CRC) and appended unchanged at the same offsets, truncation by leader epoch before fetching
@@ -389,7 +394,7 @@ class ReplicaNode:
 
     def _unfollow(self, followed: _Followed) -> None:
         followed.stop.set()
-        followed.guard.close()  # the cleaner swaps nothing more in (a pass in progress stops)
+        followed.guard.close()  # a pass in progress stops; the cleaner swaps nothing more in
         followed.fetcher.close()
         if followed.thread is not None:
             followed.thread.join(_JOIN_TIMEOUT_S)

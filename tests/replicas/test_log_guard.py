@@ -1,5 +1,6 @@
 """The hand-shake between a follower's fetcher and its cleaner thread (``replicas.log_guard``), with real
-threads: a cut waits for the pass in progress to stop and then holds the lock; a closed log stops a pass."""
+threads: a cut waits for the pass in progress to stop and then holds the lock; closing the log stops the
+pass and waits for it."""
 
 from __future__ import annotations
 
@@ -52,10 +53,18 @@ def test_a_cut_with_no_pass_in_progress_does_not_wait_and_leaves_the_next_pass_a
         guard.check_cut()
 
 
-def test_a_closed_log_stops_a_pass() -> None:
+def test_closing_the_log_stops_the_pass_in_progress_and_refuses_the_next() -> None:
     guard = LogGuard()
-    with guard.cleaning():
+    events: list[str] = []
+    entered = threading.Event()
+    cleaner = threading.Thread(target=_pass, args=(guard, events, entered))
+    cleaner.start()
+    try:
+        assert entered.wait(5)
         guard.close()
-        with pytest.raises(PassStopped):
-            guard.check_cut()
-    assert guard.closed
+        events.append("closed")
+    finally:
+        cleaner.join(10)
+    assert events == ["pass stopped", "closed"]
+    with guard.cleaning(), pytest.raises(PassStopped):
+        guard.check_cut()
