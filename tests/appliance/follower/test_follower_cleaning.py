@@ -1,5 +1,6 @@
-"""A follower of a compacted topic: it copies the leader's cleaned log byte for byte, gaps included, and its
-own cleaner thread compacts what it copied before the leader cleaned it.
+"""A follower of a compacted topic: it records the topic's settings as its leader has them, copies the
+leader's cleaned log byte for byte, gaps included, and its own cleaner thread compacts what it copied
+before the leader cleaned it.
 
 The replica is the one ``appliance.replica.dirs`` gives ``appliance serve`` (node 1, a child of the
 supervisor, its log in its own directory); records are produced with confluent-kafka.
@@ -17,12 +18,19 @@ import pytest
 from support.harness import Appliance
 from support.kafka_appliance import free_port
 
+from appliance.config.topic_metadata import read_topics
 from storage.batch_reader import iter_records
 from storage.log_dir import CLEANER_OFFSET_CHECKPOINT_FILE, read_partition_checkpoint
 from storage.log_reader import LogReader
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 TOPIC = "compacted"
 KEYS = 30
@@ -176,3 +184,31 @@ def test_the_follower_cleans_what_it_copied_before_the_leader_cleaned_it(pair: P
     assert len(cleaned_keys) == len(set(cleaned_keys)), "a superseded record below the first dirty offset"
     assert len(records) < len(pair.produced)
     assert not [p.name for p in follower.iterdir() if p.name.endswith((".cleaned", ".swap", ".deleted"))]
+
+
+def test_the_replica_records_the_topic_settings_its_leader_has_and_their_changes(pair: Pair) -> None:
+    pair.app.start()
+    pair.create()
+
+    def settings(directory: Path) -> dict[str, object] | None:
+        path = directory / "meta" / "topics.json"
+        found = read_topics(path).get(TOPIC) if path.exists() else None
+        return None if found is None else dict(found.configs)
+
+    def replica_has_the_leaders(retention: object) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            leader = settings(pair.app.data)
+            if leader is not None and leader.get("delete.retention.ms") == retention:
+                if settings(pair.replica) == leader:
+                    return
+            assert time.monotonic() < deadline, (settings(pair.replica), leader)
+            time.sleep(0.05)
+
+    replica_has_the_leaders(0)
+    assert settings(pair.replica)["cleanup.policy"] == "compact"  # type: ignore[index]
+    admin = AdminClient({"bootstrap.servers": pair.bootstrap})
+    entry = ConfigEntry("delete.retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource("topic", TOPIC, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    replica_has_the_leaders(1000)
