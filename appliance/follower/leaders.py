@@ -27,8 +27,9 @@ The view is refreshed by the replica process every :data:`REFRESH_INTERVAL_MS` a
 topics (those whose replicas include its ``node.id``) and the last ISR its leader reported: what
 ``appliance replicas promote`` decides on.
 
-**Topic settings.**  With each Metadata answer the directory asks the same leader DescribeConfigs for the
-topics it listed and keeps, per topic, the settings set on the topic itself (``config_source``
+**Topic settings.**  With a Metadata answer listing a topic it has no settings of, and at least every
+:data:`CONFIGS_INTERVAL_MS`, the directory asks the same leader DescribeConfigs for the topics it listed
+and keeps, per topic, the settings set on the topic itself (``config_source``
 TOPIC_CONFIG: CreateTopics configs, AlterConfigs): :attr:`TopicView.configs`.  The replica records them in
 its own ``topics.json`` (its cleaner reads ``cleanup.policy`` and the compaction settings there); a leader
 that does not answer DescribeConfigs leaves them None (unknown: the replica keeps what it has).
@@ -68,6 +69,7 @@ __all__ = [
 
 REFRESH_INTERVAL_MS: Final = 500  # the replica's periodic refresh (new topics, the ISR, a new leader)
 MIN_REFRESH_INTERVAL_MS: Final = 100  # a fetcher asking again after an error refreshes at most this often
+CONFIGS_INTERVAL_MS: Final = 5000  # topic settings asked again this often (a new topic's at once)
 CONNECT_TIMEOUT_MS: Final = 1000  # per candidate address: a dead host must not hold the refresh long
 RETRY_DEAD_ADDRESS_MS: Final = 1000  # a candidate that failed is not asked again sooner
 METADATA_TIMEOUT_MS: Final = 5000  # a Metadata answer (a cut network must not hold the fetchers' lookups)
@@ -138,6 +140,8 @@ class LeaderDirectory:
         self._refreshed_ms = -(10**12)
         self._silent_since_ms: int | None = None
         self._closed = False
+        self._configs: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {}  # by address, by topic
+        self._configs_ms: dict[str, int] = {}  # by address: when they were last asked
 
     @property
     def view(self) -> ClusterView | None:
@@ -187,8 +191,8 @@ class LeaderDirectory:
             if answer is None or not self._same_cluster(address, answer.cluster_id):
                 continue
             answered.append(address)
-            configs = self._topic_configs(address, [t.name for t in answer.topics
-                                                    if t.error_code == ErrorCode.NONE])
+            configs = self._known_configs(address, [t.name for t in answer.topics
+                                                    if t.error_code == ErrorCode.NONE], now)
             brokers = {b.node_id for b in answer.brokers}
             host, port = parse_address(address)
             for t in answer.topics:
@@ -270,6 +274,18 @@ class LeaderDirectory:
             del self._last_error[address]
         self._dead_until.pop(address, None)
         return answer
+
+    def _known_configs(self, address: str, names: list[str],
+                       now: int) -> dict[str, tuple[tuple[str, str], ...]]:
+        """The settings of the topics ``names`` as ``address`` last reported them, asked again when
+        :data:`CONFIGS_INTERVAL_MS` has passed or a topic is new to it."""
+        known = self._configs.get(address, {})
+        if now - self._configs_ms.get(address, -(10**12)) >= CONFIGS_INTERVAL_MS or any(
+                name not in known for name in names):
+            known = self._topic_configs(address, names)
+            self._configs[address] = known
+            self._configs_ms[address] = now
+        return known
 
     def _topic_configs(self, address: str, names: list[str]) -> dict[str, tuple[tuple[str, str], ...]]:
         """The settings set on each of the topics ``names`` (DescribeConfigs on the connection Metadata just
