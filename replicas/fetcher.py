@@ -52,6 +52,11 @@ The leader comes from a *leader source*: a :class:`~replicas.leader_connection.L
 returning the current one (or None while there is none) -- the supervisor's view, or
 ``leader_from_metadata`` asked of a bootstrap broker.
 
+**Sharing the log.**  Every change the fetcher makes to its log (each piece of an answer appended, a
+truncation, a log start move) holds the lock of its ``guard`` (``replicas.log_guard``): a replica's cleaner
+thread swaps cleaned segments in holding the same lock, and a truncation below the high watermark first
+stops that thread's pass in progress (``LogGuard.cutting``).
+
 The follower's high watermark is handed to ``on_high_watermark`` when it advances (publish it in a state
 page) and written to the partition's replica-state file every ``checkpoint_interval_ms`` and on close.
 """
@@ -63,6 +68,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -86,6 +92,7 @@ from replicas.leader_connection import (
     LeaderInfo,
 )
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
+from replicas.log_guard import LogGuard
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
 from storage.errors import (
     ProtocolError,
@@ -156,8 +163,10 @@ class PartitionFetcher:
         on_high_watermark: Callable[[int], None] | None = None,
         on_log_end_offset: Callable[[int], None] | None = None,
         clock_ms: Callable[[], int] | None = None,
+        guard: LogGuard | None = None,
     ) -> None:
         self.log = log
+        self.guard = guard if guard is not None else LogGuard()
         self.topic, self.partition = log.topic_partition
         self.name = log.name
         self.config = config
@@ -336,7 +345,11 @@ class PartitionFetcher:
         log = self.log
         before = log.log_end_offset
         if step.offset < before:
-            log.truncate_to(step.offset)
+            # below the high watermark the cut may reach a closed segment a cleaning pass is reading
+            below_hw = step.offset < self._high_watermark
+            cut: AbstractContextManager[Any] = self.guard.cutting() if below_hw else self.guard.lock
+            with cut:
+                log.truncate_to(step.offset)
             _log.info("partition %s: truncated from %d to %d following %s: %s", self.name, before,
                       log.log_end_offset, leader, step.reason)
         # Epochs starting at the cut hold no records; dropping them lets the next round ask an older epoch.
@@ -371,6 +384,12 @@ class PartitionFetcher:
         started_ms = self._clock_ms()
         where = f"partition {self.name}: Fetch answer from leader {conn.address} at offset {fetch_offset}"
         copier = AnswerCopier(log, where, fetch_offset, self._walk_arrays, self._on_log_end_offset)
+        guard = self.guard
+
+        def consume(records: memoryview, final: bool) -> int:
+            with guard.lock:  # a cleaner's swap waits for the piece (replicas.log_guard)
+                return copier.consume(records, final)
+
         ahead, self._ahead = self._ahead, None  # step() checked it is for this offset on this connection
 
         def fetch_ahead(answer: Any, rest: memoryview) -> None:
@@ -386,7 +405,7 @@ class PartitionFetcher:
         try:
             sent = ahead.sent if ahead is not None else self._send_fetch(conn, leader, fetch_offset)
             answer, streamed = conn.receive_fetch(
-                sent, copier.consume, on_complete=fetch_ahead if config.pipeline_fetches else None)
+                sent, consume, on_complete=fetch_ahead if config.pipeline_fetches else None)
         except (OSError, ProtocolError, RequestTimeoutError) as error:
             raise _LeaderUnreachable(f"{type(error).__name__}: {error}") from error
         if answer.error_code != ErrorCode.NONE:
@@ -402,7 +421,7 @@ class PartitionFetcher:
             return self._leader_error(data.error_code, "Fetch")
         records = data.records
         if not streamed and records is not None and len(records) > 0:
-            copier.consume(memoryview(records), True)
+            consume(memoryview(records), True)
         if copier.problem is not None:
             reason, truncate = copier.problem
             if truncate:
@@ -413,7 +432,8 @@ class PartitionFetcher:
             return self._backoff(f"{where}: only a partial batch of {copier.partial_tail_bytes} bytes "
                                  "arrived; raise replica.fetch.max.bytes above the leader's largest batch")
         if 0 < data.log_start_offset <= log.log_end_offset and data.log_start_offset > log.log_start_offset:
-            log.increment_log_start_offset(data.log_start_offset)  # the leader's retention moved its start
+            with guard.lock:  # the leader's retention moved its start
+                log.increment_log_start_offset(data.log_start_offset)
         advanced = self._advance_high_watermark(data.high_watermark)
         self.last_error = ""
         now_ms = self._clock_ms()
@@ -451,7 +471,8 @@ class PartitionFetcher:
         if leader_start > fetch_offset:
             _log.warning("partition %s: the leader's log starts at %d, past our log end %d: emptying our log "
                          "and starting there", self.name, leader_start, fetch_offset)
-            log.truncate_fully_and_start_at(leader_start)
+            with self.guard.lock:  # files unlinked, none cut: a pass reading them reads on
+                log.truncate_fully_and_start_at(leader_start)
             self._high_watermark = leader_start  # nothing below the log start is readable here anyway
             if self._on_log_end_offset is not None:
                 self._on_log_end_offset(leader_start)

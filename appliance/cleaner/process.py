@@ -56,10 +56,10 @@ from ipc.dir_watch import DirectoryWatch, wait_any
 from ipc.shm import ShmNames
 from ipc.state_page import StatePage
 from storage.clean_swap import CLEANED_SUFFIX
-from storage.cleaner import CleanResult, clean_log
+from storage.cleaner import CleanResult, IoThrottle, clean_log
 from storage.errors import ApplianceError, CorruptRecordError
 
-__all__ = ["CleanRefusedError", "Cleaner", "child_spec", "cleaner_child"]
+__all__ = ["CleanRefusedError", "Cleaner", "child_spec", "clean_pass", "cleaner_child", "unlink_cleaned"]
 
 _SWAP_TIMEOUT_S: Final = 60.0
 NICENESS: Final = 10  # the cleaner is background work: the writers and the broker come first for the CPU
@@ -140,32 +140,16 @@ class Cleaner:
         return self._clean(target, view, dirt, now_ms)
 
     def _clean(self, target: _Target, view: LogView, dirt: Dirt, now_ms: int) -> CleanResult | None:
-        _log.info("cleaner: cleaning %s from offset %d to %d (dirty ratio %.2f%s)", target.name,
-                  dirt.first_dirty_offset, dirt.upper_bound, dirt.ratio, ", overdue" if dirt.overdue else "")
-        _unlink_cleaned(target.directory)
-        started = time.monotonic()
         try:
-            result = clean_log(view, upper_bound=dirt.upper_bound, now_ms=now_ms,
-                               dedupe_buffer_bytes=self.config.cleaner_dedupe_buffer_size,
-                               delete_retention_ms=target.settings.delete_retention_ms,
-                               io_throttle=self._throttle)  # fmt: skip
-        except CleanRefusedError as exc:
-            _log.info("cleaner: %s: pass ended: %s; measured again next round", target.name, exc)
-            return None
+            result = clean_pass("cleaner", target.name, view, dirt, now_ms=now_ms, config=self.config,
+                                delete_retention_ms=target.settings.delete_retention_ms,
+                                io_throttle=self._throttle)  # fmt: skip
         except CorruptRecordError as exc:
             self._uncleanable.add(target.topic_partition)
             _log.error("cleaner: %s is not cleaned until the cleaner restarts: %s", target.name, exc)
             return None
-        except OSError as exc:  # a segment deleted under the pass (retention), a full disk ...
-            _log.warning("cleaner: %s: pass abandoned: %s; measured again next round", target.name, exc)
-            return None
-        finally:
-            _unlink_cleaned(target.directory)
-        self.passes += 1
-        _log.info("cleaner: %s cleaned offsets %d..%d in %.2f s: %d segments in %d groups, %d bytes read, "
-                  "%d written, %d keys%s", target.name, result.start_offset, result.end_offset,
-                  time.monotonic() - started, result.segments_cleaned, result.groups, result.bytes_read,
-                  result.bytes_written, result.keys, "" if result.done else " (more next pass)")  # fmt: skip
+        if result is not None:
+            self.passes += 1
         return result
 
     def _targets(self) -> list[_Target]:
@@ -238,6 +222,36 @@ class Cleaner:
                 return
 
 
+def clean_pass(who: str, name: str, view: LogView, dirt: Dirt, *, now_ms: int, config: Config,
+               delete_retention_ms: int, io_throttle: IoThrottle) -> CleanResult | None:
+    """One pass of ``storage.cleaner.clean_log`` over ``view`` up to ``dirt.upper_bound``, logged as ``who``
+    (the cleaner process, or a replica's cleaner thread: ``appliance.follower.cleaning``); its result, or
+    None when a swap was refused or the pass abandoned (logged).  The ``*.cleaned`` files in the log's
+    directory are unlinked before and after (their writer is the caller).  ``CorruptRecordError`` and any
+    exception ``io_throttle`` raises propagate."""
+    _log.info("%s: cleaning %s from offset %d to %d (dirty ratio %.2f%s)", who, name, dirt.first_dirty_offset,
+              dirt.upper_bound, dirt.ratio, ", overdue" if dirt.overdue else "")
+    unlink_cleaned(view.directory)
+    started = time.monotonic()
+    try:
+        result = clean_log(view, upper_bound=dirt.upper_bound, now_ms=now_ms,
+                           dedupe_buffer_bytes=config.cleaner_dedupe_buffer_size,
+                           delete_retention_ms=delete_retention_ms, io_throttle=io_throttle)
+    except CleanRefusedError as exc:
+        _log.info("%s: %s: pass ended: %s; measured again next round", who, name, exc)
+        return None
+    except OSError as exc:  # a segment deleted under the pass (retention), a full disk ...
+        _log.warning("%s: %s: pass abandoned: %s; measured again next round", who, name, exc)
+        return None
+    finally:
+        unlink_cleaned(view.directory)
+    _log.info("%s: %s cleaned offsets %d..%d in %.2f s: %d segments in %d groups, %d bytes read, "
+              "%d written, %d keys%s", who, name, result.start_offset, result.end_offset,
+              time.monotonic() - started, result.segments_cleaned, result.groups, result.bytes_read,
+              result.bytes_written, result.keys, "" if result.done else " (more next pass)")  # fmt: skip
+    return result
+
+
 def _mtime_ns(path: str) -> int:
     try:
         return os.stat(path).st_mtime_ns
@@ -245,7 +259,7 @@ def _mtime_ns(path: str) -> int:
         return 0
 
 
-def _unlink_cleaned(directory: str) -> None:
+def unlink_cleaned(directory: str) -> None:
     """Unlink the ``*.cleaned`` files in ``directory``: this process is their only writer."""
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):

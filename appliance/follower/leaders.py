@@ -27,6 +27,13 @@ The view is refreshed by the replica process every :data:`REFRESH_INTERVAL_MS` a
 topics (those whose replicas include its ``node.id``) and the last ISR its leader reported: what
 ``appliance replicas promote`` decides on.
 
+**Topic settings.**  With a Metadata answer listing a topic it has no settings of, and at least every
+:data:`CONFIGS_INTERVAL_MS`, the directory asks the same leader DescribeConfigs for the topics it listed
+and keeps, per topic, the settings set on the topic itself (``config_source``
+TOPIC_CONFIG: CreateTopics configs, AlterConfigs): :attr:`TopicView.configs`.  The replica records them in
+its own ``topics.json`` (its cleaner reads ``cleanup.policy`` and the compaction settings there); a leader
+that does not answer DescribeConfigs leaves them None (unknown: the replica keeps what it has).
+
 Thread-safe: fetcher threads and the replica's main loop call it; one lock serialises the exchanges.
 """
 
@@ -39,7 +46,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ipc.kafka import ErrorCode, MetadataRequest
+from ipc.kafka import (
+    ConfigSource,
+    DescribeConfigsRequest,
+    DescribeConfigsResource,
+    ErrorCode,
+    MetadataRequest,
+    ResourceType,
+)
 from replicas.leader_connection import LeaderConnection, LeaderInfo
 from storage.errors import ProtocolError, RequestTimeoutError
 
@@ -55,6 +69,7 @@ __all__ = [
 
 REFRESH_INTERVAL_MS: Final = 500  # the replica's periodic refresh (new topics, the ISR, a new leader)
 MIN_REFRESH_INTERVAL_MS: Final = 100  # a fetcher asking again after an error refreshes at most this often
+CONFIGS_INTERVAL_MS: Final = 5000  # topic settings asked again this often (a new topic's at once)
 CONNECT_TIMEOUT_MS: Final = 1000  # per candidate address: a dead host must not hold the refresh long
 RETRY_DEAD_ADDRESS_MS: Final = 1000  # a candidate that failed is not asked again sooner
 METADATA_TIMEOUT_MS: Final = 5000  # a Metadata answer (a cut network must not hold the fetchers' lookups)
@@ -86,6 +101,7 @@ class TopicView:
     name: str
     partitions: int
     replicas: tuple[int, ...]  # leader first, as the leader lists them
+    configs: tuple[tuple[str, str], ...] | None = None  # the topic's own settings, sorted; None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +140,8 @@ class LeaderDirectory:
         self._refreshed_ms = -(10**12)
         self._silent_since_ms: int | None = None
         self._closed = False
+        self._configs: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {}  # by address, by topic
+        self._configs_ms: dict[str, int] = {}  # by address: when they were last asked
 
     @property
     def view(self) -> ClusterView | None:
@@ -173,6 +191,8 @@ class LeaderDirectory:
             if answer is None or not self._same_cluster(address, answer.cluster_id):
                 continue
             answered.append(address)
+            configs = self._known_configs(address, [t.name for t in answer.topics
+                                                    if t.error_code == ErrorCode.NONE], now)
             brokers = {b.node_id for b in answer.brokers}
             host, port = parse_address(address)
             for t in answer.topics:
@@ -197,7 +217,8 @@ class LeaderDirectory:
                     continue
                 previous = topics.get(t.name)
                 if previous is None or top_epoch > previous[0]:
-                    topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas))
+                    topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas,
+                                                           configs.get(t.name)))
         if not answered:
             if self._silent_since_ms is None:
                 self._silent_since_ms = now
@@ -253,6 +274,40 @@ class LeaderDirectory:
             del self._last_error[address]
         self._dead_until.pop(address, None)
         return answer
+
+    def _known_configs(self, address: str, names: list[str],
+                       now: int) -> dict[str, tuple[tuple[str, str], ...]]:
+        """The settings of the topics ``names`` as ``address`` last reported them, asked again when
+        :data:`CONFIGS_INTERVAL_MS` has passed or a topic is new to it."""
+        known = self._configs.get(address, {})
+        if now - self._configs_ms.get(address, -(10**12)) >= CONFIGS_INTERVAL_MS or any(
+                name not in known for name in names):
+            known = self._topic_configs(address, names)
+            self._configs[address] = known
+            self._configs_ms[address] = now
+        return known
+
+    def _topic_configs(self, address: str, names: list[str]) -> dict[str, tuple[tuple[str, str], ...]]:
+        """The settings set on each of the topics ``names`` (DescribeConfigs on the connection Metadata just
+        used); a topic whose answer failed, or every topic if the exchange failed, is left out."""
+        conn = self._connections.get(address)
+        if conn is None or not names:
+            return {}
+        request = DescribeConfigsRequest(
+            resources=[DescribeConfigsResource(ResourceType.TOPIC, name, None) for name in names],
+            include_synonyms=False, include_documentation=False)
+        try:
+            answer = conn.request(request)
+        except (OSError, ProtocolError, RequestTimeoutError) as error:
+            _log.debug("leader candidate %s: DescribeConfigs failed: %s", address, error)
+            return {}
+        out: dict[str, tuple[tuple[str, str], ...]] = {}
+        for result in answer.results:
+            if result.error_code == ErrorCode.NONE:
+                out[result.resource_name] = tuple(sorted(
+                    (c.name, c.value) for c in result.configs
+                    if c.config_source == ConfigSource.TOPIC_CONFIG and c.value is not None))
+        return out
 
     def close(self) -> None:
         """Close every connection; wake a thread blocked in an exchange."""

@@ -14,6 +14,11 @@ addresses of ``appliance.replica.leader``; the highest leader epoch wins).  Star
     5. READY=1; then every REFRESH_INTERVAL_MS: ask the leaders' Metadata (a thread), add the topics that
        appeared (recorded in its own topics.json first), drop the ones deleted, keep the last ISR seen
 
+A topic's own settings (CreateTopics configs, AlterConfigs) are recorded from the leader's DescribeConfigs
+(``appliance.follower.leaders``).  With ``log.cleaner.enable`` a cleaner thread compacts the followed logs
+of compacted topics (``appliance.follower.cleaning``), sharing each log with its fetcher through a
+``replicas.log_guard.LogGuard``.
+
 Each fetcher is a :class:`replicas.fetcher.PartitionFetcher` on a :class:`storage.log.Log` opened (and
 recovered) by this process: Fetch with ``replica_id`` = ``node.id`` from its log end offset, the leader's
 bytes checked (CRC) and appended unchanged at the same offsets, truncation by leader epoch before fetching
@@ -52,8 +57,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from appliance.config.cluster_id import meta_properties_path, read_cluster_id, write_cluster_id
-from appliance.config.server_config import Config, ConfigError
+from appliance.config.server_config import Config, ConfigError, parse_override
 from appliance.config.topic_metadata import TopicMetadata
+from appliance.follower.cleaning import CleanTarget, FollowerCleaner
 from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory, TopicView
 from appliance.follower.promotion import (
     PromotionRefused,
@@ -76,6 +82,7 @@ from ipc.shm import Permissions
 from ipc.state_page import monotonic_ms
 from replicas.cluster_auth import read_cluster_secret, replica_credentials
 from replicas.fetcher import FetcherConfig, FetchPhase, PartitionFetcher
+from replicas.log_guard import LogGuard
 from replicas.replica_state import PersistedReplicaState, write_replica_state
 from storage.errors import ApplianceError
 from storage.log import Log
@@ -98,6 +105,7 @@ class _Followed:
     log: Log
     fetcher: PartitionFetcher
     stop: threading.Event
+    guard: LogGuard
     thread: threading.Thread | None = None
     failure: str = ""
 
@@ -129,6 +137,7 @@ class ReplicaNode:
         self._exec_argv: list[str] | None = None
         self._watchdog_s = sdnotify.watchdog_interval_s()
         self._secret: str | None = None
+        self._cleaner: FollowerCleaner | None = None
         self.started_ms = monotonic_ms()
 
     # -- running --------------------------------------------------------------------------------------------
@@ -189,6 +198,9 @@ class ReplicaNode:
                     self._follow(topic, partition)
         self._refresher = threading.Thread(target=self._refresh_loop, name="leader-directory", daemon=True)
         self._refresher.start()
+        if config.cleaner_enable:
+            self._cleaner = FollowerCleaner(config, self.node_id, self._clean_targets)
+            self._cleaner.start()
         text = (f"replica {self.node_id}: following {len(self._followed)} partitions from "
                 f"{', '.join(self.leaders)}; control socket {config.control_socket}")
         _log.info("%s", text)
@@ -292,14 +304,31 @@ class ReplicaNode:
                        "it (remove this replica's copy)", self.node_id, topic.name, topic.partitions,
                        local.partitions)
             return
+        configs = self._leader_configs(topic)
         if local is None:
-            local = store.create_topic(topic.name, topic.partitions, len(topic.replicas),
+            local = store.create_topic(topic.name, topic.partitions, len(topic.replicas), configs,
                                        replicas=topic.replicas, internal=True)  # the leader's copy
             _log.info("replica %d: now holding topic %s (%d partitions, replicas %s)", self.node_id,
                       topic.name, topic.partitions, list(topic.replicas))
+        elif configs is not None and configs != dict(local.configs):
+            local = store.set_configs(topic.name, configs)
+            _log.info("replica %d: topic %s: settings %s, as its leader has them", self.node_id, topic.name,
+                      configs)
         for partition in range(local.partitions):
             if (local.name, partition) not in self._followed:
                 self._follow(local, partition)
+
+    def _leader_configs(self, topic: TopicView) -> dict[str, Any] | None:
+        """The settings the leader reports set on ``topic``, parsed as the leader stores them (None: it
+        reported none, or one does not parse here: keep what this replica has)."""
+        if topic.configs is None:
+            return None
+        try:
+            return dict(parse_override(f"{name}={value}") for name, value in topic.configs)
+        except ConfigError as e:
+            _log.error("replica %d: topic %s: the leader's settings do not load here (%s); keeping this "
+                       "replica's", self.node_id, topic.name, e)
+            return None
 
     def _follow(self, topic: TopicMetadata, partition: int) -> None:
         config = self.config
@@ -317,6 +346,7 @@ class ReplicaNode:
         def leader() -> Any:
             return directory.leader_for(name, partition)
 
+        guard = LogGuard()
         fetcher = PartitionFetcher(log, leader, FetcherConfig(
             broker_id=self.node_id,
             replica_fetch_max_bytes=config.replica_fetch_max_bytes,
@@ -325,8 +355,8 @@ class ReplicaNode:
             request_timeout_ms=config.replica_socket_timeout_ms,
             client_id=f"appliance-replica-{self.node_id}",
             sasl_plain=replica_credentials(self.node_id, self._secret),
-        ))  # fmt: skip
-        followed = _Followed(topic.name, partition, log, fetcher, threading.Event())
+        ), guard=guard)  # fmt: skip
+        followed = _Followed(topic.name, partition, log, fetcher, threading.Event(), guard)
         followed.thread = threading.Thread(target=self._fetch_loop, args=(followed,),
                                            name=f"fetch {followed.name}", daemon=True)
         self._followed[(topic.name, partition)] = followed
@@ -344,8 +374,27 @@ class ReplicaNode:
                                followed.name, backoff_s)
                 followed.stop.wait(backoff_s)
 
+    def _clean_targets(self) -> list[CleanTarget]:
+        """The followed partitions with their topics' settings now (the cleaner thread's ``targets``)."""
+        store = self._store
+        targets = []
+        for followed in list(self._followed.values()):
+            topic = store.topics.get(followed.topic) if store is not None else None
+            if topic is None or followed.stop.is_set():
+                continue
+            try:
+                settings = self.config.topic(topic.name, topic.configs)
+            except ApplianceError as e:
+                _log.warning("replica %d: topic %s: its settings do not load: %s", self.node_id, topic.name,
+                             e)
+                continue
+            targets.append(CleanTarget(followed.name, followed.log, followed.guard, followed.fetcher,
+                                       settings))
+        return targets
+
     def _unfollow(self, followed: _Followed) -> None:
         followed.stop.set()
+        followed.guard.close()  # a pass in progress stops; the cleaner swaps nothing more in
         followed.fetcher.close()
         if followed.thread is not None:
             followed.thread.join(_JOIN_TIMEOUT_S)
@@ -502,6 +551,9 @@ class ReplicaNode:
     def _shutdown(self) -> None:
         sdnotify.stopping(f"replica {self.node_id}: stopping")
         self._stop.set()
+        if self._cleaner is not None:
+            self._cleaner.stop()
+            self._cleaner = None
         if self._directory is not None:
             self._directory.close()
         for followed in list(self._followed.values()):
