@@ -52,6 +52,9 @@ from appliance.config.server_config import Config, check_new_topic_name, check_t
 from ipc.kafka import (
     ApiKey,
     ApiVersionsResponse,
+    DescribedGroup,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
     EpochEndOffset,
     ErrorCode,
     FindCoordinatorResponse,
@@ -60,6 +63,7 @@ from ipc.kafka import (
     InitProducerIdResponse,
     JoinGroupResponse,
     LeaveGroupResponse,
+    ListGroupsResponse,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -475,6 +479,21 @@ def sync_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> SyncGrou
     return SyncGroupResponse(error_code=_NO_COORDINATOR, assignment=b"")
 
 
+def list_groups(ctx: BrokerContext, header: RequestHeader, body: Any) -> ListGroupsResponse:
+    return ListGroupsResponse(error_code=_NO_COORDINATOR, groups=[])
+
+
+def describe_groups(
+    ctx: BrokerContext, header: RequestHeader, body: DescribeGroupsRequest
+) -> DescribeGroupsResponse:
+    groups = [
+        DescribedGroup(error_code=_NO_COORDINATOR, group_id=g, group_state="", protocol_type="",
+                       protocol_data="", members=[])
+        for g in body.groups
+    ]
+    return DescribeGroupsResponse(groups=groups)
+
+
 def sasl_handshake(ctx: BrokerContext, header: RequestHeader, body: Any) -> SaslHandshakeResponse:
     return SaslHandshakeResponse(error_code=ErrorCode.UNSUPPORTED_SASL_MECHANISM, mechanisms=[])
 
@@ -500,6 +519,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.HEARTBEAT: heartbeat,
     ApiKey.LEAVE_GROUP: leave_group,
     ApiKey.SYNC_GROUP: sync_group,
+    ApiKey.LIST_GROUPS: list_groups,
+    ApiKey.DESCRIBE_GROUPS: describe_groups,
     ApiKey.SASL_HANDSHAKE: sasl_handshake,
     ApiKey.SASL_AUTHENTICATE: sasl_authenticate,
 }
