@@ -9,7 +9,10 @@ waits for the others').  A request absent from the list is held; its answer come
 Committed offsets (:class:`~appliance.coordinator.offsets.OffsetStore`) are checked against the group: a
 commit from a member of the current generation, or a "simple" commit (generation -1, empty member id) to a
 group with no members, is accepted; one from an unknown member is UNKNOWN_MEMBER_ID, from another
-generation ILLEGAL_GENERATION, during a rebalance REBALANCE_IN_PROGRESS, and nothing of it is stored.
+generation ILLEGAL_GENERATION, and nothing of it is stored.  As in Kafka, a member may commit for its
+generation while the group prepares the next rebalance (an eager consumer commits as its partitions are
+revoked), but not between its JoinGroup answer and its assignment (CompletingRebalance:
+REBALANCE_IN_PROGRESS).
 
 Group ids are validated as Kafka validates them: an empty group id is INVALID_GROUP_ID (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, OffsetCommit); OffsetFetch and DescribeGroups answer it per group.
@@ -161,8 +164,8 @@ class GroupCoordinator:
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID if member_id else ErrorCode.ILLEGAL_GENERATION
         error = group.check_member(member_id, generation, now_ms)
-        if error is None and group.state == GroupState.PREPARING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS
+        if error is None and group.state == GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
         return error
 
     def commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> OffsetCommitResponse:

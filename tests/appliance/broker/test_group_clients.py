@@ -110,9 +110,12 @@ def test_one_member_gets_every_partition(appliance: Appliance) -> None:
         c.close()
 
 
-def test_two_members_split_the_partitions_and_a_leavers_move(appliance: Appliance) -> None:
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_two_members_split_the_partitions_and_a_leavers_move(appliance: Appliance, assignor: str) -> None:
     produce(appliance.bootstrap, "split", PARTITIONS, PER_PARTITION)
-    a, b = consumer(appliance.bootstrap, "g-split"), consumer(appliance.bootstrap, "g-split")
+    group = f"g-split-{assignor}"
+    a, b = (consumer(appliance.bootstrap, group, **{"partition.assignment.strategy": assignor})
+            for _ in range(2))
     try:
         a.subscribe(["split"])
         b.subscribe(["split"])

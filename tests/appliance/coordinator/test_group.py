@@ -208,3 +208,17 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
     final = c.tick(now + 10 * REBALANCE_MS)
     answered |= {d.token for d in final}
     assert held == answered
+
+
+def test_a_member_commits_while_the_next_rebalance_is_prepared_but_not_before_its_assignment() -> None:
+    c = coordinator()
+    a, b = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    c.leave("g", [b], 1000)  # PreparingRebalance: a's partitions are being revoked
+    response = c.commit(commit_request(a, generation, 7), 7, 1001)
+    assert response.topics[0].partitions[0].error_code == ErrorCode.NONE and fetched(c) == 7
+    rejoined = answers(c.join("g", join_args(a), "rejoin", 1002))["rejoin"]
+    assert c.groups["g"].state == GroupState.COMPLETING_REBALANCE
+    response = c.commit(commit_request(a, rejoined.generation_id, 9), 7, 1003)
+    assert response.topics[0].partitions[0].error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    assert fetched(c) == 7
