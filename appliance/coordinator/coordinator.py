@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from appliance.coordinator.group import Completion, Group, GroupSettings, GroupState, JoinArgs
-from appliance.coordinator.offsets import OffsetStore
+from appliance.coordinator.offsets import CommittedOffset, OffsetStore
 from ipc.kafka import (
     DescribedGroup,
     DescribedGroupMember,
@@ -46,11 +47,20 @@ from ipc.kafka import (
     SyncGroupResponse,
 )
 
-__all__ = ["GroupCoordinator"]
+__all__ = ["CommitPlan", "GroupCoordinator"]
 
 # A group id longer than this is refused (INVALID_GROUP_ID): it is kept in memory per group and, in Kafka's
 # schemas, in every offset record's key.
 MAX_GROUP_ID_CHARS = 255
+
+
+@dataclass(slots=True)
+class CommitPlan:
+    """An OffsetCommit checked and not stored yet: its response and the entries to write and keep."""
+
+    group_id: str
+    response: OffsetCommitResponse
+    accepted: list[tuple[str, int, CommittedOffset]]
 
 
 def _new_member_id(client_id: str) -> str:
@@ -168,19 +178,39 @@ class GroupCoordinator:
             return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
         return error
 
-    def commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> OffsetCommitResponse:
+    def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int,
+                    wall_ms: int) -> CommitPlan:
+        """Check a commit without storing it: the response (its refused partitions answered, the accepted
+        ones NONE for now) and the accepted entries, stamped ``wall_ms`` (the commit timestamp Kafka
+        records).  The caller writes them to ``__consumer_offsets`` and then :meth:`apply` them, or answers
+        the accepted partitions with the append's error (nothing stored)."""
         error = self.commit_error(body, api_version, now_ms)
         topics = []
+        accepted: list[tuple[str, int, CommittedOffset]] = []
         for t in body.topics:
             parts = []
             for p in t.partitions:
                 code = error
                 if code is None:
-                    code = self.offsets.commit(body.group_id, t.name, p.partition_index, p.committed_offset,
-                                               p.committed_leader_epoch, p.committed_metadata, now_ms)
+                    code = self.offsets.check(t.name, p.partition_index, p.committed_metadata)
+                    if code == ErrorCode.NONE:
+                        entry = CommittedOffset(p.committed_offset, p.committed_leader_epoch,
+                                                p.committed_metadata or "", wall_ms)
+                        accepted.append((t.name, p.partition_index, entry))
                 parts.append(OffsetCommitResponsePartition(p.partition_index, code))
             topics.append(OffsetCommitResponseTopic(t.name, parts))
-        return OffsetCommitResponse(topics=topics)
+        return CommitPlan(body.group_id, OffsetCommitResponse(topics=topics), accepted)
+
+    def apply(self, plan: CommitPlan) -> None:
+        """Store a planned commit whose records are in ``__consumer_offsets``."""
+        for topic, partition, entry in plan.accepted:
+            self.offsets.put(plan.group_id, topic, partition, entry)
+
+    def commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> OffsetCommitResponse:
+        """Check and store a commit at once (no log behind it: tests of the state machine)."""
+        plan = self.plan_commit(body, api_version, now_ms, now_ms)
+        self.apply(plan)
+        return plan.response
 
     def fetch(self, body: OffsetFetchRequest) -> OffsetFetchResponse:
         if not valid_group_id(body.group_id):

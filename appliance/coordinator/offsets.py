@@ -1,10 +1,8 @@
-"""Committed offsets per (group, topic, partition), kept in the broker's memory.
+"""Committed offsets per (group, topic, partition): the coordinator's picture of them, in memory.
 
-**Not durable.**  These commits live in the broker process only: a broker restart (or an ``appliance serve``
-restart) forgets them, and a consumer group then starts from ``auto.offset.reset``.  Kafka keeps them in the
-compacted internal topic ``__consumer_offsets``; doing the same here is the next step of issue 19 (see
-docs/protocol.md, "Consumer groups").  Until then an acknowledged commit survives only as long as the
-broker process.
+The durable copy is the compacted internal topic ``__consumer_offsets`` (``appliance.broker.offsets_topic``
+writes it and loads it back at start-up): a commit reaches this store only once its records are in that log
+(:meth:`OffsetStore.put` after the append is acknowledged), so what the store holds survives a restart.
 """
 
 from __future__ import annotations
@@ -33,17 +31,35 @@ class OffsetStore:
 
     commits: dict[str, dict[str, dict[int, CommittedOffset]]] = field(default_factory=dict)
 
-    def commit(self, group_id: str, topic: str, partition: int, offset: int, leader_epoch: int,
-               metadata: str | None, now_ms: int) -> ErrorCode:
-        """Store one partition's commit; the error for that partition (NONE when stored)."""
-        text = metadata or ""
-        if len(text.encode()) > OFFSET_METADATA_MAX_BYTES:
+    @staticmethod
+    def check(topic: str, partition: int, metadata: str | None) -> ErrorCode:
+        """Whether one partition's commit may be stored: NONE, or the error for that partition."""
+        if len((metadata or "").encode()) > OFFSET_METADATA_MAX_BYTES:
             return ErrorCode.OFFSET_METADATA_TOO_LARGE
         if partition < 0 or not topic:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        entry = CommittedOffset(offset, leader_epoch, text, now_ms)
-        self.commits.setdefault(group_id, {}).setdefault(topic, {})[partition] = entry
         return ErrorCode.NONE
+
+    def put(self, group_id: str, topic: str, partition: int, entry: CommittedOffset | None) -> None:
+        """Keep ``entry`` as the commit of (group, topic, partition); None (a tombstone) forgets it."""
+        if entry is not None:
+            self.commits.setdefault(group_id, {}).setdefault(topic, {})[partition] = entry
+            return
+        topics = self.commits.get(group_id, {})
+        topics.get(topic, {}).pop(partition, None)
+        if topic in topics and not topics[topic]:
+            del topics[topic]
+        if group_id in self.commits and not topics:
+            del self.commits[group_id]
+
+    def commit(self, group_id: str, topic: str, partition: int, offset: int, leader_epoch: int,
+               metadata: str | None, now_ms: int) -> ErrorCode:
+        """Check and store one partition's commit; the error for that partition (NONE when stored)."""
+        error = self.check(topic, partition, metadata)
+        if error == ErrorCode.NONE:
+            entry = CommittedOffset(offset, leader_epoch, metadata or "", now_ms)
+            self.put(group_id, topic, partition, entry)
+        return error
 
     def get(self, group_id: str, topic: str, partition: int) -> CommittedOffset | None:
         return self.commits.get(group_id, {}).get(topic, {}).get(partition)
