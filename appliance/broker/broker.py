@@ -91,6 +91,7 @@ from appliance.broker.fetch_session import (
 from appliance.broker.group_requests import GROUP_APIS, HELD_GROUP_APIS, GroupRequests
 from appliance.broker.handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker.listeners import Listeners, Listening
+from appliance.broker.offsets_topic import CommitInFlight
 from appliance.broker.partition_requests import PARTITION_HANDLERS
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
@@ -168,7 +169,7 @@ class Broker:
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
         self.fetches = FetchWaiters()
         self.topic_requests = TopicRequests(self.ctx)
-        self.groups = GroupRequests(self.ctx)
+        self.groups = GroupRequests(self.ctx, self.produce)
         self._control_watched: Any = None  # the cluster's selectable now in the selector
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, Connection] = {}
@@ -208,6 +209,7 @@ class Broker:
     def serve(self) -> None:
         """Run until :meth:`stop`; then let held requests finish briefly and close everything."""
         self.ctx.reload_topics()
+        self.groups.start()  # __consumer_offsets: created if needed, loaded
         while not self._stopping:
             self._turn(self._timeout_s())
         self._drain()
@@ -318,8 +320,11 @@ class Broker:
         if self.fetches.waiting:
             self._poll_fetches()
         if self.produce.pending or self.replication.has_completed:
-            for conn, header, body in self.produce.poll(time.monotonic() * 1000):
-                self._finish_held(conn, header, body)
+            for owner, header, body in self.produce.poll(time.monotonic() * 1000):
+                if isinstance(owner, CommitInFlight):  # the coordinator's append of an OffsetCommit
+                    self._finish_held(*self.groups.appended(owner, body), unpark=True)
+                else:
+                    self._finish_held(owner, header, body)
         self.produce.tick(time.monotonic() * 1000)
         self._poll_control(control)
         group_ms = self.groups.next_deadline_ms()
@@ -391,6 +396,9 @@ class Broker:
                 return
             if api_key in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS):
                 self._start_topic_request(conn, header, body)
+                return
+            if api_key == ApiKey.OFFSET_COMMIT:
+                self._start_commit(conn, header, body)
                 return
             if api_key in HELD_GROUP_APIS:
                 self._start_group_request(conn, header, body)
@@ -523,6 +531,16 @@ class Broker:
         if own:
             conn.parked = False
             conn.fill(slot, encode_response_parts(header, own[0][2]))
+
+    def _start_commit(self, conn: Connection, header: RequestHeader, body: Any) -> None:
+        """OffsetCommit: answered now (refused) or once its records are in ``__consumer_offsets``; the
+        connection is parked meanwhile, so a request behind it sees the commit."""
+        slot = conn.reserve()
+        conn.parked = True
+        response = self.groups.start_commit(slot, header, body)
+        if response is not None:
+            conn.parked = False
+            conn.fill(slot, encode_response_parts(header, response))
 
     def _finish_group_answers(self, answers: list[tuple[Any, RequestHeader, Any]]) -> None:
         for slot, header, body in answers:

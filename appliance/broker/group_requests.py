@@ -15,6 +15,13 @@ later request of another member or from the coordinator's timer: the broker loop
 initial rebalance delay, session expiry).  A member whose connection closes while its JoinGroup is held is
 answered into a closed slot (dropped); it stays a member until its session times out, as in Kafka.
 
+**Committed offsets are durable.**  An OffsetCommit takes a slot and parks its connection too: the commit
+is checked by the coordinator, written to the group's partition of ``__consumer_offsets`` through the
+broker's Produce path and answered (and applied) only once that append is acknowledged
+(``appliance.broker.offsets_topic``).  Until the group's partition of that topic is loaded (at start-up),
+every request naming the group is answered COORDINATOR_LOAD_IN_PROGRESS; ListGroups too until every
+partition is loaded.
+
 **This broker is every group's coordinator.**  A single broker leads every partition of a single-host
 appliance, so FindCoordinator (key type 0, a group) names this broker, at the address of the listener the
 request came through.  Key type 1 (transactions) is COORDINATOR_NOT_AVAILABLE: there is no transaction
@@ -28,19 +35,34 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.broker.handlers import BrokerContext
+from appliance.broker.offsets_topic import CommitInFlight, OffsetsTopic
+from appliance.broker.produce import ProduceService
 from appliance.coordinator import Completion, GroupCoordinator, GroupSettings, JoinArgs
 from appliance.coordinator.coordinator import valid_group_id
 from ipc.kafka import (
     ApiKey,
+    DescribedGroup,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
     ErrorCode,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
+    HeartbeatResponse,
     JoinGroupRequest,
+    JoinGroupResponse,
     LeaveGroupRequest,
+    LeaveGroupResponse,
     ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitResponsePartition,
+    OffsetCommitResponseTopic,
+    OffsetFetchResponse,
+    OffsetFetchResponsePartition,
+    OffsetFetchResponseTopic,
+    ProduceResponse,
     RequestHeader,
+    SyncGroupResponse,
 )
 
 __all__ = ["GROUP_APIS", "HELD_GROUP_APIS", "Answer", "GroupRequests"]
@@ -61,7 +83,8 @@ def _now_ms() -> int:
 class GroupRequests:
     """The coordinator of this broker and the requests it holds (module docstring)."""
 
-    def __init__(self, ctx: BrokerContext, clock_ms: Callable[[], int] = _now_ms) -> None:
+    def __init__(self, ctx: BrokerContext, produce: ProduceService,
+                 clock_ms: Callable[[], int] = _now_ms) -> None:
         config = ctx.config
         self.ctx = ctx
         self.coordinator = GroupCoordinator(GroupSettings(
@@ -69,7 +92,25 @@ class GroupRequests:
             max_session_timeout_ms=config.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
         ))
+        self.offsets_topic = OffsetsTopic(ctx, self.coordinator, produce)
         self._clock_ms = clock_ms
+
+    def start(self) -> None:
+        """Create ``__consumer_offsets`` if needed and load what it holds (what is not loaded now is
+        loaded by :meth:`tick`)."""
+        self.offsets_topic.tick()
+
+    def _loading(self, header: RequestHeader, body: Any) -> Any:
+        """The COORDINATOR_LOAD_IN_PROGRESS answer while the group's offsets are being loaded, else None."""
+        api_key = header.api_key
+        if api_key in (ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS):
+            return None
+        if api_key == ApiKey.LIST_GROUPS:
+            if self.offsets_topic.fully_loaded:
+                return None
+            return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, groups=[])
+        code = self.offsets_topic.loading_error(body.group_id)
+        return None if code is None else _refusal(header, body, code)
 
     # -- held: JoinGroup and SyncGroup -------------------------------------------------------------------
 
@@ -77,6 +118,9 @@ class GroupRequests:
         """A JoinGroup or SyncGroup: the answers given now (this request's among them, or it is held)."""
         token = (slot, header)
         now_ms = self._clock_ms()
+        refused = self._loading(header, body)
+        if refused is not None:
+            return [(slot, header, refused)]
         if header.api_key == ApiKey.JOIN_GROUP:
             done = self.coordinator.join(body.group_id, _join_args(header, body, peer), token, now_ms)
         else:
@@ -86,11 +130,33 @@ class GroupRequests:
         return _answers(done)
 
     def tick(self) -> list[Answer]:
+        self.offsets_topic.tick()
         return _answers(self.coordinator.tick(self._clock_ms()))
 
     def next_deadline_ms(self) -> int | None:
         """When :meth:`tick` is next due, on the ``time.monotonic`` clock in ms (None: nothing timed)."""
-        return self.coordinator.next_deadline_ms()
+        due = self.coordinator.next_deadline_ms()
+        load_s = self.offsets_topic.next_timer_s()
+        if load_s is not None:
+            load_ms = int(load_s * 1000)
+            due = load_ms if due is None else min(due, load_ms)
+        return due
+
+    # -- OffsetCommit: answered once in __consumer_offsets ------------------------------------------------
+
+    def start_commit(self, slot: Any, header: RequestHeader, body: OffsetCommitRequest) -> Any:
+        """An OffsetCommit: its answer now (refused, or nothing to write), or None: answered by
+        :meth:`appended` once its records are in ``__consumer_offsets``."""
+        refused = self._loading(header, body)
+        if refused is not None:
+            return refused
+        now_ms = self._clock_ms()
+        plan = self.coordinator.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000))
+        return self.offsets_topic.append(slot, header, plan)
+
+    def appended(self, owner: CommitInFlight, produced: ProduceResponse | None) -> Answer:
+        """The Produce path finished a commit's append: the OffsetCommit's answer for its slot."""
+        return owner.slot, owner.header, self.offsets_topic.appended(owner, produced)
 
     def close(self) -> list[Answer]:
         return _answers(self.coordinator.close())
@@ -102,14 +168,15 @@ class GroupRequests:
         now_ms = self._clock_ms()
         api_key = header.api_key
         c = self.coordinator
+        refused = self._loading(header, body)
+        if refused is not None:
+            return refused, []
         if api_key == ApiKey.FIND_COORDINATOR:
             return self._find_coordinator(body, listener), []
         if api_key == ApiKey.HEARTBEAT:
             return c.heartbeat(body.group_id, body.member_id, body.generation_id, now_ms), []
         if api_key == ApiKey.LEAVE_GROUP:
             return self._leave(header, body, now_ms)
-        if api_key == ApiKey.OFFSET_COMMIT:
-            return c.commit(body, header.api_version, now_ms), []
         if api_key == ApiKey.OFFSET_FETCH:
             return c.fetch(body), []
         if api_key == ApiKey.LIST_GROUPS:
@@ -141,7 +208,12 @@ class GroupRequests:
         return response, _answers(released)
 
     def _describe(self, body: DescribeGroupsRequest) -> DescribeGroupsResponse:
-        return DescribeGroupsResponse(groups=[self.coordinator.describe(g) for g in body.groups])
+        groups = []
+        for group_id in body.groups:
+            code = self.offsets_topic.loading_error(group_id) if valid_group_id(group_id) else None
+            groups.append(self.coordinator.describe(group_id) if code is None
+                          else DescribedGroup(code, group_id, "", "", "", []))
+        return DescribeGroupsResponse(groups=groups)
 
 
 def _join_args(header: RequestHeader, body: JoinGroupRequest, peer: str) -> JoinArgs:
@@ -158,6 +230,32 @@ def _join_args(header: RequestHeader, body: JoinGroupRequest, peer: str) -> Join
         group_instance_id=body.group_instance_id,
         require_known_member_id=header.api_version >= 4,
     )
+
+
+def _refusal(header: RequestHeader, body: Any, code: ErrorCode) -> Any:
+    """A group request answered ``code`` as a whole, nothing changed."""
+    api_key = header.api_key
+    if api_key == ApiKey.JOIN_GROUP:
+        return JoinGroupResponse(error_code=code, generation_id=-1, protocol_name="", leader="",
+                                 member_id=body.member_id, members=[])
+    if api_key == ApiKey.SYNC_GROUP:
+        return SyncGroupResponse(error_code=code, assignment=b"")
+    if api_key == ApiKey.HEARTBEAT:
+        return HeartbeatResponse(error_code=code)
+    if api_key == ApiKey.LEAVE_GROUP:
+        return LeaveGroupResponse(error_code=code, members=[])
+    if api_key == ApiKey.OFFSET_COMMIT:
+        return OffsetCommitResponse(topics=[
+            OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, code)
+                                               for p in t.partitions])
+            for t in body.topics])  # fmt: skip
+    if api_key == ApiKey.OFFSET_FETCH:  # v0-1 carry the error per partition only
+        topics = [OffsetFetchResponseTopic(t.name, [
+            OffsetFetchResponsePartition(partition_index=i, committed_offset=-1, committed_leader_epoch=-1,
+                                         metadata="", error_code=code) for i in t.partition_indexes])
+            for t in body.topics or []]  # fmt: skip
+        return OffsetFetchResponse(topics=topics, error_code=code)
+    raise ValueError(f"{ApiKey(api_key).name} names no group")
 
 
 def _answers(done: list[Completion]) -> list[Answer]:
