@@ -18,8 +18,9 @@ answered into a closed slot (dropped); it stays a member until its session times
 **Committed offsets are durable.**  An OffsetCommit takes a slot and parks its connection too: the commit
 is checked by the coordinator, written to the group's partition of ``__consumer_offsets`` through the
 broker's Produce path and answered (and applied) only once that append is acknowledged
-(``appliance.broker.offsets_topic``).  Until the group's partition of that topic is loaded (at start-up),
-every request naming the group is answered COORDINATOR_LOAD_IN_PROGRESS; ListGroups too until every
+(``appliance.broker.offsets_topic``).  The first group request creates that topic (FindCoordinator
+answers COORDINATOR_NOT_AVAILABLE until it is recorded); until the group's partition of it is loaded,
+every other request naming the group is answered COORDINATOR_LOAD_IN_PROGRESS, ListGroups too until every
 partition is loaded.
 
 **This broker is every group's coordinator.**  A single broker leads every partition of a single-host
@@ -39,6 +40,7 @@ from appliance.broker.offsets_topic import CommitInFlight, OffsetsTopic
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import Completion, GroupCoordinator, GroupSettings, JoinArgs
 from appliance.coordinator.coordinator import valid_group_id
+from appliance.coordinator.offset_records import OFFSETS_TOPIC
 from ipc.kafka import (
     ApiKey,
     DescribedGroup,
@@ -96,19 +98,23 @@ class GroupRequests:
         self._clock_ms = clock_ms
 
     def start(self) -> None:
-        """Create ``__consumer_offsets`` if needed and load what it holds (what is not loaded now is
-        loaded by :meth:`tick`)."""
-        self.offsets_topic.tick()
+        """Load ``__consumer_offsets`` if it exists (what is not loaded now is loaded by :meth:`tick`)."""
+        self.offsets_topic.start()
 
     def _loading(self, header: RequestHeader, body: Any) -> Any:
         """The COORDINATOR_LOAD_IN_PROGRESS answer while the group's offsets are being loaded, else None."""
         api_key = header.api_key
-        if api_key in (ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS):
-            return None
-        if api_key == ApiKey.LIST_GROUPS:
-            if self.offsets_topic.fully_loaded:
+        topic = self.offsets_topic
+        if api_key == ApiKey.LIST_GROUPS:  # no topic yet: no group either
+            if topic.fully_loaded or not topic.created:
                 return None
             return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, groups=[])
+        if not topic.want() and api_key == ApiKey.FIND_COORDINATOR:
+            return FindCoordinatorResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                           error_message=f"{OFFSETS_TOPIC} is being created", node_id=-1,
+                                           host="", port=-1)
+        if api_key in (ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS):
+            return None
         code = self.offsets_topic.loading_error(body.group_id)
         return None if code is None else _refusal(header, body, code)
 

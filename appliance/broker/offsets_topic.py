@@ -2,12 +2,16 @@
 
 Theory of operation
 -------------------
-**The topic.**  The broker creates ``__consumer_offsets`` when it starts (and again on a timer until the
-supervisor has recorded it): ``offsets.topic.num.partitions`` partitions, ``cleanup.policy=compact``,
-``segment.bytes`` from ``offsets.topic.segment.bytes``, replication ``offsets.topic.replication.factor``
-capped at the replicas that exist (this node and one per ``appliance.replica.dirs``).  It goes through the
-control protocol's ``create_topic`` with ``internal`` set, the one path allowed a name beginning with
-``__``.  A topic that exists keeps its partition count: a group's partition depends on it.
+**The topic.**  As in Kafka, ``__consumer_offsets`` is created on first use: the first group request
+(FindCoordinator, usually) has the supervisor record it, and until it is recorded FindCoordinator answers
+COORDINATOR_NOT_AVAILABLE and the other group requests COORDINATOR_LOAD_IN_PROGRESS (both retriable; a
+failed creation is tried again by the next request, at most once per :data:`RETRY_S`).  A broker that
+starts with the topic there loads it at once.  The topic has ``offsets.topic.num.partitions`` partitions,
+``cleanup.policy=compact``, ``segment.bytes`` from ``offsets.topic.segment.bytes``, replication
+``offsets.topic.replication.factor`` capped at the replicas that exist (this node and one per
+``appliance.replica.dirs``).  It goes through the control protocol's ``create_topic`` with ``internal``
+set, the one path allowed a name beginning with ``__``.  A topic that exists keeps its partition count: a
+group's partition depends on it.
 
 **Writing.**  An OffsetCommit the coordinator accepts (``GroupCoordinator.plan_commit``) becomes one record
 batch of Kafka's records (``appliance.coordinator.offset_records``), one record per partition committed,
@@ -111,8 +115,25 @@ class OffsetsTopic:
         config = ctx.config
         self.partitions = config.offsets_topic_num_partitions
         self.created = False
+        self.wanted = False  # a group request came: create the topic (until it is there)
         self.loaded: set[int] = set()
         self._next_try_s = 0.0
+
+    def start(self) -> None:
+        """At the broker's start: load the topic if it exists (it is created on first use)."""
+        meta = self.ctx.table.topics.get(OFFSETS_TOPIC)
+        if meta is not None:
+            self.partitions = meta.partitions
+            self.created = True
+            self.tick()
+
+    def want(self) -> bool:
+        """A group request needs the topic: create it if it is not there (now, or at most once per
+        :data:`RETRY_S`); whether it is there."""
+        self.wanted = True
+        if not self.created:
+            self.tick()
+        return self.created
 
     # -- the topic ----------------------------------------------------------------------------------------
 
@@ -148,7 +169,7 @@ class OffsetsTopic:
     def tick(self, now_s: float | None = None) -> None:
         """Create the topic and load the partitions not loaded yet, when due."""
         now_s = time.monotonic() if now_s is None else now_s
-        if now_s < self._next_try_s or self.fully_loaded:
+        if now_s < self._next_try_s or self.fully_loaded or not (self.created or self.wanted):
             return
         if not self.created:
             self._ensure()
@@ -166,7 +187,7 @@ class OffsetsTopic:
 
     def next_timer_s(self) -> float | None:
         """When :meth:`tick` has work (``time.monotonic`` seconds), None once every partition is loaded."""
-        return None if self.fully_loaded else self._next_try_s
+        return None if self.fully_loaded or not (self.created or self.wanted) else self._next_try_s
 
     def _load(self, partition: int) -> None:
         handle, _ = self.ctx.table.lookup(OFFSETS_TOPIC, partition)

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -605,12 +606,13 @@ def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standa
 
 
 def test_group_requests_wait_while_the_offsets_topic_is_not_loaded(standalone: Standalone) -> None:
-    """This broker's cluster creates no topics, so ``__consumer_offsets`` never loads: every request
-    naming a group is answered COORDINATOR_LOAD_IN_PROGRESS (retriable) and changes nothing;
-    FindCoordinator still names this broker."""
+    """This broker's cluster creates no topics, so ``__consumer_offsets`` is never there: FindCoordinator
+    answers COORDINATOR_NOT_AVAILABLE, every other request naming a group COORDINATOR_LOAD_IN_PROGRESS
+    (both retriable), and nothing changes."""
     client = standalone.client()
+    assert client.call(ApiKey.LIST_GROUPS, 2, ListGroupsRequest()).error_code == ErrorCode.NONE  # no topic
     found = client.call(ApiKey.FIND_COORDINATOR, 2, FindCoordinatorRequest(key="g", key_type=0))
-    assert found.error_code == ErrorCode.NONE
+    assert found.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
     loading = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
     join = JoinGroupRequest(group_id="g", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
                             member_id="", protocol_type="consumer",
@@ -629,6 +631,6 @@ def test_group_requests_wait_while_the_offsets_topic_is_not_loaded(standalone: S
     fetched = client.call(ApiKey.OFFSET_FETCH, 1, fetch)  # v1: the error is per partition
     assert fetched.topics[0].partitions[0].error_code == loading
     assert client.call(ApiKey.OFFSET_FETCH, 5, fetch).error_code == loading
-    assert client.call(ApiKey.LIST_GROUPS, 2, ListGroupsRequest()).error_code == loading
     described = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest(["g"])).groups[0]
     assert described.error_code == loading
+    assert "this test's cluster creates no topics" in Path(standalone.log_path).read_text()
