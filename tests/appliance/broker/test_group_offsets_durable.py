@@ -235,3 +235,39 @@ def test_clients_may_not_produce_to_the_offsets_topic_and_see_it_internal(runnin
     internal = {t.get("topic", t.get("name")): t["is_internal"] for t in described}
     assert internal == {OFFSETS: True, TOPIC: False}
     assert len(next(t for t in described if t.get("topic", t.get("name")) == OFFSETS)["partitions"]) == 3
+
+
+def test_the_offsets_topic_is_replicated_where_a_replica_exists() -> None:
+    """With one replica (``appliance.replica.dirs``), ``offsets.topic.replication.factor`` (3) is capped
+    at the two copies that exist, and the replica's copy holds the commit's records."""
+    port = free_port()
+    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", f"num.partitions={PARTITIONS}",
+                    "group.initial.rebalance.delay.ms=0")
+    app.overrides.append(f"appliance.replica.dirs={app.cwd / 'replica'}")
+    log = ""
+    try:
+        app.start()
+        bootstrap = f"127.0.0.1:{port}"
+        produce(bootstrap)
+        consume_all_then_commit(bootstrap, "copied", {0: 4, 1: 6})
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            (described,) = admin.describe_topics([OFFSETS])
+        finally:
+            admin.close()
+        replicas = [p.get("replicas", p.get("replica_nodes")) for p in described["partitions"]]
+        assert [len(r) for r in replicas] == [2] * OFFSETS_PARTITIONS, described
+        home = java_hash_partition("copied", OFFSETS_PARTITIONS)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            replica = app.cwd / "replica"
+            records = offset_records(replica, home) if (replica / f"{OFFSETS}-{home}").is_dir() else []
+            copied = {k[2]: v[0] for k, v in records if k[0] == "copied" and v}
+            if copied == {0: 4, 1: 6}:
+                break
+            time.sleep(0.2)
+        assert copied == {0: 4, 1: 6}, app.log()
+        log = app.log()
+    finally:
+        app.close()
+    assert "Traceback" not in log, log
