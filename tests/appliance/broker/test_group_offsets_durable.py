@@ -23,7 +23,18 @@ from typing import Any, NamedTuple
 import pytest
 from support.harness import Appliance
 from support.kafka_appliance import free_port
+from support.wire import WireClient
 
+from ipc.kafka import (
+    ApiKey,
+    ErrorCode,
+    FindCoordinatorRequest,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetFetchRequest,
+    OffsetFetchRequestTopic,
+)
 from storage.batch_reader import iter_records
 from storage.log_reader import LogReader
 
@@ -271,3 +282,41 @@ def test_the_offsets_topic_is_replicated_where_a_replica_exists() -> None:
     finally:
         app.close()
     assert "Traceback" not in log, log
+
+
+def test_a_commit_whose_append_is_not_acknowledged_is_refused_and_not_stored() -> None:
+    """The writer of the group's ``__consumer_offsets`` partition stalls before acknowledging (test fault
+    point ``writer.stall``): the OffsetCommit is answered COORDINATOR_NOT_AVAILABLE after
+    ``offsets.commit.timeout.ms`` and OffsetFetch still shows no commit."""
+    port = free_port()
+    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", f"topics.{TOPIC}.partitions=1",
+                    "offsets.commit.timeout.ms=1000", 'appliance.test.faults=["writer.stall"]')
+    log = ""
+    try:
+        app.start()
+        client = WireClient(("127.0.0.1", port), client_id="stalled")
+        try:
+            deadline = time.monotonic() + 30
+            fetch = OffsetFetchRequest("stalled", [OffsetFetchRequestTopic(TOPIC, [0])])
+            while True:  # the first group request creates the topic; wait for it to be loaded
+                client.call(ApiKey.FIND_COORDINATOR, 2, FindCoordinatorRequest(key="stalled", key_type=0))
+                fetched = client.call(ApiKey.OFFSET_FETCH, 5, fetch)
+                if fetched.error_code == ErrorCode.NONE or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert fetched.topics[0].partitions[0].committed_offset == -1
+            part = OffsetCommitRequestPartition(partition_index=0, committed_offset=5, committed_metadata="m")
+            commit = OffsetCommitRequest(group_id="stalled", generation_id_or_member_epoch=-1, member_id="",
+                                         topics=[OffsetCommitRequestTopic(TOPIC, [part])])
+            answer = client.call(ApiKey.OFFSET_COMMIT, 7, commit)
+            assert answer.topics[0].partitions[0].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+            fetched = client.call(ApiKey.OFFSET_FETCH, 5, fetch)
+            assert fetched.error_code == ErrorCode.NONE
+            assert fetched.topics[0].partitions[0].committed_offset == -1
+        finally:
+            client.close()
+        log = app.log()
+    finally:
+        app.close()
+    assert "test fault point writer.stall fired" in log
+    assert "answered COORDINATOR_NOT_AVAILABLE, nothing stored" in log
