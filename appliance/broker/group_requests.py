@@ -109,8 +109,8 @@ class GroupRequests:
             if topic.fully_loaded or not topic.created:
                 return None
             return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, groups=[])
-        if api_key == ApiKey.FIND_COORDINATOR and body.key_type != 0:
-            return None  # a transaction coordinator: not this topic's business
+        if api_key == ApiKey.FIND_COORDINATOR and (body.key_type != 0 or not valid_group_id(body.key)):
+            return None  # a transaction coordinator, or INVALID_GROUP_ID: not this topic's business
         if not topic.want() and api_key == ApiKey.FIND_COORDINATOR:
             return FindCoordinatorResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                            error_message=f"{OFFSETS_TOPIC} is being created", node_id=-1,
