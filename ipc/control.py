@@ -26,7 +26,7 @@ Ops (fields; the reply's fields):
                                                                 offsets, writer pid and unique memory)
 ``create_topic``     ``topic``; ``partitions``,                 ``topic`` (as in ``metadata``), once every
                      ``replication_factor``, ``configs``,       partition is served; with ``"wait": false``
-                     ``wait`` opt.                              once recorded (partitions start after)
+                     ``wait``, ``internal`` opt.                once recorded (partitions start after)
 ``delete_topic``     ``topic``                                  (nothing)
 ``alter_topic_       ``topic``; ``set`` (settings), ``delete``  ``configs``: the topic's overrides after
 configs``            (names), ``replace``, ``validate_only``    (``appliance.server.topic_admin``)
@@ -497,12 +497,16 @@ class ControlClient:
         configs: Mapping[str, Any] | None = None,
         wait: bool = True,
         timeout_s: float | None = None,
+        internal: bool = False,
     ) -> TopicInfo:
         """Create a topic (defaults: num.partitions, default.replication.factor).  TopicExistsError if it
         exists; ConfigError for a bad name, count or setting.  Returns once every partition is served
         (``wait=False``: once the topic is recorded; its partitions start after).  RequestTimeoutError
-        after ``timeout_s``: the creation goes on (or rolls back) in the supervisor."""
+        after ``timeout_s``: the creation goes on (or rolls back) in the supervisor.  ``internal``: one of
+        the appliance's own topics (``__consumer_offsets``), whose name may begin with ``__``."""
         request: dict[str, Any] = {"op": "create_topic", "topic": name}
+        if internal:
+            request["internal"] = True
         if not wait:
             request["wait"] = False
         if partitions is not None:

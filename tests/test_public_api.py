@@ -162,24 +162,28 @@ def test_packages_import_only_downward(package: str, forbidden: tuple[str, ...])
 # -- the rooms of appliance/ and the one-way rule, read from the source ------------------------------------
 
 REPO = Path(__file__).resolve().parents[1]
-ROOMS = ("cli", "server", "broker", "follower", "client", "config", "spark", "cleaner")
+ROOMS = ("cli", "server", "broker", "follower", "client", "config", "spark", "cleaner", "coordinator")
 # what each room may not import (besides `bench`, which nothing imports): `cli` is on top; `client` never
-# reaches the service side; the service side never reaches the client; `config` is read by every room
+# reaches the service side; the service side never reaches the client; `config` is read by every room;
+# `coordinator` (the group state machine) is called by the broker alone
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "appliance.cli": (),
     "appliance.server": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
-                         "appliance.follower", "appliance.cleaner"),
+                         "appliance.follower", "appliance.cleaner", "appliance.coordinator"),
     "appliance.broker": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.follower",
                          "appliance.cleaner"),
-    "appliance.follower": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker"),
+    "appliance.follower": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
+                           "appliance.coordinator"),
     "appliance.cleaner": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
-                          "appliance.follower"),
+                          "appliance.follower", "appliance.coordinator"),
     "appliance.client": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
-                         "appliance.spark", "appliance.cleaner"),
+                         "appliance.spark", "appliance.cleaner", "appliance.coordinator"),
     "appliance.spark": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
-                        "appliance.cleaner"),
+                        "appliance.cleaner", "appliance.coordinator"),
     "appliance.config": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
-                         "appliance.client", "appliance.spark", "appliance.cleaner"),
+                         "appliance.client", "appliance.spark", "appliance.cleaner", "appliance.coordinator"),
+    "appliance.coordinator": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",
+                              "appliance.client", "appliance.spark", "appliance.cleaner"),
     "storage": ("appliance", "ipc", "replicas"),
     "ipc": ("appliance", "replicas"),
     "replicas": ("appliance",),

@@ -21,6 +21,9 @@ is read (one ``recv``), its complete frames are handled in order while it may ha
 bytes), and its queued response bytes are sent when it is writable.  Then held requests are polled: Fetch
 requests waiting for records (``appliance.broker.fetch_session``), Produce requests waiting for the
 partition writer's acknowledgement, and CreateTopics / DeleteTopics requests waiting for the supervisor.
+JoinGroup and SyncGroup requests held by the group coordinator are answered when another member's request
+releases them or when the coordinator's timer is due (``appliance.broker.group_requests``); the loop sleeps
+no longer than that timer.
 
 **Waiting for the supervisor.**  Topic changes go to the supervisor over a control connection of their own
 (``appliance.broker.control_cluster``) whose socket is in the selector (``Cluster.selectable``, swapped when
@@ -85,8 +88,10 @@ from appliance.broker.fetch_session import (
     committed_moved,
     read_fetch,
 )
+from appliance.broker.group_requests import GROUP_APIS, HELD_GROUP_APIS, GroupRequests
 from appliance.broker.handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker.listeners import Listeners, Listening
+from appliance.broker.offsets_topic import CommitInFlight
 from appliance.broker.partition_requests import PARTITION_HANDLERS
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
@@ -164,6 +169,7 @@ class Broker:
         self.produce: ProduceService = produce if produce is not None else Produce(self.ctx)
         self.fetches = FetchWaiters()
         self.topic_requests = TopicRequests(self.ctx)
+        self.groups = GroupRequests(self.ctx, self.produce)
         self._control_watched: Any = None  # the cluster's selectable now in the selector
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, Connection] = {}
@@ -203,6 +209,7 @@ class Broker:
     def serve(self) -> None:
         """Run until :meth:`stop`; then let held requests finish briefly and close everything."""
         self.ctx.reload_topics()
+        self.groups.start()  # __consumer_offsets: created if needed, loaded
         while not self._stopping:
             self._turn(self._timeout_s())
         self._drain()
@@ -237,6 +244,10 @@ class Broker:
         if resume_s is not None:
             paused_s = resume_s - now_s
             timeout_s = paused_s if timeout_s is None else min(timeout_s, paused_s)
+        group_ms = self.groups.next_deadline_ms()  # rebalance deadlines, session expiry
+        if group_ms is not None:
+            group_s = group_ms / 1000.0 - now_s
+            timeout_s = group_s if timeout_s is None else min(timeout_s, group_s)
         ring_timer_ms = self.produce.next_timer_ms()  # idle rings to let go of (appliance.ring.idle.ms)
         if ring_timer_ms is not None:
             ring_s = ring_timer_ms / 1000.0 - now_s
@@ -309,10 +320,17 @@ class Broker:
         if self.fetches.waiting:
             self._poll_fetches()
         if self.produce.pending or self.replication.has_completed:
-            for conn, header, body in self.produce.poll(time.monotonic() * 1000):
-                self._finish_held(conn, header, body)
+            for owner, header, body in self.produce.poll(time.monotonic() * 1000):
+                if isinstance(owner, CommitInFlight):  # the coordinator's append of an OffsetCommit
+                    self._finish_held(*self.groups.appended(owner, body), unpark=True)
+                else:
+                    self._finish_held(owner, header, body)
         self.produce.tick(time.monotonic() * 1000)
         self._poll_control(control)
+        group_ms = self.groups.next_deadline_ms()
+        if group_ms is not None and group_ms <= time.monotonic() * 1000:
+            for slot, header, body in self.groups.tick():
+                self._finish_held(slot, header, body, unpark=True)
 
     def _on_ready(self, conn: Connection, mask: int) -> None:
         try:
@@ -378,6 +396,17 @@ class Broker:
                 return
             if api_key in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS):
                 self._start_topic_request(conn, header, body)
+                return
+            if api_key == ApiKey.OFFSET_COMMIT:
+                self._start_commit(conn, header, body)
+                return
+            if api_key in HELD_GROUP_APIS:
+                self._start_group_request(conn, header, body)
+                return
+            if api_key in GROUP_APIS:
+                answered, released = self.groups.answer(header, body, conn.listener)
+                conn.respond(encode_response_parts(header, answered))
+                self._finish_group_answers(released)
                 return
             if api_key == ApiKey.SASL_HANDSHAKE:
                 code, mechanisms = self.sasl.handshake(header.api_version, body.mechanism)
@@ -490,6 +519,32 @@ class Broker:
             conn.fill(slot, encode_response_parts(header, response))
             return
         conn.parked = True  # the requests behind it wait for its answer, as in Kafka
+
+    def _start_group_request(self, conn: Connection, header: RequestHeader, body: Any) -> None:
+        """JoinGroup / SyncGroup: answered now, or held until the other members' requests or the
+        coordinator's timer answer it (``appliance.broker.group_requests``)."""
+        slot = conn.reserve()
+        conn.parked = True  # the requests behind it wait for its answer, as in Kafka
+        answers = self.groups.start_held(slot, header, body, conn.peer)
+        own = [a for a in answers if a[0] is slot]
+        self._finish_group_answers([a for a in answers if a[0] is not slot])
+        if own:
+            conn.parked = False
+            conn.fill(slot, encode_response_parts(header, own[0][2]))
+
+    def _start_commit(self, conn: Connection, header: RequestHeader, body: Any) -> None:
+        """OffsetCommit: answered now (refused) or once its records are in ``__consumer_offsets``; the
+        connection is parked meanwhile, so a request behind it sees the commit."""
+        slot = conn.reserve()
+        conn.parked = True
+        response = self.groups.start_commit(slot, header, body)
+        if response is not None:
+            conn.parked = False
+            conn.fill(slot, encode_response_parts(header, response))
+
+    def _finish_group_answers(self, answers: list[tuple[Any, RequestHeader, Any]]) -> None:
+        for slot, header, body in answers:
+            self._finish_held(slot, header, body, unpark=True)
 
     def _finish_held(self, slot: Any, header: Any, response: Any, *, unpark: bool = False) -> None:
         """Answer a held request into its slot, then go on with the frames its connection buffered."""

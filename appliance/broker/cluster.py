@@ -83,11 +83,13 @@ class Cluster(Protocol):
         configs: Mapping[str, str],
         *,
         timeout_ms: int | None = None,
+        internal: bool = False,
     ) -> TopicMeta:
         """Create a topic (None: the broker defaults) and return it once its partitions are being served,
         waiting up to ``timeout_ms`` (CreateTopics' own; REQUEST_TIMED_OUT after it, the creation goes on).
         ClusterError: TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS,
-        INVALID_REPLICATION_FACTOR, INVALID_CONFIG, ..."""
+        INVALID_REPLICATION_FACTOR, INVALID_CONFIG, ...  ``internal``: the appliance's own topic
+        (``__consumer_offsets``), whose name may begin with ``__``."""
         ...
 
     def alter_topic_configs(self, name: str, set_configs: Mapping[str, str], delete: Sequence[str], *,

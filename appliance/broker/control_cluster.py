@@ -269,16 +269,18 @@ class ControlCluster:
         configs: Mapping[str, str],
         *,
         timeout_ms: int | None = None,
+        internal: bool = False,
     ) -> TopicMeta:
         """Create a topic, waiting up to ``timeout_ms`` (None: :data:`REQUEST_TIMEOUT_S`) until every
-        partition is served; ``timeout_ms <= 0``: until it is recorded (Kafka's "do not wait")."""
+        partition is served; ``timeout_ms <= 0``: until it is recorded (Kafka's "do not wait").
+        ``internal``: the appliance's own topic (``__consumer_offsets``)."""
         what, down = f"create topic {name!r}", ErrorCode.REQUEST_TIMED_OUT
         wait = timeout_ms is None or timeout_ms > 0
         timeout_s = timeout_ms / 1000 if timeout_ms is not None and timeout_ms > 0 else None
         try:
             info = self._connected(what, down).create_topic(
                 name, partitions, replication_factor=replication_factor, configs=configs or None, wait=wait,
-                timeout_s=timeout_s,
+                timeout_s=timeout_s, internal=internal,
             )  # fmt: skip
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None

@@ -32,8 +32,7 @@ Conventions, as Kafka has them:
   describe is answered with its error (LEADER_NOT_AVAILABLE: retriable), a partition whose answer fails
   with KAFKA_STORAGE_ERROR (a file or shared-memory error) or UNKNOWN_SERVER_ERROR (a bug), each logged
   with its name; every other topic and partition is answered in full.
-* Consumer groups are not coordinated here yet: group requests answer COORDINATOR_NOT_AVAILABLE, which
-  clients treat as "try later".  Consumers that use ``assign()`` with explicit or reset offsets need none.
+* Consumer groups are answered by ``appliance.broker.group_requests`` (the coordinator's glue).
 """
 
 from __future__ import annotations
@@ -49,17 +48,14 @@ from appliance.broker.cluster import Cluster, ClusterError, TopicChange
 from appliance.broker.partitions import PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker.replication import LeaderReplication
 from appliance.config.server_config import Config, check_new_topic_name, check_topic_name
+from appliance.coordinator.offset_records import OFFSETS_TOPIC
 from ipc.kafka import (
     ApiKey,
     ApiVersionsResponse,
     EpochEndOffset,
     ErrorCode,
-    FindCoordinatorResponse,
-    HeartbeatResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
-    JoinGroupResponse,
-    LeaveGroupResponse,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -69,21 +65,12 @@ from ipc.kafka import (
     MetadataResponseBroker,
     MetadataResponsePartition,
     MetadataResponseTopic,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitResponsePartition,
-    OffsetCommitResponseTopic,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchResponsePartition,
-    OffsetFetchResponseTopic,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
     OffsetForLeaderTopicResult,
     RequestHeader,
     SaslAuthenticateResponse,
     SaslHandshakeResponse,
-    SyncGroupResponse,
     supported_api_versions,
 )
 from ipc.kafka.messages import DescribeLogDirsRequest, DescribeLogDirsResponse
@@ -239,7 +226,8 @@ def _topic_metadata_or_error(ctx: BrokerContext, meta: TopicMeta) -> MetadataRes
 def _topic_metadata(ctx: BrokerContext, meta: TopicMeta) -> MetadataResponseTopic:
     partitions = [_partition_metadata_or_error(ctx, meta, index) for index in range(meta.partitions)]
     return MetadataResponseTopic(
-        error_code=ErrorCode.NONE, name=meta.name, is_internal=False, partitions=partitions
+        error_code=ErrorCode.NONE, name=meta.name, is_internal=meta.name == OFFSETS_TOPIC,
+        partitions=partitions,
     )
 
 
@@ -421,63 +409,7 @@ def describe_log_dirs(
     return log_dirs.describe_log_dirs(ctx.table, body)
 
 
-# -- consumer groups and SASL: not here yet --------------------------------------------------------------
-
-_NO_COORDINATOR = ErrorCode.COORDINATOR_NOT_AVAILABLE
-
-
-def find_coordinator(ctx: BrokerContext, header: RequestHeader, body: Any) -> FindCoordinatorResponse:
-    return FindCoordinatorResponse(
-        error_code=_NO_COORDINATOR, error_message="no group coordinator yet", node_id=-1, host="", port=-1
-    )
-
-
-def offset_fetch(ctx: BrokerContext, header: RequestHeader, body: OffsetFetchRequest) -> OffsetFetchResponse:
-    topics = [
-        OffsetFetchResponseTopic(
-            name=t.name,
-            partitions=[
-                OffsetFetchResponsePartition(
-                    partition_index=i, committed_offset=-1, metadata="", error_code=_NO_COORDINATOR
-                )
-                for i in t.partition_indexes
-            ],
-        )
-        for t in body.topics or []
-    ]
-    return OffsetFetchResponse(topics=topics, error_code=_NO_COORDINATOR)
-
-
-def offset_commit(
-    ctx: BrokerContext, header: RequestHeader, body: OffsetCommitRequest
-) -> OffsetCommitResponse:
-    topics = [
-        OffsetCommitResponseTopic(
-            name=t.name,
-            partitions=[
-                OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=_NO_COORDINATOR)
-                for p in t.partitions
-            ],
-        )
-        for t in body.topics
-    ]
-    return OffsetCommitResponse(topics=topics)
-
-
-def join_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> JoinGroupResponse:
-    return JoinGroupResponse(error_code=_NO_COORDINATOR, member_id=body.member_id)
-
-
-def heartbeat(ctx: BrokerContext, header: RequestHeader, body: Any) -> HeartbeatResponse:
-    return HeartbeatResponse(error_code=_NO_COORDINATOR)
-
-
-def leave_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> LeaveGroupResponse:
-    return LeaveGroupResponse(error_code=_NO_COORDINATOR)
-
-
-def sync_group(ctx: BrokerContext, header: RequestHeader, body: Any) -> SyncGroupResponse:
-    return SyncGroupResponse(error_code=_NO_COORDINATOR, assignment=b"")
+# -- SASL on the client listener: not offered ------------------------------------------------------------
 
 
 def sasl_handshake(ctx: BrokerContext, header: RequestHeader, body: Any) -> SaslHandshakeResponse:
@@ -491,20 +423,14 @@ def sasl_authenticate(ctx: BrokerContext, header: RequestHeader, body: Any) -> S
 
 
 # Every API answered without waiting.  Produce, Fetch, CreateTopics and DeleteTopics are dispatched by the
-# broker loop itself; Metadata is too (it needs the listener the request came through).
+# broker loop itself; Metadata is too (it needs the listener the request came through), and the group
+# requests (appliance.broker.group_requests).
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: api_versions,
     ApiKey.LIST_OFFSETS: list_offsets,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
     ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs,
-    ApiKey.FIND_COORDINATOR: find_coordinator,
-    ApiKey.OFFSET_FETCH: offset_fetch,
-    ApiKey.OFFSET_COMMIT: offset_commit,
-    ApiKey.JOIN_GROUP: join_group,
-    ApiKey.HEARTBEAT: heartbeat,
-    ApiKey.LEAVE_GROUP: leave_group,
-    ApiKey.SYNC_GROUP: sync_group,
     ApiKey.SASL_HANDSHAKE: sasl_handshake,
     ApiKey.SASL_AUTHENTICATE: sasl_authenticate,
 }

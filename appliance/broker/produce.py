@@ -17,6 +17,10 @@ anything itself.  For each partition in the request the broker
    idempotent batches, stamps offsets, appends and acknowledges with the base offset or an error code;
 3. holds the request until every partition is acknowledged, then answers in request order.
 
+A client's Produce to an internal topic (``__consumer_offsets``) is refused with INVALID_TOPIC_EXCEPTION,
+as Kafka refuses it to every client but its own admin; the group coordinator writes there through
+:meth:`Produce.start` with ``internal=True`` (``appliance.broker.offsets_topic``).
+
 ``acks=-1`` additionally waits until the high watermark passes the batch.  With replication factor 1 the
 writer publishes HW = LEO before it acknowledges, so this costs nothing.  A replicated partition is refused
 before anything is handed to the writer while its ISR is below ``min.insync.replicas``
@@ -61,6 +65,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.partitions import PartitionHandle
+from appliance.coordinator.offset_records import OFFSETS_TOPIC
 from ipc.kafka import (
     BatchIndexAndErrorMessage,
     ErrorCode,
@@ -96,6 +101,7 @@ ATTACH_AHEAD = 32
 # of /dev/shm, populated when created; they go after appliance.ring.idle.ms)
 MAX_UNUSED_AHEAD = 4 * ATTACH_AHEAD
 IDLE_CHECK_SLACK_MS = 250  # rings idle within this of each other are let go together (one round trip)
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})  # clients may not produce to them (Kafka's rule)
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
@@ -123,7 +129,8 @@ class ProduceService(Protocol):
     @property
     def pending(self) -> int: ...
 
-    def start(self, owner: object, header: RequestHeader, request: ProduceRequest) -> ProduceOutcome: ...
+    def start(self, owner: object, header: RequestHeader, request: ProduceRequest, *,
+              internal: bool = False) -> ProduceOutcome: ...
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]: ...
 
@@ -181,7 +188,10 @@ class Produce:
 
     # -- a new request ------------------------------------------------------------------------------------
 
-    def start(self, owner: object, header: RequestHeader, request: ProduceRequest) -> ProduceOutcome:
+    def start(self, owner: object, header: RequestHeader, request: ProduceRequest, *,
+              internal: bool = False) -> ProduceOutcome:
+        """``internal``: the broker's own write to an internal topic (the group coordinator's commits);
+        a client's Produce to one is refused with INVALID_TOPIC_EXCEPTION, as Kafka refuses it."""
         acks = request.acks
         now_ms = time.monotonic() * 1000
         held = _Held(owner, header, acks, now_ms + max(request.timeout_ms, RING_ACK_TIMEOUT_FLOOR_MS), [])
@@ -191,7 +201,14 @@ class Produce:
             for part in topic.partition_data:
                 answer = PartitionProduceResponse(index=part.index, error_code=ErrorCode.NONE, base_offset=-1)
                 answers.append(answer)
-                code, message = self._check(request, topic.name, part.index, part.records, held, answer)
+                code: ErrorCode
+                message: str | None
+                if topic.name in INTERNAL_TOPICS and not internal:
+                    code, message = ErrorCode.INVALID_TOPIC_EXCEPTION, (
+                        f"cannot append to internal topic {topic.name}: its records are written by the "
+                        "group coordinator (commit offsets with OffsetCommit)")
+                else:
+                    code, message = self._check(request, topic.name, part.index, part.records, held, answer)
                 if code != ErrorCode.NONE:
                     answer.error_code = code
                     answer.error_message = message

@@ -209,6 +209,13 @@ class Config:
     replica_fetch_wait_max_ms: int
     replica_fetch_backoff_ms: int
     replica_socket_timeout_ms: int
+    group_min_session_timeout_ms: int
+    group_max_session_timeout_ms: int
+    group_initial_rebalance_delay_ms: int
+    offsets_topic_num_partitions: int
+    offsets_topic_replication_factor: int
+    offsets_topic_segment_bytes: int
+    offsets_commit_timeout_ms: int
     ring_bytes: int
     ring_initial_bytes: int
     ring_idle_ms: int

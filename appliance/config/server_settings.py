@@ -289,6 +289,24 @@ SETTINGS: Final = SettingTable((
        "how long a follower waits after a failed fetch before trying again"),
     _s("replica.socket.timeout.ms", "replica_socket_timeout_ms", 30_000, integer(1, INT_MAX),
        "a follower gives up on a leader's answer after this (plus replica.fetch.wait.max.ms) and reconnects"),
+    # --- consumer groups (appliance.coordinator)
+    _s("group.min.session.timeout.ms", "group_min_session_timeout_ms", 6000, integer(0, INT_MAX),
+       "a JoinGroup asking for a shorter session.timeout.ms is refused with INVALID_SESSION_TIMEOUT"),
+    _s("group.max.session.timeout.ms", "group_max_session_timeout_ms", 1_800_000, integer(0, INT_MAX),
+       "a JoinGroup asking for a longer session.timeout.ms is refused with INVALID_SESSION_TIMEOUT"),
+    _s("group.initial.rebalance.delay.ms", "group_initial_rebalance_delay_ms", 3000, integer(0, INT_MAX),
+       "how long an empty group's first rebalance waits for more members (again per late member, up to "
+       "the rebalance timeout)"),
+    _s("offsets.topic.num.partitions", "offsets_topic_num_partitions", 3, integer(1, 1000),
+       "partitions of __consumer_offsets, fixed when it is created (each partition written is a writer "
+       "process: docs/configuration.md)"),
+    _s("offsets.topic.replication.factor", "offsets_topic_replication_factor", 3, integer(1, 100),
+       "replicas of __consumer_offsets, capped at the replicas that exist (1 + appliance.replica.dirs)"),
+    _s("offsets.topic.segment.bytes", "offsets_topic_segment_bytes", 104_857_600, integer(14, INT_MAX),
+       "segment.bytes of __consumer_offsets"),
+    _s("offsets.commit.timeout.ms", "offsets_commit_timeout_ms", 5000, integer(1, INT_MAX),
+       "an OffsetCommit waits this long for its records to be in __consumer_offsets, else "
+       "COORDINATOR_NOT_AVAILABLE (retriable)"),
     # --- the appliance's own settings
     _s("appliance.ring.bytes", "ring_bytes", 16 * 1024 * 1024, _ring_bytes,
        "largest capacity a producer ring grows to (shared memory per producer and partition)"),

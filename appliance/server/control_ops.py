@@ -175,7 +175,9 @@ class ControlOps:
         self, connection: ServerConnection, message: Mapping[str, Any]
     ) -> dict[str, Any] | None:
         name = message["topic"]
-        reason = check_new_topic_name(name) if isinstance(name, str) else "a topic name must be a string"
+        internal = message.get("internal") is True  # the broker creating __consumer_offsets
+        reason = (check_new_topic_name(name, internal=internal) if isinstance(name, str)
+                  else "a topic name must be a string")
         if reason is not None:
             return error_response(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}")
         partitions = message.get("partitions") or self.config.num_partitions
@@ -200,7 +202,8 @@ class ControlOps:
         if isinstance(replicas, str):
             return error_response(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {replicas}")
         done = self._reply_later(connection, message)
-        topic = self.changes.begin_create(name, partitions, replication, configs, replicas, done)
+        topic = self.changes.begin_create(name, partitions, replication, configs, replicas, done,
+                                          internal=internal)
         if message.get("wait", True) is False:
             return ok_response(topic=self._topic_json(topic))
         return None  # answered by done() once every partition is served (topic_changes)

@@ -57,6 +57,8 @@ class ApiKey(enum.IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
@@ -116,13 +118,15 @@ APIS: dict[int, ApiSpec] = {
         ApiSpec(_K.FETCH, m.FetchRequest, m.FetchResponse, 4, 11, 12),
         ApiSpec(_K.LIST_OFFSETS, m.ListOffsetsRequest, m.ListOffsetsResponse, 1, 7, 6),
         ApiSpec(_K.METADATA, m.MetadataRequest, m.MetadataResponse, 1, 8, 9),
-        ApiSpec(_K.OFFSET_COMMIT, g.OffsetCommitRequest, g.OffsetCommitResponse, 2, 7, 8),
-        ApiSpec(_K.OFFSET_FETCH, g.OffsetFetchRequest, g.OffsetFetchResponse, 1, 5, 6),
+        ApiSpec(_K.OFFSET_COMMIT, g.OffsetCommitRequest, g.OffsetCommitResponse, 0, 7, 8),
+        ApiSpec(_K.OFFSET_FETCH, g.OffsetFetchRequest, g.OffsetFetchResponse, 0, 5, 6),
         ApiSpec(_K.FIND_COORDINATOR, g.FindCoordinatorRequest, g.FindCoordinatorResponse, 0, 2, 3),
         ApiSpec(_K.JOIN_GROUP, g.JoinGroupRequest, g.JoinGroupResponse, 0, 5, 6),
         ApiSpec(_K.HEARTBEAT, g.HeartbeatRequest, g.HeartbeatResponse, 0, 3, 4),
         ApiSpec(_K.LEAVE_GROUP, g.LeaveGroupRequest, g.LeaveGroupResponse, 0, 3, 4),
         ApiSpec(_K.SYNC_GROUP, g.SyncGroupRequest, g.SyncGroupResponse, 0, 3, 4),
+        ApiSpec(_K.DESCRIBE_GROUPS, g.DescribeGroupsRequest, g.DescribeGroupsResponse, 0, 4, 5),
+        ApiSpec(_K.LIST_GROUPS, g.ListGroupsRequest, g.ListGroupsResponse, 0, 2, 3),
         ApiSpec(_K.SASL_HANDSHAKE, g.SaslHandshakeRequest, g.SaslHandshakeResponse, 0, 1, None),
         ApiSpec(_K.API_VERSIONS, m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 3, 3),
         ApiSpec(_K.CREATE_TOPICS, m.CreateTopicsRequest, m.CreateTopicsResponse, 0, 4, 5),

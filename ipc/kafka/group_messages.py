@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ipc.kafka.schema import ARRAY, BYTES, INT8, INT16, INT32, INT64, STRING, Struct, wire
+from ipc.kafka.schema import ARRAY, BOOL, BYTES, INT8, INT16, INT32, INT64, STRING, Struct, wire
 
 __all__ = [
+    "DescribeGroupsRequest",
+    "DescribeGroupsResponse",
+    "DescribedGroup",
+    "DescribedGroupMember",
     "FindCoordinatorRequest",
     "FindCoordinatorResponse",
     "HeartbeatRequest",
@@ -24,6 +28,9 @@ __all__ = [
     "JoinGroupResponseMember",
     "LeaveGroupRequest",
     "LeaveGroupResponse",
+    "ListGroupsRequest",
+    "ListGroupsResponse",
+    "ListedGroup",
     "MemberIdentity",
     "MemberResponse",
     "OffsetCommitRequest",
@@ -74,6 +81,7 @@ class OffsetCommitRequestPartition(Struct):
     partition_index: int = wire(INT32)
     committed_offset: int = wire(INT64)
     committed_leader_epoch: int = wire(INT32, "6+", default=-1)
+    commit_timestamp: int = wire(INT64, "1", default=-1)  # v1 only; -1 = the broker's time
     committed_metadata: str | None = wire(STRING, nullable="0+")
 
 
@@ -257,6 +265,63 @@ class SyncGroupResponse(Struct):
     throttle_time_ms: int = wire(INT32, "1+")
     error_code: int = wire(INT16)
     assignment: bytes = wire(BYTES)
+
+
+# -- DescribeGroups (key 15) ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DescribeGroupsRequest(Struct):
+    groups: list[str] = wire(ARRAY(STRING))
+    include_authorized_operations: bool = wire(BOOL, "3+", default=False)
+
+
+@dataclass(slots=True)
+class DescribedGroupMember(Struct):
+    member_id: str = wire(STRING)
+    group_instance_id: str | None = wire(STRING, "4+", nullable="4+", default=None)
+    client_id: str = wire(STRING)
+    client_host: str = wire(STRING)
+    member_metadata: bytes = wire(BYTES)
+    member_assignment: bytes = wire(BYTES)
+
+
+@dataclass(slots=True)
+class DescribedGroup(Struct):
+    error_code: int = wire(INT16)
+    group_id: str = wire(STRING)
+    group_state: str = wire(STRING)
+    protocol_type: str = wire(STRING)
+    protocol_data: str = wire(STRING)  # the chosen protocol (assignor) name
+    members: list[DescribedGroupMember] = wire(ARRAY(DescribedGroupMember))
+    authorized_operations: int = wire(INT32, "3+", default=-(1 << 31))  # INT32_MIN: not requested
+
+
+@dataclass(slots=True)
+class DescribeGroupsResponse(Struct):
+    throttle_time_ms: int = wire(INT32, "1+")
+    groups: list[DescribedGroup] = wire(ARRAY(DescribedGroup))
+
+
+# -- ListGroups (key 16) ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ListGroupsRequest(Struct):
+    """Empty below v4 (the states filter is flexible-only)."""
+
+
+@dataclass(slots=True)
+class ListedGroup(Struct):
+    group_id: str = wire(STRING)
+    protocol_type: str = wire(STRING)
+
+
+@dataclass(slots=True)
+class ListGroupsResponse(Struct):
+    throttle_time_ms: int = wire(INT32, "1+")
+    error_code: int = wire(INT16)
+    groups: list[ListedGroup] = wire(ARRAY(ListedGroup))
 
 
 # -- SaslHandshake (key 17) and SaslAuthenticate (key 36) ------------------------------------------------

@@ -54,9 +54,11 @@ def kp_class(name: str) -> Any:
 
 # kafka-python renames Metadata's authorized-operations int32 fields and holds them as a set of bit numbers
 # (None for INT32_MIN, Kafka's "not requested"); we keep Kafka's names and the int32.
+# DescribeGroups' per-group field has Kafka's name and kafka-python's set the same way.
 KP_RENAMED = {
     "cluster_authorized_operations": "authorized_operations",
     "topic_authorized_operations": "authorized_operations",
+    "authorized_operations": "authorized_operations",
 }
 
 
@@ -117,7 +119,8 @@ def kp_dict(kp_obj: Any, version: int, nested: bool = False) -> dict[str, Any]:
         if field.is_struct_array() and value is not None:
             value = [kp_dict(item, version, nested=True) for item in value]
         elif name == "authorized_operations":
-            name = "topic_authorized_operations" if nested else "cluster_authorized_operations"
+            if type(kp_obj).__name__.startswith("Metadata"):
+                name = "topic_authorized_operations" if nested else "cluster_authorized_operations"
             value = bits_from_kp(value)
         out[name] = value
     return out

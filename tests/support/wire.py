@@ -105,7 +105,7 @@ class StaticCluster:
 
     def create_topic(
         self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, str],
-        *, timeout_ms: int | None = None,
+        *, timeout_ms: int | None = None, internal: bool = False,
     ) -> TopicMeta:
         raise ClusterError(
             f"topic {name!r}: this test's cluster creates no topics", ErrorCode.POLICY_VIOLATION

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,15 +32,26 @@ from appliance.config.server_config import Config, config_from_mapping
 from ipc.kafka import (
     ApiKey,
     ApiVersionsRequest,
+    DescribeGroupsRequest,
     ErrorCode,
     FetchPartition,
     FetchRequest,
     FetchTopic,
+    FindCoordinatorRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupRequestProtocol,
+    ListGroupsRequest,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsTopic,
     MetadataRequest,
     MetadataRequestTopic,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetFetchRequest,
+    OffsetFetchRequestTopic,
     RequestHeader,
     decode_request,
     encode_request,
@@ -591,3 +603,34 @@ def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standa
     finally:
         late.close()
     assert "not accepting for" in standalone.log_text()
+
+
+def test_group_requests_wait_while_the_offsets_topic_is_not_loaded(standalone: Standalone) -> None:
+    """This broker's cluster creates no topics, so ``__consumer_offsets`` is never there: FindCoordinator
+    answers COORDINATOR_NOT_AVAILABLE, every other request naming a group COORDINATOR_LOAD_IN_PROGRESS
+    (both retriable), and nothing changes."""
+    client = standalone.client()
+    assert client.call(ApiKey.LIST_GROUPS, 2, ListGroupsRequest()).error_code == ErrorCode.NONE  # no topic
+    found = client.call(ApiKey.FIND_COORDINATOR, 2, FindCoordinatorRequest(key="g", key_type=0))
+    assert found.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    loading = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    join = JoinGroupRequest(group_id="g", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                            member_id="", protocol_type="consumer",
+                            protocols=[JoinGroupRequestProtocol("range", b"")])
+    for version in (0, 5):
+        assert client.call(ApiKey.JOIN_GROUP, version, join).error_code == loading
+    beat = HeartbeatRequest(group_id="g", generation_id=1, member_id="m")
+    assert client.call(ApiKey.HEARTBEAT, 3, beat).error_code == loading
+    part = OffsetCommitRequestPartition(partition_index=0, committed_offset=5, committed_metadata=None)
+    commit = OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=-1, member_id="",
+                                 topics=[OffsetCommitRequestTopic(TOPIC, [part])])
+    for version in (2, 7):
+        answer = client.call(ApiKey.OFFSET_COMMIT, version, commit)
+        assert answer.topics[0].partitions[0].error_code == loading
+    fetch = OffsetFetchRequest("g", [OffsetFetchRequestTopic(TOPIC, [0])])
+    fetched = client.call(ApiKey.OFFSET_FETCH, 1, fetch)  # v1: the error is per partition
+    assert fetched.topics[0].partitions[0].error_code == loading
+    assert client.call(ApiKey.OFFSET_FETCH, 5, fetch).error_code == loading
+    described = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest(["g"])).groups[0]
+    assert described.error_code == loading
+    assert "this test's cluster creates no topics" in Path(standalone.log_path).read_text()

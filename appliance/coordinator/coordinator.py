@@ -1,0 +1,261 @@
+"""The group coordinator: every group this broker coordinates, its requests and its timers; no I/O.
+
+The broker's loop (``appliance.broker.group_requests``) hands each group request here with ``now_ms`` and a
+*token* (its reserved response slot) and gets back a list of :class:`~appliance.coordinator.group.Completion`:
+the answers that can be given now -- to this request, or to requests held earlier (a member's JoinGroup
+waits for the others').  A request absent from the list is held; its answer comes from a later call or from
+:meth:`GroupCoordinator.tick`, due at :meth:`GroupCoordinator.next_deadline_ms`.
+
+Committed offsets (:class:`~appliance.coordinator.offsets.OffsetStore`) are checked against the group: a
+commit from a member of the current generation, or a "simple" commit (generation -1, empty member id) to a
+group with no members, is accepted; one from an unknown member is UNKNOWN_MEMBER_ID, from another
+generation ILLEGAL_GENERATION, and nothing of it is stored.  As in Kafka, a member may commit for its
+generation while the group prepares the next rebalance (an eager consumer commits as its partitions are
+revoked), but not between its JoinGroup answer and its assignment (CompletingRebalance:
+REBALANCE_IN_PROGRESS).
+
+Group ids are validated as Kafka validates them: an empty group id is INVALID_GROUP_ID (JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, OffsetCommit); OffsetFetch and DescribeGroups answer it per group.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from appliance.coordinator.group import Completion, Group, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.offsets import CommittedOffset, OffsetStore
+from ipc.kafka import (
+    DescribedGroup,
+    DescribedGroupMember,
+    ErrorCode,
+    HeartbeatResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    ListedGroup,
+    MemberResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitResponsePartition,
+    OffsetCommitResponseTopic,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchResponsePartition,
+    OffsetFetchResponseTopic,
+    SyncGroupResponse,
+)
+
+__all__ = ["CommitPlan", "GroupCoordinator"]
+
+# A group id longer than this is refused (INVALID_GROUP_ID): it is kept in memory per group and, in Kafka's
+# schemas, in every offset record's key.
+MAX_GROUP_ID_CHARS = 255
+
+
+@dataclass(slots=True)
+class CommitPlan:
+    """An OffsetCommit checked and not stored yet: its response and the entries to write and keep."""
+
+    group_id: str
+    response: OffsetCommitResponse
+    accepted: list[tuple[str, int, CommittedOffset]]
+
+
+def _new_member_id(client_id: str) -> str:
+    return f"{client_id or 'member'}-{uuid.uuid4()}"
+
+
+def valid_group_id(group_id: str | None) -> bool:
+    return bool(group_id) and len(group_id or "") <= MAX_GROUP_ID_CHARS
+
+
+class GroupCoordinator:
+    """Every group of this broker (module docstring).  ``new_member_id`` is a seam for tests."""
+
+    def __init__(
+        self,
+        settings: GroupSettings,
+        offsets: OffsetStore | None = None,
+        new_member_id: Callable[[str], str] = _new_member_id,
+    ) -> None:
+        self.settings = settings
+        self.offsets = offsets if offsets is not None else OffsetStore()
+        self.groups: dict[str, Group] = {}
+        self._new_member_id = new_member_id
+
+    def _group(self, group_id: str, *, create: bool = False) -> Group | None:
+        group = self.groups.get(group_id)
+        if group is None and create:
+            group = Group(group_id, self.settings, self._new_member_id)
+            self.groups[group_id] = group
+        return group
+
+    # -- the rebalance protocol --------------------------------------------------------------------------
+
+    def join(self, group_id: str, args: JoinArgs, token: Any, now_ms: int) -> list[Completion]:
+        if not valid_group_id(group_id):
+            return [Completion(token, JoinGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID,
+                                                        member_id=args.member_id, members=[]))]
+        group = self._group(group_id, create=not args.member_id)
+        if group is None:
+            return [Completion(token, JoinGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID,
+                                                        member_id=args.member_id, members=[]))]
+        return group.join(args, token, now_ms)
+
+    def sync(self, group_id: str, member_id: str, generation_id: int, assignments: list[tuple[str, bytes]],
+             token: Any, now_ms: int) -> list[Completion]:
+        group = self.groups.get(group_id)
+        if not valid_group_id(group_id):
+            error = ErrorCode.INVALID_GROUP_ID
+        elif group is None:
+            error = ErrorCode.UNKNOWN_MEMBER_ID
+        else:
+            return group.sync(member_id, generation_id, assignments, token, now_ms)
+        return [Completion(token, SyncGroupResponse(error_code=error, assignment=b""))]
+
+    def heartbeat(self, group_id: str, member_id: str, generation_id: int, now_ms: int) -> HeartbeatResponse:
+        group = self.groups.get(group_id)
+        if not valid_group_id(group_id):
+            error = ErrorCode.INVALID_GROUP_ID
+        elif group is None:
+            error = ErrorCode.UNKNOWN_MEMBER_ID
+        else:
+            error = group.heartbeat(member_id, generation_id, now_ms)
+        return HeartbeatResponse(error_code=error)
+
+    def leave(self, group_id: str, member_ids: list[str], now_ms: int,
+              ) -> tuple[LeaveGroupResponse, list[Completion]]:
+        """LeaveGroup for one member (v0-2) or several (v3): the response and the answers it releases."""
+        group = self.groups.get(group_id)
+        if not valid_group_id(group_id):
+            return LeaveGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[]), []
+        if group is None:
+            results = [MemberResponse(m, None, ErrorCode.UNKNOWN_MEMBER_ID) for m in member_ids]
+            return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID, members=results), []
+        released: list[Completion] = []
+        results = []
+        for member_id in member_ids:
+            error, out = group.leave(member_id, now_ms)
+            results.append(MemberResponse(member_id, None, error))
+            released += out
+        top = results[0].error_code if len(results) == 1 else ErrorCode.NONE
+        return LeaveGroupResponse(error_code=top, members=results), released
+
+    def tick(self, now_ms: int) -> list[Completion]:
+        out: list[Completion] = []
+        for group_id, group in list(self.groups.items()):
+            out += group.tick(now_ms)
+            if group.state == GroupState.EMPTY and not group.members and not group.pending \
+                    and not self.offsets.has_group(group_id):
+                del self.groups[group_id]
+        return out
+
+    def next_deadline_ms(self) -> int | None:
+        return min((d for g in self.groups.values() if (d := g.next_deadline_ms()) is not None), default=None)
+
+    def close(self) -> list[Completion]:
+        return [c for g in self.groups.values() for c in g.close()]
+
+    # -- committed offsets -------------------------------------------------------------------------------
+
+    def commit_error(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> ErrorCode | None:
+        """Whether this commit may be stored (module docstring); None: yes."""
+        if not valid_group_id(body.group_id):
+            return ErrorCode.INVALID_GROUP_ID
+        group = self.groups.get(body.group_id)
+        generation = body.generation_id_or_member_epoch if api_version >= 1 else -1
+        member_id = body.member_id if api_version >= 1 else ""
+        if generation < 0 and not member_id:
+            if group is not None and group.members:
+                return ErrorCode.UNKNOWN_MEMBER_ID if api_version >= 1 else ErrorCode.ILLEGAL_GENERATION
+            return None
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID if member_id else ErrorCode.ILLEGAL_GENERATION
+        error = group.check_member(member_id, generation, now_ms)
+        if error is None and group.state == GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
+        return error
+
+    def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int,
+                    wall_ms: int) -> CommitPlan:
+        """Check a commit without storing it: the response (its refused partitions answered, the accepted
+        ones NONE for now) and the accepted entries, stamped ``wall_ms`` (the commit timestamp Kafka
+        records).  The caller writes them to ``__consumer_offsets`` and then :meth:`apply` them, or answers
+        the accepted partitions with the append's error (nothing stored)."""
+        error = self.commit_error(body, api_version, now_ms)
+        topics = []
+        accepted: list[tuple[str, int, CommittedOffset]] = []
+        for t in body.topics:
+            parts = []
+            for p in t.partitions:
+                code = error
+                if code is None:
+                    code = self.offsets.check(t.name, p.partition_index, p.committed_metadata)
+                    if code == ErrorCode.NONE:
+                        entry = CommittedOffset(p.committed_offset, p.committed_leader_epoch,
+                                                p.committed_metadata or "", wall_ms)
+                        accepted.append((t.name, p.partition_index, entry))
+                parts.append(OffsetCommitResponsePartition(p.partition_index, code))
+            topics.append(OffsetCommitResponseTopic(t.name, parts))
+        return CommitPlan(body.group_id, OffsetCommitResponse(topics=topics), accepted)
+
+    def apply(self, plan: CommitPlan) -> None:
+        """Store a planned commit whose records are in ``__consumer_offsets``."""
+        for topic, partition, entry in plan.accepted:
+            self.offsets.put(plan.group_id, topic, partition, entry)
+
+    def commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> OffsetCommitResponse:
+        """Check and store a commit at once (no log behind it: tests of the state machine)."""
+        plan = self.plan_commit(body, api_version, now_ms, now_ms)
+        self.apply(plan)
+        return plan.response
+
+    def fetch(self, body: OffsetFetchRequest) -> OffsetFetchResponse:
+        if not valid_group_id(body.group_id):
+            return OffsetFetchResponse(topics=[], error_code=ErrorCode.INVALID_GROUP_ID)
+        if body.topics is None:
+            asked = self.offsets.topics_of(body.group_id)
+        else:
+            asked = {t.name: list(t.partition_indexes) for t in body.topics}
+        topics = []
+        for name, partitions in asked.items():
+            parts = []
+            for index in partitions:
+                c = self.offsets.get(body.group_id, name, index)
+                parts.append(OffsetFetchResponsePartition(
+                    partition_index=index,
+                    committed_offset=-1 if c is None else c.offset,
+                    committed_leader_epoch=-1 if c is None else c.leader_epoch,
+                    metadata="" if c is None else c.metadata,
+                    error_code=ErrorCode.NONE,
+                ))
+            topics.append(OffsetFetchResponseTopic(name, parts))
+        return OffsetFetchResponse(topics=topics, error_code=ErrorCode.NONE)
+
+    # -- inspection --------------------------------------------------------------------------------------
+
+    def list_groups(self) -> list[ListedGroup]:
+        names = set(self.groups) | set(self.offsets.groups())
+        return [ListedGroup(g, self.groups[g].protocol_type if g in self.groups else "consumer")
+                for g in sorted(names)]
+
+    def describe(self, group_id: str) -> DescribedGroup:
+        if not valid_group_id(group_id):
+            return DescribedGroup(ErrorCode.INVALID_GROUP_ID, group_id, "", "", "", [])
+        group = self.groups.get(group_id)
+        if group is None:
+            state = GroupState.EMPTY if self.offsets.has_group(group_id) else GroupState.DEAD
+            return DescribedGroup(ErrorCode.NONE, group_id, state.value, "", "", [])
+        stable = group.state == GroupState.STABLE
+        members = [
+            DescribedGroupMember(
+                member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                client_host=m.client_host, member_metadata=m.metadata_for(group.protocol_name),
+                member_assignment=m.assignment if stable else b"",
+            )
+            for m in group.members.values()
+        ]
+        return DescribedGroup(ErrorCode.NONE, group_id, group.state.value, group.protocol_type,
+                              group.protocol_name, members)

@@ -1,0 +1,456 @@
+"""One consumer group under Kafka's classic rebalance protocol: a pure state machine with a clock parameter.
+
+Theory of operation
+-------------------
+A group is in one of five states, as in Kafka's ``GroupMetadata``::
+
+    Empty --join--> PreparingRebalance --all joined/deadline--> CompletingRebalance --leader sync--> Stable
+                        ^  |                                            |                              |
+                        |  +--no member left--> Empty                   |                              |
+                        +-------------- a join, a leave, an expiry -----+------------------------------+
+    Dead: the group was deleted; every request for it is answered COORDINATOR_NOT_AVAILABLE.
+
+**Joining.**  A JoinGroup starts (or joins) a rebalance: the group goes to PreparingRebalance and each
+member's JoinGroup is *held* (its answer is a :class:`Completion` given back later).  The rebalance ends
+when every known member has joined again, or at its deadline: the largest ``rebalance_timeout_ms`` of the
+members, counted from when it began; the members that did not rejoin by then are removed.  A group that was
+Empty waits ``group.initial.rebalance.delay.ms`` first, and again (up to the rebalance timeout) each time a
+new member joins in that delay, so a group starting with several members rebalances once.  Ending the
+rebalance bumps the generation, chooses the protocol (the assignor) every member lists, by the members'
+votes for their first choice among those, and answers every held JoinGroup: the leader (the previous one if
+still a member, else the first to have joined) gets every member's metadata for that protocol and
+assigns; the others get an empty member list.  The group is then CompletingRebalance.
+
+**The two-step join (v4+).**  A JoinGroup v4+ with an empty member id and no ``group.instance.id`` is
+answered MEMBER_ID_REQUIRED at once with a new member id; the client joins again with it.  Until then the
+id is *pending*: it holds no place in the group, and it is forgotten after the session timeout.
+
+**Syncing.**  Each member sends SyncGroup for the generation it got.  The members' SyncGroups are held until
+the leader's arrives with the assignment; then every held SyncGroup is answered with its member's bytes and
+the group is Stable.  A SyncGroup in Stable is answered at once with the member's assignment.
+
+**Fencing.**  A request naming a member the group does not have is UNKNOWN_MEMBER_ID; one naming another
+generation is ILLEGAL_GENERATION; a SyncGroup or Heartbeat while the group prepares a rebalance is
+REBALANCE_IN_PROGRESS, which tells the member to join again.  Protocol metadata and assignments are opaque
+bytes, never parsed here: garbage from one member reaches only the leader's assignor, as in Kafka.
+
+**Liveness.**  Every request from a member (JoinGroup, SyncGroup, Heartbeat, OffsetCommit) renews its
+session: a member heard from within ``session_timeout_ms`` stays; one not heard from is removed (as a
+LeaveGroup) by :meth:`Group.tick`.  A member whose JoinGroup or SyncGroup is held is alive.
+
+Nothing here reads a clock, a socket or a file: each call takes ``now_ms`` and returns the answers it can
+give (:class:`Completion`, the token the caller passed with the held request, and the response body).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipc.kafka import (
+    ErrorCode,
+    JoinGroupResponse,
+    JoinGroupResponseMember,
+    SyncGroupResponse,
+)
+
+__all__ = ["Completion", "Group", "GroupSettings", "GroupState", "JoinArgs", "Member"]
+
+
+class GroupState(enum.Enum):
+    """Kafka's names, as DescribeGroups reports them."""
+
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """The broker's ``group.*`` settings (Kafka's defaults)."""
+
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1800000
+    initial_rebalance_delay_ms: int = 3000
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The answer to a held request: ``token`` is what the caller gave with it."""
+
+    token: Any
+    response: Any
+
+
+@dataclass(slots=True)
+class JoinArgs:
+    """A JoinGroup request's content, with who sent it."""
+
+    member_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    client_id: str = ""
+    client_host: str = ""
+    group_instance_id: str | None = None
+    require_known_member_id: bool = False  # JoinGroup v4+: the two-step join
+
+
+@dataclass(slots=True)
+class Member:
+    """A member of the group; ``protocols`` and ``assignment`` are opaque bytes."""
+
+    member_id: str
+    client_id: str
+    client_host: str
+    group_instance_id: str | None
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: list[tuple[str, bytes]]
+    last_heard_ms: int
+    assignment: bytes = b""
+    join_token: Any = None  # a held JoinGroup
+    sync_token: Any = None  # a held SyncGroup
+    joined: bool = False  # has joined the rebalance in progress
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+
+@dataclass(slots=True)
+class Group:
+    """One group's state; the coordinator (``appliance.coordinator.coordinator``) keeps one per group id."""
+
+    group_id: str
+    settings: GroupSettings
+    new_member_id: Callable[[str], str]
+    state: GroupState = GroupState.EMPTY
+    generation_id: int = 0
+    protocol_type: str = ""
+    protocol_name: str = ""
+    leader_id: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)  # member id -> forget at (ms)
+    rebalance_started_ms: int = 0
+    join_deadline_ms: int | None = None
+    initial_delay: bool = False  # the rebalance waits group.initial.rebalance.delay.ms
+    new_member_joined: bool = False  # a member joined during the initial delay
+
+    # -- JoinGroup ----------------------------------------------------------------------------------------
+
+    def join(self, args: JoinArgs, token: Any, now_ms: int) -> list[Completion]:
+        """A JoinGroup; its answer is among the returned completions now or from a later call."""
+        error = self._join_error(args)
+        if error is not None:
+            return [Completion(token, _join_failed(error, args.member_id))]
+        if not args.member_id:
+            if args.require_known_member_id and args.group_instance_id is None:
+                member_id = self.new_member_id(args.client_id)
+                self.pending[member_id] = now_ms + args.session_timeout_ms
+                return [Completion(token, _join_failed(ErrorCode.MEMBER_ID_REQUIRED, member_id))]
+            return self._add_member(self.new_member_id(args.client_id), args, token, now_ms)
+        if args.member_id in self.pending:
+            del self.pending[args.member_id]
+            return self._add_member(args.member_id, args, token, now_ms)
+        member = self.members.get(args.member_id)
+        if member is None:
+            return [Completion(token, _join_failed(ErrorCode.UNKNOWN_MEMBER_ID, args.member_id))]
+        return self._rejoin(member, args, token, now_ms)
+
+    def _join_error(self, args: JoinArgs) -> ErrorCode | None:
+        s = self.settings
+        if self.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not s.min_session_timeout_ms <= args.session_timeout_ms <= s.max_session_timeout_ms:
+            return ErrorCode.INVALID_SESSION_TIMEOUT
+        if not args.protocol_type or not args.protocols:
+            return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+        if self.members:
+            if args.protocol_type != self.protocol_type:
+                return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+            offered = {name for name, _ in args.protocols}
+            others = [m for m in self.members.values() if m.member_id != args.member_id]
+            if others and not offered & _common_protocols(others):
+                return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+        return None
+
+    def _add_member(self, member_id: str, args: JoinArgs, token: Any, now_ms: int) -> list[Completion]:
+        if not self.members:
+            self.protocol_type = args.protocol_type
+        self.members[member_id] = Member(
+            member_id=member_id,
+            client_id=args.client_id,
+            client_host=args.client_host,
+            group_instance_id=args.group_instance_id,
+            session_timeout_ms=args.session_timeout_ms,
+            rebalance_timeout_ms=max(args.rebalance_timeout_ms, args.session_timeout_ms),
+            protocols=list(args.protocols),
+            last_heard_ms=now_ms,
+            join_token=token,
+            joined=True,
+        )
+        if self.state == GroupState.PREPARING_REBALANCE:
+            self.new_member_joined = True
+            return self._maybe_complete_join(now_ms)
+        return self._prepare_rebalance(now_ms)
+
+    def _rejoin(self, member: Member, args: JoinArgs, token: Any, now_ms: int) -> list[Completion]:
+        out: list[Completion] = []
+        if member.join_token is not None and member.join_token is not token:
+            out.append(_join_answer(member.join_token, ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
+        changed = member.protocols != list(args.protocols)
+        member.protocols = list(args.protocols)
+        member.session_timeout_ms = args.session_timeout_ms
+        member.rebalance_timeout_ms = max(args.rebalance_timeout_ms, args.session_timeout_ms)
+        member.last_heard_ms = now_ms
+        member.join_token, member.joined = token, True
+        if self.state == GroupState.PREPARING_REBALANCE:
+            return out + self._maybe_complete_join(now_ms)
+        if self.state == GroupState.COMPLETING_REBALANCE and not changed:
+            member.join_token = None  # the same join again: answer with the generation it is in
+            return [*out, Completion(token, self._join_response(member))]
+        if self.state == GroupState.STABLE and not changed and member.member_id != self.leader_id:
+            member.join_token = None
+            return [*out, Completion(token, self._join_response(member))]
+        return out + self._prepare_rebalance(now_ms)
+
+    def _prepare_rebalance(self, now_ms: int) -> list[Completion]:
+        out: list[Completion] = []
+        if self.state == GroupState.COMPLETING_REBALANCE:
+            out += self._fail_syncs(ErrorCode.REBALANCE_IN_PROGRESS)
+        for member in self.members.values():
+            member.assignment = b""
+            if member.join_token is None:
+                member.joined = False
+        self.initial_delay = self.state == GroupState.EMPTY
+        self.state = GroupState.PREPARING_REBALANCE
+        self.rebalance_started_ms = now_ms
+        self.new_member_joined = False
+        if self.initial_delay:
+            delay_ms = min(self.settings.initial_rebalance_delay_ms, self._rebalance_timeout_ms())
+            self.join_deadline_ms = now_ms + delay_ms
+        else:
+            self.join_deadline_ms = now_ms + self._rebalance_timeout_ms()
+        return out + self._maybe_complete_join(now_ms)
+
+    def _rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def _maybe_complete_join(self, now_ms: int) -> list[Completion]:
+        if self.state != GroupState.PREPARING_REBALANCE:
+            return []
+        all_joined = all(m.joined for m in self.members.values()) and not self.pending
+        if self.initial_delay:
+            if self.join_deadline_ms is not None and now_ms < self.join_deadline_ms:
+                return []
+            end_ms = self.rebalance_started_ms + self._rebalance_timeout_ms()
+            if self.new_member_joined and now_ms < end_ms:  # wait the delay again for the late comers
+                self.new_member_joined = False
+                self.join_deadline_ms = min(now_ms + self.settings.initial_rebalance_delay_ms, end_ms)
+                return []
+        elif not all_joined and self.join_deadline_ms is not None and now_ms < self.join_deadline_ms:
+            return []
+        return self._complete_join(now_ms)
+
+    def _complete_join(self, now_ms: int) -> list[Completion]:
+        for member_id in [m.member_id for m in self.members.values() if not m.joined]:
+            del self.members[member_id]  # did not rejoin in time
+        self.generation_id += 1
+        self.join_deadline_ms = None
+        self.initial_delay = False
+        if not self.members:
+            self._become_empty()
+            return []
+        self.protocol_name = _choose_protocol(list(self.members.values()))
+        if self.leader_id not in self.members:
+            self.leader_id = next(iter(self.members))
+        self.state = GroupState.COMPLETING_REBALANCE
+        out = []
+        for member in self.members.values():
+            member.last_heard_ms = now_ms
+            if member.join_token is not None:
+                out.append(Completion(member.join_token, self._join_response(member)))
+                member.join_token = None
+        return out
+
+    def _join_response(self, member: Member) -> JoinGroupResponse:
+        members = []
+        if member.member_id == self.leader_id:
+            members = [
+                JoinGroupResponseMember(m.member_id, m.group_instance_id, m.metadata_for(self.protocol_name))
+                for m in self.members.values()
+            ]
+        return JoinGroupResponse(
+            error_code=ErrorCode.NONE,
+            generation_id=self.generation_id,
+            protocol_name=self.protocol_name,
+            leader=self.leader_id,
+            member_id=member.member_id,
+            members=members,
+        )
+
+    def _become_empty(self) -> None:
+        self.state = GroupState.EMPTY
+        self.leader_id = ""
+        self.protocol_name = ""
+        self.protocol_type = ""
+
+    # -- SyncGroup ----------------------------------------------------------------------------------------
+
+    def sync(
+        self,
+        member_id: str,
+        generation_id: int,
+        assignments: Iterable[tuple[str, bytes]],
+        token: Any,
+        now_ms: int,
+    ) -> list[Completion]:
+        error = self.check_member(member_id, generation_id, now_ms)
+        if error is None and self.state == GroupState.PREPARING_REBALANCE:
+            error = ErrorCode.REBALANCE_IN_PROGRESS
+        if error is not None:
+            return [_sync_answer(token, error)]
+        member = self.members[member_id]
+        if self.state == GroupState.STABLE:
+            return [_sync_answer(token, ErrorCode.NONE, member.assignment)]
+        member.sync_token = token
+        if member_id != self.leader_id:
+            return []
+        given = dict(assignments)
+        for m in self.members.values():
+            m.assignment = bytes(given.get(m.member_id, b""))
+        self.state = GroupState.STABLE
+        out = []
+        for m in self.members.values():
+            if m.sync_token is not None:
+                out.append(_sync_answer(m.sync_token, ErrorCode.NONE, m.assignment))
+                m.sync_token = None
+        return out
+
+    def _fail_syncs(self, error: ErrorCode) -> list[Completion]:
+        out = []
+        for m in self.members.values():
+            if m.sync_token is not None:
+                out.append(_sync_answer(m.sync_token, error))
+                m.sync_token = None
+        return out
+
+    # -- Heartbeat, member checks ------------------------------------------------------------------------
+
+    def check_member(self, member_id: str, generation_id: int, now_ms: int) -> ErrorCode | None:
+        """The fencing of a request from a member of a generation (module docstring); renews its session."""
+        if self.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        member = self.members.get(member_id)
+        if member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        member.last_heard_ms = now_ms
+        if generation_id != self.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        return None
+
+    def heartbeat(self, member_id: str, generation_id: int, now_ms: int) -> ErrorCode:
+        error = self.check_member(member_id, generation_id, now_ms)
+        if error is not None:
+            return error
+        if self.state == GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    # -- leaving, expiry ---------------------------------------------------------------------------------
+
+    def leave(self, member_id: str, now_ms: int) -> tuple[ErrorCode, list[Completion]]:
+        """A LeaveGroup for one member: the error for that member, and the answers it releases."""
+        if self.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        if member_id in self.pending:
+            del self.pending[member_id]
+            return ErrorCode.NONE, self._maybe_complete_join(now_ms)
+        if member_id not in self.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID, []
+        return ErrorCode.NONE, self._remove(member_id, now_ms)
+
+    def _remove(self, member_id: str, now_ms: int) -> list[Completion]:
+        member = self.members.pop(member_id)
+        out = []
+        if member.join_token is not None:
+            out.append(_join_answer(member.join_token, ErrorCode.UNKNOWN_MEMBER_ID, member_id))
+        if member.sync_token is not None:
+            out.append(_sync_answer(member.sync_token, ErrorCode.UNKNOWN_MEMBER_ID))
+        if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            return out + self._prepare_rebalance(now_ms)
+        if self.state == GroupState.PREPARING_REBALANCE:
+            return out + self._maybe_complete_join(now_ms)
+        return out
+
+    def tick(self, now_ms: int) -> list[Completion]:
+        """Expire pending ids and silent members, end a rebalance at its deadline."""
+        for member_id, forget_ms in list(self.pending.items()):
+            if forget_ms <= now_ms:
+                del self.pending[member_id]
+        out: list[Completion] = []
+        for member in list(self.members.values()):
+            if member.member_id not in self.members:
+                continue  # removed by the rebalance an earlier expiry ended
+            held = member.join_token is not None or member.sync_token is not None
+            if not held and member.last_heard_ms + member.session_timeout_ms <= now_ms:
+                out += self._remove(member.member_id, now_ms)
+        return out + self._maybe_complete_join(now_ms)
+
+    def next_deadline_ms(self) -> int | None:
+        """When :meth:`tick` next has something to do (None: nothing is timed)."""
+        due = list(self.pending.values())
+        due += [m.last_heard_ms + m.session_timeout_ms for m in self.members.values()
+                if m.join_token is None and m.sync_token is None]
+        if self.join_deadline_ms is not None:
+            due.append(self.join_deadline_ms)
+        return min(due, default=None)
+
+    def close(self) -> list[Completion]:
+        """The group is going away (the coordinator stops): every held request is answered."""
+        out = []
+        for m in self.members.values():
+            if m.join_token is not None:
+                out.append(_join_answer(m.join_token, ErrorCode.COORDINATOR_NOT_AVAILABLE, m.member_id))
+            if m.sync_token is not None:
+                out.append(_sync_answer(m.sync_token, ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            m.join_token = m.sync_token = None
+        return out
+
+
+def _join_failed(error: ErrorCode, member_id: str) -> JoinGroupResponse:
+    return JoinGroupResponse(
+        error_code=error, generation_id=-1, protocol_name="", leader="", member_id=member_id, members=[]
+    )
+
+
+def _join_answer(token: Any, error: ErrorCode, member_id: str) -> Completion:
+    return Completion(token, _join_failed(error, member_id))
+
+
+def _sync_answer(token: Any, error: ErrorCode, assignment: bytes = b"") -> Completion:
+    return Completion(token, SyncGroupResponse(error_code=error, assignment=assignment))
+
+
+def _common_protocols(members: list[Member]) -> set[str]:
+    sets = [{name for name, _ in m.protocols} for m in members]
+    return set.intersection(*sets) if sets else set()
+
+
+def _choose_protocol(members: list[Member]) -> str:
+    """Kafka's vote: each member votes for its first choice among the protocols all members list."""
+    common = _common_protocols(members)
+    votes: dict[str, int] = {}
+    for member in members:
+        first = next(name for name, _ in member.protocols if name in common)
+        votes[first] = votes.get(first, 0) + 1
+    order = [name for name, _ in members[0].protocols if name in common]
+    return max(order, key=lambda name: (votes.get(name, 0), -order.index(name)))

@@ -1,0 +1,229 @@
+"""The classic rebalance protocol, driven with a fake clock: joins, the leader's sync, fencing, expiry."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from appliance.coordinator import Completion, GroupCoordinator, GroupSettings, GroupState, JoinArgs
+from ipc.kafka import (
+    ErrorCode,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetFetchRequest,
+    OffsetFetchRequestTopic,
+)
+
+SETTINGS = GroupSettings(min_session_timeout_ms=6000, max_session_timeout_ms=1800000,
+                         initial_rebalance_delay_ms=100)
+SESSION_MS = 10_000
+REBALANCE_MS = 30_000
+
+
+def coordinator() -> GroupCoordinator:
+    ids = itertools.count(1)
+    return GroupCoordinator(SETTINGS, new_member_id=lambda client: f"{client}-{next(ids)}")
+
+
+def join_args(member_id: str = "", *, protocols: list[tuple[str, bytes]] | None = None,
+              session_ms: int = SESSION_MS, two_step: bool = False) -> JoinArgs:
+    return JoinArgs(member_id=member_id, session_timeout_ms=session_ms, rebalance_timeout_ms=REBALANCE_MS,
+                    protocol_type="consumer", protocols=protocols or [("range", b"meta")], client_id="c",
+                    require_known_member_id=two_step)
+
+
+def answers(completions: list[Completion]) -> dict[Any, Any]:
+    return {c.token: c.response for c in completions}
+
+
+def stable_group(c: GroupCoordinator, n: int) -> list[str]:
+    """n members joined at time 0, rebalanced once (after the initial delay) and synced; their ids."""
+    for i in range(n):
+        assert c.join("g", join_args(), f"j{i}", 0) == []
+    delay = SETTINGS.initial_rebalance_delay_ms
+    done = answers(c.tick(delay) + c.tick(2 * delay))  # several joined: the delay is waited twice
+    ids = [done[f"j{i}"].member_id for i in range(n)]
+    leader = done["j0"].leader
+    generation = done["j0"].generation_id
+    for i, member_id in enumerate(ids):
+        if member_id != leader:
+            assert c.sync("g", member_id, generation, [], f"s{i}", 200) == []
+    plan = [(m, f"part-{m}".encode()) for m in ids]
+    synced = answers(c.sync("g", leader, generation, plan, "s-leader", 200))
+    assert all(r.error_code == ErrorCode.NONE for r in synced.values())
+    assert c.groups["g"].state == GroupState.STABLE
+    return ids
+
+
+def test_members_joining_in_the_initial_delay_rebalance_once_and_the_leader_sees_all() -> None:
+    c = coordinator()
+    assert c.join("g", join_args(), "a", 0) == []
+    assert c.join("g", join_args(), "b", 50) == []  # a new member: the delay is waited again
+    assert c.tick(100) == []
+    assert c.tick(199) == []
+    done = answers(c.tick(200))
+    assert set(done) == {"a", "b"}
+    assert {r.generation_id for r in done.values()} == {1}
+    leader = done["a"]
+    assert leader.leader == leader.member_id and len(leader.members) == 2
+    assert done["b"].members == [] and done["b"].protocol_name == "range"
+    assert c.groups["g"].state == GroupState.COMPLETING_REBALANCE
+
+
+def test_followers_get_the_leaders_assignment_when_it_syncs() -> None:
+    c = coordinator()
+    ids = stable_group(c, 3)
+    g = c.groups["g"]
+    for member_id in ids:
+        got = answers(c.sync("g", member_id, g.generation_id, [], "again", 300))["again"]
+        assert got.error_code == ErrorCode.NONE and got.assignment == f"part-{member_id}".encode()
+
+
+def test_two_step_join_answers_member_id_required_then_accepts_that_id() -> None:
+    c = coordinator()
+    first = answers(c.join("g", join_args(two_step=True), "t1", 0))["t1"]
+    assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED and first.member_id
+    assert c.join("g", join_args(first.member_id, two_step=True), "t2", 10) == []
+    done = answers(c.tick(200))
+    assert done["t2"].error_code == ErrorCode.NONE and done["t2"].member_id == first.member_id
+
+
+def test_a_member_leaving_a_stable_group_makes_the_others_rejoin_and_a_new_generation() -> None:
+    c = coordinator()
+    a, b = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    response, released = c.leave("g", [b], 1000)
+    assert response.error_code == ErrorCode.NONE and released == []
+    assert c.heartbeat("g", a, generation, 1001).error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    done = answers(c.join("g", join_args(a), "rejoin", 1002))
+    assert done["rejoin"].generation_id == generation + 1 and done["rejoin"].leader == a
+
+
+def test_stale_generation_and_unknown_member_are_fenced_and_commit_nothing() -> None:
+    c = coordinator()
+    a, _ = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    assert c.heartbeat("g", a, generation - 1, 300).error_code == ErrorCode.ILLEGAL_GENERATION
+    assert c.heartbeat("g", "nobody", generation, 300).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    for member_id, gen, error in ((a, generation - 1, ErrorCode.ILLEGAL_GENERATION),
+                                  ("nobody", generation, ErrorCode.UNKNOWN_MEMBER_ID)):
+        response = c.commit(commit_request(member_id, gen, 42), 7, 300)
+        assert response.topics[0].partitions[0].error_code == error
+    assert fetched(c) == -1
+    response = c.commit(commit_request(a, generation, 42), 7, 300)
+    assert response.topics[0].partitions[0].error_code == ErrorCode.NONE
+    assert fetched(c) == 42
+
+
+def commit_request(member_id: str, generation: int, offset: int) -> OffsetCommitRequest:
+    part = OffsetCommitRequestPartition(partition_index=0, committed_offset=offset, committed_metadata=None)
+    return OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=generation, member_id=member_id,
+                               topics=[OffsetCommitRequestTopic("t", [part])])
+
+
+def fetched(c: GroupCoordinator) -> int:
+    response = c.fetch(OffsetFetchRequest("g", [OffsetFetchRequestTopic("t", [0])]))
+    return int(response.topics[0].partitions[0].committed_offset)
+
+
+def test_a_silent_member_is_removed_after_its_session_timeout() -> None:
+    c = coordinator()
+    a, b = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    now = 200 + SESSION_MS - 1
+    assert c.heartbeat("g", a, generation, now).error_code == ErrorCode.NONE
+    c.tick(200 + SESSION_MS)
+    assert b not in c.groups["g"].members
+    assert c.groups["g"].state == GroupState.PREPARING_REBALANCE
+
+
+def test_session_timeout_out_of_range_and_empty_group_id_are_refused() -> None:
+    c = coordinator()
+    for ms in (SETTINGS.min_session_timeout_ms - 1, SETTINGS.max_session_timeout_ms + 1):
+        got = answers(c.join("g", join_args(session_ms=ms), "t", 0))["t"]
+        assert got.error_code == ErrorCode.INVALID_SESSION_TIMEOUT
+    assert answers(c.join("", join_args(), "t", 0))["t"].error_code == ErrorCode.INVALID_GROUP_ID
+    assert c.groups.get("g") is None or not c.groups["g"].members
+
+
+def test_a_member_with_no_protocol_in_common_is_refused_and_changes_nothing() -> None:
+    c = coordinator()
+    ids = stable_group(c, 2)
+    got = answers(c.join("g", join_args(protocols=[("other", b"\xff" * 7)]), "x", 300))["x"]
+    assert got.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    assert c.groups["g"].state == GroupState.STABLE and list(c.groups["g"].members) == ids
+
+
+def test_garbage_metadata_is_passed_through_opaque() -> None:
+    c = coordinator()
+    c.join("g", join_args(protocols=[("range", b"\x00\xff garbage")]), "a", 0)
+    done = answers(c.tick(100))
+    assert done["a"].members[0].metadata == b"\x00\xff garbage"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "heartbeat", "tick"]), st.integers(0, 3),
+                          st.integers(1, 4000)), max_size=40))
+def test_every_held_request_is_answered_once_and_generations_only_grow(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    """Whatever the order of joins, leaves, heartbeats and time, each held JoinGroup gets exactly one
+    answer, generations never go back while a group lives (an Empty group without offsets is removed, as
+    Kafka's Dead group is, and one made again starts at 0), and a Stable or CompletingRebalance group has a
+    leader member."""
+    c = coordinator()
+    now = 0
+    held: set[str] = set()
+    answered: set[str] = set()
+    known: dict[int, str] = {}
+    last_generation = 0
+    alive: object = None
+    for n, (op, who, dt) in enumerate(steps):
+        now += dt
+        out: list[Completion] = []
+        if op == "join":
+            token = f"j{n}"
+            held.add(token)
+            out = c.join("g", join_args(known.get(who, "")), token, now)
+        elif op == "leave" and who in known:
+            out = c.leave("g", [known.pop(who)], now)[1]
+        elif op == "heartbeat" and who in known and "g" in c.groups:
+            c.heartbeat("g", known[who], c.groups["g"].generation_id, now)
+        else:
+            out = c.tick(now)
+        for done in out:
+            assert done.token not in answered
+            answered.add(done.token)
+            response = done.response
+            if getattr(response, "error_code", None) == ErrorCode.NONE and hasattr(response, "leader"):
+                slot = int(done.token[1:]) if done.token.startswith("j") else -1
+                known[steps[slot][1]] = response.member_id
+        group = c.groups.get("g")
+        if group is not None:
+            if group is not alive:  # a new group object: the old one was removed
+                alive, last_generation = group, 0
+            assert group.generation_id >= last_generation
+            last_generation = group.generation_id
+            if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+                assert group.leader_id in group.members
+    final = c.tick(now + 10 * REBALANCE_MS)
+    answered |= {d.token for d in final}
+    assert held == answered
+
+
+def test_a_member_commits_while_the_next_rebalance_is_prepared_but_not_before_its_assignment() -> None:
+    c = coordinator()
+    a, b = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    c.leave("g", [b], 1000)  # PreparingRebalance: a's partitions are being revoked
+    response = c.commit(commit_request(a, generation, 7), 7, 1001)
+    assert response.topics[0].partitions[0].error_code == ErrorCode.NONE and fetched(c) == 7
+    rejoined = answers(c.join("g", join_args(a), "rejoin", 1002))["rejoin"]
+    assert c.groups["g"].state == GroupState.COMPLETING_REBALANCE
+    response = c.commit(commit_request(a, rejoined.generation_id, 9), 7, 1003)
+    assert response.topics[0].partitions[0].error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    assert fetched(c) == 7
