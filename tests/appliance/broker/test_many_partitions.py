@@ -53,7 +53,8 @@ class Served:
         return f"127.0.0.1:{self.port}"
 
     def topics(self) -> dict[str, int]:
-        """Topic -> partition count as confluent-kafka lists them, each topic and partition without error."""
+        """Topic -> partition count as confluent-kafka lists them, each topic and partition without error
+        (``__consumer_offsets`` left out: the consumers' group.id creates it, as against Kafka)."""
         metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=30)
         out = {}
         for name, topic in metadata.topics.items():
@@ -61,6 +62,7 @@ class Served:
             for partition in topic.partitions.values():
                 assert partition.error is None, (name, partition.id, partition.error)
             out[name] = len(topic.partitions)
+        out.pop("__consumer_offsets", None)
         return out
 
     def check_small(self, step: str) -> None:
