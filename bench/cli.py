@@ -173,6 +173,8 @@ def _scaling_commands(sub: Any) -> None:
     c.add_argument("--record-size", type=parse_size, default=100)
     c.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting of the appliance started for each count (repeat)")
+    c.add_argument("--wave", type=_count, default=1000,
+                   help="the most partitions a produce round touches at once (1,000; bench.partition_costs)")
     c.add_argument("--json", metavar="FILE")
 
     s = sub.add_parser("partition-throughput", help="throughput and memory as the partition count grows")
@@ -279,7 +281,7 @@ def _partitions(args: argparse.Namespace) -> dict[str, Any]:
     from bench.partition_costs import run_partition_costs
 
     return run_partition_costs(args.counts, idle_s=args.idle_s, records=args.records,
-                               record_size=args.record_size, overrides=args.override)
+                               record_size=args.record_size, overrides=args.override, wave=args.wave)
 
 
 def _partition_throughput(args: argparse.Namespace) -> dict[str, Any]:

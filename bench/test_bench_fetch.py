@@ -117,6 +117,9 @@ class _Topics:
     def detach(self, ring: str) -> None:
         pass
 
+    def detach_many(self, rings: Any) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -40,8 +40,11 @@ configs``            (names), ``replace``, ``validate_only``    (``appliance.ser
 ``attach``           ``topic``, ``partition``, ``producer_id``, ring, semaphore and state page names, sizes
                      ``ring_bytes`` (opt.: the capacity wanted) (``ring_bytes``, ``ring_bytes_max``)
 ``attach_many``      ``partitions`` (a list of pairs            ``results``: one ``attach`` reply (or error
-                     [topic, partition]), ``producer_id``       reply) per partition, in order
+                     [topic, partition]), ``producer_id``;      reply) per partition, in order
+                     ``ahead`` (opt.: those of the pairs
+                     attached ahead of need)
 ``detach``           ``ring``                                   (nothing)
+``detach_many``      ``rings`` (a list of ring names)           (nothing)
 ``status``           ``memory`` (bool, opt.: measure every      supervisor pid, uptime, every child (its
                      child's memory now)                        unique memory, ``uss_age_s`` old)
 ``replica_status``   (none)                                     ``role`` ("leader" or "replica"),
@@ -59,7 +62,11 @@ connection open for as long as it produces: when the connection closes (the prod
 killed), the supervisor has the writers drain what was *published* in that connection's rings, then unlinks
 them.  A published frame of a dead producer is appended; an unpublished one
 never is (see ``ipc/ring.py``).  ``detach`` does the same for one ring while the connection stays open (after
-a :class:`~ipc.ring.RingFailedError`, before attaching a new ring).
+a :class:`~ipc.ring.RingFailedError`, before attaching a new ring); ``detach_many`` for many rings in one
+round trip.  A ring ``attach_many`` attached *ahead* (a producer expects to write the partition soon, and
+saves the round trip then) does not start the partition's writer: the writer is started when a frame is
+published into it (``ipc.ring_setup``, ``wake_on_first_frame``), and a ring detached with nothing
+published is unlinked without one.
 
 This module is the protocol, sans-IO (:func:`encode`, :class:`LineDecoder`, the response helpers), and the
 blocking client (:class:`ControlClient`) used by the Producer, the broker and the CLI.  The server side is
@@ -107,7 +114,7 @@ __all__ = [
     "raise_for_error",
 ]
 
-MAX_LINE_BYTES: Final = 1 << 20  # a metadata reply for ~5000 partitions fits; anything longer is refused
+MAX_LINE_BYTES: Final = 64 << 20  # a metadata reply (~300 B a partition) for 200,000 partitions fits
 DEFAULT_TIMEOUT_S: Final = 30.0
 
 
@@ -562,12 +569,15 @@ class ControlClient:
         return _attachment(topic, partition, self.request(request))
 
     def attach_many(
-        self, partitions: Sequence[tuple[str, int]], *, producer_id: int = -1
+        self, partitions: Sequence[tuple[str, int]], *, producer_id: int = -1,
+        ahead: Sequence[tuple[str, int]] = (),
     ) -> list[Attachment | ControlError]:
         """A new ring to each of ``partitions`` in one round trip: per partition, in order, its
-        :class:`Attachment` or the error :meth:`attach` would have raised for it."""
+        :class:`Attachment` or the error :meth:`attach` would have raised for it.  Those also in ``ahead``
+        are attached ahead of need: their writers start at the first frame published (module docstring)."""
         reply = self.request({"op": "attach_many", "partitions": [[t, p] for t, p in partitions],
-                              "producer_id": producer_id})  # fmt: skip
+                              "producer_id": producer_id,
+                              "ahead": [[t, p] for t, p in ahead]})  # fmt: skip
         results: list[Attachment | ControlError] = []
         for (topic, partition), raw in zip(partitions, reply["results"], strict=True):
             try:
@@ -581,6 +591,10 @@ class ControlClient:
         """Have the writer drain what was published in ``ring``, then unlink it.  Returns at once."""
         name = ring.ring if isinstance(ring, Attachment) else ring
         self.request({"op": "detach", "ring": name})
+
+    def detach_many(self, rings: Sequence[str]) -> None:
+        """:meth:`detach` for each of ``rings``, in one round trip.  Returns at once."""
+        self.request({"op": "detach_many", "rings": list(rings)})
 
     def status(self, *, memory: bool = False) -> dict[str, Any]:
         """The supervisor's view: pid, uptime, and every child (role, pid, restarts, unique memory as last

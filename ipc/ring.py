@@ -74,7 +74,7 @@ from ipc.ring_producer import (
     RingProducer,
 )
 from ipc.ring_scan import Chunk, warm_up
-from ipc.ring_setup import RingFailedError, RingNames, create_ring, unlink_ring
+from ipc.ring_setup import RingFailedError, RingNames, create_ring, ring_has_frames, unlink_ring
 
 __all__ = [
     "DEFAULT_PEEK_BYTES",
@@ -90,6 +90,7 @@ __all__ = [
     "RingNames",
     "RingProducer",
     "create_ring",
+    "ring_has_frames",
     "unlink_ring",
     "wait_for_frames",
     "warm_up",

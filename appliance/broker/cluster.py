@@ -116,12 +116,19 @@ class Cluster(Protocol):
         capacity wanted, to grow a partition's ring; default ``appliance.ring.initial.bytes``)."""
         ...
 
-    def attach_many(self, partitions: Sequence[tuple[str, int]]) -> list[Attachment | ClusterError]:
-        """Rings to many partitions in one call: per partition its Attachment or error."""
+    def attach_many(
+        self, partitions: Sequence[tuple[str, int]], *, ahead: Sequence[tuple[str, int]] = ()
+    ) -> list[Attachment | ClusterError]:
+        """Rings to many partitions in one call: per partition its Attachment or error.  Those also in
+        ``ahead`` are attached ahead of need: their writers start at the first batch published."""
         ...
 
     def detach(self, ring: str) -> None:
         """Have the writer drain ``ring``, then unlink it."""
+        ...
+
+    def detach_many(self, rings: Sequence[str]) -> None:
+        """:meth:`detach` for each of ``rings`` in one call."""
         ...
 
     def submit(self, change: TopicChange) -> None:

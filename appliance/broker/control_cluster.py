@@ -325,11 +325,13 @@ class ControlCluster:
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
 
-    def attach_many(self, partitions: Sequence[tuple[str, int]]) -> list[Attachment | ClusterError]:
+    def attach_many(
+        self, partitions: Sequence[tuple[str, int]], *, ahead: Sequence[tuple[str, int]] = ()
+    ) -> list[Attachment | ClusterError]:
         """A ring to each partition's writer in one round trip: per partition its Attachment or error."""
         what, down = f"attach rings to {len(partitions)} partitions", ErrorCode.LEADER_NOT_AVAILABLE
         try:
-            results = self._connected(what, down).attach_many(partitions)
+            results = self._connected(what, down).attach_many(partitions, ahead=ahead)
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
         return [r if isinstance(r, Attachment) else _as_cluster_error(r, f"attach a ring to {t}-{p}", down)
@@ -339,6 +341,13 @@ class ControlCluster:
         what, down = f"detach ring {ring}", ErrorCode.LEADER_NOT_AVAILABLE
         try:
             self._connected(what, down).detach(ring)
+        except ApplianceError as e:
+            raise _as_cluster_error(e, what, down) from None
+
+    def detach_many(self, rings: Sequence[str]) -> None:
+        what, down = f"detach {len(rings)} rings", ErrorCode.LEADER_NOT_AVAILABLE
+        try:
+            self._connected(what, down).detach_many(rings)
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
 

@@ -99,7 +99,8 @@ DEBUGGING_REPLICA_ID = -2  # ListOffsets from a tool (not a consumer): "latest" 
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3  # ListOffsets v7+: the record with the largest timestamp
 METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
-PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere)
+PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere) ...
+PERIODIC_REFRESH_SHARE = 0.05  # ... but a periodic refresh takes at most this share of the broker's time
 FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
 
 
@@ -117,6 +118,7 @@ class BrokerContext:
     # topics Metadata is auto-creating: submitted to the supervisor, not yet in the topic list
     auto_creating: dict[str, TopicChange] = field(default_factory=dict)
     _refreshed_at: float = -1e18
+    _reload_ms: float = 0.0  # what the last reload took (thousands of partitions: a large answer to parse)
     _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
 
     def log_failure(self, what: str, why: str) -> None:
@@ -138,19 +140,22 @@ class BrokerContext:
         self.reload_topics()
 
     def refresh_if_stale(self) -> None:
-        """Refresh if the topic list is older than :data:`PERIODIC_REFRESH_MS` (called as requests come)."""
-        if time.monotonic() * 1000 - self._refreshed_at >= PERIODIC_REFRESH_MS:
+        """Refresh if the topic list is older than :data:`PERIODIC_REFRESH_MS`, or than the last reload's
+        time over :data:`PERIODIC_REFRESH_SHARE` when that is longer (called as requests come)."""
+        period_ms = max(PERIODIC_REFRESH_MS, self._reload_ms / PERIODIC_REFRESH_SHARE)
+        if time.monotonic() * 1000 - self._refreshed_at >= period_ms:
             self.reload_topics()
 
     def reload_topics(self) -> None:
         """Ask the metadata owner for the topic list now (after we changed it)."""
-        self._refreshed_at = time.monotonic() * 1000
+        self._refreshed_at = started_ms = time.monotonic() * 1000
         try:
             topics = self.cluster.topics()
         except ApplianceError as e:
             log.warning("cannot refresh topic metadata from the supervisor: %s", e)
             return
         self.table.update(topics)
+        self._reload_ms = time.monotonic() * 1000 - started_ms
         if self.replication is not None:
             self.replication.sync()
 

@@ -33,15 +33,17 @@ rings die with the broker process).  A Produce that needs rings attaches, in one
 trip, those of its partitions and of more partitions of the topic, the ones that follow: clients spread
 records over all partitions and often send one partition per request, so a topic's first records pay one
 round trip per :data:`ATTACH_AHEAD` partitions, not one per partition.  At most :data:`MAX_UNUSED_AHEAD`
-rings attached ahead and not used yet are held at any time.  A ring starts at ``appliance.ring.initial.bytes``
+rings attached ahead and not used yet are held at any time; they start no writer until a batch is published
+into them (``ipc.control``, "Lifetime of a ring").  A ring starts at ``appliance.ring.initial.bytes``
 and grows with the traffic (``ipc.ring_publisher``, "Growing").
 
 **Memory follows the data in flight.**  The broker holds a partition's ring only while the partition has
 had produce traffic within ``appliance.ring.idle.ms``: on a timer of the broker's loop (:meth:`Produce.tick`,
 due at :meth:`Produce.next_timer_ms`; no timer while no ring is held), a ring with nothing in flight and no
-batch published for that long, or of a partition that was deleted, is unmapped and detached (the supervisor
-unlinks it once the writer drained it).  The rings of a deleted topic go at the next tick (the broker's own
-DeleteTopics, or a metadata refresh, closes their partitions) or, at the latest, when they turn idle.
+batch published for that long, or of a partition that was deleted, is unmapped and detached, all those of
+one tick in one round trip (ticks are up to :data:`IDLE_CHECK_SLACK_MS` late to gather them; the supervisor
+unlinks each once the writer drained it).  The rings of a deleted topic go at the next tick (the broker's
+own DeleteTopics, or a metadata refresh, closes their partitions) or, at the latest, when they turn idle.
 When the control connection was lost and re-established (a new ``cluster.session``), the rings of the old
 one are gone: they are dropped, their unanswered batches get NOT_LEADER_OR_FOLLOWER (retriable; an
 idempotent producer's retry is deduplicated), and new ones attached.  A full ring is back-pressure: the
@@ -93,6 +95,7 @@ ATTACH_AHEAD = 32
 # the most rings attached ahead and not used yet that the broker holds (each is appliance.ring.initial.bytes
 # of /dev/shm, populated when created; they go after appliance.ring.idle.ms)
 MAX_UNUSED_AHEAD = 4 * ATTACH_AHEAD
+IDLE_CHECK_SLACK_MS = 250  # rings idle within this of each other are let go together (one round trip)
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "
@@ -333,7 +336,7 @@ class Produce:
             if key in self._publishers:  # the topic was deleted (and maybe created again)
                 self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
         try:
-            results = self.ctx.cluster.attach_many(list(wanted))
+            results = self.ctx.cluster.attach_many(list(wanted), ahead=[k for k in wanted if k not in own])
         except ClusterError as e:
             for batch in own.values():
                 self._answer(batch, e.code, str(e))
@@ -572,6 +575,7 @@ class Produce:
         self._check_session()
         busy = {b.handle for held in self._held for b in held.batches if not b.done}
         next_ms: float | None = None
+        idle: list[str] = []
         for key, publisher in list(self._publishers.items()):
             handle = self._served_by.get(key)
             if handle is None or handle.closed:
@@ -580,11 +584,19 @@ class Produce:
             due_ms = self._last_used_ms.get(key, now_ms) + self._idle_ms
             if now_ms >= due_ms and not publisher.in_flight and not publisher.completed \
                     and not publisher.growing and handle not in busy:
-                self._drop_publisher(*key, f"no produce traffic for {self._idle_ms:.0f} ms")
+                idle.append(publisher.name)
+                self._drop_publisher(*key, f"no produce traffic for {self._idle_ms:.0f} ms", detach=False)
                 continue
             due_ms = max(due_ms, now_ms + 1)
             next_ms = due_ms if next_ms is None else min(next_ms, due_ms)
-        self._next_check_ms = next_ms
+        # a little late, so that rings falling idle one after another go in one detach_many
+        slack_ms = min(IDLE_CHECK_SLACK_MS, self._idle_ms / 4)
+        self._next_check_ms = None if next_ms is None else next_ms + slack_ms
+        if idle:  # one round trip for all of them: the loop does not wait on the supervisor per ring
+            try:
+                self.ctx.cluster.detach_many(idle)
+            except ClusterError as e:
+                log.warning("detach %d idle rings: %s", len(idle), e)
 
     def _response(self, held: _Held) -> ProduceResponse:
         return ProduceResponse(

@@ -209,7 +209,7 @@ class LocalRoute:
         ]  # fmt: skip
         if len(wanted) == 1:
             return self.client.attach(topic, partition, producer_id=producer_id)
-        results = self.client.attach_many(wanted, producer_id=producer_id)
+        results = self.client.attach_many(wanted, producer_id=producer_id, ahead=wanted[1:])
         for (_, p), result in zip(wanted[1:], results[1:], strict=True):
             if isinstance(result, Attachment):
                 self._ahead[(topic, p, producer_id)] = result

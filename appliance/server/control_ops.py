@@ -90,7 +90,7 @@ class Supervised(Protocol):
 
     def control_connections(self) -> int: ...
 
-    def need_writer(self, part: Partition) -> None: ...
+    def need_writer(self, part: Partition, *, ahead: bool = False) -> None: ...
 
     def wake_partition(self, part: Partition) -> None: ...
 
@@ -289,9 +289,11 @@ class ControlOps:
         producer_id = message.get("producer_id", -1)
         capacity = _ring_capacity(message.get("ring_bytes"), self.config.ring_initial_bytes,
                                   self.config.ring_bytes)
+        ahead = message.get("ahead") is True
         record = self.rings.attach(part, connection.id, producer_id if isinstance(producer_id, int) else -1,
-                                   capacity)
-        self.supervisor.need_writer(part)  # started if it does not run; the frames wait in the ring meanwhile
+                                   capacity, ahead=ahead)
+        # started if it does not run (the frames wait in the ring meanwhile); ahead: at the first frame
+        self.supervisor.need_writer(part, ahead=ahead)
         _log.debug("pid %d attached ring %s (producer id %s)", connection.peer_pid, record.names.ring,
                    producer_id)  # fmt: skip
         names = record.names
@@ -310,11 +312,14 @@ class ControlOps:
         )
 
     def _op_attach_many(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
-        """``attach`` for each [topic, partition] of ``partitions``: one reply each, in order."""
+        """``attach`` for each [topic, partition] of ``partitions``: one reply each, in order; those also in
+        ``ahead`` attached ahead of need (``appliance.server.writer_demand``)."""
         producer_id = message.get("producer_id", -1)
+        ahead = {(str(t), p) for t, p in message.get("ahead") or ()}
         results = []
         for topic, partition in message["partitions"]:
-            one = {"op": "attach", "topic": topic, "partition": partition, "producer_id": producer_id}
+            one = {"op": "attach", "topic": topic, "partition": partition, "producer_id": producer_id,
+                   "ahead": (str(topic), partition) in ahead}  # fmt: skip
             try:
                 results.append(self._op_attach(connection, one))
             except Exception as exc:
@@ -357,6 +362,15 @@ class ControlOps:
             )
         self.rings.detach(record, self.partitions.get((record.topic, record.partition)))
         return ok_response()
+
+    def _op_detach_many(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any]:
+        """``detach`` for each ring of ``rings``; the first refusal is the reply (the others are done)."""
+        refusal = None
+        for ring in message["rings"]:
+            reply = self._op_detach(connection, {"op": "detach", "ring": ring})
+            if refusal is None and not reply.get("ok", True):
+                refusal = reply
+        return refusal or ok_response()
 
     # -- the node -----------------------------------------------------------------------------------------
 
@@ -416,6 +430,7 @@ class ControlOps:
         "attach": _op_attach,
         "attach_many": _op_attach_many,
         "detach": _op_detach,
+        "detach_many": _op_detach_many,
         "status": _op_status,
     }
 

@@ -83,6 +83,7 @@ class RingRecord:
     connection: int  # the control connection it was attached through
     producer_id: int
     detaching: bool = False
+    ahead: bool = False  # attached ahead of need: its first frame posts the doorbell (writer_demand)
 
     def attach_command(self) -> dict[str, Any]:
         """The writer's command to serve this ring."""

@@ -9,7 +9,8 @@ A ring's life (``ipc.control``, "Lifetime of a ring")::
                ({"op": "attach", ...}); a restarted writer is handed every ring of its partition again
     detach     (the op, or its connection closed) the ring is marked detaching and the writer is told
                ({"op": "detach", ...}): it drains what was published, then reports {"op": "detached"}
-    detached   the ring is forgotten and unlinked
+    detached   the ring is forgotten and unlinked (at once, with no writer, if it was attached ahead of need
+               and nothing was published into it: ``appliance.server.writer_demand``)
     otherwise  the rings of a deleted topic are unlinked once its writers stopped; every ring left is
                unlinked when the supervisor stops
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from appliance.server.partitions import Partition, RingRecord
-from ipc.ring import RingNames, create_ring, unlink_ring
+from ipc.ring import RingNames, create_ring, ring_has_frames, unlink_ring
 from ipc.ring_layout import ack_slots_for
 from ipc.shm import Permissions, ShmNames
 
@@ -52,23 +53,25 @@ class RingTable:
         return [record for record in self._records.values() if record.connection == connection]
 
     def attach(self, part: Partition, connection: int, producer_id: int,
-               capacity_bytes: int | None = None) -> RingRecord:
+               capacity_bytes: int | None = None, *, ahead: bool = False) -> RingRecord:
         """Create a ring of ``capacity_bytes`` (default and at most :attr:`ring_bytes`) on ``part`` for a
-        producer on ``connection`` and hand it to the writer."""
+        producer on ``connection`` and hand it to the writer.  ``ahead``: attached ahead of need, its first
+        frame posts the partition's doorbell (``ipc.ring_setup``)."""
         capacity = min(capacity_bytes or self.ring_bytes, self.ring_bytes)
         self._last_session += 1
         session = self._last_session
         names = RingNames.for_producer(self.names, part.topic, part.partition, session)
         create_ring(names, capacity_bytes=capacity, ack_slots=ack_slots_for(capacity),
-                    permissions=self.permissions)
-        record = RingRecord(names, part.topic, part.partition, session, connection, producer_id)
+                    permissions=self.permissions, wake_on_first_frame=ahead)
+        record = RingRecord(names, part.topic, part.partition, session, connection, producer_id, ahead=ahead)
         part.rings[names.ring] = record
         self._records[names.ring] = record
         part.tell_writer(record.attach_command())
         return record
 
     def detach(self, record: RingRecord, part: Partition | None) -> None:
-        """Let the ring go: its writer drains it first (``part``: its partition, None if deleted)."""
+        """Let the ring go: its writer drains it first (``part``: its partition, None if deleted).  A ring
+        attached ahead that no writer runs for and nothing was published into is unlinked at once."""
         if record.detaching:
             return
         record.detaching = True
@@ -76,6 +79,15 @@ class RingTable:
             unlink_ring(record.names)
             self._records.pop(record.names.ring, None)
             return
+        writer = part.writer
+        if record.ahead and not writer.pid and not writer.stopping:
+            if not ring_has_frames(record.names):
+                part.rings.pop(record.names.ring, None)
+                self._records.pop(record.names.ring, None)
+                unlink_ring(record.names)
+                _log.debug("ring %s detached unused and removed", record.names.ring)
+                return
+            part.doorbell.ring()  # a producer that died before its post: the writer starts (writer_demand)
         part.tell_writer({"op": "detach", "ring": record.names.ring})
 
     def detached(self, part: Partition, ring: str) -> None:

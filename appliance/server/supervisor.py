@@ -297,9 +297,9 @@ class Supervisor:
         if not part.offline and self._demand.resident:
             self._spawn_writer(part)
 
-    def need_writer(self, part: Partition) -> None:
-        """A producer attached a ring to ``part``: its writer is started if it does not run."""
-        self._demand.need(part)
+    def need_writer(self, part: Partition, *, ahead: bool = False) -> None:
+        """A producer attached a ring to ``part``: its writer starts unless it runs (ahead: at a frame)."""
+        (self._demand.hold if ahead else self._demand.need)(part)
 
     def wake_partition(self, part: Partition) -> None:
         """Run ``part``'s timers now, starting its writer for them if none runs (a topic's settings changed,

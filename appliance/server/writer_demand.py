@@ -15,11 +15,21 @@ producer needs it and stops it when none has for ``appliance.writer.idle.ms``::
 
 * **Start.**  ``attach`` / ``attach_many`` (a local producer, or the broker for a Kafka Produce) create the
   ring and answer at once; the partition is queued (:meth:`WriterDemand.need`) and the supervisor forks the
-  queued writers a few per loop turn (:data:`STARTS_PER_TURN`), so a first produce to a thousand partitions
-  does not hold the control socket while a thousand processes are forked.  Frames published meanwhile wait
+  queued writers a few per loop turn (at most :data:`STARTS_PER_TURN`, and no more once
+  :data:`STARTS_BUDGET_S` of the turn went to forking), so a first produce to a thousand partitions does
+  not hold the control socket while a thousand processes are forked: every control request (the broker's
+  attaches and detaches among them) waits for at most one such slice.  Frames published meanwhile wait
   in the ring, and the doorbell keeps its posts: a new writer drains every ring it is handed before it
   first sleeps.  A writer that crashed is restarted with the supervisor's back-off as before; a writer told
   to stop for good (shutdown, topic deletion) is never started again.
+* **Rings attached ahead.**  A producer attaching rings to more partitions than it writes now (the broker's
+  and the local Producer's attach-ahead, ``attach_many``'s ``ahead``) does not start their writers: such a
+  partition is *held* (:meth:`WriterDemand.hold`), its ring created with the doorbell posted by the first
+  frame published (``ipc.ring_setup``), and the supervisor looks at the held partitions' doorbells every
+  :data:`HELD_POLL_S` while any is held: a post (:attr:`~ipc.wakeup.Doorbell.pending`) with a frame at the
+  head of one of its rings (a post alone may be a producer closing its ring) queues the writer like an
+  attach.  A held partition whose ahead rings are let go unused has them unlinked without a writer
+  (``appliance.server.rings``).
 * **Stop.**  The supervisor owns the ring table, so the decision has no race with an attach: a running
   writer whose partition has had no ring for ``appliance.writer.idle.ms`` and whose state page says it
   sleeps (``writer_busy_ms`` negative) is sent the clean stop (``{"op": "stop", "idle": true}``: drain,
@@ -53,10 +63,13 @@ from typing import Any, Final
 
 from appliance.server.children import Child, kill_quietly
 from appliance.server.partitions import Partition
+from ipc.ring import ring_has_frames
 
-__all__ = ["STARTS_PER_TURN", "WriterDemand"]
+__all__ = ["HELD_POLL_S", "STARTS_BUDGET_S", "STARTS_PER_TURN", "WriterDemand"]
 
-STARTS_PER_TURN: Final = 16  # queued writers forked per loop turn; control requests are served in between
+STARTS_PER_TURN: Final = 16  # the most queued writers forked per loop turn; control requests served between
+STARTS_BUDGET_S: Final = 0.05  # a turn forks no further writer once its forks took this long (at least one)
+HELD_POLL_S: Final = 0.02  # how often the doorbells of partitions with rings attached ahead are looked at
 
 _log = logging.getLogger("appliance.supervisor")
 
@@ -91,6 +104,8 @@ class WriterDemand:
         self._queue: deque[_Key] = deque()
         self._queued: set[_Key] = set()
         self._heap: list[tuple[float, _Key]] = []
+        self._held: dict[_Key, tuple[Partition, int]] = {}  # rings attached ahead: the doorbell posts seen
+        self._next_held_poll_s = 0.0
 
     # -- partitions served ----------------------------------------------------------------------------------
 
@@ -106,6 +121,7 @@ class WriterDemand:
         key = (part.topic, part.partition)
         self._demand.pop(key, None)
         self._queued.discard(key)
+        self._held.pop(key, None)
 
     def stop_for_good(self, part: Partition) -> None:
         """The supervisor stops this writer itself (shutdown, deletion): nothing here starts it again."""
@@ -124,12 +140,39 @@ class WriterDemand:
         good (one stopping for idleness is followed by a new one at its exit)."""
         key = (part.topic, part.partition)
         demand = self._demand.get(key)
+        self._held.pop(key, None)
         if demand is not None:
             demand.quick_exit = False  # a producer came: the writer stays for the idle time
         child = part.writer
         if part.offline or child.pid or child.restart_at_s is not None or child.stopping:
             return
         self._enqueue(key)
+
+    def hold(self, part: Partition) -> None:
+        """A producer attached a ring ahead of need: the writer starts at its first frame (module
+        docstring), unless something else needs it first."""
+        key = (part.topic, part.partition)
+        if key in self._demand and not part.writer.pid and key not in self._queued and key not in self._held:
+            self._held[key] = (part, 0)
+
+    def _poll_held(self, now: float) -> None:
+        """Queue the writers of held partitions whose doorbell was posted and that have a frame (a post
+        alone may be a producer closing its ring, or an old one: its rings are looked at once a post);
+        forget those with no ring left."""
+        if now < self._next_held_poll_s:
+            return
+        self._next_held_poll_s = now + HELD_POLL_S
+        for key, (part, seen) in list(self._held.items()):
+            if part.writer.pid or key in self._queued or not part.rings:
+                del self._held[key]
+                continue
+            posts = part.doorbell.pending
+            if posts <= seen:
+                continue
+            self._held[key] = (part, posts)
+            if any(ring_has_frames(r.names) for r in part.rings.values()):
+                del self._held[key]
+                self.need(part)
 
     def wake(self, part: Partition) -> None:
         """Run the partition's timers now (its next due came, or what it has due changed: the hook for a
@@ -148,8 +191,13 @@ class WriterDemand:
         self._enqueue((part.topic, part.partition))
 
     def start_queued(self) -> None:
-        """Fork up to :data:`STARTS_PER_TURN` of the queued writers."""
+        """Fork queued writers: up to :data:`STARTS_PER_TURN`, until :data:`STARTS_BUDGET_S` has passed."""
+        begun = time.monotonic()
+        if self._held:
+            self._poll_held(begun)
         for _ in range(min(STARTS_PER_TURN, len(self._queue))):
+            if time.monotonic() - begun >= STARTS_BUDGET_S:
+                return
             key = self._queue.popleft()
             if key not in self._queued:
                 continue  # forgotten or stopped for good meanwhile
@@ -177,10 +225,13 @@ class WriterDemand:
 
     def next_deadline_s(self) -> float | None:
         """When the supervisor's loop must turn next for this: now if writers are queued, else the heap's
-        first deadline (stale entries included: they cost one turn)."""
+        first deadline (stale entries included: they cost one turn) or the next look at held partitions."""
         if self._queue:
             return time.monotonic()
-        return self._heap[0][0] if self._heap else None
+        due = self._heap[0][0] if self._heap else None
+        if self._held:
+            due = self._next_held_poll_s if due is None else min(due, self._next_held_poll_s)
+        return due
 
     # -- what the writers report ----------------------------------------------------------------------------
 
@@ -221,9 +272,12 @@ class WriterDemand:
         else:
             _log.warning("writer %s %s as it stopped for idleness; the next writer recovers its log",
                          part.name, how)  # fmt: skip
-        if part.rings or part.queued:  # attached (or a command queued for a writer) while it stopped
-            self._enqueue((part.topic, part.partition))
+        if part.queued or any(not r.ahead or r.detaching or ring_has_frames(r.names)
+                              for r in part.rings.values()):  # fmt: skip
+            self._enqueue((part.topic, part.partition))  # attached (or a command queued) while it stopped
             return True
+        if part.rings:  # only rings attached ahead: their first frame starts the writer
+            self._held[(part.topic, part.partition)] = (part, 0)
         due_in_ms = demand.due_in_ms if clean else self._retry_ms
         if due_in_ms is not None:
             self._schedule(demand, due_in_ms)

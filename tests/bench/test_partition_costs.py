@@ -8,7 +8,7 @@ import sys
 import time
 import uuid
 
-from bench.partition_costs import idle_core_pct, tree_pids, tree_usage
+from bench.partition_costs import idle_core_pct, tree_pids, tree_usage, waves
 
 
 def test_the_tree_holds_every_descendant_and_its_memory() -> None:
@@ -36,3 +36,11 @@ def test_the_tree_holds_every_descendant_and_its_memory() -> None:
             os.kill(pid, 9)
         child.kill()
         child.wait()
+
+
+def test_a_produce_round_goes_in_waves_that_cover_every_partition_once() -> None:
+    assert waves(10, 1000) == [range(0, 10)]
+    assert waves(5000, 1000) == [range(i, i + 1000) for i in range(0, 5000, 1000)]
+    parts = waves(2500, 1000)
+    assert [len(w) for w in parts] == [1000, 1000, 500]
+    assert [p for w in parts for p in w] == list(range(2500))

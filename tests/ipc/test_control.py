@@ -90,6 +90,16 @@ def test_malformed_lines_are_protocol_errors(line: bytes, match: str) -> None:
         LineDecoder().feed(line)
 
 
+def test_the_metadata_of_a_topic_of_5000_partitions_fits_one_line() -> None:
+    partition = {"partition": 4999, "state_page": "/la-0123456789abcdef-state-a-topic-name-4999",
+                 "doorbell": "/la-0123456789abcdef-doorbell-a-topic-name-4999", "log_end_offset": 2**40,
+                 "high_watermark": 2**40, "log_start_offset": 2**39, "leader_epoch": 7, "writer_pid": 4194304,
+                 "writer_uss_bytes": 6 << 20, "offline": None}  # fmt: skip
+    reply = ok_response(topic={"name": "a-topic-name", "partitions": [partition] * 5000})
+    assert len(encode(reply)) > 1 << 20  # more than the 1 MiB the protocol allowed before
+    assert LineDecoder().feed(encode(reply)) == [reply]
+
+
 def test_overlong_lines_are_refused_with_or_without_a_newline() -> None:
     with pytest.raises(ProtocolError, match="over 64"):
         LineDecoder(max_line_bytes=64).feed(b"{" + b" " * 80 + b"}\n")

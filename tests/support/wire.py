@@ -133,10 +133,13 @@ class StaticCluster:
     def attach(self, topic: str, partition: int) -> Any:
         raise ClusterError("no writer in this test", ErrorCode.NOT_LEADER_OR_FOLLOWER)
 
-    def attach_many(self, partitions: Any) -> list[Any]:
+    def attach_many(self, partitions: Any, *, ahead: Any = ()) -> list[Any]:
         return [ClusterError("no writer in this test", ErrorCode.NOT_LEADER_OR_FOLLOWER) for _ in partitions]
 
     def detach(self, ring: str) -> None:
+        pass
+
+    def detach_many(self, rings: Any) -> None:
         pass
 
     def close(self) -> None:

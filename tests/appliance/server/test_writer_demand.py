@@ -198,3 +198,42 @@ def test_a_restart_with_idle_partitions_forks_no_writer(tmp_path: Path, running:
     assert offsets == [1, 1, 1, 1]
     assert [logged_offsets(appliance, "again", p) for p in range(4)] == [[0, 1]] * 4
     stop_appliance(appliance)
+
+
+def rings_of(topic: str) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if f"-ring-{topic}-" in name]
+
+
+def test_rings_attached_ahead_start_no_writer_until_a_record_is_published(tmp_path: Path,
+                                                                           running: list[Appliance]) -> None:
+    appliance = start(tmp_path, running, {"ahead": 8, "kahead": 40},
+                      '"appliance.ring.idle.ms" = 500')  # fmt: skip
+    seen: set[str] = set()
+    with Producer({"appliance.data.dir": str(appliance.data_dir), "linger.ms": 0}) as producer:
+        assert producer.send("ahead", b"zero", partition=0).get(30).offset == 0
+        assert len(rings_of("ahead")) == 8, "the local producer attached rings ahead to the other partitions"
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # several looks of the supervisor at the held partitions
+            seen |= set(writers(appliance))
+            time.sleep(0.05)
+        assert seen == {"ahead-0"}, "a ring attached ahead and not written started a writer"
+        assert producer.send("ahead", b"three", partition=3).get(30).offset == 0
+        assert set(writers(appliance)) == {"ahead-0", "ahead-3"}, "the first record started its writer"
+    wait_until(lambda: not rings_of("ahead"), "rings attached ahead were not removed when the producer left")
+    assert logged_offsets(appliance, "ahead", 3) == [0]
+    assert all(logged_offsets(appliance, "ahead", p) == [] for p in (1, 2, 4, 5, 6, 7))
+
+    kafka = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap, "linger.ms": 0,
+                                      "enable.idempotence": True})  # fmt: skip
+    kafka.produce("kahead", b"zero", partition=0)
+    assert kafka.flush(30) == 0
+    assert len(rings_of("kahead")) > 1, "the broker attached rings ahead"
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        seen |= set(writers(appliance))
+        time.sleep(0.05)
+    assert {w for w in seen if w.startswith("kahead")} == {"kahead-0"}
+    wait_until(lambda: not rings_of("kahead"), "the broker's rings attached ahead were not let go")
+    assert "kahead-1" not in writers(appliance) and logged_offsets(appliance, "kahead", 1) == []
+    stop_appliance(appliance)
+    assert "Traceback" not in appliance.log_text()
