@@ -34,10 +34,16 @@ producer needs it and stops it when none has for ``appliance.writer.idle.ms``::
   writer whose partition has had no ring for ``appliance.writer.idle.ms`` and whose state page says it
   sleeps (``writer_busy_ms`` negative) is sent the clean stop (``{"op": "stop", "idle": true}``: drain,
   snapshot the producer state, close with the clean-shutdown marker), :meth:`WriterDemand.check`, once a
-  second.  That exit is not a crash: no restart, no back-off, a debug line.  Once told to stop, a writer gets
-  no other command (``Partition.tell_writer``); a ring attached meanwhile is handed to a new writer started
-  when the old one has exited (its log lock is free then: one writer per log).  A stopping writer that has
-  not exited after ``appliance.shutdown.timeout.ms`` is killed; the next writer recovers its log.
+  second, at most :data:`IDLE_STOPS_AT_ONCE` at a time: a clean stop fsyncs the log, its indexes, the
+  checkpoint, the producer-state snapshot and the clean-shutdown marker, and a few hundred writers going idle
+  together (a producer of a wide topic closing) would queue their fsyncs behind each other in the file
+  system's journal, each stop lasting for as long as all of them, with the supervisor's own writes stalled
+  behind; the others wait (longest idle first) and the next takes the slot a stopping writer frees as it
+  exits, so each stop is timed from its own start.  That exit is not a crash: no restart, no back-off, a
+  debug line.  Once told to stop, a writer gets no other command (``Partition.tell_writer``); a ring
+  attached meanwhile is handed to a new writer started when the old one has exited (its log lock is free
+  then: one writer per log).  A stopping writer that has not exited after ``appliance.shutdown.timeout.ms``
+  is killed; the next writer recovers its log.
 * **Timers of a partition with no writer.**  A stopping writer reports when its log next needs it
   (``{"op": "next_due", "in_ms": ...}``: retention by time, ``appliance.server.writer_timers``), and so does
   recovery at start-up for every log (``Partition.idle_due_in_ms``).  The supervisor keeps these deadlines
