@@ -234,6 +234,10 @@ class WriterDemand:
         demand = self._running.get(pid)
         return None if demand is None else demand.part
 
+    def running_partitions(self) -> dict[_Key, Partition]:
+        """The partitions whose writer runs (stopping ones included), by (topic, partition)."""
+        return {(d.part.topic, d.part.partition): d.part for d in self._running.values()}
+
     def next_deadline_s(self) -> float | None:
         """When the supervisor's loop must turn next for this: now if writers are queued, else the heap's
         first deadline (stale entries included: they cost one turn) or the next look at held partitions."""
