@@ -342,8 +342,8 @@ class WriterDemand:
         child = part.writer
         if self._running.get(child.pid) is not demand or child.stopping or child.stall_killed or part.rings:
             return False
-        if not asleep:
-            return True
+        if not asleep:  # still started for its timers only, or writer.idle.ms 0
+            return demand.quick_exit or self._idle_s == 0
         if not demand.quick_exit and now - demand.idle_since_s < self._idle_s:
             return False
         page = part.page
