@@ -162,6 +162,45 @@ class Child:
             self.uss_measured_s = now
 
 
+class Restarts:
+    """The children waiting to be restarted, so the supervisor's loop looks at these only, not at every
+    partition's: a child is added when it is given a ``restart_at_s``; one whose ``restart_at_s`` was
+    cleared since (stopped for good, or started by other means) is dropped when next looked at."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, tuple[Child, Callable[[], None]]] = {}  # by id(child)
+
+    def add(self, child: Child, restart: Callable[[], None]) -> None:
+        """``child`` waits for its ``restart_at_s``; then ``restart`` forks it again."""
+        self._waiting[id(child)] = (child, restart)
+
+    def next_s(self) -> float | None:
+        """The earliest restart due (monotonic), if one is waiting."""
+        self._drop_stale()
+        return min((c.restart_at_s for c, _ in self._waiting.values() if c.restart_at_s is not None),
+                   default=None)  # fmt: skip
+
+    def run_due(self, now_s: float) -> None:
+        """Restart every waiting child whose time has come."""
+        if not self._waiting:
+            return
+        self._drop_stale()
+        due = [(key, c, restart) for key, (c, restart) in self._waiting.items()
+               if c.restart_at_s is not None and c.restart_at_s <= now_s]  # fmt: skip
+        for key, child, restart in due:
+            del self._waiting[key]
+            child.restarts += 1
+            restart()
+
+    def _drop_stale(self) -> None:
+        stale = [key for key, (c, _) in self._waiting.items() if c.pid or c.restart_at_s is None]
+        for key in stale:
+            del self._waiting[key]
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
 def restart_delay_s(recent_deaths: int) -> float:
     """The back-off before a restart, given the deaths in the last :data:`CRASH_WINDOW_S` (this one too)."""
     return 0.0 if recent_deaths <= 1 else min(MAX_RESTART_DELAY_S, 0.25 * 2 ** (recent_deaths - 2))

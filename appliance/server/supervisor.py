@@ -68,6 +68,7 @@ from appliance.server.children import (
     Child,
     ChildContext,
     ChildSpec,
+    Restarts,
     describe_exit,
     fork_child,
     kill_quietly,
@@ -125,6 +126,7 @@ class Supervisor:
         self._rings = RingTable(self.names, self.permissions, config.ring_bytes)
         self._extras: dict[str, tuple[ChildSpec, Child]] = {}
         self._children_by_pid: dict[int, Child] = {}
+        self._restarts = Restarts()  # children waiting to be restarted
         self._selector: selectors.BaseSelector | None = None
         self._control: ControlServer | None = None
         self._wakeup_r: socket.socket | None = None
@@ -341,7 +343,7 @@ class Supervisor:
                 sock.close()
         if self._control is not None:
             self._control.close_in_child()
-        for child in self.children():
+        for child in self._children_by_pid.values():  # a running child's channel or readiness pipe
             if child.channel is not None and child.channel.fileno() not in keep:
                 child.channel.close()
             if child.ready_fd >= 0 and child.ready_fd not in keep:
@@ -416,6 +418,7 @@ class Supervisor:
     def _child_exited(self, child: Child, status: int) -> None:
         how = describe_exit(status)
         clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        part = self._demand.running_part(child.pid) if child.role == "writer" else None
         if child.role == "writer":
             self._read_last_reports(child, how)
         idle_exit = child.role == "writer" and self._demand.exited(child, clean, how)
@@ -439,6 +442,10 @@ class Supervisor:
         _log.error("%s %s %s; %s%s (%d deaths in the last %d s)", child.role, child.name, how, what,
                    f" in {delay:.2f} s" if delay else "", len(child.crashes), CRASH_WINDOW_S)  # fmt: skip
         child.restart_at_s = now + delay
+        if part is not None:
+            self._restarts.add(child, lambda: self._spawn_writer(part))
+        elif child.role == "extra":
+            self._restarts.add(child, lambda: self._spawn_extra(self._extras[child.name][0], child))
 
     def _read_last_reports(self, child: Child, how: str) -> None:
         """Read what an exited writer sent last (its ``next_due``, replies) before its channel is closed;
@@ -460,16 +467,7 @@ class Supervisor:
             child.ready_fd = -1
 
     def _restart_due(self) -> None:
-        now = time.monotonic()
-        for part in list(self._partitions.values()):
-            child = part.writer
-            if child.pid == 0 and child.restart_at_s is not None and child.restart_at_s <= now:
-                child.restarts += 1
-                self._spawn_writer(part)
-        for spec, child in self._extras.values():
-            if child.pid == 0 and child.restart_at_s is not None and child.restart_at_s <= now:
-                child.restarts += 1
-                self._spawn_extra(spec, child)
+        self._restarts.run_due(time.monotonic())
 
     # -- the loop -----------------------------------------------------------------------------------------
 
@@ -504,9 +502,8 @@ class Supervisor:
         deadlines = [now + 1.0, self._next_status_s, self._next_memory_s]
         if self._watchdog_s is not None:
             deadlines.append(self._next_watchdog_s)
-        deadlines += [c.restart_at_s for c in self.children() if c.restart_at_s is not None]
         for due_s in (self._changes.next_step_s() if self._changes is not None else None,
-                      self._demand.next_deadline_s()):  # fmt: skip
+                      self._demand.next_deadline_s(), self._restarts.next_s()):  # fmt: skip
             if due_s is not None:
                 deadlines.append(due_s)
         return max(0.0, min(deadlines) - now)
@@ -546,7 +543,7 @@ class Supervisor:
             self._measure_memory()
         if now >= self._next_liveness_check_s:
             self._next_liveness_check_s = now + min(1.0, WRITER_STALL_S / 4)
-            self._liveness.kill_stuck(self._partitions)  # restarted as after any death
+            self._liveness.kill_stuck(self._demand.running_partitions())  # restarted as after any death
             self._demand.check()  # idle writers stopped, stopped ones whose timers are due started
         if now >= self._next_pending_s:
             self._next_pending_s = now + _PENDING_INTERVAL_S
@@ -565,7 +562,7 @@ class Supervisor:
         self._memory_reported = True
 
     def _update_status(self) -> None:
-        writers = sum(1 for p in self._partitions.values() if p.writer.pid)
+        writers = self._demand.running
         text = (
             f"serving {self._topic_count()} topics, {writers}/{len(self._partitions)} partition writers, "
             f"{len(self._rings)} producer rings"

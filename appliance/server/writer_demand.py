@@ -34,10 +34,16 @@ producer needs it and stops it when none has for ``appliance.writer.idle.ms``::
   writer whose partition has had no ring for ``appliance.writer.idle.ms`` and whose state page says it
   sleeps (``writer_busy_ms`` negative) is sent the clean stop (``{"op": "stop", "idle": true}``: drain,
   snapshot the producer state, close with the clean-shutdown marker), :meth:`WriterDemand.check`, once a
-  second.  That exit is not a crash: no restart, no back-off, a debug line.  Once told to stop, a writer gets
-  no other command (``Partition.tell_writer``); a ring attached meanwhile is handed to a new writer started
-  when the old one has exited (its log lock is free then: one writer per log).  A stopping writer that has
-  not exited after ``appliance.shutdown.timeout.ms`` is killed; the next writer recovers its log.
+  second, at most :data:`IDLE_STOPS_AT_ONCE` at a time: a clean stop fsyncs the log, its indexes, the
+  checkpoint, the producer-state snapshot and the clean-shutdown marker, and a few hundred writers going idle
+  together (a producer of a wide topic closing) would queue their fsyncs behind each other in the file
+  system's journal, each stop lasting for as long as all of them, with the supervisor's own writes stalled
+  behind; the others wait (longest idle first) and the next takes the slot a stopping writer frees as it
+  exits, so each stop is timed from its own start.  That exit is not a crash: no restart, no back-off, a
+  debug line.  Once told to stop, a writer gets no other command (``Partition.tell_writer``); a ring
+  attached meanwhile is handed to a new writer started when the old one has exited (its log lock is free
+  then: one writer per log).  A stopping writer that has not exited after ``appliance.shutdown.timeout.ms``
+  is killed; the next writer recovers its log.
 * **Timers of a partition with no writer.**  A stopping writer reports when its log next needs it
   (``{"op": "next_due", "in_ms": ...}``: retention by time, ``appliance.server.writer_timers``), and so does
   recovery at start-up for every log (``Partition.idle_due_in_ms``).  The supervisor keeps these deadlines
@@ -65,11 +71,12 @@ from appliance.server.children import Child, kill_quietly
 from appliance.server.partitions import Partition
 from ipc.ring import ring_has_frames
 
-__all__ = ["HELD_POLL_S", "STARTS_BUDGET_S", "STARTS_PER_TURN", "WriterDemand"]
+__all__ = ["HELD_POLL_S", "IDLE_STOPS_AT_ONCE", "STARTS_BUDGET_S", "STARTS_PER_TURN", "WriterDemand"]
 
 STARTS_PER_TURN: Final = 16  # the most queued writers forked per loop turn; control requests served between
 STARTS_BUDGET_S: Final = 0.05  # a turn forks no further writer once its forks took this long (at least one)
 HELD_POLL_S: Final = 0.02  # how often the doorbells of partitions with rings attached ahead are looked at
+IDLE_STOPS_AT_ONCE: Final = 8  # the most writers stopping for idleness at a time (each clean stop fsyncs)
 
 _log = logging.getLogger("appliance.supervisor")
 
@@ -106,6 +113,9 @@ class WriterDemand:
         self._heap: list[tuple[float, _Key]] = []
         self._held: dict[_Key, tuple[Partition, int]] = {}  # rings attached ahead: the doorbell posts seen
         self._next_held_poll_s = 0.0
+        self._to_stop: deque[tuple[_Demand, bool]] = deque()  # idle writers waiting for a stop slot (and
+        # whether they must still be seen asleep then), longest idle first
+        self._stopping: set[int] = set()  # pids of the writers told to stop for idleness, not exited yet
 
     # -- partitions served ----------------------------------------------------------------------------------
 
@@ -128,6 +138,7 @@ class WriterDemand:
         key = (part.topic, part.partition)
         self._queued.discard(key)
         demand = self._demand.get(key)
+        self._stopping.discard(part.writer.pid)
         if demand is not None:
             demand.idle_stop_s = None
             demand.quick_exit = False
@@ -223,6 +234,10 @@ class WriterDemand:
         demand = self._running.get(pid)
         return None if demand is None else demand.part
 
+    def running_partitions(self) -> dict[_Key, Partition]:
+        """The partitions whose writer runs (stopping ones included), by (topic, partition)."""
+        return {(d.part.topic, d.part.partition): d.part for d in self._running.values()}
+
     def next_deadline_s(self) -> float | None:
         """When the supervisor's loop must turn next for this: now if writers are queued, else the heap's
         first deadline (stale entries included: they cost one turn) or the next look at held partitions."""
@@ -245,7 +260,7 @@ class WriterDemand:
             in_ms = message.get("in_ms")
             demand.due_in_ms = in_ms if isinstance(in_ms, int) else None
         elif op == "timers_done" and demand.quick_exit and not part.rings and not part.writer.stopping:
-            self._stop_idle(demand, time.monotonic())
+            self._offer_stop(demand)
 
     def rings_changed(self, part: Partition) -> None:
         """A ring of the partition was let go: the idle time counts from its last one."""
@@ -254,13 +269,22 @@ class WriterDemand:
             return
         demand.idle_since_s = time.monotonic()
         if self._idle_s == 0 and not self.resident and part.writer.pid and not part.writer.stopping:
-            self._stop_idle(demand, demand.idle_since_s)  # writer.idle.ms 0: at once
+            self._offer_stop(demand)  # writer.idle.ms 0: at once (or at the next free stop slot)
 
     def exited(self, child: Child, clean: bool, how: str) -> bool:
         """A writer exited (called before ``child.pid`` is cleared).  True if it was stopped for idleness:
         then it is handled here (a ring attached meanwhile starts a new one; else its next due is
         scheduled) and the supervisor neither restarts it nor counts a death."""
         demand = self._running.pop(child.pid, None)
+        slot = child.pid in self._stopping
+        self._stopping.discard(child.pid)
+        try:
+            return self._exited(demand, child, clean, how)
+        finally:
+            if slot:
+                self._stop_next()  # the next idle writer takes the stop slot freed
+
+    def _exited(self, demand: _Demand | None, child: Child, clean: bool, how: str) -> bool:
         if demand is None or demand.idle_stop_s is None:
             return False
         part = demand.part
@@ -286,12 +310,14 @@ class WriterDemand:
     # -- the supervisor's clock -----------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Once a second: stop the running writers idle long enough; kill one that does not stop; start
-        the partitions whose next due has come."""
+        """Once a second: stop the running writers idle long enough (at most :data:`IDLE_STOPS_AT_ONCE`
+        at a time, the others as those exit); kill one that does not stop; start the partitions whose next
+        due has come."""
         now = time.monotonic()
         self._fire_due(now)
         if self.resident:
             return
+        idle: list[_Demand] = []
         for demand in list(self._running.values()):
             part = demand.part
             child = part.writer
@@ -302,18 +328,49 @@ class WriterDemand:
                     demand.idle_stop_s = now  # once
                     kill_quietly(child.pid, signal.SIGKILL)
                 continue
-            if child.stopping or child.stall_killed or part.rings:
-                continue
-            if not demand.quick_exit and now - demand.idle_since_s < self._idle_s:
-                continue
-            page = part.page
-            if page.writer_pid == child.pid and page.writer_busy_ms < 0:  # opened its log, and asleep
+            if self._stoppable(demand, now):
+                idle.append(demand)
+        idle.sort(key=lambda d: d.idle_since_s)
+        self._to_stop = deque((demand, True) for demand in idle)
+        self._stop_next()
+
+    def _stoppable(self, demand: _Demand, now: float, *, asleep: bool = True) -> bool:
+        """Whether the partition's running writer is to be stopped for idleness now: no ring, idle for the
+        idle time (or started for its timers only), asleep with its log open (unless ``asleep`` is False:
+        it has just drained its last ring or run its timers)."""
+        part = demand.part
+        child = part.writer
+        if self._running.get(child.pid) is not demand or child.stopping or child.stall_killed or part.rings:
+            return False
+        if not asleep:  # still started for its timers only, or writer.idle.ms 0
+            return demand.quick_exit or self._idle_s == 0
+        if not demand.quick_exit and now - demand.idle_since_s < self._idle_s:
+            return False
+        page = part.page
+        return page.writer_pid == child.pid and page.writer_busy_ms < 0  # opened its log, and asleep
+
+    def _offer_stop(self, demand: _Demand) -> None:
+        """Stop this idle writer as soon as a stop slot is free."""
+        self._to_stop.appendleft((demand, False))
+        self._stop_next()
+
+    def _stop_next(self) -> None:
+        """Tell idle writers to stop while fewer than :data:`IDLE_STOPS_AT_ONCE` are stopping.  A clean stop
+        fsyncs the log, its indexes, checkpoints and snapshot; hundreds at once queue behind each other in
+        the file system's journal (and stall the supervisor's own writes), so each stop is timed from its
+        own start and is short."""
+        now = time.monotonic()
+        while self._to_stop and len(self._stopping) < IDLE_STOPS_AT_ONCE:
+            demand, asleep = self._to_stop.popleft()
+            if self._stoppable(demand, now, asleep=asleep):
                 self._stop_idle(demand, now)
 
     def _stop_idle(self, demand: _Demand, now: float) -> None:
         part = demand.part
         part.writer.stopping = True
         demand.idle_stop_s = now
+        self._stopping.add(part.writer.pid)
+        _log.debug("writer %s (pid %d) told to stop: no producer attached", part.name, part.writer.pid)
         part.tell_writer({"op": "stop", "idle": True, "timeout_ms": int(self._stop_timeout_s * 800)})
 
     def _fire_due(self, now: float) -> None:

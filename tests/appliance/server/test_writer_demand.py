@@ -8,6 +8,7 @@ producer of ``support.harness``; what was acknowledged is read back from the log
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from support.harness import RawProducer
 from support.kafka_appliance import Appliance, start_appliance, stop_appliance
 
 from appliance.client.producer import Producer
+from appliance.server.writer_demand import IDLE_STOPS_AT_ONCE
 from ipc.control import ControlClient
 from ipc.ring import warm_up
 from storage.batch_header import parse_header
@@ -181,6 +183,34 @@ def test_attaches_racing_idle_exits_lose_nothing(tmp_path: Path, running: list[A
     assert logged_offsets(appliance, "race", 0) == list(range(80))
     stop_appliance(appliance)
     assert "Traceback" not in appliance.log_text()
+
+
+def test_writers_idle_together_stop_a_few_at_a_time(tmp_path: Path, running: list[Appliance]) -> None:
+    """Many writers idle at the same moment are told to stop at most IDLE_STOPS_AT_ONCE at a time (each
+    clean stop fsyncs several files); every one stops cleanly, none is killed, nothing is lost."""
+    partitions = 4 * IDLE_STOPS_AT_ONCE
+    appliance = start(tmp_path, running, {"many": partitions}, '"appliance.log.level" = "DEBUG"')
+    with Producer({"appliance.data.dir": str(appliance.data_dir), "linger.ms": 0}) as producer:
+        sent = [producer.send("many", b"record", partition=p) for p in range(partitions)]
+        assert [future.get(30).offset for future in sent] == [0] * partitions
+    wait_until(lambda: not writers(appliance) and appliance.log_text().count(" stopped: no producer attached")
+               >= partitions, "the idle writers did not all stop", 120)  # fmt: skip
+    stopping: set[str] = set()
+    most = 0
+    for line in appliance.log_text().splitlines():
+        told = re.search(r"writer (many-\d+) \(pid \d+\) told to stop: no producer attached", line)
+        stopped = re.search(r"writer (many-\d+) stopped: no producer attached", line)
+        if told:
+            stopping.add(told[1])
+            most = max(most, len(stopping))
+        elif stopped:
+            assert stopped[1] in stopping, f"{stopped[1]} stopped without being told: {line}"
+            stopping.remove(stopped[1])
+    assert 1 <= most <= IDLE_STOPS_AT_ONCE, f"{most} writers were stopping at once"
+    assert not stopping, f"told to stop, never stopped cleanly: {sorted(stopping)}"
+    assert "did not stop" not in appliance.log_text()
+    assert [logged_offsets(appliance, "many", p) for p in range(partitions)] == [[0]] * partitions
+    stop_appliance(appliance)
 
 
 def test_a_restart_with_idle_partitions_forks_no_writer(tmp_path: Path, running: list[Appliance]) -> None:
