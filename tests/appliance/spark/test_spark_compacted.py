@@ -45,7 +45,7 @@ def test_spark_reads_a_compacted_partition_with_its_gaps(spark: Any, appliance: 
     frame = spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap) \
         .option("subscribe", TOPIC).load()
     read = sorted((r.offset, bytes(r.key), bytes(r.value)) for r in frame.collect())
-    assert read == rows, "Spark reads what the Consumer reads"
+    # the cleaner may clean more between the two reads: Spark reads at most what the Consumer read
+    assert set(read) <= set(rows) and len(read) < RECORDS, "Spark reads the compacted partition"
     assert all(produced[offset] == (key, value) for offset, key, value in read), "offsets kept"
     assert {key: (offset, value) for offset, key, value in read} == latest
-    assert len(read) < RECORDS
