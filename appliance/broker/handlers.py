@@ -45,10 +45,9 @@ from typing import Any
 
 from appliance.broker import log_dirs
 from appliance.broker.cluster import Cluster, ClusterError, TopicChange
-from appliance.broker.partitions import PartitionHandle, PartitionTable, TopicMeta
+from appliance.broker.partitions import INTERNAL_TOPICS, PartitionHandle, PartitionTable, TopicMeta
 from appliance.broker.replication import LeaderReplication
 from appliance.config.server_config import Config, check_new_topic_name, check_topic_name
-from appliance.coordinator.offset_records import OFFSETS_TOPIC
 from ipc.kafka import (
     ApiKey,
     ApiVersionsResponse,
@@ -226,7 +225,7 @@ def _topic_metadata_or_error(ctx: BrokerContext, meta: TopicMeta) -> MetadataRes
 def _topic_metadata(ctx: BrokerContext, meta: TopicMeta) -> MetadataResponseTopic:
     partitions = [_partition_metadata_or_error(ctx, meta, index) for index in range(meta.partitions)]
     return MetadataResponseTopic(
-        error_code=ErrorCode.NONE, name=meta.name, is_internal=meta.name == OFFSETS_TOPIC,
+        error_code=ErrorCode.NONE, name=meta.name, is_internal=meta.name in INTERNAL_TOPICS,
         partitions=partitions,
     )
 

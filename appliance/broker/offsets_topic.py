@@ -223,7 +223,7 @@ class OffsetsTopic:
             if key is None:
                 return False
             value = None if value_bytes is None else decode_value(value_bytes)
-        except (ValueError, UnicodeDecodeError) as e:
+        except ValueError as e:  # malformed bytes, invalid UTF-8 included (the primitives check it)
             log.error("%s offset %d: skipping a malformed record: %s", name, offset, e)
             return False
         entry = None if value is None else CommittedOffset(value.offset, value.leader_epoch, value.metadata,

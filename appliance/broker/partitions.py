@@ -37,13 +37,14 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from appliance.coordinator.offset_records import OFFSETS_TOPIC
 from ipc.kafka import ErrorCode
 from ipc.shm import ShmNames
 from ipc.state_page import StatePage
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
 
-__all__ = ["PartitionHandle", "PartitionTable", "TopicMeta"]
+__all__ = ["INTERNAL_TOPICS", "PartitionHandle", "PartitionTable", "TopicMeta"]
 
 log = logging.getLogger("appliance.broker")
 
@@ -51,6 +52,10 @@ log = logging.getLogger("appliance.broker")
 # one loop serves every connection, so it waits briefly; Fetch then answers the partition empty (no error)
 # and the client fetches again (appliance.broker.fetch_session).
 SWAP_WAIT_S = 0.2
+
+# the appliance's own topics: Metadata marks them internal and clients may not produce to them (Kafka's
+# Topic.isInternal is by name too)
+INTERNAL_TOPICS: frozenset[str] = frozenset({OFFSETS_TOPIC})
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
-from appliance.broker.partitions import PartitionHandle
-from appliance.coordinator.offset_records import OFFSETS_TOPIC
+from appliance.broker.partitions import INTERNAL_TOPICS, PartitionHandle
 from ipc.kafka import (
     BatchIndexAndErrorMessage,
     ErrorCode,
@@ -101,7 +100,6 @@ ATTACH_AHEAD = 32
 # of /dev/shm, populated when created; they go after appliance.ring.idle.ms)
 MAX_UNUSED_AHEAD = 4 * ATTACH_AHEAD
 IDLE_CHECK_SLACK_MS = 250  # rings idle within this of each other are let go together (one round trip)
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})  # clients may not produce to them (Kafka's rule)
 RING_ACK_TIMEOUT_FLOOR_MS = 1000  # a request's timeout_ms below this still waits this long for the writer
 _COMMIT_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: "appended, but the ISR fell below min.insync.replicas before "

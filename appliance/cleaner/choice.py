@@ -12,19 +12,23 @@ For each compacted partition (``cleanup.policy`` holding ``compact``) the cleane
 * **overdue**: ``max.compaction.lag.ms`` is set and the first dirty segment's newest record is older than it.
 
 :func:`pick` takes an overdue log first (the most dirty bytes), else the highest dirty ratio at or above
-its ``min.cleanable.dirty.ratio``; none: the cleaner sleeps ``log.cleaner.backoff.ms``.
+its ``min.cleanable.dirty.ratio``; none: the cleaner sleeps ``log.cleaner.backoff.ms``.  :func:`dirtiest`
+does both over a round's partitions, for the leader's cleaner process and a replica's cleaner thread alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, TypeVar
 
 from appliance.cleaner.log_view import LogView
+from appliance.config.server_config import TopicConfig
 from appliance.config.settings import LONG_MAX
 from storage.cleaner import first_dirty_offset
 
-__all__ = ["Dirt", "cleanable_bound", "measure", "pick"]
+__all__ = ["Dirt", "cleanable_bound", "dirtiest", "measure", "pick"]
+
+T = TypeVar("T")
 
 
 class Dirt(NamedTuple):
@@ -74,3 +78,18 @@ def pick(candidates: Sequence[tuple[Dirt, float]]) -> int | None:
         return max(overdue)[1]
     ready = [(d.ratio, i) for i, (d, least) in enumerate(candidates) if d.dirty_bytes and d.ratio >= least]
     return max(ready)[1] if ready else None
+
+
+def dirtiest(candidates: Iterable[tuple[T, LogView, TopicConfig]],
+             now_ms: int) -> tuple[T, LogView, Dirt] | None:
+    """Measure every ``(partition, its view, its topic's settings)`` and pick the one to clean (with its
+    view and dirt), or None."""
+    measured = [(item, view, measure(view, min_compaction_lag_ms=settings.min_compaction_lag_ms,
+                                     max_compaction_lag_ms=settings.max_compaction_lag_ms, now_ms=now_ms),
+                 settings.min_cleanable_dirty_ratio)
+                for item, view, settings in candidates]  # fmt: skip
+    chosen = pick([(dirt, least) for _, _, dirt, least in measured])
+    if chosen is None:
+        return None
+    item, view, dirt, _ = measured[chosen]
+    return item, view, dirt

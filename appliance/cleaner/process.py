@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Final
 
-from appliance.cleaner.choice import Dirt, measure, pick
+from appliance.cleaner.choice import Dirt, dirtiest
 from appliance.cleaner.log_view import LogView, list_view
 from appliance.cleaner.throttle import Throttle
 from appliance.config.server_config import Config, TopicConfig
@@ -124,20 +124,9 @@ class Cleaner:
         if self._watch is not None:
             self._watch.drain()  # changes up to now are read by this round; later ones end the next sleep
         now_ms = time.time_ns() // 1_000_000
-        targets = self._targets()
-        measured: list[tuple[_Target, LogView, Dirt]] = []
-        for target in targets:
-            view = self._view(target)
-            if view is None:
-                continue
-            dirt = measure(view, min_compaction_lag_ms=target.settings.min_compaction_lag_ms,
-                           max_compaction_lag_ms=target.settings.max_compaction_lag_ms, now_ms=now_ms)
-            measured.append((target, view, dirt))
-        chosen = pick([(dirt, t.settings.min_cleanable_dirty_ratio) for t, _, dirt in measured])
-        if chosen is None:
-            return None
-        target, view, dirt = measured[chosen]
-        return self._clean(target, view, dirt, now_ms)
+        views = ((target, self._view(target)) for target in self._targets())
+        chosen = dirtiest(((t, view, t.settings) for t, view in views if view is not None), now_ms)
+        return None if chosen is None else self._clean(*chosen, now_ms)
 
     def _clean(self, target: _Target, view: LogView, dirt: Dirt, now_ms: int) -> CleanResult | None:
         try:

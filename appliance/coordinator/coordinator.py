@@ -92,6 +92,13 @@ class GroupCoordinator:
             self.groups[group_id] = group
         return group
 
+    def _member_group(self, group_id: str) -> Group | ErrorCode:
+        """The group a member's request names, or the error it gets: INVALID_GROUP_ID, or UNKNOWN_MEMBER_ID
+        for a group that does not exist (its members cannot either)."""
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID
+        return self.groups.get(group_id, ErrorCode.UNKNOWN_MEMBER_ID)
+
     # -- the rebalance protocol --------------------------------------------------------------------------
 
     def join(self, group_id: str, args: JoinArgs, token: Any, now_ms: int) -> list[Completion]:
@@ -106,34 +113,25 @@ class GroupCoordinator:
 
     def sync(self, group_id: str, member_id: str, generation_id: int, assignments: list[tuple[str, bytes]],
              token: Any, now_ms: int) -> list[Completion]:
-        group = self.groups.get(group_id)
-        if not valid_group_id(group_id):
-            error = ErrorCode.INVALID_GROUP_ID
-        elif group is None:
-            error = ErrorCode.UNKNOWN_MEMBER_ID
-        else:
-            return group.sync(member_id, generation_id, assignments, token, now_ms)
-        return [Completion(token, SyncGroupResponse(error_code=error, assignment=b""))]
+        group = self._member_group(group_id)
+        if isinstance(group, ErrorCode):
+            return [Completion(token, SyncGroupResponse(error_code=group, assignment=b""))]
+        return group.sync(member_id, generation_id, assignments, token, now_ms)
 
     def heartbeat(self, group_id: str, member_id: str, generation_id: int, now_ms: int) -> HeartbeatResponse:
-        group = self.groups.get(group_id)
-        if not valid_group_id(group_id):
-            error = ErrorCode.INVALID_GROUP_ID
-        elif group is None:
-            error = ErrorCode.UNKNOWN_MEMBER_ID
-        else:
-            error = group.heartbeat(member_id, generation_id, now_ms)
+        group = self._member_group(group_id)
+        error = group if isinstance(group, ErrorCode) else group.heartbeat(member_id, generation_id, now_ms)
         return HeartbeatResponse(error_code=error)
 
     def leave(self, group_id: str, member_ids: list[str], now_ms: int,
               ) -> tuple[LeaveGroupResponse, list[Completion]]:
         """LeaveGroup for one member (v0-2) or several (v3): the response and the answers it releases."""
-        group = self.groups.get(group_id)
-        if not valid_group_id(group_id):
+        group = self._member_group(group_id)
+        if group == ErrorCode.INVALID_GROUP_ID:
             return LeaveGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[]), []
-        if group is None:
-            results = [MemberResponse(m, None, ErrorCode.UNKNOWN_MEMBER_ID) for m in member_ids]
-            return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID, members=results), []
+        if isinstance(group, ErrorCode):
+            results = [MemberResponse(m, None, group) for m in member_ids]
+            return LeaveGroupResponse(error_code=group, members=results), []
         released: list[Completion] = []
         results = []
         for member_id in member_ids:

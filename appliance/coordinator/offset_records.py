@@ -19,8 +19,19 @@ partition Kafka would choose for the same partition count.
 
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
+
+from ipc.kafka.primitives import (
+    INT64,
+    check_available,
+    read_int16,
+    read_int32,
+    read_string,
+    write_int16,
+    write_int32,
+    write_string,
+)
+from storage.errors import ProtocolError
 
 __all__ = ["OFFSETS_TOPIC", "OffsetKey", "OffsetValue", "decode_key", "decode_value", "encode_key",
            "encode_value", "java_string_hash", "partition_for"]
@@ -28,9 +39,6 @@ __all__ = ["OFFSETS_TOPIC", "OffsetKey", "OffsetValue", "decode_key", "decode_va
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSET_KEY_VERSION = 1
 OFFSET_VALUE_VERSION = 3
-_INT16 = struct.Struct(">h")
-_INT32 = struct.Struct(">i")
-_INT64 = struct.Struct(">q")
 
 
 class OffsetKey(NamedTuple):
@@ -62,60 +70,58 @@ def partition_for(group_id: str, partitions: int) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
-def _string(text: str) -> bytes:
-    data = text.encode()
-    return _INT16.pack(len(data)) + data
-
-
 def encode_key(key: OffsetKey) -> bytes:
-    return (_INT16.pack(OFFSET_KEY_VERSION) + _string(key.group) + _string(key.topic)
-            + _INT32.pack(key.partition))
+    out = bytearray()
+    write_int16(out, OFFSET_KEY_VERSION)
+    write_string(out, key.group)
+    write_string(out, key.topic)
+    write_int32(out, key.partition)
+    return bytes(out)
 
 
 def encode_value(value: OffsetValue) -> bytes:
-    return (_INT16.pack(OFFSET_VALUE_VERSION) + _INT64.pack(value.offset) + _INT32.pack(value.leader_epoch)
-            + _string(value.metadata) + _INT64.pack(value.commit_timestamp_ms))
+    out = bytearray()
+    write_int16(out, OFFSET_VALUE_VERSION)
+    out += INT64.pack(value.offset)
+    write_int32(out, value.leader_epoch)
+    write_string(out, value.metadata)
+    out += INT64.pack(value.commit_timestamp_ms)
+    return bytes(out)
 
 
-class _Reader:
-    def __init__(self, data: bytes, what: str) -> None:
-        self.data, self.pos, self.what = data, 0, what
-
-    def take(self, fmt: struct.Struct) -> int:
-        if self.pos + fmt.size > len(self.data):
-            raise ValueError(f"{self.what}: {len(self.data)} bytes, truncated at byte {self.pos}")
-        (value,) = fmt.unpack_from(self.data, self.pos)
-        self.pos += fmt.size
-        return int(value)
-
-    def string(self) -> str:
-        size = self.take(_INT16)
-        if size < 0 or self.pos + size > len(self.data):
-            raise ValueError(f"{self.what}: a string of {size} bytes at byte {self.pos - 2} overruns it")
-        text = self.data[self.pos:self.pos + size].decode()
-        self.pos += size
-        return text
+def _read_int64(mv: memoryview, pos: int) -> tuple[int, int]:
+    end = check_available(mv, pos, 8, "int64")
+    return INT64.unpack_from(mv, pos)[0], end
 
 
 def decode_key(data: bytes) -> OffsetKey | None:
     """An offset commit's key; None for another record kind (group metadata, a newer version).
     ValueError for a malformed key."""
-    reader = _Reader(data, "__consumer_offsets key")
-    version = reader.take(_INT16)
-    if version not in (0, 1):
-        return None
-    return OffsetKey(reader.string(), reader.string(), reader.take(_INT32))
+    try:
+        mv = memoryview(data)
+        version, pos = read_int16(mv, 0)
+        if version not in (0, 1):
+            return None
+        group, pos = read_string(mv, pos)
+        topic, pos = read_string(mv, pos)
+        partition, _ = read_int32(mv, pos)
+    except ProtocolError as e:
+        raise ValueError(f"__consumer_offsets key of {len(data)} bytes: {e}") from None
+    return OffsetKey(group, topic, partition)
 
 
 def decode_value(data: bytes) -> OffsetValue:
     """An offset commit's value, versions 0 to 3 (v1 carries an expire timestamp, ignored; v3 a leader
     epoch).  ValueError for a malformed value or a version this reader does not know."""
-    reader = _Reader(data, "__consumer_offsets value")
-    version = reader.take(_INT16)
-    if not 0 <= version <= 3:
-        raise ValueError(f"__consumer_offsets value version {version}: this reader knows 0 to 3")
-    offset = reader.take(_INT64)
-    epoch = reader.take(_INT32) if version >= 3 else -1
-    metadata = reader.string()
-    timestamp = reader.take(_INT64)
+    try:
+        mv = memoryview(data)
+        version, pos = read_int16(mv, 0)
+        if not 0 <= version <= 3:
+            raise ValueError(f"__consumer_offsets value version {version}: this reader knows 0 to 3")
+        offset, pos = _read_int64(mv, pos)
+        epoch, pos = read_int32(mv, pos) if version >= 3 else (-1, pos)
+        metadata, pos = read_string(mv, pos)
+        timestamp, _ = _read_int64(mv, pos)
+    except ProtocolError as e:
+        raise ValueError(f"__consumer_offsets value of {len(data)} bytes: {e}") from None
     return OffsetValue(offset, epoch, metadata, timestamp)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from appliance.cleaner.choice import Dirt, measure, pick
+from appliance.cleaner.choice import Dirt, dirtiest
 from appliance.cleaner.log_view import LogView
 from appliance.cleaner.process import NICENESS, CleanRefusedError, clean_pass
 from appliance.cleaner.throttle import Throttle
@@ -121,22 +121,11 @@ class FollowerCleaner:
     def round(self) -> CleanResult | None:
         """Measure every compacted followed partition and clean the one picked; its result, or None."""
         now_ms = time.time_ns() // 1_000_000
-        measured: list[tuple[CleanTarget, LogView, Dirt]] = []
-        for target in self._targets():
-            if "compact" not in target.settings.cleanup_policy or target.name in self._uncleanable:
-                continue
-            view = self._view(target)
-            if view is None:
-                continue
-            settings = target.settings
-            dirt = measure(view, min_compaction_lag_ms=settings.min_compaction_lag_ms,
-                           max_compaction_lag_ms=settings.max_compaction_lag_ms, now_ms=now_ms)
-            measured.append((target, view, dirt))
-        chosen = pick([(dirt, t.settings.min_cleanable_dirty_ratio) for t, _, dirt in measured])
-        if chosen is None:
-            return None
-        target, view, dirt = measured[chosen]
-        return self._clean(target, view, dirt, now_ms)
+        compacted = (t for t in self._targets()
+                     if "compact" in t.settings.cleanup_policy and t.name not in self._uncleanable)
+        views = ((target, self._view(target)) for target in compacted)
+        chosen = dirtiest(((t, view, t.settings) for t, view in views if view is not None), now_ms)
+        return None if chosen is None else self._clean(*chosen, now_ms)
 
     def _clean(self, target: CleanTarget, view: LogView, dirt: Dirt, now_ms: int) -> CleanResult | None:
         guard = target.guard

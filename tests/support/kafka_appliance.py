@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def start_appliance(tmp: Path, topics: dict[str, int], extra: str = "") -> Appli
         time.sleep(0.05)
     stop_appliance(running)
     raise AssertionError(f"appliance not ready in 30 s:\n{running.log_text()}")
+
+
+def served_appliance(tmp: Path, topics: dict[str, int], extra: str = "") -> Iterator[Appliance]:
+    """A module fixture's body: :func:`start_appliance`, yield it, stop it, and fail on a traceback in its
+    log (``yield from served_appliance(...)``)."""
+    running = start_appliance(tmp, topics, extra)
+    try:
+        yield running
+    finally:
+        stop_appliance(running)
+    assert "Traceback" not in running.log_text(), running.log_text()
 
 
 def stop_appliance(appliance: Appliance) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.kafka_appliance import KCAT, Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import KCAT, Appliance, served_appliance
 from support.wire import WireClient
 
 from ipc.kafka import (
@@ -48,17 +48,12 @@ PER_PARTITION = 5
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(
+    yield from served_appliance(
         tmp_path_factory.mktemp("groups"),
         {"split": PARTITIONS, "resume": 1, "kp": 2, "kcat": 2, "one": PARTITIONS, "bad": PARTITIONS,
          "killed": PARTITIONS},
         extra='"group.initial.rebalance.delay.ms" = 100',
     )
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
 
 
 def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:

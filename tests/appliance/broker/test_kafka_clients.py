@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.kafka_appliance import KCAT, Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import KCAT, Appliance, served_appliance
 
 needs_kcat = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (make install provisions it)")
 
@@ -31,14 +31,9 @@ needs_kcat = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (mak
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(
+    yield from served_appliance(
         tmp_path_factory.mktemp("appliance"), {"kcat": 2, "ck": 3, "kp": 1, "mixed": 1, "cross": 1}
     )
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
 
 
 def kafka_python_read(consumer: Any, count: int, timeout_s: float = 20) -> list[Any]:

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.kafka_appliance import Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import Appliance, served_appliance
 
 from appliance.client.consumer import Consumer
 
@@ -35,12 +35,7 @@ LOG_APPEND_TIME = '"message.timestamp.type" = "LogAppendTime"'
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     extra = f"[topics.lat]\npartitions = 1\n{LOG_APPEND_TIME}\n"
-    running = start_appliance(tmp_path_factory.mktemp("appliance"), {"times": 1, "invalid": 1}, extra)
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp_path_factory.mktemp("appliance"), {"times": 1, "invalid": 1}, extra)
 
 
 @pytest.fixture(scope="module")

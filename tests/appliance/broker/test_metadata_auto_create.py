@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from support.kafka_appliance import Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import Appliance, served_appliance
 
 from ipc.kafka import ErrorCode, MetadataRequest, MetadataRequestTopic
 from ipc.kafka_client import KafkaConnection
@@ -21,12 +21,7 @@ TIMEOUT_S = 15
 
 
 def serve(tmp_path_factory: pytest.TempPathFactory, name: str, extra: str) -> Iterator[Appliance]:
-    running = start_appliance(tmp_path_factory.mktemp(name), {}, extra)
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp_path_factory.mktemp(name), {}, extra)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from support.kafka_appliance import Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import Appliance, served_appliance
 from support.wire import WireClient, produce
 
 from appliance.client.producer import Producer
@@ -30,12 +30,7 @@ COMPACTED = '[topics.comp]\npartitions = 1\n"cleanup.policy" = "compact"\n'
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(tmp_path_factory.mktemp("appliance"), {"plain": 1}, COMPACTED)
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp_path_factory.mktemp("appliance"), {"plain": 1}, COMPACTED)
 
 
 @pytest.fixture

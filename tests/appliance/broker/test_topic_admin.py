@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
     NewPartitions,
     NewTopic,
 )
-from support.kafka_appliance import REPO, Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import REPO, Appliance, served_appliance
 
 from appliance.client.admin import KafkaAdmin
 from ipc.kafka import ResourceType
@@ -36,12 +36,7 @@ SET = AlterConfigOpType.SET
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(tmp_path_factory.mktemp("topic-admin"), {"declared": 1})
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp_path_factory.mktemp("topic-admin"), {"declared": 1})
 
 
 @pytest.fixture(scope="module")

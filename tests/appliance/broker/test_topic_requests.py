@@ -20,7 +20,7 @@ from confluent_kafka.admin import (
     ConfigSource,
     NewTopic,
 )
-from support.kafka_appliance import Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import Appliance, served_appliance
 
 from appliance.config.topic_configs import CATALOG, Behaviour
 from ipc.control import ControlClient, ControlError
@@ -89,12 +89,7 @@ WRONG_TYPE = {ConfigType.INT: "12abc", ConfigType.LONG: "1.5", ConfigType.DOUBLE
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(tmp_path_factory.mktemp("topic-requests"), {})
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp_path_factory.mktemp("topic-requests"), {})
 
 
 @pytest.fixture(scope="module")
@@ -238,12 +233,7 @@ def test_kafka_python_creates_with_an_assignment_and_counts_must_be_minus_one(ap
 def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     """An appliance running one replica of its own (node 1, in another directory)."""
     tmp = tmp_path_factory.mktemp("assigned-replicas")
-    running = start_appliance(tmp, {}, f'"appliance.replica.dirs" = ["{tmp / "replica1"}"]')
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp, {}, f'"appliance.replica.dirs" = ["{tmp / "replica1"}"]')
 
 
 def test_an_assignment_naming_a_local_replica_is_honoured_and_others_refused(replicated: Appliance) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from support.kafka_appliance import KCAT, Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import KCAT, Appliance, served_appliance
 
 from appliance.client.consumer import Consumer
 
@@ -47,12 +47,7 @@ class Produced:
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     tmp: Path = tmp_path_factory.mktemp("compacted")
-    running = start_appliance(tmp, {}, extra=_CONFIG)
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp, {}, extra=_CONFIG)
 
 
 @pytest.fixture(scope="module")

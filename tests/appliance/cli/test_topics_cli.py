@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support.kafka_appliance import Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import Appliance, served_appliance
 
 from appliance.cli import topics as topics_cli
 from appliance.client.admin import KafkaAdmin
@@ -35,14 +35,9 @@ PARTITION_FIELDS = 10  # Topic .. BytesOnDisk: what every partition line has, on
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(
+    yield from served_appliance(
         tmp_path_factory.mktemp("topics"), {"seeded": 2}, extra='"log.retention.check.interval.ms" = 100'
     )
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
 
 
 def topics(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from support.kafka_appliance import REPO, Appliance, start_appliance, stop_appliance
+from support.kafka_appliance import REPO, Appliance, served_appliance
 
 from appliance.client.producer import Producer
 from ipc.kafka import ErrorCode, MetadataRequest, MetadataRequestTopic
@@ -25,12 +25,7 @@ RESERVED = "reserved for the appliance's internal topics"
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    running = start_appliance(tmp_path_factory.mktemp("refusals"), {"seeded": 1})
-    try:
-        yield running
-    finally:
-        stop_appliance(running)
-    assert "Traceback" not in running.log_text(), running.log_text()
+    yield from served_appliance(tmp_path_factory.mktemp("refusals"), {"seeded": 1})
 
 
 def topic_names(appliance: Appliance) -> set[str]:
