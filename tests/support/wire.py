@@ -3,7 +3,9 @@ topic list, and readers of what it answers."""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import multiprocessing
 import os
 import resource
 import signal
@@ -11,6 +13,8 @@ import socket
 import struct
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from appliance.broker.broker import Broker
 from appliance.broker.cluster import ClusterError, TopicChange
@@ -151,6 +155,10 @@ def serve_broker(
 ) -> None:
     os.setpgrp()  # a ^C on the test run is the test's to handle
     logging.getLogger("appliance").addHandler(logging.FileHandler(log_path))
+    # numba set up (its first kernel call imports ~80 modules), as `appliance serve`'s children inherit it
+    # from the supervisor, whose recovery has called kernels before it forks
+    importlib.import_module("storage.log")
+    importlib.import_module("storage.index_file").count_used_entries(np.zeros(16, np.uint8), 2, 8)
     if free_descriptors is not None:
         # RLIMIT_NOFILE bounds descriptor numbers (new ones take the lowest free number; open ones above it
         # stay open): the lowest limit that leaves this many numbers free under it, whatever the test
@@ -166,6 +174,34 @@ def serve_broker(
     ready.send(broker.bind())
     ready.close()
     broker.serve()
+
+
+def start_broker(
+    config: Config, topics: Mapping[str, TopicMeta], log_path: str, free_descriptors: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """A `Broker` over a static cluster in a child process; returns the process and its listeners' addresses.
+
+    The child is spawned, not forked: a fork of the test process (numba, pyarrow and client threads loaded by
+    earlier tests) can crash in the child's first garbage collection.
+    """
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(
+        target=serve_broker, args=(config, dict(topics), child, log_path, free_descriptors), daemon=True
+    )
+    process.start()
+    child.close()
+    try:
+        if not parent.poll(60):
+            raise AssertionError(f"the broker did not start; its log: {log_path}")
+        addresses = parent.recv()
+    except BaseException:
+        process.terminate()
+        process.join(10)
+        raise
+    finally:
+        parent.close()
+    return process, addresses
 
 
 def offsets_in(records: Any) -> list[int]:

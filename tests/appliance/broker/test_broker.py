@@ -11,7 +11,6 @@ The same broker against the real supervisor is exercised in ``test_kafka_clients
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import random
 import socket
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.wire import WireClient, offsets_in, serve_broker
+from support.wire import WireClient, offsets_in, start_broker
 
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import Config, config_from_mapping
@@ -150,16 +149,7 @@ def standalone(tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[Standa
         "broken": TopicMeta("broken", 0, error=ErrorCode.LEADER_NOT_AVAILABLE, error_message="bad"),
     }
     log_path = str(tmp_path / "broker.log")
-    parent, child = multiprocessing.get_context("fork").Pipe()
-    process = multiprocessing.get_context("fork").Process(
-        target=serve_broker,
-        args=(config, topics, child, log_path, options.get("free_descriptors")),
-        daemon=True,
-    )
-    process.start()
-    child.close()
-    assert parent.poll(20), "the broker did not start"
-    addresses = parent.recv()
+    process, addresses = start_broker(config, topics, log_path, options.get("free_descriptors"))
     try:
         running = Standalone(
             config, addresses["PLAINTEXT"], addresses["UNIX"], logs, pages, process, log_path, []
@@ -563,7 +553,7 @@ def test_a_partition_named_twice_in_one_fetch_is_answered_once(standalone: Stand
     assert (second.error_code, offsets_in(second.records)) == (ErrorCode.INVALID_REQUEST, [])
 
 
-@pytest.mark.parametrize("standalone", [{"free_descriptors": 20}], indirect=True)
+@pytest.mark.parametrize("standalone", [{"free_descriptors": 60}], indirect=True)
 def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standalone: Standalone) -> None:
     standalone.append([b"f"] * 3)
     standalone.append([b"g"] * 2, partition=1)
@@ -571,7 +561,7 @@ def test_out_of_descriptors_the_broker_pauses_accepting_and_keeps_serving(standa
     first.call(ApiKey.FETCH, 11, fetch_request(0))  # partition 0's files are open before the flood
     clients: list[WireClient] = []
     try:
-        for _ in range(60):  # more than the broker may open: the rest wait in the listen backlog
+        for _ in range(100):  # more than the broker may open: the rest wait in the listen backlog
             clients.append(WireClient(standalone.tcp, timeout_s=0.5))
         # The existing connection keeps being answered throughout, with records: connections never take the
         # descriptors kept in reserve, so even partition 1, first read now, attaches its state page and

@@ -10,7 +10,6 @@ fields, and SASL/PLAIN with the cluster secret.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.wire import WireClient, serve_broker
+from support.wire import WireClient, start_broker
 
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import config_from_mapping
@@ -97,13 +96,7 @@ def leader(tmp_path: Path) -> Iterator[Leader]:
     topics = {TOPIC: TopicMeta(TOPIC, 1, replication_factor=3, replicas={0: (0, 1, 2)},
                                min_insync_replicas=2)}
     log_path = str(tmp_path / "broker.log")
-    context = multiprocessing.get_context("fork")
-    parent, child = context.Pipe()
-    process = context.Process(target=serve_broker, args=(config, topics, child, log_path, None), daemon=True)
-    process.start()
-    child.close()
-    assert parent.poll(20), "the broker did not start"
-    addresses = parent.recv()
+    process, addresses = start_broker(config, topics, log_path)
     try:
         running = Leader(log, page, addresses["PLAINTEXT"], directory, log_path, [])
         yield running

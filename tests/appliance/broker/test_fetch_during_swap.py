@@ -11,7 +11,6 @@ size counts the log as it is at each step: the same mid-swap as after recovery.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from support.wire import WireClient, serve_broker
+from support.wire import WireClient, start_broker
 
 from appliance.broker.log_dirs import partition_size_bytes
 from appliance.broker.partitions import TopicMeta
@@ -110,23 +109,16 @@ def half_swapped(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dic
     page = StatePage.create(name)
     page.set_leader_epoch(0, 0)
     page.log_end_offset = page.high_watermark = end
-    parent, pipe = multiprocessing.get_context("fork").Pipe()
-    broker = multiprocessing.get_context("fork").Process(
-        target=serve_broker, args=(config, {TOPIC: TopicMeta(TOPIC, 1)}, pipe, str(tmp_path / "b.log"), None),
-        daemon=True)
-    broker.start()
-    pipe.close()
+    broker, addresses = start_broker(config, {TOPIC: TopicMeta(TOPIC, 1)}, str(tmp_path / "b.log"))
     wire: WireClient | None = None
     try:
-        assert parent.poll(20), "the broker did not start"
-        host, port = parent.recv()["PLAINTEXT"]
+        host, port = addresses["PLAINTEXT"]
         wire = WireClient((host, port))
         yield {"child": child, "end": end, "directory": directory, "bootstrap": f"{host}:{port}",
                "wire": wire, "broker_log": tmp_path / "b.log"}
     finally:
         if wire is not None:
             wire.close()
-        parent.close()
         child.kill()
         child.wait()
         child.stdout.close()
