@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from support.harness import Appliance
 from support.kafka_appliance import free_port
+from support.segment_files import differences, wait_byte_identical
 
 from appliance.config.topic_metadata import read_topics
 from storage.batch_reader import iter_records
@@ -121,32 +122,6 @@ def _wait_for_checkpoint(directory: Path, offset: int, timeout_s: float = 60.0) 
         time.sleep(0.05)
 
 
-def _segment_files(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name.endswith(".log")}
-
-
-def _differences(leader: Path, follower: Path) -> list[str]:
-    """How the follower's segment files differ from the leader's: the same names, every closed segment the
-    same bytes, the active one (the last) a prefix of the leader's (the follower may be a batch behind)."""
-    theirs, ours = _segment_files(leader), _segment_files(follower)
-    if list(theirs) != list(ours):
-        return [f"segments {list(ours)} != the leader's {list(theirs)}"]
-    names = list(theirs)
-    out = [f"{name}: {len(ours[name])} bytes != {len(theirs[name])}" for name in names[:-1]
-           if ours[name] != theirs[name]]
-    if names and not theirs[names[-1]].startswith(ours[names[-1]]):
-        out.append(f"active {names[-1]}: not a prefix of the leader's")
-    return out
-
-
-def wait_byte_identical(leader: Path, follower: Path, timeout_s: float = 60.0) -> None:
-    """Until the follower's segment files are the leader's (:func:`_differences` finds none)."""
-    deadline = time.monotonic() + timeout_s
-    while (found := _differences(leader, follower)):
-        assert time.monotonic() < deadline, found
-        time.sleep(0.1)
-
-
 def _stream(directory: Path) -> bytes:
     """The log's batches from its start, as one byte string."""
     with LogReader(str(directory)) as reader:
@@ -200,7 +175,7 @@ def test_a_fresh_replica_of_a_cleaned_leader_copies_it_byte_for_byte(pair: Pair)
     follower = pair.replica / f"{TOPIC}-0"
     assert _stream(follower) == leader_stream
     assert _stream(leader) == leader_stream
-    assert _differences(leader, follower) == []
+    assert differences(leader, follower) == []
     _check(_records(follower), pair.produced)
 
 
