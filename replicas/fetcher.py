@@ -53,9 +53,9 @@ returning the current one (or None while there is none) -- the supervisor's view
 ``leader_from_metadata`` asked of a bootstrap broker.
 
 **Sharing the log.**  Every change the fetcher makes to its log (each piece of an answer appended, a
-truncation, a log start move) holds the lock of its ``guard`` (``replicas.log_guard``): a replica's cleaner
-thread swaps cleaned segments in holding the same lock, and a truncation below the high watermark first
-stops that thread's pass in progress (``LogGuard.cutting``).
+truncation, a log start move) holds the lock of its ``guard`` (``replicas.log_guard``): a replica's
+adoption thread swaps the leader's cleaned segments in holding the same lock, and a truncation below the
+high watermark first stops that thread's adoption in progress (``LogGuard.cutting``).
 
 **Segment boundaries.**  A follower of a compacted topic adopts its leader's cleaned segments whole
 (``appliance.follower.adoption``), so its segments must begin where the leader's do.  Before its first
@@ -362,7 +362,7 @@ class PartitionFetcher:
         log = self.log
         before = log.log_end_offset
         if step.offset < before:
-            # below the high watermark the cut may reach a closed segment a cleaning pass is reading
+            # below the high watermark the cut may reach a closed segment an adoption would replace
             below_hw = step.offset < self._high_watermark
             cut: AbstractContextManager[Any] = self.guard.cutting() if below_hw else self.guard.lock
             with cut:
@@ -542,7 +542,7 @@ class PartitionFetcher:
         if leader_start > fetch_offset:
             _log.warning("partition %s: the leader's log starts at %d, past our log end %d: emptying our log "
                          "and starting there", self.name, leader_start, fetch_offset)
-            with self.guard.lock:  # files unlinked, none cut: a pass reading them reads on
+            with self.guard.lock:  # files unlinked, none cut: a reader of them reads on
                 log.truncate_fully_and_start_at(leader_start)
             self._high_watermark = leader_start  # nothing below the log start is readable here anyway
             if self._on_log_end_offset is not None:
