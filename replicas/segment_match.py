@@ -36,9 +36,10 @@ from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
 from storage.segment import LOG_SUFFIX, parse_segment_name, segment_path
 
 __all__ = ["Adoption", "AdoptionPlan", "LeaderBases", "SegmentDigest", "SegmentListing", "checksum_file",
-           "closed_segments", "forget_checksums", "plan_adoptions"]
+           "closed_segments", "plan_adoptions"]
 
 _READ_BYTES: Final = 1 << 20
+_CACHE_ENTRIES: Final = 4096  # checksums cached before the gone files' are dropped
 NO_CHECKSUM: Final = -1
 
 
@@ -120,16 +121,11 @@ def checksum_file(path: str) -> tuple[int, int]:
             crc = crc32c.crc32c(chunk, crc)
             remaining -= len(chunk)
     with _cache_lock:
+        if len(_checksums) >= _CACHE_ENTRIES:  # forget the files that are gone (replaced, deleted)
+            for gone in [p for p in _checksums if not os.path.exists(p)]:
+                del _checksums[gone]
         _checksums[path] = (*key, crc)
     return st.st_size, crc
-
-
-def forget_checksums(directory: str) -> None:
-    """Drop the cached checksums of the files in ``directory`` (a partition removed)."""
-    prefix = os.path.join(directory, "")
-    with _cache_lock:
-        for path in [p for p in _checksums if p.startswith(prefix)]:
-            del _checksums[path]
 
 
 def closed_segments(directory: str, *, checksums: bool) -> SegmentListing:
