@@ -53,9 +53,18 @@ returning the current one (or None while there is none) -- the supervisor's view
 ``leader_from_metadata`` asked of a bootstrap broker.
 
 **Sharing the log.**  Every change the fetcher makes to its log (each piece of an answer appended, a
-truncation, a log start move) holds the lock of its ``guard`` (``replicas.log_guard``): a replica's cleaner
-thread swaps cleaned segments in holding the same lock, and a truncation below the high watermark first
-stops that thread's pass in progress (``LogGuard.cutting``).
+truncation, a log start move) holds the lock of its ``guard`` (``replicas.log_guard``): a replica's
+adoption thread swaps the leader's cleaned segments in holding the same lock, and a truncation below the
+high watermark first stops that thread's adoption in progress (``LogGuard.cutting``).
+
+**Segment boundaries.**  A follower of a compacted topic adopts its leader's cleaned segments whole
+(``appliance.follower.adoption``), so its segments must begin where the leader's do.  Before its first
+Fetch in a phase, the fetcher asks the leader where its segments begin (DescribeSegments without
+checksums, ``replicas.segment_match.LeaderBases``; the adoption thread refreshes them), and before
+appending a piece whose first batch lies in a leader segment that begins after our active segment's base,
+it rolls there (``Log.roll(base_offset)``, at or above our log end: the offsets between are a gap, as in
+the leader's cleaned segment).  From a common base on, both sides roll by the same rule over the same
+bytes, so the boundaries then agree by themselves.
 
 The follower's high watermark is handed to ``on_high_watermark`` when it advances (publish it in a state
 page) and written to the partition's replica-state file every ``checkpoint_interval_ms`` and on close.
@@ -65,6 +74,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -83,6 +93,7 @@ from ipc.kafka import (
     Struct,
     error_name,
 )
+from ipc.kafka.appliance_messages import DescribeSegmentsRequest, DescribeSegmentsTopic
 from replicas.answer_copier import AnswerCopier, next_offset_after, walk_arrays
 from replicas.leader_connection import (
     DEFAULT_REQUEST_TIMEOUT_MS,
@@ -94,6 +105,8 @@ from replicas.leader_connection import (
 from replicas.leader_epochs import TruncationStep, follower_truncation, truncation_without_epochs
 from replicas.log_guard import LogGuard
 from replicas.replica_state import PersistedReplicaState, read_replica_state, write_replica_state
+from replicas.segment_match import LeaderBases, SegmentDigest
+from storage.batch_header import LOG_OVERHEAD
 from storage.errors import (
     ProtocolError,
     RequestTimeoutError,
@@ -111,6 +124,7 @@ __all__ = [
     "StepOutcome",
 ]
 
+_BATCH_HEAD: Final = struct.Struct(">qi")  # a batch's base offset and length
 EMPTY_FETCH_BACKOFF_MS: Final = 5  # an empty answer well before max_wait_ms: the leader does not long-poll
 _REFRESH_ERRORS: Final = frozenset({
     ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -191,6 +205,8 @@ class PartitionFetcher:
         self._fetch_template: FollowerFetch | None = None
         self._fetch_timeout_ms = config.request_timeout_ms + config.replica_fetch_wait_max_ms
         self._walk_arrays = walk_arrays()  # every answer's copier walks batches into these
+        self.leader_bases = LeaderBases()  # where the leader's segments begin ("Segment boundaries")
+        self._bases_wanted = True  # ask the leader for them before the next Fetch
 
     # --- what callers read ----------------------------------------------------------------------------------
     @property
@@ -339,13 +355,14 @@ class PartitionFetcher:
         self._apply_truncation(step, leader)
         if step.complete:
             self.phase = FetchPhase.FETCHING
+            self._bases_wanted = True
         return StepOutcome("truncated", 0, step.reason)
 
     def _apply_truncation(self, step: TruncationStep, leader: LeaderInfo) -> None:
         log = self.log
         before = log.log_end_offset
         if step.offset < before:
-            # below the high watermark the cut may reach a closed segment a cleaning pass is reading
+            # below the high watermark the cut may reach a closed segment an adoption would replace
             below_hw = step.offset < self._high_watermark
             cut: AbstractContextManager[Any] = self.guard.cutting() if below_hw else self.guard.lock
             with cut:
@@ -387,10 +404,20 @@ class PartitionFetcher:
         guard = self.guard
 
         def consume(records: memoryview, final: bool) -> int:
-            with guard.lock:  # a cleaner's swap waits for the piece (replicas.log_guard)
-                return copier.consume(records, final)
+            with guard.lock:  # an adoption's swap waits for the piece (replicas.log_guard)
+                used = 0
+                while (split := self._leader_segment_split(records, used)) is not None:
+                    if split > used:
+                        taken = copier.consume(records[used:split], False)
+                        used += taken
+                        if used < split or copier.problem is not None:
+                            return used
+                    self._roll_at_leader_base(records[split:])
+                return used + copier.consume(records[used:], final)
 
         ahead, self._ahead = self._ahead, None  # step() checked it is for this offset on this connection
+        if ahead is None and self._bases_wanted:
+            self._ask_leader_bases(conn)
 
         def fetch_ahead(answer: Any, rest: memoryview) -> None:
             next_offset = next_offset_after(rest, copier.fetch_offset)
@@ -446,6 +473,50 @@ class PartitionFetcher:
         early = waited_ms * 2 < config.replica_fetch_wait_max_ms and not advanced
         return StepOutcome("empty", EMPTY_FETCH_BACKOFF_MS if early else 0)
 
+    def _ask_leader_bases(self, conn: LeaderConnection) -> None:
+        """Learn where the leader's segments begin (DescribeSegments, without checksums); a leader that
+        does not answer leaves them as they are (the adoption thread asks again)."""
+        self._bases_wanted = False
+        try:
+            answer = _exchange(conn, DescribeSegmentsRequest(
+                replica_id=self.config.broker_id, checksums=False,
+                topics=[DescribeSegmentsTopic(name=self.topic, partitions=[self.partition])]), version=0)
+        except _LeaderUnreachable as error:
+            _log.info("partition %s: the leader's segments are not known (%s)", self.name, error)
+            raise
+        for topic in answer.topics:
+            for p in topic.partitions:
+                if topic.name == self.topic and p.partition_index == self.partition and p.error_code == 0:
+                    self.leader_bases.update([SegmentDigest(s.base_offset, s.next_offset, s.size_bytes)
+                                              for s in p.segments], p.active_base_offset)
+
+    def _leader_segment_split(self, records: memoryview, start: int) -> int | None:
+        """The position, at or after ``start``, of the first whole batch of ``records`` that lies in a leader
+        segment beginning after our active segment's base (where we roll), or None if there is none."""
+        log = self.log
+        boundary = self.leader_bases.first_above(max(log.active_segment.base_offset, log.log_end_offset - 1))
+        if boundary is None:
+            return None
+        position, size = start, len(records)
+        while position + _BATCH_HEAD.size <= size:
+            base_offset, length = _BATCH_HEAD.unpack_from(records, position)
+            if base_offset >= boundary:
+                return position
+            position += length + LOG_OVERHEAD
+        return None
+
+    def _roll_at_leader_base(self, records: memoryview) -> None:
+        """Start a new segment at each leader segment base between our active segment's base and the first
+        batch of ``records`` (the leader's segments there that hold no batch are empty here too), from our
+        log end on (see "Segment boundaries")."""
+        if len(records) < 8:
+            return
+        first_offset = int.from_bytes(records[:8], "big", signed=True)
+        log = self.log
+        for base in self.leader_bases.between(log.active_segment.base_offset, first_offset):
+            if base >= log.log_end_offset:
+                log.roll(base)
+
     def _advance_high_watermark(self, leader_high_watermark: int) -> bool:
         candidate = min(leader_high_watermark, self.log.log_end_offset)
         if candidate > self._high_watermark:
@@ -471,7 +542,7 @@ class PartitionFetcher:
         if leader_start > fetch_offset:
             _log.warning("partition %s: the leader's log starts at %d, past our log end %d: emptying our log "
                          "and starting there", self.name, leader_start, fetch_offset)
-            with self.guard.lock:  # files unlinked, none cut: a pass reading them reads on
+            with self.guard.lock:  # files unlinked, none cut: a reader of them reads on
                 log.truncate_fully_and_start_at(leader_start)
             self._high_watermark = leader_start  # nothing below the log start is readable here anyway
             if self._on_log_end_offset is not None:
@@ -534,8 +605,9 @@ class _LeaderUnreachable(Exception):
     """Internal: an exchange with the leader failed (connection, timeout, malformed answer)."""
 
 
-def _exchange(conn: LeaderConnection, request: Struct, timeout_ms: int | None = None) -> Any:
+def _exchange(conn: LeaderConnection, request: Struct, timeout_ms: int | None = None,
+              version: int | None = None) -> Any:
     try:
-        return conn.request(request, timeout_ms=timeout_ms)
+        return conn.request(request, timeout_ms=timeout_ms, version=version)
     except (OSError, ProtocolError, RequestTimeoutError) as error:
         raise _LeaderUnreachable(f"{type(error).__name__}: {error}") from error

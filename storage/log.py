@@ -523,10 +523,21 @@ class Log:
                                                   describe_os_error(exc)) from exc
 
     # --- rolling and flushing -------------------------------------------------------------------------------
-    def roll(self) -> int:
+    def roll(self, base_offset: int | None = None) -> int:
         """Start a new active segment at the log end offset (no-op when the active one is empty).
-        Returns the active segment's base offset."""
+        Returns the active segment's base offset.
+
+        ``base_offset`` (a follower copying its leader's segment boundaries, ``replicas.fetcher``): start the
+        new segment there instead, at or above the log end offset (the offsets between are a gap, as a
+        cleaned segment has); the active segment is closed even if empty.  No-op if it is the active one's."""
         self._check_writable()
+        if base_offset is not None:
+            if base_offset == self.active_segment.base_offset:
+                return base_offset
+            if base_offset < self.log_end_offset:
+                raise ValueError(f"partition {self.name}: cannot roll at {base_offset}, below the log end "
+                                 f"offset {self.log_end_offset}")
+            return self._segment_list.roll(base_offset).base_offset
         if self.active_segment.size_bytes == 0:
             return self.active_segment.base_offset
         return self._segment_list.roll(self.log_end_offset).base_offset

@@ -173,7 +173,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "appliance.broker": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.follower",
                          "appliance.cleaner"),
     "appliance.follower": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
-                           "appliance.coordinator"),
+                           "appliance.cleaner", "appliance.coordinator"),
     "appliance.cleaner": ("appliance.cli", "appliance.client", "appliance.spark", "appliance.broker",
                           "appliance.follower", "appliance.coordinator"),
     "appliance.client": ("appliance.cli", "appliance.server", "appliance.broker", "appliance.follower",

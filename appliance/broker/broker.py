@@ -96,6 +96,7 @@ from appliance.broker.partition_requests import PARTITION_HANDLERS
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
 from appliance.broker.replication import LeaderReplication
+from appliance.broker.segment_requests import SEGMENT_HANDLERS, unauthorized
 from appliance.broker.topic_requests import TopicRequests
 from appliance.config.cluster_id import legacy_cluster_id, read_cluster_id
 from appliance.config.server_config import Config
@@ -133,7 +134,8 @@ SHUTDOWN_DRAIN_MS = 2000  # on stop, how long held produce requests and unsent r
 FALLBACK_TICK_MS = 100  # longest sleep while a fetch is held or a replicated partition led (module docstring)
 _WRITERS = "writers"  # selector data of the writers' wake-up eventfd
 _CONTROL = "control"  # selector data of the cluster's socket (answers to topic changes)
-_HANDLERS = {**HANDLERS, **CONFIG_HANDLERS, **PARTITION_HANDLERS}  # every API answered without holding
+_HANDLERS = {**HANDLERS, **CONFIG_HANDLERS, **PARTITION_HANDLERS,
+             **SEGMENT_HANDLERS}  # every API answered without holding
 
 
 class Broker:
@@ -620,6 +622,8 @@ def _decode(conn: Connection, frame: bytes) -> Any:
 def _cluster_authorization_failed(api_key: int, body: Any) -> Any:
     """The answer to a replica request from a connection that did not authenticate as a replica."""
     code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    if api_key == ApiKey.DESCRIBE_SEGMENTS:
+        return unauthorized(body)
     if api_key == ApiKey.FETCH:
         return FetchResponse(error_code=code, session_id=0, responses=[])
     if api_key == ApiKey.LIST_OFFSETS:

@@ -15,9 +15,9 @@ addresses of ``appliance.replica.leader``; the highest leader epoch wins).  Star
        appeared (recorded in its own topics.json first), drop the ones deleted, keep the last ISR seen
 
 A topic's own settings (CreateTopics configs, AlterConfigs) are recorded from the leader's DescribeConfigs
-(``appliance.follower.leaders``).  With ``log.cleaner.enable`` a cleaner thread compacts the followed logs
-of compacted topics (``appliance.follower.cleaning``), sharing each log with its fetcher through a
-``replicas.log_guard.LogGuard``.
+(``appliance.follower.leaders``).  The followed logs of compacted topics are not cleaned here: an
+adoption thread copies the leader's cleaned segments in (``appliance.follower.adoption``), sharing each
+log with its fetcher through a ``replicas.log_guard.LogGuard``.
 
 Each fetcher is a :class:`replicas.fetcher.PartitionFetcher` on a :class:`storage.log.Log` opened (and
 recovered) by this process: Fetch with ``replica_id`` = ``node.id`` from its log end offset, the leader's
@@ -59,7 +59,7 @@ from typing import Any, Final
 from appliance.config.cluster_id import meta_properties_path, read_cluster_id, write_cluster_id
 from appliance.config.server_config import Config, ConfigError, parse_override
 from appliance.config.topic_metadata import TopicMetadata
-from appliance.follower.cleaning import CleanTarget, FollowerCleaner
+from appliance.follower.adoption import Adopter, AdoptTarget
 from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, LeaderDirectory, TopicView
 from appliance.follower.promotion import (
     PromotionRefused,
@@ -137,7 +137,7 @@ class ReplicaNode:
         self._exec_argv: list[str] | None = None
         self._watchdog_s = sdnotify.watchdog_interval_s()
         self._secret: str | None = None
-        self._cleaner: FollowerCleaner | None = None
+        self._adopter: Adopter | None = None
         self.started_ms = monotonic_ms()
 
     # -- running --------------------------------------------------------------------------------------------
@@ -198,9 +198,8 @@ class ReplicaNode:
                     self._follow(topic, partition)
         self._refresher = threading.Thread(target=self._refresh_loop, name="leader-directory", daemon=True)
         self._refresher.start()
-        if config.cleaner_enable:
-            self._cleaner = FollowerCleaner(config, self.node_id, self._clean_targets)
-            self._cleaner.start()
+        self._adopter = Adopter(config, self.node_id, self._adopt_targets)
+        self._adopter.start()
         text = (f"replica {self.node_id}: following {len(self._followed)} partitions from "
                 f"{', '.join(self.leaders)}; control socket {config.control_socket}")
         _log.info("%s", text)
@@ -374,8 +373,8 @@ class ReplicaNode:
                                followed.name, backoff_s)
                 followed.stop.wait(backoff_s)
 
-    def _clean_targets(self) -> list[CleanTarget]:
-        """The followed partitions with their topics' settings now (the cleaner thread's ``targets``)."""
+    def _adopt_targets(self) -> list[AdoptTarget]:
+        """The followed partitions of compacted topics now (the adoption thread's ``targets``)."""
         store = self._store
         targets = []
         for followed in list(self._followed.values()):
@@ -388,13 +387,14 @@ class ReplicaNode:
                 _log.warning("replica %d: topic %s: its settings do not load: %s", self.node_id, topic.name,
                              e)
                 continue
-            targets.append(CleanTarget(followed.name, followed.log, followed.guard, followed.fetcher,
-                                       settings))
+            if "compact" in settings.cleanup_policy:
+                targets.append(AdoptTarget(followed.topic, followed.partition, followed.log, followed.guard,
+                                           followed.fetcher))
         return targets
 
     def _unfollow(self, followed: _Followed) -> None:
         followed.stop.set()
-        followed.guard.close()  # a pass in progress stops; the cleaner swaps nothing more in
+        followed.guard.close()  # an adoption in progress stops; nothing more is swapped in
         followed.fetcher.close()
         if followed.thread is not None:
             followed.thread.join(_JOIN_TIMEOUT_S)
@@ -551,9 +551,9 @@ class ReplicaNode:
     def _shutdown(self) -> None:
         sdnotify.stopping(f"replica {self.node_id}: stopping")
         self._stop.set()
-        if self._cleaner is not None:
-            self._cleaner.stop()
-            self._cleaner = None
+        if self._adopter is not None:
+            self._adopter.stop()
+            self._adopter = None
         if self._directory is not None:
             self._directory.close()
         for followed in list(self._followed.values()):

@@ -31,6 +31,7 @@ import enum
 from dataclasses import dataclass
 
 from ipc.kafka import admin_messages as a
+from ipc.kafka import appliance_messages as own
 from ipc.kafka import group_messages as g
 from ipc.kafka import messages as m
 from ipc.kafka.schema import Struct
@@ -72,6 +73,7 @@ class ApiKey(enum.IntEnum):
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_SEGMENTS = own.DESCRIBE_SEGMENTS_KEY  # the appliance's own (never advertised)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,9 @@ APIS: dict[int, ApiSpec] = {
             0,
             1,
         ),
+        # the appliance's own APIs (ipc.kafka.appliance_messages): answered only to its replicas
+        ApiSpec(_K.DESCRIBE_SEGMENTS, own.DescribeSegmentsRequest, own.DescribeSegmentsResponse, 0, 0, None,
+                advertised=False),
     )
 }
 assert set(APIS) == set(ApiKey)

@@ -1,4 +1,4 @@
-"""The hand-shake between a follower's fetcher and its cleaner thread (``replicas.log_guard``), with real
+"""The hand-shake between a follower's fetcher and its adoption thread (``replicas.log_guard``), with real
 threads: a cut waits for the pass in progress to stop and then holds the lock; closing the log stops the
 pass and waits for it."""
 

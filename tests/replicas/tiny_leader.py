@@ -48,6 +48,11 @@ from ipc.kafka import (
     encode_response_parts,
     supported_api_versions,
 )
+from ipc.kafka.appliance_messages import (
+    DescribeSegmentsPartition,
+    DescribeSegmentsResponse,
+    DescribeSegmentsTopicResult,
+)
 from replicas.acks import PendingAcks
 from replicas.leader_connection import LeaderInfo
 from replicas.leader_epochs import answer_offset_for_leader_epoch, check_current_leader_epoch
@@ -284,6 +289,11 @@ class TinyLeader:
             return self._list_offsets(body, readers), authenticated
         if key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
             return self._offsets_for_leader_epoch(body, readers), authenticated
+        if key == ApiKey.DESCRIBE_SEGMENTS:  # no segments described: the follower rolls by its own rule
+            return DescribeSegmentsResponse(error_code=ErrorCode.NONE, topics=[
+                DescribeSegmentsTopicResult(name=t.name, partitions=[
+                    DescribeSegmentsPartition(partition_index=p, error_code=ErrorCode.NONE)
+                    for p in t.partitions]) for t in body.topics]), authenticated
         raise AssertionError(f"the tiny leader does not serve api key {key}")
 
     def _metadata(self, body: Any) -> MetadataResponse:

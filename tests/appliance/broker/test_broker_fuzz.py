@@ -60,7 +60,9 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
 def _malformed_frames(rng: random.Random, count: int) -> list[tuple[bytes, bool]]:
     """``count`` mutated request frames and, for each, whether the broker must close its connection: it
     cannot be decoded (except an unsupported ApiVersions version, which gets the v0 error reply)."""
-    samples = sample_requests(rng) + sample_requests(rng)
+    own = [s for s in sample_requests(rng, advertised_only=False) if not s.spec.advertised
+           and s.spec.api_key == ApiKey.DESCRIBE_SEGMENTS]  # the appliance's own API: never advertised
+    samples = sample_requests(rng) + sample_requests(rng) + own
     out = []
     while len(out) < count:
         sample = rng.choice(samples)

@@ -39,6 +39,7 @@ from ipc.kafka import (
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
 )
+from ipc.kafka.appliance_messages import DescribeSegmentsRequest, DescribeSegmentsTopic
 from ipc.shm import ShmNames, unlink_shared_memory
 from ipc.state_page import StatePage
 from replicas.leader_connection import LeaderConnection
@@ -228,6 +229,11 @@ def test_replica_requests_need_the_cluster_secret(leader: Leader) -> None:
             ListOffsetsTopic(TOPIC, [ListOffsetsPartition(partition_index=0, timestamp=-1)])])
         answer = raw.call(ApiKey.LIST_OFFSETS, 5, offsets)
         assert answer.topics[0].partitions[0].error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        segments = DescribeSegmentsRequest(replica_id=1, checksums=True,
+                                           topics=[DescribeSegmentsTopic(TOPIC, [0])])
+        refused = raw.call(ApiKey.DESCRIBE_SEGMENTS, 0, segments)
+        assert refused.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        assert "SASL" in refused.error_message
         # SASL v0 (raw tokens) is refused; an unknown mechanism too; PLAIN is offered
         v0 = raw.call(ApiKey.SASL_HANDSHAKE, 0, SaslHandshakeRequest("PLAIN"))
         assert v0.error_code == ErrorCode.ILLEGAL_SASL_STATE
@@ -244,6 +250,9 @@ def test_replica_requests_need_the_cluster_secret(leader: Leader) -> None:
     # the right one: replica fetches are served
     with leader.connect() as f:
         assert fetch(f, 1, 0).error_code == ErrorCode.NONE
+        described = f.request(segments, version=0)  # the appliance's own API: answered once authenticated
+        assert described.error_code == ErrorCode.NONE
+        assert described.topics[0].partitions[0].error_code == ErrorCode.NONE
     assert "SASL authentication refused" in Path(leader.log_path).read_text()
 
 
