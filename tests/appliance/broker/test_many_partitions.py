@@ -5,7 +5,7 @@ with the CLI, records produced to every partition with confluent-kafka and with 
 everything consumed back in order, the clients gone, both topics deleted -- and after each step Metadata of
 a small other topic is right and a record produced to it is consumed back.
 
-The count is :data:`PARTITIONS`: 1,000, as the issue asks, under ``make soak``; 200 in ``make test``, where
+The count is :data:`PARTITIONS`: 1,000, as the issue asks, under ``make soak``; 100 in ``make test``, where
 the 4,000 writer starts of the 1,000 version (about 10 ms of the supervisor's time each, mostly ``fork``)
 would cost minutes; ``APPLIANCE_TEST_PARTITIONS`` overrides both.
 Writers run only while a partition is written and the broker lets go of its rings after 3 s here
@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.campaign, pytest.mark.timeout(1200)]
 
-PARTITIONS = int(os.environ.get("APPLIANCE_TEST_PARTITIONS", "0")) or rounds(200, 1000)
+PARTITIONS = int(os.environ.get("APPLIANCE_TEST_PARTITIONS", "0")) or rounds(100, 1000)
 SMALL = "small"  # the other topic, checked at every step
 SMALL_PARTITIONS = 2
 
