@@ -44,7 +44,6 @@ from storage.segment import BatchRow
 from storage.timestamp_rules import stamp_log_append_time
 
 __all__ = [
-    "ATTRIBUTES_FIELD",
     "BATCH_LENGTH_FIELD",
     "FEW_BATCHES",
     "LAST_OFFSET_DELTA_FIELD",
@@ -68,7 +67,6 @@ LAST_OFFSET_DELTA_FIELD: Final = BatchHeader._fields.index("last_offset_delta")
 BATCH_LENGTH_FIELD: Final = BatchHeader._fields.index("batch_length")
 MAX_TIMESTAMP_FIELD: Final = BatchHeader._fields.index("max_timestamp")
 RECORDS_COUNT_FIELD: Final = BatchHeader._fields.index("records_count")
-ATTRIBUTES_FIELD: Final = BatchHeader._fields.index("attributes")
 
 _STAMP_RUN: Final = struct.Struct(BATCH_HEADER.format[:4])  # baseOffset, batchLength, partitionLeaderEpoch
 assert BatchHeader._fields[:3] == ("base_offset", "batch_length", "partition_leader_epoch")
@@ -158,7 +156,7 @@ def stamp_as_leader(parts: Sequence[memoryview], headers: Sequence[BatchHeader],
         pack_stamp(buffer, position, next_offset, size - LOG_OVERHEAD, leader_epoch)
         max_timestamp = header[MAX_TIMESTAMP_FIELD]
         if append_time_ms is not None:
-            stamp_log_append_time(buffer, position, size, header[ATTRIBUTES_FIELD], append_time_ms)
+            stamp_log_append_time(buffer, position, header, append_time_ms)
             max_timestamp = append_time_ms
         last = next_offset + header[LAST_OFFSET_DELTA_FIELD]
         batches.append((next_offset, last, size, max_timestamp))

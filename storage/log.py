@@ -51,7 +51,6 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 from storage.append_plan import (
-    ATTRIBUTES_FIELD,
     BATCH_LENGTH_FIELD,
     FEW_BATCHES,
     LAST_OFFSET_DELTA_FIELD,
@@ -334,7 +333,7 @@ class Log:
                 pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
                 if self._log_append_time:
                     max_timestamp = _time_ns() // 1_000_000
-                    stamp_log_append_time(view, 0, size, header[ATTRIBUTES_FIELD], max_timestamp)
+                    stamp_log_append_time(view, 0, header, max_timestamp)
                 try:
                     position = segment.append_batch(view, size, last, max_timestamp)
                 except OSError as exc:

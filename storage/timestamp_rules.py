@@ -29,7 +29,10 @@ import crc32c as _crc32c
 
 from storage.batch_header import (
     ATTRIBUTES_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
     CRC_OFFSET,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_OVERHEAD,
     MAX_TIMESTAMP_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
@@ -47,10 +50,16 @@ __all__ = [
 ]
 
 LOG_APPEND_TIME: Final = "LogAppendTime"
-_ATTRIBUTES = struct.Struct(">h")
-_TIMESTAMP = struct.Struct(">q")
-_CRC = struct.Struct(">I")
-assert MAX_TIMESTAMP_OFFSET > ATTRIBUTES_OFFSET > CRC_OFFSET  # both stamped fields lie under the CRC
+# attributes, lastOffsetDelta, baseTimestamp, maxTimestamp: the run from the first stamped field to the last
+_STAMP_RUN: Final = struct.Struct(">hiqq").pack_into
+_CRC: Final = struct.Struct(">I").pack_into
+assert (ATTRIBUTES_OFFSET, LAST_OFFSET_DELTA_OFFSET, BASE_TIMESTAMP_OFFSET, MAX_TIMESTAMP_OFFSET) == (
+    ATTRIBUTES_OFFSET, ATTRIBUTES_OFFSET + 2, ATTRIBUTES_OFFSET + 6, ATTRIBUTES_OFFSET + 14)
+assert ATTRIBUTES_OFFSET > CRC_OFFSET  # both stamped fields lie under the CRC
+_ATTRIBUTES_FIELD: Final = BatchHeader._fields.index("attributes")
+_DELTA_FIELD: Final = BatchHeader._fields.index("last_offset_delta")
+_BASE_TIMESTAMP_FIELD: Final = BatchHeader._fields.index("base_timestamp")
+_LENGTH_FIELD: Final = BatchHeader._fields.index("batch_length")
 
 
 class TimestampLimits(NamedTuple):
@@ -81,14 +90,15 @@ def limits_of(config: LogConfig) -> TimestampLimits | None:
     return None if limits.unlimited else limits
 
 
-def stamp_log_append_time(view: memoryview, position: int, size: int, attributes: int,
-                          append_time_ms: int) -> None:
-    """Make the batch of ``size`` bytes at ``position`` of ``view`` (writable) a LogAppendTime batch stamped
-    ``append_time_ms``: the attribute bit, ``maxTimestamp``, then the CRC over attributes..end."""
-    _ATTRIBUTES.pack_into(view, position + ATTRIBUTES_OFFSET, attributes | TIMESTAMP_TYPE_MASK)
-    _TIMESTAMP.pack_into(view, position + MAX_TIMESTAMP_OFFSET, append_time_ms)
-    _CRC.pack_into(view, position + CRC_OFFSET,
-                   _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + size]))
+def stamp_log_append_time(view: memoryview, position: int, header: BatchHeader, append_time_ms: int) -> None:
+    """Make the batch at ``position`` of ``view`` (writable), whose header is ``header``, a LogAppendTime
+    batch stamped ``append_time_ms``: the attribute bit and ``maxTimestamp`` (one write of the run from
+    ``attributes`` to ``maxTimestamp``, the two fields between them rewritten with their own values), then
+    the CRC over attributes..end."""
+    _STAMP_RUN(view, position + ATTRIBUTES_OFFSET, header[_ATTRIBUTES_FIELD] | TIMESTAMP_TYPE_MASK,
+               header[_DELTA_FIELD], header[_BASE_TIMESTAMP_FIELD], append_time_ms)
+    _CRC(view, position + CRC_OFFSET,
+         _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header[_LENGTH_FIELD] + LOG_OVERHEAD]))
 
 
 def timestamp_out_of_range(view: memoryview, header: BatchHeader, now_ms: int,

@@ -4,9 +4,9 @@ Where the records come from (one of):
 
 * ``--bootstrap-server HOST:PORT`` (Kafka's option; the default, ``127.0.0.1:9092``): the broker, over TCP;
 * ``--data-dir DIR`` (the appliance's data dir, its first log dir, as ``appliance.Producer`` names it) or
-  ``--config FILE`` (the appliance's configuration): the segment files on this host, memory-mapped, up to the
-  high watermark the running appliance publishes (add ``--offline`` to read a stopped appliance's files up
-  to their end).
+  ``--appliance-config FILE`` (the appliance's configuration; ``--config FILE`` is its older spelling):
+  the segment files on this host, memory-mapped, up to the high watermark the running appliance publishes
+  (add ``--offline`` to read a stopped appliance's files up to their end).
 
 Which records: every partition of the topic (or ``--partition P``), from the end -- only records written
 from now on -- unless ``--from-beginning``; ``--offset O`` (with ``--partition``) starts at offset ``O``, or
@@ -18,6 +18,11 @@ null value), preceded when asked by ``CreateTime:<ms>`` (``--print-timestamp``),
 (``--print-partition``), ``Offset:<o>`` (``--print-offset``), the headers as ``k:v,k2:v2`` (or
 ``NO_HEADERS``, ``--print-headers``) and the key (``--print-key``), separated by ``--key-separator`` (a tab).
 Keys and values are written as the bytes they are.
+
+kafka-console-consumer's flags work too: ``--topic``, ``--include REGEX``, ``--property print.key=true``
+and the other properties of its default formatter (``appliance.cli.message_formatter``), ``--formatter``,
+``--formatter-config``, ``--consumer.config``, ``--isolation-level`` (read_committed reads as
+read_uncommitted: there are no transactions yet); docs/tools.md maps every flag.
 
 Exit status: 0 when it stopped as asked (count, time-out, signal); 1 when reading failed (no such topic or
 partition, no broker, an offset out of range, corrupt data: the reason on stderr); 2 for bad arguments.

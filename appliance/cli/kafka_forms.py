@@ -26,7 +26,6 @@ __all__ = [
 ]
 
 TOPICS_ACTIONS: Final = ("--create", "--list", "--describe", "--alter", "--delete")
-_OUR_TOPICS_COMMANDS: Final = ("create", "list", "describe", "alter", "delete-records", "delete")
 # kafka-topics: the flags that are valid only with some actions (TopicCommand's option checks)
 _ONLY_WITH: Final[dict[str, tuple[str, ...]]] = {
     "--partitions": ("--create", "--alter"),
@@ -107,8 +106,8 @@ def topics_argv(argv: Sequence[str]) -> list[str]:
     """``appliance topics`` arguments in our shape: Kafka's ``--ACTION --topic T ...`` rewritten; ours
     kept."""
     args = list(argv)
-    if not args or args[0] in _OUR_TOPICS_COMMANDS or args[0] in ("-h", "--help"):
-        return args
+    if not args or not args[0].startswith("-") or args[0] in ("-h", "--help"):
+        return args  # ours (a subcommand word first; argparse names a wrong one)
     actions = [a for a in args if a in TOPICS_ACTIONS]
     if len(actions) != 1:
         given = f" (given: {' '.join(actions)})" if actions else ""

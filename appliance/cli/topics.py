@@ -1,5 +1,9 @@
 """``appliance topics create|list|describe|alter|delete-records|delete``: topics of a running appliance.
 
+kafka-topics' form works too (``--create --topic T --partitions N --replication-factor R --config K=V``,
+``--describe --under-replicated-partitions``, ...): ``appliance.cli.kafka_forms`` rewrites it into these
+subcommands after refusing what kafka-topics refuses; docs/tools.md maps every flag.
+
 ``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions; ``kafka-topics.sh --alter``);
 ``delete-records --topic T --partition P --offset O`` moves a partition's log start offset to O, -1 for
 its high watermark (DeleteRecords; ``kafka-delete-records.sh``), or every partition an
@@ -11,10 +15,10 @@ Where the appliance is, as Kafka's ``kafka-topics.sh`` says it:
 * ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` (the default, ``127.0.0.1:9092``): the broker, over the
   Kafka protocol (:class:`appliance.client.admin.KafkaAdmin`), from any host;
 * on the appliance's host, its control socket: ``--control-socket PATH``, ``--data-dir DIR`` (its first log
-  dir; the socket is ``DIR/.appliance.sock``) or the configuration that names it (``--config FILE``,
-  ``--override KEY=VALUE``).  This path also shows what only the host knows: each partition's writer
-  process (pid, unique memory, restarts), a replicated partition's committed high watermark and one line
-  per follower.
+  dir; the socket is ``DIR/.appliance.sock``) or the configuration that names it (``--appliance-config
+  FILE``, ``--override KEY=VALUE``; not ``--config``, which is a topic setting here, as in kafka-topics).
+  This path also shows what only the host knows: each partition's writer process (pid, unique memory,
+  restarts), a replicated partition's committed high watermark and one line per follower.
 
 Both paths go through a :class:`TopicsBackend`; :func:`open_backend` picks one from the arguments.
 
@@ -440,7 +444,7 @@ def _describe(backend: TopicsBackend, args: argparse.Namespace, out: TextIO) -> 
                 if topic.configs is None and isinstance(backend, KafkaBackend):
                     topic = backend.with_overrides(topic)
                 if topic.configs:
-                    print(format_topic(dataclasses.replace(topic, partitions=())), file=out)
+                    print(format_topic(topic).split("\n")[0], file=out)  # the topic line only
             else:
                 print(format_topic(topic), file=out)
 

@@ -54,8 +54,7 @@ def _positions(data: bytes) -> list[int]:
 
 def test_stamping_sets_the_bit_and_max_timestamp_and_keeps_the_crc_valid() -> None:
     batch = build_batch([b"a", b"b"], timestamps_ms=[5, 9])
-    header = parse_header(batch)
-    stamp_log_append_time(memoryview(batch), 0, len(batch), header.attributes, 1234)
+    stamp_log_append_time(memoryview(batch), 0, parse_header(batch), 1234)
     stamped = validate_batch(batch)  # the CRC was recomputed
     assert (stamped.timestamp_type, stamped.max_timestamp, stamped.base_timestamp) == (1, 1234, 5)
     assert [r.timestamp for r in iter_records(bytes(batch))] == [1234, 1234]
@@ -93,7 +92,7 @@ def test_a_createtime_log_and_a_follower_keep_the_bytes(tmp_path: Path) -> None:
         log.append(bytes(batch), leader_epoch=0)
         assert [(t, k) for _, t, k, _ in _stored(log)] == [(DEFAULT_TIMESTAMP_MS, 0)]
     stamped = build_batch([b"x"])
-    stamp_log_append_time(memoryview(stamped), 0, len(stamped), 0, 777)
+    stamp_log_append_time(memoryview(stamped), 0, parse_header(stamped), 777)
     with Log.open(tmp_path / "f-0", APPEND_TIME) as follower:
         follower.append_as_follower(bytes(stamped))
         stored = Path(follower.segments[0].path).read_bytes()
