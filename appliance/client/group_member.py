@@ -317,15 +317,16 @@ class GroupMember:
         while not self._stop.wait(min(interval_s, 0.1) if not self._stable else interval_s):
             with self._lock:
                 stable, member_id, generation = self._stable, self.member_id, self.generation_id
-            if not stable or self._coordinator is None:
+            coordinator = self._coordinator
+            if not stable or coordinator is None:
+                continue
+            if time.monotonic() - self._last_poll > cfg.rebalance_timeout_ms / 1000:
+                conn = self._leave_on(conn, coordinator, "poll() was not called within max.poll.interval.ms="
+                                                         f"{cfg.rebalance_timeout_ms}")
                 continue
             try:
                 if conn is None or conn.closed:
-                    conn = self._dial(*self._coordinator)
-                if time.monotonic() - self._last_poll > cfg.rebalance_timeout_ms / 1000:
-                    self._leave_on(conn, "poll() was not called within max.poll.interval.ms="
-                                         f"{cfg.rebalance_timeout_ms}")
-                    continue
+                    conn = self._dial(*coordinator)
                 answer = conn.request(HeartbeatRequest(group_id=cfg.group_id, generation_id=generation,
                                                        member_id=member_id,
                                                        group_instance_id=cfg.group_instance_id))
@@ -356,17 +357,33 @@ class GroupMember:
             elif code in _RETRIABLE:
                 self._coordinator = None
 
-    def _leave_on(self, conn: KafkaConnection, why: str) -> None:
+    def _leave_on(self, conn: KafkaConnection | None, coordinator: tuple[str, int], why: str,
+                  ) -> KafkaConnection | None:
+        """Leave the group from the heartbeat thread: the membership is lost at once, whether or not the
+        LeaveGroup gets through (the session timeout removes the member otherwise)."""
+        cfg = self.config
         log.warning("group %r: member %s leaves the group: %s; its partitions are lost and it joins again at "
                     "the next poll() (raise max.poll.interval.ms or process fewer records per poll)",
-                    self.config.group_id, self.member_id, why)
-        self._send_leave(conn)
+                    cfg.group_id, self.member_id, why)
         with self._lock:
+            member_id = self.member_id
             self._stable = False
             self.rejoin_needed = True
             self.lost = True
             self.generation_id = -1
             self.member_id = ""
+        if cfg.group_instance_id is not None:
+            return conn  # a static member is removed by its session timeout, as in Kafka
+        try:
+            if conn is None or conn.closed:
+                conn = self._dial(*coordinator)
+            conn.request(LeaveGroupRequest(group_id=cfg.group_id, member_id=member_id,
+                                           members=[MemberIdentity(member_id, None)]))
+        except _CONNECTION_ERRORS:
+            if conn is not None:
+                conn.close()
+            return None
+        return conn
 
     def _send_leave(self, conn: KafkaConnection) -> None:
         cfg = self.config

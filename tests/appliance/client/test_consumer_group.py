@@ -56,10 +56,12 @@ def group_consumer(appliance: Appliance, group: str, *, local: bool = False, **e
                      "heartbeat.interval.ms": 200, "enable.auto.commit": False, **extra})
 
 
-def wait_for(done: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+def wait_for(done: Callable[[], bool], what: str | Callable[[], str], timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
-        assert time.monotonic() < deadline, f"gave up after {timeout_s} s waiting for {what}"
+        if time.monotonic() >= deadline:
+            said = what if isinstance(what, str) else what()
+            raise AssertionError(f"gave up after {timeout_s} s waiting for {said}")
         time.sleep(0.05)
 
 
@@ -283,9 +285,13 @@ def test_a_killed_members_partitions_move_and_no_record_is_skipped(appliance: Ap
                 victim.wait()
                 if victim.stdout is not None:
                     victim.stdout.close()
-            total = (round_number + 1) * per_round * SIX
-            wait_for(lambda total=total: len(processed_at_least_once()) == total,  # type: ignore[misc]
-                     f"every record of round {round_number} processed")
+            expected = {(p, o) for p in range(SIX) for o in range((round_number + 1) * per_round)}
+
+            def missing(expected: set[tuple[int, int]] = expected) -> str:
+                return (f"every record: missing {sorted(expected - processed_at_least_once())}, survivor "
+                        f"events {survivor.events}")
+
+            wait_for(lambda expected=expected: processed_at_least_once() == expected, missing)  # type: ignore[misc]
             wait_for(lambda: survivor.owned() == set(range(SIX)), "the survivor owning every partition")
     finally:
         survivor.stop()
@@ -325,3 +331,21 @@ def test_bad_group_settings_are_refused_clearly(appliance: Appliance) -> None:
             no_group.subscribe(["bad"])
     finally:
         no_group.close()
+
+
+def test_a_member_not_polling_within_max_poll_interval_loses_its_partitions(appliance: Appliance) -> None:
+    events: list[tuple[str, set[int]]] = []
+
+    def record(kind: str) -> Callable[[Any, list[TopicPartition]], None]:
+        return lambda consumer, parts: events.append((kind, {tp.partition for tp in parts}))
+
+    consumer = group_consumer(appliance, "g-slow", **{"max.poll.interval.ms": 1000})
+    try:
+        consumer.subscribe(["bad"], on_assign=record("assign"), on_revoke=record("revoke"),
+                           on_lost=record("lost"))
+        wait_for(lambda: bool(consumer.poll(50)) or events == [("assign", {0})], "the assignment")
+        time.sleep(2.5)  # no poll: the heartbeat thread leaves the group
+        wait_for(lambda: bool(consumer.poll(50)) or len(events) >= 3, "the rejoin")
+        assert events[:3] == [("assign", {0}), ("lost", {0}), ("assign", {0})]
+    finally:
+        consumer.close()
