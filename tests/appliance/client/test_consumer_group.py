@@ -20,8 +20,7 @@ import pytest
 from support.campaign import rounds
 from support.kafka_appliance import REPO, Appliance, served_appliance
 
-from appliance import Consumer, TopicPartition
-from appliance.client.group_member import GroupError
+from appliance import Consumer, GroupError, TopicPartition
 from ipc.kafka import ErrorCode
 from storage.errors import ConfigError
 
