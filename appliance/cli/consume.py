@@ -22,7 +22,9 @@ Keys and values are written as the bytes they are.
 kafka-console-consumer's flags work too: ``--topic``, ``--include REGEX``, ``--property print.key=true``
 and the other properties of its default formatter (``appliance.cli.message_formatter``), ``--formatter``,
 ``--formatter-config``, ``--consumer.config``, ``--isolation-level`` (read_committed reads as
-read_uncommitted: there are no transactions yet); docs/tools.md maps every flag.
+read_uncommitted: there are no transactions yet), ``--group G`` (a member of group G:
+``Consumer.subscribe()``, from the group's committed offsets, committing as it reads); docs/tools.md maps
+every flag.
 
 Exit status: 0 when it stopped as asked (count, time-out, signal); 1 when reading failed (no such topic or
 partition, no broker, an offset out of range, corrupt data: the reason on stderr); 2 for bad arguments.
@@ -96,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="read_committed is accepted and reads as read_uncommitted: the appliance has no "
                             "transactions, so every record is committed")
     which.add_argument("--group", metavar="GROUP",
-                       help="consume as a member of a consumer group (not yet: see docs/tools.md)")
+                       help="consume as a member of this consumer group: its partitions, from its committed "
+                            "offsets (else --from-beginning / the end), committing as it reads")
     out = parser.add_argument_group("output (kafka-console-consumer's DefaultMessageFormatter)")
     out.add_argument("--formatter", metavar="CLASS",
                      help="kafka.tools.DefaultMessageFormatter (the default, the only one)")
@@ -141,8 +144,16 @@ def _settings(args: argparse.Namespace) -> dict[str, object]:
         settings.update(read_properties(args.consumer_config))
     pairs = property_pairs(args.consumer_property, "--consumer-property")
     settings.update({key: value.strip() for key, value in pairs.items()})
-    for ignored in ("group.id", "isolation.level"):  # said by --group / --isolation-level (see _check)
-        settings.pop(ignored, None)
+    settings.pop("isolation.level", None)  # said by --isolation-level (see main)
+    given = settings.pop("group.id", None)
+    if given is not None and args.group is not None and given != args.group:
+        raise refuse_together(f"--group {args.group}", f"group.id={given}",
+                              "the group ids given in different places do not match (as in Kafka)")
+    args.group = args.group if args.group is not None else given
+    if args.group is not None:
+        if args.partition is not None:
+            raise refuse_together("--group", "--partition", "a group member is given its partitions")
+        settings["group.id"] = args.group
     return settings
 
 
@@ -157,9 +168,6 @@ def _check(args: argparse.Namespace) -> None:
         raise refuse_together("--partition", "--include", "a partition belongs to one --topic")
     if args.group is not None and args.partition is not None:
         raise refuse_together("--group", "--partition", "a group member is given its partitions")
-    if args.group is not None:
-        raise UsageError("--group: consuming as a member of a consumer group is not built into appliance "
-                         "consume yet; read with --topic and --from-beginning / --partition and --offset")
     if args.formatter is not None and args.formatter not in DEFAULT_FORMATTERS:
         raise UsageError(f"--formatter {args.formatter}: only the default formatter "
                          f"({DEFAULT_FORMATTERS[0]}) is built")
@@ -188,6 +196,8 @@ def _topics(args: argparse.Namespace, settings: dict[str, object]) -> list[str]:
     ``__``..., left out as kafka-console-consumer leaves them out)."""
     if args.include is None:
         return [args.topic]
+    if args.group is not None:
+        return []  # the group subscribes by the pattern itself
     if "bootstrap.servers" in settings:
         from appliance.client.admin import KafkaAdmin
 
@@ -203,6 +213,9 @@ def _topics(args: argparse.Namespace, settings: dict[str, object]) -> list[str]:
 
 
 def _start(consumer: Consumer, args: argparse.Namespace, topics: list[str]) -> None:
+    if args.group is not None:  # the group gives the partitions, from its committed offsets or the reset
+        consumer.subscribe(args.include if args.include is not None else topics)
+        return
     if args.partition is not None:
         partitions = [TopicPartition(args.topic, args.partition)]
     else:

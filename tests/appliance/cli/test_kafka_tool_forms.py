@@ -26,7 +26,8 @@ SCRIPT = str(REPO / ".venv" / "bin" / "appliance")
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    yield from served_appliance(tmp_path_factory.mktemp("appliance"), {"plain": 1})
+    yield from served_appliance(tmp_path_factory.mktemp("appliance"), {"plain": 1},
+                                '"group.initial.rebalance.delay.ms" = 100\n')
 
 
 def tool(*args: str, stdin: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
@@ -73,6 +74,20 @@ def test_quickstart_and_operations_command_lines(appliance: Appliance) -> None:
     committed = tool("consume", "--topic", "quickstart-events", "--from-beginning", "--isolation-level",
                      "read_committed", "--max-messages", "1", *b)
     assert committed.returncode == 0 and b"no transactions yet" in committed.stderr
+
+
+def test_a_group_member_reads_from_the_groups_committed_offsets(appliance: Appliance) -> None:
+    b = ["--bootstrap-server", appliance.bootstrap]
+    ok("produce", "--topic", "plain", *b, stdin=b"one\ntwo\nthree\n")
+    first = tool("consume", "--topic", "plain", "--group", "console", "--from-beginning",
+                 "--max-messages", "2", *b)
+    assert first.returncode == 0 and first.stdout == b"one\ntwo\n", first.stderr
+    again = tool("consume", "--topic", "plain", "--group", "console", "--from-beginning",
+                 "--max-messages", "1", "--consumer-property", "group.id=console", *b)  # said twice: agrees
+    assert again.returncode == 0 and again.stdout == b"three\n", again.stderr  # from the group's commit
+    clash = tool("consume", "--topic", "plain", "--group", "console", "--consumer-property",
+                 "group.id=other", *b)
+    assert clash.returncode == 2 and b"--group console" in clash.stderr and b"group.id=other" in clash.stderr
 
 
 def _create_times(appliance: Appliance, topic: str, count: int) -> list[int]:
@@ -125,6 +140,8 @@ def _refused(main: object, argv: list[str]) -> str:
         (consume.main, ["--topic", "a", "--partition", "0", "--offset", "3", "--from-beginning"],
          ["--offset", "--from-beginning"]),
         (consume.main, ["--topic", "a", "--group", "g", "--partition", "0"], ["--group", "--partition"]),
+        (consume.main, ["--topic", "a", "--partition", "0", "--consumer-property", "group.id=g"],
+         ["--group", "--partition"]),
         (consume.main, ["--topic", "a", "--formatter", "kafka.tools.LoggingMessageFormatter"],
          ["--formatter"]),
         (consume.main, ["--topic", "a", "--property", "print.everything=true"], ["print.everything"]),
