@@ -38,11 +38,13 @@ from storage.batch_header import (
     BatchHeader,
 )
 from storage.batch_reader import iter_records
+from storage.errors import CorruptRecordError
 from storage.log_config import LONG_MAX, LogConfig
 
 __all__ = [
     "LOG_APPEND_TIME",
     "TimestampLimits",
+    "TimestampRefusal",
     "effective_limits",
     "limits_of",
     "stamp_log_append_time",
@@ -101,8 +103,16 @@ def stamp_log_append_time(view: memoryview, position: int, header: BatchHeader, 
          _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header[_LENGTH_FIELD] + LOG_OVERHEAD]))
 
 
+class TimestampRefusal(NamedTuple):
+    """Why a batch is refused: a record out of range, or (``corrupt``) records that cannot be read
+    though the batch's CRC is good (a producer's bug: Kafka's CORRUPT_MESSAGE, not INVALID_TIMESTAMP)."""
+
+    reason: str
+    corrupt: bool = False
+
+
 def timestamp_out_of_range(view: memoryview, header: BatchHeader, now_ms: int,
-                           limits: TimestampLimits) -> str | None:
+                           limits: TimestampLimits) -> TimestampRefusal | None:
     """Why the CreateTime batch in ``view`` (one whole batch, its CRC already checked) breaks ``limits``
     at ``now_ms``, or None when every record's timestamp is within them."""
     if limits.unlimited:
@@ -113,13 +123,17 @@ def timestamp_out_of_range(view: memoryview, header: BatchHeader, now_ms: int,
         return _describe(header.max_timestamp, "its max timestamp", low, high, limits)
     if header.base_timestamp < low:
         return _describe(header.base_timestamp, "its first record", low, high, limits)
-    for index, record in enumerate(iter_records(view, 0, where="produced batch", verify_crc=False)):
-        if not low <= record.timestamp <= high:
-            return _describe(record.timestamp, f"record {index} of the batch", low, high, limits)
+    try:
+        for index, record in enumerate(iter_records(view, 0, where="produced batch", verify_crc=False)):
+            if not low <= record.timestamp <= high:
+                return _describe(record.timestamp, f"record {index} of the batch", low, high, limits)
+    except CorruptRecordError as exc:
+        return TimestampRefusal(f"its records cannot be read to check their timestamps: {exc}", corrupt=True)
     return None
 
 
-def _describe(timestamp: int, which: str, low: int, high: int, limits: TimestampLimits) -> str:
-    return (f"timestamp {timestamp} of {which} is out of range: with message.timestamp.before.max.ms "
-            f"{limits.before_max_ms} and message.timestamp.after.max.ms {limits.after_max_ms} it must lie "
-            f"in [{low}, {high}]; send records stamped near the broker's clock, or raise the limits")
+def _describe(timestamp: int, which: str, low: int, high: int, limits: TimestampLimits) -> TimestampRefusal:
+    return TimestampRefusal(
+        f"timestamp {timestamp} of {which} is out of range: with message.timestamp.before.max.ms "
+        f"{limits.before_max_ms} and message.timestamp.after.max.ms {limits.after_max_ms} it must lie "
+        f"in [{low}, {high}]; send records stamped near the broker's clock, or raise the limits")

@@ -368,8 +368,9 @@ class PartitionWriter:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
                     continue
                 if limits is not None and (late := timestamp_out_of_range(body, header, now_ms, limits)):
-                    results[i] = -ErrorCode.INVALID_TIMESTAMP  # Kafka's answer; nothing of it is appended
-                    self._reject(ring, chunk.first_seq + i, ErrorCode.INVALID_TIMESTAMP, late)
+                    code = ErrorCode.CORRUPT_MESSAGE if late.corrupt else ErrorCode.INVALID_TIMESTAMP
+                    results[i] = -code  # Kafka's answers; nothing of the batch is appended
+                    self._reject(ring, chunk.first_seq + i, code, late.reason)
                     continue
                 verdict = state.check(header)
                 if verdict.code == NONE:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from batchgen import DEFAULT_TIMESTAMP_MS, build_batch
 
-from storage.batch_header import parse_header, validate_batch
+from storage.batch_header import parse_header, validate_batch, write_crc
 from storage.batch_reader import iter_records
 from storage.log import Log
 from storage.log_config import LONG_MAX, LogConfig
@@ -126,5 +126,14 @@ def test_createtime_limits_name_the_record(stamps: list[int], refused_because: s
     if refused_because is None:
         assert reason is None
     else:
-        assert reason is not None and refused_because in reason
-        assert "message.timestamp.before.max.ms 60" in reason and "[999940, 1000040]" in reason
+        assert reason is not None and refused_because in reason.reason and not reason.corrupt
+        assert "message.timestamp.before.max.ms 60" in reason.reason and "[999940, 1000040]" in reason.reason
+
+
+def test_unreadable_records_under_a_good_crc_are_corrupt_not_late() -> None:
+    batch = build_batch([b"v", b"w"], timestamps_ms=[1_000_000, 1_000_000])
+    batch[-3] = 0x7E  # the last record's value length (zigzag 63): past the end of its record
+    write_crc(batch, 0, len(batch))
+    limits = TimestampLimits(60, 40)
+    refusal = timestamp_out_of_range(memoryview(batch), parse_header(batch), 1_000_000, limits)
+    assert refusal is not None and refusal.corrupt and "cannot be read" in refusal.reason
