@@ -123,6 +123,11 @@ def _produce_options(parser: argparse.ArgumentParser, *, records: int | None) ->
                         help="any other producer setting (Kafka's name)")
     parser.add_argument("--warmup-records", type=_count, default=None,
                         help="untimed records per producer first (default: records/10, at most 50,000)")
+    parser.add_argument("--message-timestamp-type", choices=("CreateTime", "LogAppendTime", "compare"),
+                        default="CreateTime",
+                        help="the topic's message.timestamp.type (CreateTime); compare (produce only): "
+                             "CreateTime and LogAppendTime runs in alternation, with their ratio "
+                             "(bench.timestamp_types)")
     parser.add_argument("--recycle-pages", action="store_true",
                         help="touch and free the volume about to be written before each page-cache "
                              "probe and the run, so all three write into pages the host backs (make bench "
@@ -228,6 +233,7 @@ def _settings(args: argparse.Namespace) -> Any:
         producer_props=tuple(args.producer_prop), warmup_records=args.warmup_records,
         measure_limits=not args.no_limits, profile=getattr(args, "profile", None),
         recycle_pages=args.recycle_pages,
+        timestamp_type=args.message_timestamp_type.replace("compare", "CreateTime"),
     )
 
 
@@ -243,6 +249,11 @@ def _produce(args: argparse.Namespace) -> dict[str, Any]:
     from bench.produce import run_produce
 
     settings = _settings(args)
+    if args.message_timestamp_type == "compare":
+        from bench.timestamp_types import compare_timestamp_types
+
+        return _with_appliance(args, lambda app: compare_timestamp_types(
+            app, settings, progress=_progress_enabled(args), bootstrap=args.bootstrap_server))
     return _with_appliance(args, lambda app: run_produce(
         app, settings, progress=_progress_enabled(args), bootstrap=args.bootstrap_server,
         keep_topic=args.keep_topic))

@@ -89,6 +89,7 @@ class ProduceSettings:
     measure_limits: bool = True
     recycle_pages: bool = False  # the probes and the run each start right after perf_limits.recycle_pages
     profile: str | None = None  # cProfile the timed part of each producer into this file (.<pid> for K > 1)
+    timestamp_type: str = "CreateTime"  # the topic's message.timestamp.type
 
     def __post_init__(self) -> None:
         if self.records < 1:
@@ -103,6 +104,9 @@ class ProduceSettings:
             raise ConfigError(f"--payload {self.payload!r}: expected json or random")
         if self.transport not in ("shm", "tcp"):
             raise ConfigError(f"--transport {self.transport!r}: expected shm or tcp")
+        if self.timestamp_type not in ("CreateTime", "LogAppendTime"):
+            raise ConfigError(f"--message-timestamp-type {self.timestamp_type!r}: expected CreateTime or "
+                              "LogAppendTime")
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -381,7 +385,7 @@ def run_produce(app: Appliance, settings: ProduceSettings, *, progress: bool = F
     fresh = settings.topic is None
     config = producer_settings(settings, app, address)
     batch_bytes = settings.batch_size or 1_048_576
-    app.create_topic(topic, settings.partitions)
+    app.create_topic(topic, settings.partitions, {"message.timestamp.type": settings.timestamp_type})
     try:
         return _run(app, settings, topic, config, batch_bytes, progress, notes, command)
     finally:

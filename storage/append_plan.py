@@ -8,7 +8,9 @@ count.  The second half, writing the plan into segments and rolling where a roll
 log's (``storage.log``).
 
 * A **leader** assigns offsets: :func:`stamp_as_leader` writes each batch's ``baseOffset`` and
-  ``partitionLeaderEpoch`` in place.  The CRC does not cover them, so nothing is recomputed.  The header's
+  ``partitionLeaderEpoch`` in place.  The CRC does not cover them, so nothing is recomputed (except on a
+  LogAppendTime log, where the leader also stamps the append time, which the CRC covers:
+  ``storage.timestamp_rules``).  The header's
   first three fields, ``baseOffset``, ``batchLength`` and ``partitionLeaderEpoch``, lie back to back and
   are written with one ``pack`` (``batchLength`` with the validated value, which is what is there).
 * A **follower** keeps the leader's offsets: :func:`check_as_follower` and :func:`check_walked` only refuse
@@ -39,6 +41,7 @@ from storage.batch_header import (
 from storage.batch_scan import BatchArrays
 from storage.errors import InvalidRecordError, NotLeaderError
 from storage.segment import BatchRow
+from storage.timestamp_rules import stamp_log_append_time
 
 __all__ = [
     "BATCH_LENGTH_FIELD",
@@ -82,7 +85,7 @@ class AppendInfo(NamedTuple):
 
     first_offset: int
     last_offset: int
-    log_append_time_ms: int  # wall clock at the append (the batches' timestamps are not rewritten)
+    log_append_time_ms: int  # wall clock at the append (the batches' max timestamp on a LogAppendTime log)
     max_timestamp: int  # largest batch maxTimestamp appended (-1 if none carried one)
     offset_of_max_timestamp: int
     batch_count: int
@@ -138,21 +141,25 @@ def check_leader_epoch(latest_epoch: int, leader_epoch: int, name: str) -> int:
 
 
 def stamp_as_leader(parts: Sequence[memoryview], headers: Sequence[BatchHeader], first_offset: int,
-                    leader_epoch: int) -> AppendPlan:
+                    leader_epoch: int, append_time_ms: int | None = None) -> AppendPlan:
     """Assign offsets from ``first_offset`` and stamp each batch in place with its base offset and
-    ``leader_epoch``.  ``parts``: one buffer per batch, or one buffer holding every batch back to back."""
+    ``leader_epoch``.  ``parts``: one buffer per batch, or one buffer holding every batch back to back.
+    ``append_time_ms`` (a LogAppendTime log): also make each batch a LogAppendTime batch of that time
+    (``storage.timestamp_rules``), and index it by that time."""
     whole = parts[0] if len(parts) != len(headers) else None
     batches: list[BatchRow] = []
     records = total = 0
     next_offset = first_offset
     for i, header in enumerate(headers):
         size = header[BATCH_LENGTH_FIELD] + LOG_OVERHEAD
-        if whole is None:
-            pack_stamp(parts[i], 0, next_offset, size - LOG_OVERHEAD, leader_epoch)
-        else:
-            pack_stamp(whole, total, next_offset, size - LOG_OVERHEAD, leader_epoch)
+        buffer, position = (parts[i], 0) if whole is None else (whole, total)
+        pack_stamp(buffer, position, next_offset, size - LOG_OVERHEAD, leader_epoch)
+        max_timestamp = header[MAX_TIMESTAMP_FIELD]
+        if append_time_ms is not None:
+            stamp_log_append_time(buffer, position, header, append_time_ms)
+            max_timestamp = append_time_ms
         last = next_offset + header[LAST_OFFSET_DELTA_FIELD]
-        batches.append((next_offset, last, size, header[MAX_TIMESTAMP_FIELD]))
+        batches.append((next_offset, last, size, max_timestamp))
         records += header[RECORDS_COUNT_FIELD]
         total += size
         next_offset = last + 1

@@ -97,6 +97,7 @@ from storage.log_loader import load_log
 from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
+from storage.timestamp_rules import LOG_APPEND_TIME, stamp_log_append_time
 from storage.timestamp_search import MAX_TIMESTAMP, record_at_or_after, record_of_max_timestamp
 
 __all__ = [
@@ -142,6 +143,7 @@ class Log:
         self._flush_due_s = self._last_flush + config.flush_ms / 1000  # flush.ms after the last flush
         self._flush_messages = config.flush_messages
         self._flush_timed = config.flush_ms < LONG_MAX  # else the due time is never reached: no clock read
+        self._log_append_time = config.message_timestamp_type == LOG_APPEND_TIME  # leaders stamp the time
         self._checkpoint_lock = threading.Lock()
         self._flusher = RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
         self._segment_list = SegmentList(directory, config, self._flusher, self.name)
@@ -309,7 +311,8 @@ class Log:
            nothing else writes until this returns (ring memory published to, and owned by, the writer).
 
         Each buffer is stamped in place (``baseOffset``, ``partitionLeaderEpoch``; the CRC does not cover
-        them) and the buffers go to the active segment with one ``os.writev`` per segment touched (at most
+        them; on a LogAppendTime log also the append time and the CRC: ``storage.timestamp_rules``) and the
+        buffers go to the active segment with one ``os.writev`` per segment touched (at most
         ``IOV_MAX`` buffers per call), straight from the caller's memory.  Rolls and indexes as
         :meth:`append`.  Raises :class:`NotLeaderError` for an epoch older than the latest recorded,
         ``ValueError`` for mismatched arguments; then nothing was stamped or appended.  Untrusted bytes go
@@ -328,6 +331,9 @@ class Log:
                 last = base + header[LAST_OFFSET_DELTA_FIELD]
                 max_timestamp = header[MAX_TIMESTAMP_FIELD]
                 pack_stamp(view, 0, base, size - LOG_OVERHEAD, leader_epoch)
+                if self._log_append_time:
+                    max_timestamp = _time_ns() // 1_000_000
+                    stamp_log_append_time(view, 0, header, max_timestamp)
                 try:
                     position = segment.append_batch(view, size, last, max_timestamp)
                 except OSError as exc:
@@ -357,7 +363,8 @@ class Log:
         """The general path of a leader's append: epoch checked, batches stamped, epoch recorded, written."""
         latest_epoch = check_leader_epoch(self._epochs.latest_epoch, leader_epoch, self.name)
         first_offset = self._segments[-1].next_offset
-        plan = stamp_as_leader(parts, headers, first_offset, leader_epoch)
+        append_time_ms = _time_ns() // 1_000_000 if self._log_append_time else None
+        plan = stamp_as_leader(parts, headers, first_offset, leader_epoch, append_time_ms)
         with self._undone_if_failed(first_offset):
             if leader_epoch > latest_epoch:
                 self._epochs.assign(leader_epoch, first_offset)

@@ -36,10 +36,17 @@ _SETTINGS: Final[dict[str, tuple[str, int, int]]] = {
     "flush.messages": ("flush_messages", 1, LONG_MAX),
     "flush.ms": ("flush_ms", 0, LONG_MAX),
     "max.message.bytes": ("max_message_bytes", 0, INT32_MAX),
+    "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", 0, LONG_MAX),
+    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", 0, LONG_MAX),
+    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", 0, LONG_MAX),
 }
 # Kafka's topic-level name -> field, for the true/false settings
 _BOOL_SETTINGS: Final[dict[str, str]] = {
     "preallocate": "preallocate",
+}
+# Kafka's topic-level name -> (field, the allowed values), for the settings that take one of a few names
+_CHOICE_SETTINGS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "message.timestamp.type": ("message_timestamp_type", ("CreateTime", "LogAppendTime")),
 }
 
 
@@ -64,6 +71,11 @@ class LogConfig:
       when the segment is rolled or closed.  Kafka's default is false (it preallocates the whole segment
       and was added for Windows); here it is true because appending into reserved blocks costs ext4 less
       per write (docs/storage.md).  A file system without ``fallocate`` just skips it.
+    * ``message_timestamp_type``: ``CreateTime`` keeps the producer's timestamps, ``LogAppendTime`` has a
+      leader stamp each batch with the append time (``storage.timestamp_rules``).
+    * ``message_timestamp_difference_max_ms`` / ``..._before_max_ms`` / ``..._after_max_ms``: how far a
+      CreateTime record's timestamp may lie before / after the leader's clock (``LONG_MAX``: no limit;
+      ``storage.timestamp_rules.effective_limits``).
     """
 
     segment_bytes: int = 1024 * 1024 * 1024
@@ -76,6 +88,10 @@ class LogConfig:
     flush_ms: int = LONG_MAX
     max_message_bytes: int = 1_048_588
     preallocate: bool = True
+    message_timestamp_type: str = "CreateTime"
+    message_timestamp_difference_max_ms: int = LONG_MAX
+    message_timestamp_before_max_ms: int = LONG_MAX
+    message_timestamp_after_max_ms: int = LONG_MAX
 
     def __post_init__(self) -> None:
         for name, (attr, low, high) in _SETTINGS.items():
@@ -88,6 +104,10 @@ class LogConfig:
             value = getattr(self, attr)
             if not isinstance(value, bool):
                 raise ConfigError(f"log setting {name}: {value!r} is not true or false")
+        for name, (attr, allowed) in _CHOICE_SETTINGS.items():
+            value = getattr(self, attr)
+            if value not in allowed:
+                raise ConfigError(f"log setting {name}: {value!r} is not one of {', '.join(allowed)}")
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, object]) -> LogConfig:
@@ -97,8 +117,11 @@ class LogConfig:
             if name in _BOOL_SETTINGS:
                 values[_BOOL_SETTINGS[name]] = _parse_bool(name, raw)
                 continue
+            if name in _CHOICE_SETTINGS:
+                values[_CHOICE_SETTINGS[name][0]] = str(raw)
+                continue
             if name not in _SETTINGS:
-                known = ", ".join(sorted([*_SETTINGS, *_BOOL_SETTINGS]))
+                known = ", ".join(sorted([*_SETTINGS, *_BOOL_SETTINGS, *_CHOICE_SETTINGS]))
                 raise ConfigError(f"unknown log setting {name!r}; known: {known}")
             try:
                 value = int(str(raw), 10) if not isinstance(raw, int) else raw
@@ -107,10 +130,13 @@ class LogConfig:
             values[_SETTINGS[name][0]] = value
         return cls(**values)
 
-    def to_properties(self) -> dict[str, int]:
-        """The settings under Kafka's names (``preallocate`` as a bool)."""
-        properties = {name: getattr(self, attr) for name, (attr, _, _) in _SETTINGS.items()}
+    def to_properties(self) -> dict[str, int | str]:
+        """The settings under Kafka's names (``preallocate`` as a bool, ``message.timestamp.type`` as its
+        name)."""
+        properties: dict[str, int | str] = {
+            name: getattr(self, attr) for name, (attr, _, _) in _SETTINGS.items()}
         properties.update((name, getattr(self, attr)) for name, attr in _BOOL_SETTINGS.items())
+        properties.update((name, getattr(self, attr)) for name, (attr, _) in _CHOICE_SETTINGS.items())
         return properties
 
     def replace(self, **changes: Any) -> LogConfig:

@@ -102,6 +102,7 @@ SURFACES: dict[str, set[str]] = {
         "ConsumerRecord",
         "ControlClient",
         "ControlError",
+        "GroupError",
         "KafkaAdmin",
         "Producer",
         "RecordArrays",

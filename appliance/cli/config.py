@@ -1,5 +1,9 @@
-"""``appliance config check|show``, and the ``--config FILE`` / ``--override KEY=VALUE`` arguments every
-command that runs on the appliance's configuration takes (``serve``, ``replica``, ``replicas``)."""
+"""``appliance config check|show``, and the ``--appliance-config FILE`` / ``--override KEY=VALUE`` arguments
+every command that runs on the appliance's configuration takes (``serve``, ``replica``, ``replicas``).
+
+``--config FILE`` is the older spelling of ``--appliance-config`` and still works in these commands, and
+in ``produce`` and ``consume``: none of them takes topic settings.  ``appliance topics`` takes only
+``--appliance-config``, because there ``--config K=V`` is a topic setting, as in kafka-topics."""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ __all__ = ["add_config_arguments", "config_from_args", "main"]
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config FILE`` and repeatable ``--override KEY=VALUE`` to a subcommand's parser."""
-    parser.add_argument("--config", metavar="FILE", help="TOML configuration file (default: none, defaults)")
+    """Add ``--appliance-config FILE`` (or ``--config FILE``) and repeatable ``--override KEY=VALUE`` to a
+    subcommand's parser."""
+    parser.add_argument("--appliance-config", "--config", dest="config", metavar="FILE",
+                        help="the appliance's TOML configuration file (default: none, defaults)")
     parser.add_argument("--override", metavar="KEY=VALUE", action="append", default=[],
                         help="set one setting, after the file (repeatable), e.g. --override num.partitions=8")
 

@@ -7,6 +7,10 @@
         [--add-config K=V[,K=V...]] [--delete-config K[,K...]]
     appliance configs --bootstrap-server HOST:PORT --entity-type brokers --entity-name 0 --describe [--all]
 
+kafka-configs' shorter entity flags work too: ``--topic T`` for ``--entity-type topics --entity-name T``,
+``--broker ID`` for ``--entity-type brokers --entity-name ID``, and ``--add-config-file FILE`` (a properties
+file) beside ``--add-config``.
+
 It speaks the Kafka protocol (DescribeConfigs, IncrementalAlterConfigs) through the admin client, so it
 works from any host, and ``kafka-configs.sh`` does the same against the appliance.  ``--describe`` prints,
 as kafka-configs does, the settings set on the entity (a topic's overrides; a broker's settings that differ
@@ -31,6 +35,7 @@ import re
 import sys
 from typing import TextIO
 
+from appliance.cli.kafka_forms import UsageError, read_properties, refuse_together
 from appliance.client.admin import DEFAULT_BOOTSTRAP_SERVER, KafkaAdmin
 from appliance.client.admin_configs import ConfigEntry
 from ipc.kafka import ConfigSource, ResourceType
@@ -69,14 +74,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance configs", description="read or change topic settings")
     parser.add_argument("--bootstrap-server", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP_SERVER,
                         help=f"a broker of the appliance (default {DEFAULT_BOOTSTRAP_SERVER})")  # fmt: skip
-    parser.add_argument("--entity-type", choices=sorted(_ENTITY_TYPES), required=True)
-    parser.add_argument("--entity-name", required=True, help="the topic, or the broker's node id")
+    parser.add_argument("--entity-type", choices=sorted(_ENTITY_TYPES))
+    parser.add_argument("--entity-name", help="the topic, or the broker's node id")
+    parser.add_argument("--topic", metavar="T", help="the same as --entity-type topics --entity-name T")
+    parser.add_argument("--broker", metavar="ID", help="the same as --entity-type brokers --entity-name ID")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--describe", action="store_true", help="print the settings")
     what.add_argument("--alter", action="store_true", help="change the settings given")
     parser.add_argument("--all", action="store_true", help="with --describe: every setting")
     parser.add_argument("--add-config", metavar="K=V[,K=V]", action="append", default=[],
                         help="settings to set (repeatable)")  # fmt: skip
+    parser.add_argument("--add-config-file", metavar="FILE",
+                        help="settings to set, from a properties file (with --alter)")
     parser.add_argument("--delete-config", metavar="K[,K]", action="append", default=[],
                         help="settings to reset to their defaults (repeatable)")  # fmt: skip
     return parser
@@ -88,6 +97,23 @@ def format_entry(entry: ConfigEntry) -> str:
                          f"{s.name}={s.value}" for s in entry.synonyms)  # fmt: skip
     return (f"  {entry.name}={'' if entry.value is None else entry.value} "
             f"sensitive={'true' if entry.sensitive else 'false'} synonyms={{{synonyms}}}")  # fmt: skip
+
+
+def _entity(args: argparse.Namespace) -> None:
+    """Fold ``--topic T`` / ``--broker ID`` into ``--entity-type`` / ``--entity-name``, refusing them
+    together with those (UsageError naming the flags), as kafka-configs does."""
+    for flag, kind, value in (("--topic", "topics", args.topic), ("--broker", "brokers", args.broker)):
+        if value is None:
+            continue
+        for other, given in (("--entity-type", args.entity_type), ("--entity-name", args.entity_name)):
+            if given is not None:
+                raise refuse_together(flag, other, f"{flag} names the entity already")
+        args.entity_type, args.entity_name = kind, value
+    if args.topic is not None and args.broker is not None:
+        raise refuse_together("--topic", "--broker", "give one entity")
+    if args.entity_type is None or args.entity_name is None:
+        raise UsageError("name the entity: --topic T, --broker ID, or --entity-type topics|brokers "
+                         "--entity-name NAME")
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -126,7 +152,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
     try:
-        args.set_configs = {}
+        _entity(args)
+        args.set_configs = read_properties(args.add_config_file) if args.add_config_file else {}
         for text in args.add_config:
             args.set_configs.update(parse_add_config(text))
         args.delete_configs = [k.strip() for text in args.delete_config for k in text.split(",") if k.strip()]
@@ -134,6 +161,8 @@ def main(argv: list[str]) -> int:
             raise ValueError("--alter needs --add-config or --delete-config")
         if args.describe and (args.set_configs or args.delete_configs):
             raise ValueError("--add-config and --delete-config go with --alter")
+        if args.all and not args.describe:
+            raise refuse_together("--all", "--alter", "--all goes with --describe (as in kafka-configs)")
     except ValueError as exc:
         print(f"appliance configs: {exc}", file=sys.stderr)
         return EXIT_USAGE

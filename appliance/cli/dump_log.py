@@ -1,4 +1,5 @@
-"""``appliance dump-log PATH... [--verify] [--print-records]``: print segment files, like kafka-dump-log.
+"""``appliance dump-log PATH... [--verify] [--print-records]``: print segment files, like kafka-dump-log
+(whose ``--files A,B``, ``--deep-iteration`` and ``--print-data-log`` work too).
 
 For a ``.log`` file, one line per record batch::
 
@@ -222,9 +223,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the record batches of segment files (.log), or the entries of .index/.timeindex "
         "files, like kafka-dump-log.  Exit 0 sound, 1 corrupt, 3 torn tail only.",
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="segment (.log) or index file")
-    parser.add_argument("--verify", action="store_true", help="also decode every record of every batch")
-    parser.add_argument("--print-records", action="store_true", help="print every record (implies --verify)")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="segment (.log) or index file")
+    parser.add_argument("--files", metavar="PATH[,PATH...]", action="append", default=[],
+                        help="the files, as kafka-dump-log takes them (comma-separated)")
+    parser.add_argument("--verify", "--deep-iteration", action="store_true",
+                        help="also decode every record of every batch (kafka-dump-log: --deep-iteration)")
+    parser.add_argument("--print-records", "--print-data-log", action="store_true",
+                        help="print every record (implies --verify; kafka-dump-log: --print-data-log)")
     parser.add_argument(
         "--max-bytes",
         type=int,
@@ -236,7 +241,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.paths += [path for given in args.files for path in given.split(",") if path]
+    if not args.paths:
+        parser.error("give the files: PATH... or --files PATH[,PATH...]")
     dumper = _Dumper(
         sys.stdout, sys.stderr, verify=args.verify, print_records=args.print_records, max_bytes=args.max_bytes
     )

@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "replicas": ("appliance.cli.replica:replicas_main", "replication status, promote a replica to leader"),
     "serve": ("appliance.cli.serve:main", "run the appliance (the supervisor and its processes)"),
     "topics": ("appliance.cli.topics:main", "create, list, describe or delete topics of a running appliance"),
+    "version": ("appliance.cli.version:main", "print the version and the Kafka protocol versions spoken"),
 }
 
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
-    name, rest = args[0], args[1:]
+    name, rest = ("version" if args[0] == "--version" else args[0]), args[1:]
     if name not in _COMMANDS:
         print(f"appliance: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2

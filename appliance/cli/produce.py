@@ -16,6 +16,12 @@ dir: the socket is ``DIR/.appliance.sock``), else the ``appliance.control.socket
 producer setting (``appliance.client.producer_config``), e.g. ``max.block.ms=5000`` to give up sooner on a
 broker that does not answer.
 
+kafka-console-producer's flags work too: ``--topic T``, ``--broker-list`` (its older name for
+``--bootstrap-server``), ``--request-required-acks``, ``--compression-codec [CODEC]`` (gzip when given
+alone), ``--timeout MS`` (linger.ms), ``--producer.config FILE`` (a properties file, under
+``--producer-property`` and the flags).  The appliance's TOML file is ``--appliance-config FILE``
+(``--config FILE``, the older spelling, still works here: this command takes no topic settings).
+
 Standard input is read in blocks as it arrives (``read1``), split into lines in C, and handed to
 ``Producer.send_many`` a block at a time, so a pipe of short lines goes at bulk speed while an interactive
 terminal still sends each line within ``linger.ms``.  Exit status: 0 when every record was acknowledged
@@ -30,11 +36,13 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from appliance.cli.kafka_forms import UsageError, read_properties
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["main", "producer_settings", "read_records"]
 
 _READ_BYTES = 1 << 20
+_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,26 +50,37 @@ def _parser() -> argparse.ArgumentParser:
         prog="appliance produce",
         description="send each line of standard input to TOPIC as one record",
     )
-    parser.add_argument("topic", metavar="TOPIC", help="topic to send to")
+    parser.add_argument("topic", metavar="TOPIC", nargs="?", help="topic to send to (or --topic TOPIC)")
+    parser.add_argument("--topic", dest="topic_flag", metavar="TOPIC",
+                        help="the topic, as kafka-console-producer takes it")
     parser.add_argument("--key-separator", metavar="SEP",
                         help="split each line at the first SEP into key and value")
     parser.add_argument("--property", metavar="KEY=VALUE", action="append", default=[],
                         help="Kafka console-producer reader properties: parse.key=true, key.separator=SEP")
-    parser.add_argument("--acks", choices=("0", "1", "all", "-1"), default="all",
+    parser.add_argument("--acks", "--request-required-acks", choices=("0", "1", "all", "-1"),
                         help="0: do not wait; 1 or all: wait for the writer's ack (default all)")
-    parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"), default="none",
-                        help="compress each batch (default none)")
+    parser.add_argument("--compression", choices=_CODECS, help="compress each batch (default none)")
+    parser.add_argument("--compression-codec", nargs="?", const="gzip", choices=_CODECS,
+                        help="kafka-console-producer's spelling of --compression (alone: gzip, as Kafka)")
     parser.add_argument("--partition", type=int, metavar="N", help="send every record to partition N")
-    parser.add_argument("--linger-ms", type=int, metavar="MS", help="linger.ms (default 5)")
+    parser.add_argument("--linger-ms", "--timeout", type=int, metavar="MS",
+                        help="linger.ms (default 5); --timeout is kafka-console-producer's name for it")
+    parser.add_argument("--max-block-ms", type=int, metavar="MS", help="max.block.ms")
+    parser.add_argument("--request-timeout-ms", type=int, metavar="MS", help="request.timeout.ms")
     parser.add_argument("--batch-size", type=int, metavar="BYTES", help="batch.size")
     parser.add_argument("--producer-property", metavar="KEY=VALUE", action="append", default=[],
                         help="any producer setting, e.g. max.block.ms=1000 (repeatable)")
+    parser.add_argument("--producer.config", dest="producer_config", metavar="FILE",
+                        help="producer settings from a properties file (the flags above win)")
     where = parser.add_argument_group("where the appliance is (--bootstrap-server, or the first local match)")
     where.add_argument("--bootstrap-server", metavar="HOST:PORT",
                        help="a remote appliance's broker: produce over TCP (Kafka's protocol)")
+    where.add_argument("--broker-list", metavar="HOST:PORT",
+                       help="kafka-console-producer's older name for --bootstrap-server")
     where.add_argument("--control-socket", metavar="PATH", help="the appliance's control socket")
     where.add_argument("--data-dir", metavar="DIR", help="the appliance's first log dir")
-    where.add_argument("--config", metavar="FILE", help="the appliance's TOML configuration")
+    where.add_argument("--appliance-config", "--config", dest="config", metavar="FILE",
+                       help="the appliance's TOML configuration file (--config is the older spelling)")
     where.add_argument("--override", metavar="KEY=VALUE", action="append", default=[],
                        help="a configuration override, as for `appliance serve` (repeatable)")
     return parser
@@ -77,15 +96,38 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return pairs
 
 
+def _resolve_kafka_flags(args: argparse.Namespace) -> None:
+    """Fold kafka-console-producer's spellings into ours; ConfigError naming two flags that disagree."""
+    for ours, theirs, flag in (("topic", "topic_flag", "--topic"), ("bootstrap_server", "broker_list",
+                                                                    "--broker-list"),
+                               ("compression", "compression_codec", "--compression-codec")):
+        mine, kafka = getattr(args, ours), getattr(args, theirs)
+        if mine is not None and kafka is not None and mine != kafka:
+            ours_flag = "TOPIC" if ours == "topic" else f"--{ours.replace('_', '-')}"
+            raise ConfigError(f"{ours_flag} {mine} cannot be used with {flag} {kafka}: give one")
+        setattr(args, ours, mine if mine is not None else kafka)
+    if args.topic is None:
+        raise ConfigError("give the topic: TOPIC or --topic TOPIC")
+
+
 def producer_settings(args: argparse.Namespace) -> tuple[dict[str, object], bytes | None]:
-    """The Producer settings and the key separator (None: no keys) the arguments ask for."""
-    settings: dict[str, object] = dict(_pairs(args.producer_property, "--producer-property"))
-    settings["acks"] = args.acks
-    settings["compression.type"] = args.compression
-    if args.linger_ms is not None:
-        settings["linger.ms"] = args.linger_ms
-    if args.batch_size is not None:
-        settings["batch.size"] = args.batch_size
+    """The Producer settings and the key separator (None: no keys) the arguments ask for: the
+    ``--producer.config`` file, then ``--producer-property``, then the flags."""
+    _resolve_kafka_flags(args)
+    settings: dict[str, object] = {}
+    if args.producer_config is not None:
+        try:
+            settings.update(read_properties(args.producer_config))
+        except UsageError as exc:
+            raise ConfigError(str(exc)) from None
+    settings.update(_pairs(args.producer_property, "--producer-property"))
+    settings.setdefault("acks", "all")
+    settings.setdefault("compression.type", "none")
+    for value, name in ((args.acks, "acks"), (args.compression, "compression.type"),
+                        (args.linger_ms, "linger.ms"), (args.batch_size, "batch.size"),
+                        (args.max_block_ms, "max.block.ms"), (args.request_timeout_ms, "request.timeout.ms")):
+        if value is not None:
+            settings[name] = value
     local = [f"--{name.replace('_', '-')}" for name in ("control_socket", "data_dir", "config", "override")
              if getattr(args, name)]
     if args.bootstrap_server is not None:

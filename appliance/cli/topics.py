@@ -1,5 +1,9 @@
 """``appliance topics create|list|describe|alter|delete-records|delete``: topics of a running appliance.
 
+kafka-topics' form works too (``--create --topic T --partitions N --replication-factor R --config K=V``,
+``--describe --under-replicated-partitions``, ...): ``appliance.cli.kafka_forms`` rewrites it into these
+subcommands after refusing what kafka-topics refuses; docs/tools.md maps every flag.
+
 ``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions; ``kafka-topics.sh --alter``);
 ``delete-records --topic T --partition P --offset O`` moves a partition's log start offset to O, -1 for
 its high watermark (DeleteRecords; ``kafka-delete-records.sh``), or every partition an
@@ -11,10 +15,10 @@ Where the appliance is, as Kafka's ``kafka-topics.sh`` says it:
 * ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` (the default, ``127.0.0.1:9092``): the broker, over the
   Kafka protocol (:class:`appliance.client.admin.KafkaAdmin`), from any host;
 * on the appliance's host, its control socket: ``--control-socket PATH``, ``--data-dir DIR`` (its first log
-  dir; the socket is ``DIR/.appliance.sock``) or the configuration that names it (``--config FILE``,
-  ``--override KEY=VALUE``).  This path also shows what only the host knows: each partition's writer
-  process (pid, unique memory, restarts), a replicated partition's committed high watermark and one line
-  per follower.
+  dir; the socket is ``DIR/.appliance.sock``) or the configuration that names it (``--appliance-config
+  FILE``, ``--override KEY=VALUE``; not ``--config``, which is a topic setting here, as in kafka-topics).
+  This path also shows what only the host knows: each partition's writer process (pid, unique memory,
+  restarts), a replicated partition's committed high watermark and one line per follower.
 
 Both paths go through a :class:`TopicsBackend`; :func:`open_backend` picks one from the arguments.
 
@@ -43,13 +47,16 @@ partition count or setting, no appliance there); 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from appliance.broker.log_dirs import partition_size_bytes
+from appliance.cli.kafka_forms import UsageError, topics_argv
 from appliance.client.admin import (
     DEFAULT_BOOTSTRAP_SERVER,
     KafkaAdmin,
@@ -57,8 +64,9 @@ from appliance.client.admin import (
     TopicDescription,
 )
 from appliance.config.server_config import load_config, parse_override
+from ipc.kafka import ConfigSource, ResourceType
 from ipc.kafka_client import BrokerConnectionError, parse_bootstrap_servers
-from storage.errors import ApplianceError, ConfigError, TopicExistsError
+from storage.errors import ApplianceError, ConfigError, TopicExistsError, UnknownTopicOrPartitionError
 
 if TYPE_CHECKING:
     from ipc.control import ControlClient, TopicInfo
@@ -151,6 +159,12 @@ class KafkaBackend:
     def describe(self, names: Sequence[str] | None) -> list[TopicDescription]:
         return self.admin.describe_topics(names or None)
 
+    def with_overrides(self, topic: TopicDescription) -> TopicDescription:
+        """``topic`` with its overrides, asked for with DescribeConfigs (Metadata does not carry them)."""
+        entries = self.admin.describe_configs(ResourceType.TOPIC, topic.name)
+        configs = {e.name: e.value for e in entries.values() if e.source == ConfigSource.TOPIC_CONFIG}
+        return dataclasses.replace(topic, configs=configs)
+
     def create(
         self, name: str, partitions: int | None, replication_factor: int | None, configs: Mapping[str, Any]
     ) -> int:
@@ -204,7 +218,8 @@ def describe_local(topic: TopicInfo) -> TopicDescription:
     )
 
 
-_LOCAL_OPTIONS = ("control_socket", "data_dir", "config")
+_LOCAL_OPTIONS = {"control_socket": "--control-socket", "data_dir": "--data-dir",
+                  "appliance_config": "--appliance-config"}
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,20 +237,22 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-dir", metavar="DIR", help="this host's appliance, by its first log dir (DIR/.appliance.sock)"
     )
     where.add_argument(
-        "--config", metavar="FILE", help="this host's appliance, by its configuration (its control socket)"
+        "--appliance-config", metavar="FILE",
+        help="this host's appliance, by its TOML configuration file (its control socket); not --config, "
+             "which is a topic setting here, as in kafka-topics",
     )
     where.add_argument(
         "--override",
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="with --config: one setting after the file (repeatable), as for `appliance serve`",
+        help="with --appliance-config: one setting after the file (repeatable), as for `appliance serve`",
     )
 
 
 def check_connection_arguments(args: argparse.Namespace) -> None:
     """ValueError for options that name two appliances (or none coherently)."""
-    local = [f"--{name.replace('_', '-')}" for name in _LOCAL_OPTIONS if getattr(args, name) is not None]
+    local = [flag for name, flag in _LOCAL_OPTIONS.items() if getattr(args, name) is not None]
     if args.bootstrap_server is not None and (local or args.override):
         raise ValueError(
             f"--bootstrap-server reaches the broker over TCP, {(local or ['--override'])[0]} the control "
@@ -254,8 +271,8 @@ def open_backend(args: argparse.Namespace) -> TopicsBackend:
     path = args.control_socket
     if path is None and args.data_dir is not None:
         path = os.path.join(args.data_dir, ".appliance.sock")
-    if path is None and (args.config is not None or args.override):
-        path = load_config(args.config, args.override).control_socket
+    if path is None and (args.appliance_config is not None or args.override):
+        path = load_config(args.appliance_config, args.override).control_socket
     if path is not None:
         from ipc.control import ControlClient  # (only the local path needs it: it loads numba)
 
@@ -265,36 +282,53 @@ def open_backend(args: argparse.Namespace) -> TopicsBackend:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="appliance topics", description="manage the topics of an appliance")
+    parser = argparse.ArgumentParser(
+        prog="appliance topics", description="manage the topics of an appliance",
+        epilog="kafka-topics' form works too: --create|--list|--describe|--alter|--delete --topic NAME "
+               "[--partitions N] [--replication-factor R] [--config K=V]... (docs/tools.md)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     create = commands.add_parser("create", help="create a topic")
-    create.add_argument("name")
+    create.add_argument("name", help="the topic (kafka-topics: --create --topic NAME)")
     create.add_argument("--partitions", type=int, help="partition count (default: num.partitions)")
     create.add_argument(
         "--replication-factor", type=int, help="replicas (default: default.replication.factor)"
     )
     create.add_argument(
+        "--config",
         "--topic-config",
+        dest="topic_config",
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="a topic setting, e.g. retention.ms=86400000 (repeatable)",
+        help="a topic setting, e.g. retention.ms=86400000 (repeatable), as kafka-topics --config",
     )
     create.add_argument("--if-not-exists", action="store_true", help="succeed if the topic already exists")
     listing = commands.add_parser("list", help="print the topic names")
     describe = commands.add_parser("describe", help="print topics with their partitions and offsets")
     describe.add_argument("names", nargs="*", metavar="NAME", help="topics to describe (default: all)")
+    reports = describe.add_mutually_exclusive_group()
+    reports.add_argument("--under-replicated-partitions", action="store_true",
+                         help="only the partitions with fewer in-sync replicas than replicas")
+    reports.add_argument("--unavailable-partitions", action="store_true",
+                         help="only the partitions without a leader")
+    reports.add_argument("--topics-with-overrides", action="store_true",
+                         help="only the topic lines of topics with settings of their own")
+    for sub in (listing, describe):
+        sub.add_argument("--exclude-internal", action="store_true", help="leave out __consumer_offsets ...")
     alter = commands.add_parser("alter", help="add partitions to a topic")
     alter.add_argument("name", nargs="?", help="the topic (or --topic NAME)")
     alter.add_argument("--topic", help="the topic, as kafka-topics --alter --topic NAME takes it")
     alter.add_argument("--partitions", type=int, required=True, help="the new partition count, larger")
+    alter.add_argument("--if-exists", action="store_true", help="succeed if the topic does not exist")
     records = commands.add_parser("delete-records", help="delete a partition's records below an offset")
     records.add_argument("--topic", help="the topic")
     records.add_argument("--partition", type=int, help="the partition")
     records.add_argument("--offset", type=int, help="the new log start offset (-1: the high watermark)")
     records.add_argument("--offset-json-file", metavar="FILE", help="kafka-delete-records' JSON instead")
     delete = commands.add_parser("delete", help="delete a topic and its data")
-    delete.add_argument("name")
+    delete.add_argument("name", help="the topic (kafka-topics: --delete --topic NAME)")
+    for sub in (describe, delete):
+        sub.add_argument("--if-exists", action="store_true", help="succeed if the topic does not exist")
     for sub in (create, listing, describe, alter, records, delete):
         add_connection_arguments(sub)
     return parser
@@ -383,6 +417,38 @@ def _records_to_delete(args: argparse.Namespace) -> list[tuple[str, int, int]]:
                          '{"partitions": [{"topic": T, "partition": P, "offset": O}, ...]}') from None
 
 
+@contextlib.contextmanager
+def _unless_missing(if_exists: bool) -> Iterator[None]:
+    """``--if-exists``: an unknown topic is not an error (nothing done, nothing printed)."""
+    try:
+        yield
+    except UnknownTopicOrPartitionError:
+        if not if_exists:
+            raise
+
+
+def _describe(backend: TopicsBackend, args: argparse.Namespace, out: TextIO) -> None:
+    """``describe``, whole or one of kafka-topics' reports: partition lines only for the under-replicated
+    or unavailable partitions, topic lines only for topics with overrides."""
+    with _unless_missing(args.if_exists):
+        topics = [t for t in backend.describe(args.names or None)
+                  if not (args.exclude_internal and t.name.startswith("__"))]
+        for topic in topics:
+            if args.under_replicated_partitions or args.unavailable_partitions:
+                wanted = tuple(p for p in topic.partitions if (
+                    len(p.isr) < len(p.replicas) if args.under_replicated_partitions else p.leader < 0))
+                lines = format_topic(dataclasses.replace(topic, partitions=wanted)).split("\n")
+                for line in lines[1:]:  # the partition lines only, as kafka-topics prints these reports
+                    print(line, file=out)
+            elif args.topics_with_overrides:
+                if topic.configs is None and isinstance(backend, KafkaBackend):
+                    topic = backend.with_overrides(topic)
+                if topic.configs:
+                    print(format_topic(topic).split("\n")[0], file=out)  # the topic line only
+            else:
+                print(format_topic(topic), file=out)
+
+
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run one parsed command; return the exit status."""
     try:
@@ -411,20 +477,22 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"Created topic {args.name} with {count} partitions.", file=out)
         elif args.command == "list":
             for name in backend.list_topics():
-                print(name, file=out)
+                if not (args.exclude_internal and name.startswith("__")):
+                    print(name, file=out)
         elif args.command == "describe":
-            for topic in backend.describe(args.names or None):
-                print(format_topic(topic), file=out)
+            _describe(backend, args, out)
         elif args.command == "alter":
-            backend.add_partitions(args.name, args.partitions)
-            print(f"Topic {args.name} now has {args.partitions} partitions.", file=out)
+            with _unless_missing(args.if_exists):
+                backend.add_partitions(args.name, args.partitions)
+                print(f"Topic {args.name} now has {args.partitions} partitions.", file=out)
         elif args.command == "delete-records":
             for topic, partition, offset in args.records:
                 low = backend.delete_records(topic, partition, offset)
                 print(f"Partition: {topic}-{partition}\tLow watermark: {low}", file=out)
         else:
-            backend.delete(args.name)
-            print(f"Deleted topic {args.name}.", file=out)
+            with _unless_missing(args.if_exists):
+                backend.delete(args.name)
+                print(f"Deleted topic {args.name}.", file=out)
     except (ApplianceError, OSError) as exc:
         print(f"appliance topics {args.command}: {exc}", file=err)
         return EXIT_FAILED
@@ -437,7 +505,10 @@ def main(argv: list[str]) -> int:
     """``appliance topics COMMAND ...``"""
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(topics_argv(argv))
+    except UsageError as exc:
+        print(f"appliance topics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
     try:

@@ -3,8 +3,9 @@ protocol.
 
 Theory of operation
 -------------------
-A consumer is told which partitions to read (:meth:`Consumer.assign`; consumer groups come later) and keeps,
-per partition, a *position*: the offset of the next record :meth:`Consumer.poll` returns.  A new assignment
+A consumer is told which partitions to read -- by :meth:`Consumer.assign`, or by its group
+(:meth:`Consumer.subscribe` with ``group.id``: ``appliance.client.group_rebalance``) -- and keeps, per
+partition, a *position*: the offset of the next record :meth:`Consumer.poll` returns.  A new assignment
 has no position until the first poll resolves one with ``auto.offset.reset`` (``earliest``: the log start
 offset, ``latest``: the high watermark, ``none``: :class:`OffsetOutOfRangeError`); :meth:`seek`,
 :meth:`seek_to_beginning` and :meth:`seek_to_end` set it explicitly.  A position that falls out of the log
@@ -18,6 +19,11 @@ Two paths fetch the records, chosen by the configuration:
   memory-mapped read-only and read up
   to the high watermark the partition writer publishes in the partition's state page, see
   ``appliance.client.local_fetch``.  Zero copy: the returned arrays are views of the page cache.
+
+With ``group.id`` and :meth:`subscribe`, the group is coordinated over the broker's socket (TCP on the
+remote path, the broker's Unix socket ``appliance.unix.listener`` on the local one) by
+``appliance.client.group_member``; the records still come through the path above.  A new assignment starts
+at the group's committed offset; :meth:`commit` and :meth:`committed` store and read them.
 
 Both end in ``appliance.client.record_arrays``: runs of batches decoded by numba into :class:`RecordArrays`
 (the array API, :meth:`poll_batch`), with :class:`ConsumerRecord` tuples built on top (:meth:`poll`).  When
@@ -36,12 +42,23 @@ with ``_`` for ``.``::
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import re
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
+from appliance.client.assignors import ASSIGNORS
+from appliance.client.group_member import GroupError, GroupMember
+from appliance.client.group_rebalance import (
+    GROUP_SETTINGS,
+    GroupSubscription,
+    RebalanceCallback,
+    commit_failure,
+    member_for,
+)
 from appliance.client.local_fetch import (
     DEFAULT_MAX_SLEEP_US,
     DEFAULT_SPIN_US,
@@ -70,11 +87,19 @@ from appliance.config.settings import (
     text,
 )
 from ipc.shm import instance_id
-from storage.errors import ConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from storage.errors import (
+    ApplianceError,
+    ConfigError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 
-__all__ = ["SETTINGS", "Consumer", "ConsumerRecord", "RecordArrays", "TopicPartition"]
+__all__ = ["SETTINGS", "Consumer", "ConsumerRecord", "GroupError", "RecordArrays", "TopicPartition"]
+
+log = logging.getLogger(__name__)
 
 _NO_PROGRESS_PAUSE_S = 50e-6
+_GROUP_POLL_SLICE_MS = 200  # longest a subscribed consumer's poll waits before looking at its group
 
 
 class TopicPartition(NamedTuple):
@@ -134,6 +159,7 @@ SETTINGS: Final = SettingTable((
             "remote: connect timeout"),
     Setting("retry.backoff.ms", 100, integer(0, INT_MAX, text=True),
             "remote: pause before retrying after an error"),
+    *GROUP_SETTINGS,  # consumer groups: appliance.client.group_rebalance
     # the local path's wait strategy (appliance.client.local_fetch)
     Setting("appliance.poll.spin.us", DEFAULT_SPIN_US, integer(0, 10_000_000, text=True),
             "local: spin this long on the high watermark before sleeping"),
@@ -142,8 +168,6 @@ SETTINGS: Final = SettingTable((
 ))
 _ORIGIN: Final = Origin("consumer setting")
 _UNSUPPORTED: Final = {
-    "group.id": "consumer groups are not supported yet: use assign() and seek()",
-    "enable.auto.commit": "consumer groups (and committed offsets) are not supported yet",
     "isolation.level": "only read_uncommitted exists here (no transactions)",
 }
 
@@ -218,6 +242,11 @@ class Consumer:
         self._fetch_positions: dict[TopicPartition, int | None] = {}  # next offset to fetch; None = reset
         self._buffered: dict[TopicPartition, deque[RecordArrays]] = {}
         self._closed = False
+        if c["heartbeat.interval.ms"] >= c["session.timeout.ms"]:
+            raise ConfigError(f"consumer: heartbeat.interval.ms={c['heartbeat.interval.ms']} must be lower "
+                              f"than session.timeout.ms={c['session.timeout.ms']} (a third of it, typically)")
+        self._member: GroupMember | None = None
+        self._subscription: GroupSubscription | None = None
 
     @property
     def is_local(self) -> bool:
@@ -228,6 +257,12 @@ class Consumer:
         """Read exactly these partitions (replacing any earlier assignment).  Raises
         UnknownTopicOrPartitionError for a partition that does not exist."""
         self._check_open()
+        if self._subscription is not None:
+            raise RuntimeError("consumer: assign() while subscribed: a consumer either subscribes or "
+                               "assigns; unsubscribe() first")
+        self._set_assignment(partitions)
+
+    def _set_assignment(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         wanted = list(dict.fromkeys(TopicPartition(str(t), int(p)) for t, p in partitions))
         if self._cluster is not None:
             self._cluster.assign(wanted)
@@ -388,6 +423,19 @@ class Consumer:
         limit = max_records if max_records is not None else 1 << 62
         if limit <= 0:
             raise ValueError(f"max_records {max_records}: expected >= 1")
+        if self._subscription is None:
+            return self._poll_once(timeout_ms, limit)
+        # In a group, wait in slices: a rebalance announced meanwhile is joined within one slice.
+        deadline = time.monotonic() + max(0.0, timeout_ms) / 1000
+        slice_ms = min(self.config["heartbeat.interval.ms"], _GROUP_POLL_SLICE_MS)
+        while True:
+            self._subscription.before_poll()
+            left_ms = max(0.0, deadline - time.monotonic()) * 1000
+            out = self._poll_once(min(left_ms, slice_ms), limit)
+            if out or time.monotonic() >= deadline:
+                return out
+
+    def _poll_once(self, timeout_ms: float, limit: int) -> list[RecordArrays]:
         out = self._take_buffered(limit)
         if out:
             return out
@@ -504,6 +552,112 @@ class Consumer:
                 break
         return _merge_runs(results)
 
+    # --- the group (appliance.client.group_rebalance drives these) ----------------------------------------
+    def subscribe(self, topics: Iterable[str] | str | re.Pattern[str], *,
+                  on_assign: RebalanceCallback | None = None, on_revoke: RebalanceCallback | None = None,
+                  on_lost: RebalanceCallback | None = None) -> None:
+        """Join ``group.id`` and read the partitions it gives this member, of ``topics`` (names) or of every
+        topic matching a pattern (an ``re.Pattern``, or a string starting with ``^``, as librdkafka reads
+        one).  The group is joined at the next poll.  The callbacks are called as
+        ``callback(consumer, [TopicPartition, ...])`` from inside poll(): see ``docs/client.md``."""
+        self._check_open()
+        if self._assignment and self._subscription is None:
+            raise RuntimeError("consumer: subscribe() after assign(): a consumer either subscribes or "
+                               "assigns; assign([]) first")
+        pattern: re.Pattern[str] | None = None
+        names: tuple[str, ...] = ()
+        if isinstance(topics, re.Pattern):
+            pattern = topics
+        elif isinstance(topics, str):
+            pattern, names = (re.compile(topics), ()) if topics.startswith("^") else (None, (topics,))
+        else:
+            names = tuple(str(t) for t in topics)
+        if self._subscription is not None:
+            self.unsubscribe()
+        c = self.config
+        member = self._group_member()
+        self._subscription = GroupSubscription(
+            self, member, topics=names, pattern=pattern,
+            cooperative=all(ASSIGNORS[n].cooperative for n in c["partition.assignment.strategy"]),
+            on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost,
+            auto_commit_interval_ms=c["auto.commit.interval.ms"] if c["enable.auto.commit"] else None,
+            metadata_max_age_ms=c["metadata.max.age.ms"],
+        )
+        member.request_rejoin()
+
+    def unsubscribe(self) -> None:
+        """Leave the group (committing first with auto commit; ``on_revoke`` for what this member had)."""
+        self._check_open()
+        if self._subscription is not None:
+            try:
+                self._subscription.leave()
+            finally:
+                self._subscription = None
+                self._set_assignment([])
+
+    def commit(self, offsets: Mapping[TopicPartition | tuple[str, int], int] | None = None, *,
+               asynchronous: bool = False,
+               callback: Callable[[GroupError | None, dict[tuple[str, int], int]], None] | None = None,
+               ) -> None:
+        """Commit ``offsets`` (each the offset of the next record to read: the last one processed + 1), or
+        the current positions of every assigned partition.  Synchronous: returns once the coordinator has
+        stored them in ``__consumer_offsets``, raises GroupError when it refused some.  Asynchronous: sent
+        now; ``callback(error or None, offsets)`` is called from a later poll(), commit() or close()."""
+        self._check_open()
+        member = self._group_member()
+        wanted: dict[tuple[str, int], int] = (
+            self._group_positions() if offsets is None
+            else {TopicPartition(str(tp[0]), int(tp[1])): int(o) for tp, o in offsets.items()})
+        group = self.config["group.id"]
+        if asynchronous:
+            done = None if callback is None else (lambda r: callback(commit_failure(group, r), dict(wanted)))
+            member.commit_async(wanted, done)
+            return
+        if wanted:
+            error = commit_failure(group, member.commit(wanted))
+            if error is not None:
+                raise error
+
+    def committed(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[
+        TopicPartition, int | None
+    ]:
+        """The group's committed offset of each partition, None where nothing is committed."""
+        self._check_open()
+        tps = [TopicPartition(str(t), int(p)) for t, p in partitions]
+        found = self._group_member().committed(tps)
+        return {tp: found[tp] for tp in tps}
+
+    def _group_member(self) -> GroupMember:
+        if self._member is None:
+            self._member = member_for(self.config, self._source.log_dirs if self._source else None)
+        return self._member
+
+    def _group_assign(self, partitions: Iterable[tuple[str, int]]) -> None:
+        self._set_assignment(partitions)
+
+    def _group_positions(self, partitions: Iterable[tuple[str, int]] | None = None,
+                         ) -> dict[tuple[str, int], int]:
+        """The position of each assigned partition that has one (buffered records count as unread)."""
+        wanted = self._assignment if partitions is None else [TopicPartition(*tp) for tp in partitions]
+        out: dict[tuple[str, int], int] = {}
+        for tp in wanted:
+            buffered = self._buffered.get(tp)
+            offset = int(buffered[0].offsets[0]) if buffered else self._fetch_positions.get(tp)
+            if offset is not None:
+                out[tp] = offset
+        return out
+
+    def _group_start_at(self, starts: Mapping[tuple[str, int], int | None]) -> None:
+        for key, offset in starts.items():
+            tp = TopicPartition(*key)
+            if tp in self._fetch_positions:
+                self._fetch_positions[tp] = offset
+                self._buffered[tp].clear()
+
+    @staticmethod
+    def _group_partitions(partitions: Iterable[tuple[str, int]]) -> list[TopicPartition]:
+        return [TopicPartition(*tp) for tp in partitions]
+
     # --- lifetime -------------------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -512,6 +666,15 @@ class Consumer:
     def close(self) -> None:
         if self._closed:
             return
+        try:
+            if self._subscription is not None:
+                self._subscription.leave()
+        except ApplianceError as exc:  # the coordinator removes the member after session.timeout.ms
+            log.warning("consumer close: leaving group %r failed: %s", self.config["group.id"], exc)
+        finally:
+            self._subscription = None
+            if self._member is not None:
+                self._member.close()
         self._closed = True
         for part in self._locals.values():
             part.close()

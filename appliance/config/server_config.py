@@ -155,6 +155,9 @@ class TopicConfig:
     preallocate: bool
     max_message_bytes: int
     message_timestamp_type: str
+    message_timestamp_difference_max_ms: int
+    message_timestamp_before_max_ms: int
+    message_timestamp_after_max_ms: int
     cleanup_policy: tuple[str, ...]
     min_cleanable_dirty_ratio: float
     delete_retention_ms: int
@@ -191,6 +194,9 @@ class Config:
     preallocate: bool
     max_message_bytes: int
     message_timestamp_type: str
+    message_timestamp_difference_max_ms: int
+    message_timestamp_before_max_ms: int
+    message_timestamp_after_max_ms: int
     cleanup_policy: tuple[str, ...]
     min_cleanable_dirty_ratio: float
     delete_retention_ms: int
@@ -282,6 +288,10 @@ class Config:
             flush_ms=t.flush_ms,
             preallocate=t.preallocate,
             max_message_bytes=t.max_message_bytes,
+            message_timestamp_type=t.message_timestamp_type,
+            message_timestamp_difference_max_ms=t.message_timestamp_difference_max_ms,
+            message_timestamp_before_max_ms=t.message_timestamp_before_max_ms,
+            message_timestamp_after_max_ms=t.message_timestamp_after_max_ms,
         )
 
     def settings(self) -> dict[str, object]:

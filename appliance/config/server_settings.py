@@ -220,6 +220,16 @@ _PER_TOPIC: Final = (
     _s("message.timestamp.type", "message_timestamp_type", "CreateTime", choice(TIMESTAMP_TYPES),
        "CreateTime keeps the producer's timestamps; LogAppendTime stamps the append time",
        "log.message.timestamp.type"),
+    _s("message.timestamp.difference.max.ms", "message_timestamp_difference_max_ms", LONG_MAX, integer(0),
+       "CreateTime topics: refuse (INVALID_TIMESTAMP) a batch with a record this much before or after the "
+       "broker's clock (deprecated by Kafka 3.6 for the two below, which take it when left at default)",
+       "log.message.timestamp.difference.max.ms"),
+    _s("message.timestamp.before.max.ms", "message_timestamp_before_max_ms", LONG_MAX, integer(0),
+       "CreateTime topics: refuse (INVALID_TIMESTAMP) a batch with a record this much before the broker's "
+       "clock", "log.message.timestamp.before.max.ms"),
+    _s("message.timestamp.after.max.ms", "message_timestamp_after_max_ms", LONG_MAX, integer(0),
+       "CreateTime topics: refuse (INVALID_TIMESTAMP) a batch with a record this much after the broker's "
+       "clock", "log.message.timestamp.after.max.ms"),
     _s("cleanup.policy", "cleanup_policy", "delete", _policy,
        "delete (retention by time and size), compact (the cleaner keeps each key's latest record), or "
        "compact,delete (both)", "log.cleanup.policy"),

@@ -36,7 +36,6 @@ from typing import Final
 
 from appliance.config.server_settings import TOPIC_SETTINGS
 from appliance.config.settings import (
-    LONG_MAX,
     Convert,
     Invalid,
     Setting,
@@ -141,10 +140,6 @@ _NO_TIERED = "the appliance has no tiered storage: every segment stays in log.di
 _NO_THROTTLE = (
     "replication throttling is not built: followers fetch at full speed; leave it empty and "
     "bound a follower with replica.fetch.max.bytes"
-)
-_NO_CLOCK_CHECK = (
-    "the appliance does not check record timestamps against its clock; use "
-    "message.timestamp.type=LogAppendTime to stamp records with the append time"
 )
 _NO_RECOMPRESSION = (
     "the appliance never recompresses: each batch is kept as its producer compressed it; "
@@ -332,38 +327,29 @@ CATALOG: Final[tuple[TopicSetting, ...]] = (
         "always RecordBatch v2",
         _version,
     ),
-    _other(
+    _implemented(
         "message.timestamp.after.max.ms",
         _T.LONG,
         "[0,...]",
         "9223372036854775807",
         "log.message.timestamp.after.max.ms",
-        _B.REFUSED,
-        "unless the default: " + _NO_CLOCK_CHECK,
-        integer(0),
-        _unless(LONG_MAX, _NO_CLOCK_CHECK),
+        "CreateTime topics only, as in Kafka",
     ),
-    _other(
+    _implemented(
         "message.timestamp.before.max.ms",
         _T.LONG,
         "[0,...]",
         "9223372036854775807",
         "log.message.timestamp.before.max.ms",
-        _B.REFUSED,
-        "unless the default: " + _NO_CLOCK_CHECK,
-        integer(0),
-        _unless(LONG_MAX, _NO_CLOCK_CHECK),
+        "CreateTime topics only, as in Kafka",
     ),
-    _other(
+    _implemented(
         "message.timestamp.difference.max.ms",
         _T.LONG,
         "[0,...]",
         "9223372036854775807",
         "log.message.timestamp.difference.max.ms",
-        _B.REFUSED,
-        "unless the default (deprecated in Kafka 3.6, removed in 4.0): " + _NO_CLOCK_CHECK,
-        integer(0),
-        _unless(LONG_MAX, _NO_CLOCK_CHECK),
+        "deprecated in Kafka 3.6 (removed in 4.0): before/after left at their default take its value",
     ),
     _implemented(
         "message.timestamp.type",

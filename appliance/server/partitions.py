@@ -218,9 +218,6 @@ def recover_partition(config: Config, topic: TopicMetadata, partition: int, *, n
     directory = topic.directory(partition)
     log_config = config.log_config(topic.name, dict(topic.configs))
     effective = config.topic(topic.name, dict(topic.configs))
-    if effective.message_timestamp_type == "LogAppendTime" and partition == 0:
-        _log.warning("topic %s: message.timestamp.type LogAppendTime is not applied yet; batches keep "
-                     "their CreateTime timestamps", topic.name)  # fmt: skip
     replicated = topic.replication_factor > 1
     offline = ""
     due_in_ms: int | None = None

@@ -33,7 +33,8 @@ A writer whose channel reaches EOF (the supervisor died) stops as if told to.
 
 1. peek every ring: the published frames after its read cursor, up to ``peek_bytes`` each, in one chunk;
 2. for each frame, in ring order then frame order: validate, once (one RecordBatch v2 per frame, exactly
-   filling it: ``batch_header.check_batch`` checks magic, length and CRC; then ``max.message.bytes``), then
+   filling it: ``batch_header.check_batch`` checks magic, length and CRC; then ``max.message.bytes``, and
+   a CreateTime topic's timestamp limits: INVALID_TIMESTAMP, ``storage.timestamp_rules``), then
    ask the idempotence state (``storage.producer_state``): append -> the offset it will get, and the state is
    updated at once so a retry later in the same round is seen as a duplicate; duplicate -> the offset the
    original got, nothing appended; anything else -> minus the Kafka error code;
@@ -55,7 +56,8 @@ duplicates: the producer state recovered from the log (snapshot + tail) recognis
 each producer; older ones are found in the *resume map* (``appliance.server.resume_map``).
 
 Bad input never stops the writer: a frame that is not one valid batch is answered CORRUPT_MESSAGE (a bad
-CRC, garbage, a length that does not match) or MESSAGE_TOO_LARGE, nothing of it is appended, the ring goes on.
+CRC, garbage, a length that does not match), MESSAGE_TOO_LARGE or INVALID_TIMESTAMP, nothing of it is
+appended, the ring goes on.
 A frame the ring protocol itself cannot trust (a bad frame length, type or sequence) fails that ring
 (``RingFailedError`` for its producer, ``ipc/ring.py``); the other rings are served as before.
 
@@ -142,6 +144,7 @@ from storage.producer_state import (
     OUT_OF_ORDER_SEQUENCE_NUMBER,
     ProducerStateManager,
 )
+from storage.timestamp_rules import limits_of, timestamp_out_of_range
 
 __all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec"]
 
@@ -219,6 +222,7 @@ class PartitionWriter:
         self.rings: dict[str, _Ring] = {}
         self.stats = RoundStats()
         self._max_message_bytes = spec.log_config.max_message_bytes
+        self._timestamp_limits = limits_of(spec.log_config)  # CreateTime limits (None: nothing to check)
         self._active_base = log.active_segment.base_offset
         self._resume = ResumeMap(log, spec.name)
         self._stopping = False
@@ -351,6 +355,7 @@ class PartitionWriter:
         all_results = []
         frames = 0
         max_message_bytes = self._max_message_bytes
+        limits = self._timestamp_limits
         for ring, chunk in chunks:
             results = np.empty(chunk.count, np.int64)
             view = memoryview(chunk.view)  # type: ignore[arg-type]
@@ -361,6 +366,11 @@ class PartitionWriter:
                 header = check_batch(body)  # the one validation: magic, length, CRC (the log trusts it)
                 if isinstance(header, int) or lengths[i] > max_message_bytes:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
+                    continue
+                if limits is not None and (late := timestamp_out_of_range(body, header, now_ms, limits)):
+                    code = ErrorCode.CORRUPT_MESSAGE if late.corrupt else ErrorCode.INVALID_TIMESTAMP
+                    results[i] = -code  # Kafka's answers; nothing of the batch is appended
+                    self._reject(ring, chunk.first_seq + i, code, late.reason)
                     continue
                 verdict = state.check(header)
                 if verdict.code == NONE:
@@ -659,6 +669,7 @@ class PartitionWriter:
         self.log.close(clean=True)
         self.log = log = Log.open(spec.directory, log_config, topic_partition=(spec.topic, spec.partition))
         self._max_message_bytes = log_config.max_message_bytes
+        self._timestamp_limits = limits_of(log_config)
         self._active_base = log.active_segment.base_offset
         resumed = self._resume.records
         self._resume = ResumeMap(log, spec.name)

@@ -125,11 +125,14 @@ def test_a_timestamp_below_minus_3_is_refused_and_reads_nothing(clients: dict[st
 
 
 def test_log_append_time_topics_answer_to_the_record(clients: dict[str, Any]) -> None:
-    records: list[tuple[int, int]] = []
     for _ in range(3):
-        records += _produce(clients["plain"], "lat", [BASE_MS] * 30)
-    assert len({ts for _, ts in records}) >= 1
-    for target in sorted({ts for _, ts in records} | {records[-1][1] + 1}):
+        _produce(clients["plain"], "lat", [BASE_MS] * 30)
+    reader = clients["local"]  # the oracle: the times the leader stamped, as stored
+    reader.assign([("lat", 0)])
+    reader.seek_to_beginning(("lat", 0))
+    records = [(r.offset, r.timestamp) for r in reader.poll(5000)]
+    assert len(records) == 90 and all(ts > BASE_MS for _, ts in records)
+    for target in sorted({ts for _, ts in records} | {BASE_MS, records[-1][1] + 1}):
         expected = _expected(records, target)
         assert _ck_offsets(clients["ck"], "lat", target) == expected
         assert _kp_offsets(clients["kp"], "lat", target) == expected

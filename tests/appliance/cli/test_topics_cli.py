@@ -190,7 +190,7 @@ def test_the_local_path_by_data_dir_control_socket_or_config(appliance: Applianc
     created = ok(topics("create", "local-made", "--data-dir", data))
     assert created == "Created topic local-made with 1 partitions.\n"
     assert "local-made" in ok(topics("list", "--control-socket", f"{data}/.appliance.sock")).split()
-    described = parse_describe(ok(topics("describe", "local-made", "--config", config)))
+    described = parse_describe(ok(topics("describe", "local-made", "--appliance-config", config)))
     assert described["local-made"][1][0]["WriterPid"] == "idle", "no writer runs until a producer comes"
     assert "local-made" in ok(over_tcp(appliance, "list")).split(), "both paths see one appliance"
     assert ok(topics("delete", "local-made", "--data-dir", data)) == "Deleted topic local-made.\n"

@@ -348,7 +348,7 @@ def test_missing_partition_or_state_page_is_a_clear_error(written: WrittenPartit
     ("config", "match"),
     [
         ({"log.dirs": "/x", "fetch.min.byte": 1}, r"'fetch.min.byte' \(did you mean 'fetch.min.bytes'"),
-        ({"log.dirs": "/x", "group.id": "g"}, "consumer groups are not supported"),
+        ({"log.dirs": "/x", "partition.assignment.strategy": "sticky"}, "unknown assignor 'sticky'"),
         ({"log.dirs": "/x", "auto.offset.reset": "smallest"}, "expected one of earliest, latest, none"),
         ({}, r"set bootstrap.servers .* or appliance.data.dir"),
         ({"appliance.data.dir": "/x", "log.dirs": "/y"}, "appliance.data.dir and log.dirs both name"),

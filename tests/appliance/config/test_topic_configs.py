@@ -99,7 +99,6 @@ def test_a_wrong_type_or_range_names_the_key_and_changes_nothing(name: str, valu
         ("local.retention.bytes", "1000", "set retention.bytes"),
         ("segment.jitter.ms", "1000", "leave segment.jitter.ms at 0"),
         ("unclean.leader.election.enable", "true", "appliance replicas promote --unclean"),
-        ("message.timestamp.after.max.ms", "3600000", "LogAppendTime"),
         ("follower.replication.throttled.replicas", "0:1", "replica.fetch.max.bytes"),
     ],
 )

@@ -1,0 +1,139 @@
+"""A leader's rules for the timestamps of the batches it appends: Kafka's ``message.timestamp.*`` settings.
+
+Two rules, one per ``message.timestamp.type``:
+
+* **LogAppendTime**: :func:`stamp_log_append_time` sets the batch's timestamp-type attribute bit (bit 3) and
+  its ``maxTimestamp`` to the append time, in place, then recomputes the CRC, which covers both (the CRC
+  runs from ``attributes`` to the end of the batch; ``storage.batch_header``).  That is what Kafka's broker
+  does to a batch it keeps as it came (``DefaultRecordBatch.setMaxTimestamp``): ``baseTimestamp`` and the
+  records' timestamp deltas stay as the producer wrote them, and every reader gives each record of a
+  LogAppendTime batch the batch's ``maxTimestamp`` (``storage.batch_reader``).  The time index then holds
+  the append time, since it is built from ``maxTimestamp``.  Only a leader stamps: a follower copies the
+  stamped bytes as they are.
+* **CreateTime**: the producer's timestamps stay, but a record whose timestamp is more than
+  ``message.timestamp.before.max.ms`` before the broker's clock or more than
+  ``message.timestamp.after.max.ms`` after it makes the whole batch refused (Kafka's INVALID_TIMESTAMP;
+  nothing of it is appended).  :func:`effective_limits` folds in the older
+  ``message.timestamp.difference.max.ms`` as Kafka 3.6 does: each of before/after left at its default
+  takes the difference's value.  :func:`timestamp_out_of_range` checks a batch; with both limits at their
+  default (the usual case) it reads nothing, otherwise it reads the header and, where the header's first
+  and max timestamps do not settle it, every record (decompressing a compressed batch).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final, NamedTuple
+
+import crc32c as _crc32c
+
+from storage.batch_header import (
+    ATTRIBUTES_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
+    CRC_OFFSET,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_OVERHEAD,
+    MAX_TIMESTAMP_OFFSET,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+)
+from storage.batch_reader import iter_records
+from storage.errors import CorruptRecordError
+from storage.log_config import LONG_MAX, LogConfig
+
+__all__ = [
+    "LOG_APPEND_TIME",
+    "TimestampLimits",
+    "TimestampRefusal",
+    "effective_limits",
+    "limits_of",
+    "stamp_log_append_time",
+    "timestamp_out_of_range",
+]
+
+LOG_APPEND_TIME: Final = "LogAppendTime"
+# attributes, lastOffsetDelta, baseTimestamp, maxTimestamp: the run from the first stamped field to the last
+_STAMP_RUN: Final = struct.Struct(">hiqq").pack_into
+_CRC: Final = struct.Struct(">I").pack_into
+assert (ATTRIBUTES_OFFSET, LAST_OFFSET_DELTA_OFFSET, BASE_TIMESTAMP_OFFSET, MAX_TIMESTAMP_OFFSET) == (
+    ATTRIBUTES_OFFSET, ATTRIBUTES_OFFSET + 2, ATTRIBUTES_OFFSET + 6, ATTRIBUTES_OFFSET + 14)
+assert ATTRIBUTES_OFFSET > CRC_OFFSET  # both stamped fields lie under the CRC
+_ATTRIBUTES_FIELD: Final = BatchHeader._fields.index("attributes")
+_DELTA_FIELD: Final = BatchHeader._fields.index("last_offset_delta")
+_BASE_TIMESTAMP_FIELD: Final = BatchHeader._fields.index("base_timestamp")
+_LENGTH_FIELD: Final = BatchHeader._fields.index("batch_length")
+
+
+class TimestampLimits(NamedTuple):
+    """How far a CreateTime record's timestamp may lie from the broker's clock, in milliseconds."""
+
+    before_max_ms: int
+    after_max_ms: int
+
+    @property
+    def unlimited(self) -> bool:
+        return self.before_max_ms == LONG_MAX and self.after_max_ms == LONG_MAX
+
+
+def effective_limits(difference_max_ms: int, before_max_ms: int, after_max_ms: int) -> TimestampLimits:
+    """The before/after limits Kafka 3.6 applies: each one left at its default (``LONG_MAX``) takes the
+    deprecated ``message.timestamp.difference.max.ms``."""
+    return TimestampLimits(difference_max_ms if before_max_ms == LONG_MAX else before_max_ms,
+                           difference_max_ms if after_max_ms == LONG_MAX else after_max_ms)
+
+
+def limits_of(config: LogConfig) -> TimestampLimits | None:
+    """The limits a leader checks CreateTime batches against, or None: a LogAppendTime log (its leader
+    stamps the time) or no limit set."""
+    if config.message_timestamp_type == LOG_APPEND_TIME:
+        return None
+    limits = effective_limits(config.message_timestamp_difference_max_ms,
+                              config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
+    return None if limits.unlimited else limits
+
+
+def stamp_log_append_time(view: memoryview, position: int, header: BatchHeader, append_time_ms: int) -> None:
+    """Make the batch at ``position`` of ``view`` (writable), whose header is ``header``, a LogAppendTime
+    batch stamped ``append_time_ms``: the attribute bit and ``maxTimestamp`` (one write of the run from
+    ``attributes`` to ``maxTimestamp``, the two fields between them rewritten with their own values), then
+    the CRC over attributes..end."""
+    _STAMP_RUN(view, position + ATTRIBUTES_OFFSET, header[_ATTRIBUTES_FIELD] | TIMESTAMP_TYPE_MASK,
+               header[_DELTA_FIELD], header[_BASE_TIMESTAMP_FIELD], append_time_ms)
+    _CRC(view, position + CRC_OFFSET,
+         _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header[_LENGTH_FIELD] + LOG_OVERHEAD]))
+
+
+class TimestampRefusal(NamedTuple):
+    """Why a batch is refused: a record out of range, or (``corrupt``) records that cannot be read
+    though the batch's CRC is good (a producer's bug: Kafka's CORRUPT_MESSAGE, not INVALID_TIMESTAMP)."""
+
+    reason: str
+    corrupt: bool = False
+
+
+def timestamp_out_of_range(view: memoryview, header: BatchHeader, now_ms: int,
+                           limits: TimestampLimits) -> TimestampRefusal | None:
+    """Why the CreateTime batch in ``view`` (one whole batch, its CRC already checked) breaks ``limits``
+    at ``now_ms``, or None when every record's timestamp is within them."""
+    if limits.unlimited:
+        return None
+    low = now_ms - limits.before_max_ms
+    high = now_ms + limits.after_max_ms
+    if header.max_timestamp > high:
+        return _describe(header.max_timestamp, "its max timestamp", low, high, limits)
+    if header.base_timestamp < low:
+        return _describe(header.base_timestamp, "its first record", low, high, limits)
+    try:
+        for index, record in enumerate(iter_records(view, 0, where="produced batch", verify_crc=False)):
+            if not low <= record.timestamp <= high:
+                return _describe(record.timestamp, f"record {index} of the batch", low, high, limits)
+    except CorruptRecordError as exc:
+        return TimestampRefusal(f"its records cannot be read to check their timestamps: {exc}", corrupt=True)
+    return None
+
+
+def _describe(timestamp: int, which: str, low: int, high: int, limits: TimestampLimits) -> TimestampRefusal:
+    return TimestampRefusal(
+        f"timestamp {timestamp} of {which} is out of range: with message.timestamp.before.max.ms "
+        f"{limits.before_max_ms} and message.timestamp.after.max.ms {limits.after_max_ms} it must lie "
+        f"in [{low}, {high}]; send records stamped near the broker's clock, or raise the limits")

@@ -1,0 +1,350 @@
+"""``appliance.Consumer`` with ``group.id`` against ``appliance serve``: subscribe, rebalances, commits.
+
+Each member runs on its own thread (a member blocks in its JoinGroup until the rebalance ends, as in Kafka),
+or in its own process where it is SIGKILLed.  One appliance for the module, with a short initial rebalance
+delay and a low minimum session timeout so that a killed member's partitions move within seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.campaign import rounds
+from support.kafka_appliance import REPO, Appliance, served_appliance
+
+from appliance import Consumer, GroupError, TopicPartition
+from ipc.kafka import ErrorCode
+from storage.errors import ConfigError
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+SIX = 6
+TOPICS = {"one": SIX, "split-range": SIX, "split-cooperative-sticky": SIX, "resume": 1, "auto": 2,
+          "mixed": SIX, "killed": SIX, "bad": 1, "pat-a": 2, "pat-b": 1}
+
+
+@pytest.fixture(scope="module")
+def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
+    yield from served_appliance(
+        tmp_path_factory.mktemp("consumer-groups"), TOPICS,
+        extra='"group.initial.rebalance.delay.ms" = 100\n"group.min.session.timeout.ms" = 1000\n'
+              '"group.max.session.timeout.ms" = 60000',
+    )
+
+
+def produce(appliance: Appliance, topic: str, per_partition: int) -> None:
+    producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap})
+    for p in range(TOPICS[topic]):
+        for i in range(per_partition):
+            producer.produce(topic, value=f"{p}-{i}", partition=p)
+    assert producer.flush(30) == 0
+
+
+def group_consumer(appliance: Appliance, group: str, *, local: bool = False, **extra: Any) -> Consumer:
+    where = ({"appliance.data.dir": str(appliance.data_dir)} if local
+             else {"bootstrap.servers": appliance.bootstrap})
+    return Consumer({**where, "group.id": group, "auto.offset.reset": "earliest", "session.timeout.ms": 3000,
+                     "heartbeat.interval.ms": 200, "enable.auto.commit": False, **extra})
+
+
+def wait_for(done: Callable[[], bool], what: str | Callable[[], str], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            said = what if isinstance(what, str) else what()
+            raise AssertionError(f"gave up after {timeout_s} s waiting for {said}")
+        time.sleep(0.05)
+
+
+class Member(threading.Thread):
+    """A consumer polling on its own thread, recording its callbacks and records; stopped and closed by
+    :meth:`stop` (the consumer is used only by this thread)."""
+
+    def __init__(self, consumer: Consumer, topics: Any, *, commit_each: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.consumer, self.topics, self.commit_each = consumer, topics, commit_each
+        self.events: list[tuple[str, set[int]]] = []
+        self.records: list[Any] = []
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def _callback(self, kind: str) -> Callable[[Any, list[TopicPartition]], None]:
+        return lambda consumer, parts: self.events.append((kind, {tp.partition for tp in parts}))
+
+    def run(self) -> None:
+        try:
+            self.consumer.subscribe(self.topics, on_assign=self._callback("assign"),
+                                    on_revoke=self._callback("revoke"), on_lost=self._callback("lost"))
+            while not self._stop_event.is_set():
+                got = self.consumer.poll(100)
+                self.records += got
+                if got and self.commit_each:
+                    self.consumer.commit()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.consumer.close()
+
+    def owned(self) -> set[int]:
+        parts: set[int] = set()
+        for kind, changed in self.events:
+            parts = parts | changed if kind == "assign" else parts - changed
+        return parts
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(30)
+        assert not self.is_alive()
+        assert self.error is None, repr(self.error)
+
+
+def test_one_member_gets_every_partition_through_the_local_path(appliance: Appliance) -> None:
+    produce(appliance, "one", 3)
+    member = Member(group_consumer(appliance, "g-one", local=True), ["one"])
+    member.start()
+    try:
+        wait_for(lambda: len(member.records) == SIX * 3, "every record")
+    finally:
+        member.stop()
+    assert member.events == [("assign", set(range(SIX))), ("revoke", set(range(SIX)))]  # close() revokes
+    assert sorted(r.value.decode() for r in member.records) == sorted(f"{p}-{i}" for p in range(SIX)
+                                                                      for i in range(3))
+
+
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_two_members_split_the_partitions_and_one_takes_over_on_close(appliance: Appliance,
+                                                                      assignor: str) -> None:
+    topic = f"split-{assignor}"
+    settings = {"partition.assignment.strategy": assignor}
+    a = Member(group_consumer(appliance, f"g-{topic}", **settings), [topic])
+    b = Member(group_consumer(appliance, f"g-{topic}", **settings), [topic])
+    a.start()
+    try:
+        wait_for(lambda: a.owned() == set(range(SIX)), "a owning every partition")
+        b.start()
+        wait_for(lambda: len(a.owned()) == 3 and len(b.owned()) == 3, "a and b with 3 each")
+        assert a.owned() | b.owned() == set(range(SIX))
+        a_events_before = len(a.events)
+        b.stop()
+        wait_for(lambda: a.owned() == set(range(SIX)), "a owning every partition again")
+        a_history = list(a.events)
+    finally:
+        if b.is_alive():
+            b.stop()
+        a.stop()
+    revoked_by_a = [parts for kind, parts in a_history if kind == "revoke"]
+    if assignor == "range":  # eager: everything is revoked before each rebalance
+        assert revoked_by_a[0] == set(range(SIX))
+        assert ("revoke", b.owned() | {p for k, ps in b.events if k == "assign" for p in ps}) in b.events
+        assert a_history[a_events_before:][-2:] == [("revoke", a_history[a_events_before][1]),
+                                                     ("assign", set(range(SIX)))]
+    else:  # cooperative: only what moves is revoked, and b's leaving revokes nothing of a's
+        moved = {p for k, ps in b.events if k == "assign" for p in ps}
+        assert set().union(*revoked_by_a) == moved and len(moved) == 3
+        assert all(kind == "assign" for kind, _ in a_history[a_events_before:])
+        assert b.events[-1] == ("revoke", moved)
+
+
+def test_a_new_member_resumes_at_the_committed_offset(appliance: Appliance) -> None:
+    produce(appliance, "resume", 10)
+    first = group_consumer(appliance, "g-resume")
+    try:
+        first.subscribe(["resume"])
+        got: list[Any] = []
+        wait_for(lambda: bool(got.extend(first.poll(100, max_records=4))) or len(got) >= 4, "4 records")
+        first.commit({TopicPartition("resume", 0): 4})  # offsets 0..3 processed
+        assert first.committed([("resume", 0)]) == {TopicPartition("resume", 0): 4}
+    finally:
+        first.close()
+    second = group_consumer(appliance, "g-resume")
+    try:
+        second.subscribe(["resume"])
+        later: list[Any] = []
+        wait_for(lambda: bool(later.extend(second.poll(100))) or len(later) > 0, "a record")
+        assert later[0].offset == 4
+        assert second.position(("resume", 0)) == 10
+        second.commit()  # the positions
+        assert second.committed([("resume", 0)]) == {TopicPartition("resume", 0): 10}
+    finally:
+        second.close()
+
+
+def test_auto_commit_and_close_commit_the_positions(appliance: Appliance) -> None:
+    produce(appliance, "auto", 5)
+    auto = {"enable.auto.commit": True, "auto.commit.interval.ms": 100}
+    consumer = group_consumer(appliance, "g-auto", **auto)
+    try:
+        consumer.subscribe(["auto"])
+        got: list[Any] = []
+        wait_for(lambda: bool(got.extend(consumer.poll(100))) or len(got) >= 10, "every record")
+        tps = [TopicPartition("auto", p) for p in range(2)]
+
+        def auto_committed() -> bool:
+            consumer.poll(50)  # auto commit runs inside poll
+            return consumer.committed(tps) == dict.fromkeys(tps, 5)
+
+        wait_for(auto_committed, "the auto commit of both partitions")
+    finally:
+        consumer.close()
+    produce(appliance, "auto", 1)  # offset 5 of each partition
+    consumer = group_consumer(appliance, "g-auto", **{**auto, "auto.commit.interval.ms": 60000})
+    try:
+        consumer.subscribe(["auto"])
+        got = []
+        wait_for(lambda: bool(got.extend(consumer.poll(100))) or len(got) >= 2, "the 2 new records")
+        assert sorted(r.offset for r in got) == [5, 5]
+    finally:
+        consumer.close()  # commits the positions: the interval has not passed
+    check = group_consumer(appliance, "g-auto")
+    try:
+        assert check.committed([("auto", 0), ("auto", 1)]) == {TopicPartition("auto", 0): 6,
+                                                                 TopicPartition("auto", 1): 6}
+    finally:
+        check.close()
+
+
+def test_a_mixed_group_with_a_confluent_kafka_member(appliance: Appliance) -> None:
+    produce(appliance, "mixed", 2)
+    ours = Member(group_consumer(appliance, "g-mixed", **{"partition.assignment.strategy": "range"}),
+                  ["mixed"])
+    theirs = confluent_kafka.Consumer({
+        "bootstrap.servers": appliance.bootstrap, "group.id": "g-mixed", "auto.offset.reset": "earliest",
+        "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 200,
+        "partition.assignment.strategy": "range",
+    })
+    ours.start()
+    try:
+        wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition")
+        theirs.subscribe(["mixed"])
+        deadline = time.monotonic() + 30
+        while len(ours.owned()) != 3 or len({tp.partition for tp in theirs.assignment()}) != 3:
+            assert time.monotonic() < deadline, (ours.events, theirs.assignment())
+            theirs.poll(0.1)
+        assert ours.owned() | {tp.partition for tp in theirs.assignment()} == set(range(SIX))
+        theirs.close()  # its leaving gives everything back to ours, the group's leader
+        wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition again")
+    finally:
+        ours.stop()
+
+
+_VICTIM = """
+import sys
+from appliance import Consumer
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2], "auto.offset.reset": "earliest",
+              "session.timeout.ms": 2000, "heartbeat.interval.ms": 200, "enable.auto.commit": False})
+c.subscribe([sys.argv[3]], on_assign=lambda c, parts: print("assigned", len(parts), flush=True))
+while True:
+    for record in c.poll(100, max_records=int(sys.argv[4])):
+        print("record", record.partition, record.offset, flush=True)
+        c.commit({(record.topic, record.partition): record.offset + 1})
+"""
+
+
+@pytest.mark.campaign
+def test_a_killed_members_partitions_move_and_no_record_is_skipped(appliance: Appliance) -> None:
+    """At least once, none skipped: each record is committed after it is processed; a member SIGKILLed
+    mid-stream loses its partitions to the survivor after session.timeout.ms."""
+    per_round = 20
+    processed: list[tuple[int, int]] = []
+    survivor = Member(group_consumer(appliance, "g-killed", **{"session.timeout.ms": 2000}), ["killed"],
+                      commit_each=True)
+
+    def processed_at_least_once() -> set[tuple[int, int]]:
+        return {(r.partition, r.offset) for r in list(survivor.records)} | set(processed)
+
+    survivor.start()
+    try:
+        for round_number in range(rounds(1, 5)):
+            command = [sys.executable, "-c", _VICTIM, appliance.bootstrap, "g-killed", "killed", "3"]
+            victim = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+            try:
+                assert victim.stdout is not None
+                for line in victim.stdout:  # produce once the victim has partitions of its own
+                    if line.startswith("assigned") and line.split()[1] != "0":
+                        break
+                produce(appliance, "killed", per_round)
+                this_round = 0
+                for line in victim.stdout:
+                    if line.startswith("record"):
+                        _, partition, offset = line.split()
+                        processed.append((int(partition), int(offset)))
+                        this_round += 1
+                        if this_round == 7:
+                            break
+            finally:
+                victim.send_signal(signal.SIGKILL)  # no LeaveGroup: its session timeout tells the coordinator
+                victim.wait()
+                if victim.stdout is not None:
+                    victim.stdout.close()
+            expected = {(p, o) for p in range(SIX) for o in range((round_number + 1) * per_round)}
+
+            def missing(expected: set[tuple[int, int]] = expected) -> str:
+                return (f"every record: missing {sorted(expected - processed_at_least_once())}, survivor "
+                        f"events {survivor.events}")
+
+            wait_for(lambda expected=expected: processed_at_least_once() == expected, missing)  # type: ignore[misc]
+            wait_for(lambda: survivor.owned() == set(range(SIX)), "the survivor owning every partition")
+    finally:
+        survivor.stop()
+    assert processed_at_least_once() == {(p, o) for p in range(SIX) for o in range(rounds(1, 5) * per_round)}
+
+
+def test_a_pattern_subscription_reads_every_matching_topic(appliance: Appliance) -> None:
+    produce(appliance, "pat-a", 1)
+    produce(appliance, "pat-b", 1)
+    member = Member(group_consumer(appliance, "g-pat", local=True), re.compile(r"pat-.*"))
+    member.start()
+    try:
+        wait_for(lambda: len(member.records) == 3, "a record of each partition")
+    finally:
+        member.stop()
+    assert sorted((r.topic, r.partition) for r in member.records) == [("pat-a", 0), ("pat-a", 1),
+                                                                      ("pat-b", 0)]
+
+
+def test_bad_group_settings_are_refused_clearly(appliance: Appliance) -> None:
+    with pytest.raises(ConfigError, match="unknown assignor 'sticky'"):
+        group_consumer(appliance, "g-bad", **{"partition.assignment.strategy": "sticky"})
+    with pytest.raises(ConfigError, match=r"heartbeat\.interval\.ms"):
+        group_consumer(appliance, "g-bad", **{"heartbeat.interval.ms": 5000})
+    consumer = group_consumer(appliance, "g-bad", **{"session.timeout.ms": 120_000})
+    try:
+        consumer.subscribe(["bad"])
+        refusal = r"INVALID_SESSION_TIMEOUT.*session\.timeout\.ms=120000"
+        with pytest.raises(GroupError, match=refusal) as caught:
+            consumer.poll(100)
+        assert caught.value.code == ErrorCode.INVALID_SESSION_TIMEOUT
+    finally:
+        consumer.close()
+    no_group = Consumer({"bootstrap.servers": appliance.bootstrap})
+    try:
+        with pytest.raises(ConfigError, match=r"need group\.id"):
+            no_group.subscribe(["bad"])
+    finally:
+        no_group.close()
+
+
+def test_a_member_not_polling_within_max_poll_interval_loses_its_partitions(appliance: Appliance) -> None:
+    events: list[tuple[str, set[int]]] = []
+
+    def record(kind: str) -> Callable[[Any, list[TopicPartition]], None]:
+        return lambda consumer, parts: events.append((kind, {tp.partition for tp in parts}))
+
+    consumer = group_consumer(appliance, "g-slow", **{"max.poll.interval.ms": 1000})
+    try:
+        consumer.subscribe(["bad"], on_assign=record("assign"), on_revoke=record("revoke"),
+                           on_lost=record("lost"))
+        wait_for(lambda: bool(consumer.poll(50)) or events == [("assign", {0})], "the assignment")
+        time.sleep(2.5)  # no poll: the heartbeat thread leaves the group
+        wait_for(lambda: bool(consumer.poll(50)) or len(events) >= 3, "the rejoin")
+        assert events[:3] == [("assign", {0}), ("lost", {0}), ("assign", {0})]
+    finally:
+        consumer.close()

@@ -1,0 +1,139 @@
+"""A leader's timestamp rules: LogAppendTime stamped on every leader append path (not by a follower), the
+time index and timestamp search by the append time, CreateTime limits as Kafka 3.6 folds them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from batchgen import DEFAULT_TIMESTAMP_MS, build_batch
+
+from storage.batch_header import parse_header, validate_batch, write_crc
+from storage.batch_reader import iter_records
+from storage.log import Log
+from storage.log_config import LONG_MAX, LogConfig
+from storage.timestamp_rules import (
+    TimestampLimits,
+    effective_limits,
+    limits_of,
+    stamp_log_append_time,
+    timestamp_out_of_range,
+)
+
+APPEND_TIME = LogConfig(message_timestamp_type="LogAppendTime")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _ring_views(batches: list[bytearray]) -> list[memoryview]:
+    return [memoryview(np.frombuffer(bytearray(b), dtype=np.uint8)) for b in batches]
+
+
+def _stored(log: Log) -> list[tuple[int, int, int, int]]:
+    """(offset, timestamp, timestamp type, base timestamp) of every stored record, CRCs checked."""
+    out = []
+    for segment in log.segments:
+        data = Path(segment.path).read_bytes()
+        for header, position in ((validate_batch(data, p), p) for p in _positions(data)):
+            out += [(r.offset, r.timestamp, header.timestamp_type, header.base_timestamp)
+                    for r in iter_records(data, position)]
+    return out
+
+
+def _positions(data: bytes) -> list[int]:
+    positions, at = [], 0
+    while at < len(data):
+        positions.append(at)
+        at += parse_header(data, at).size
+    return positions
+
+
+def test_stamping_sets_the_bit_and_max_timestamp_and_keeps_the_crc_valid() -> None:
+    batch = build_batch([b"a", b"b"], timestamps_ms=[5, 9])
+    stamp_log_append_time(memoryview(batch), 0, parse_header(batch), 1234)
+    stamped = validate_batch(batch)  # the CRC was recomputed
+    assert (stamped.timestamp_type, stamped.max_timestamp, stamped.base_timestamp) == (1, 1234, 5)
+    assert [r.timestamp for r in iter_records(bytes(batch))] == [1234, 1234]
+
+
+@pytest.mark.parametrize("path", ["append", "append_batches_one", "append_batches_many"])
+def test_every_leader_path_stamps_the_append_time(tmp_path: Path, path: str) -> None:
+    batches = [build_batch([b"x", b"y"]), build_batch([b"z"])]
+    before = _now_ms()
+    with Log.open(tmp_path / "t-0", APPEND_TIME) as log:
+        if path == "append":
+            info = log.append(b"".join(batches), leader_epoch=0)
+        elif path == "append_batches_one":
+            for view in _ring_views(batches):
+                info = log.append_batches([view], [parse_header(view)], leader_epoch=0)
+        else:
+            views = _ring_views(batches)
+            info = log.append_batches(views, [parse_header(v) for v in views], leader_epoch=0)
+        after = _now_ms()
+        stored = _stored(log)
+        assert [offset for offset, *_ in stored] == [0, 1, 2]
+        for _, timestamp, timestamp_type, base_timestamp in stored:
+            assert before <= timestamp <= after and timestamp_type == 1
+            assert base_timestamp == DEFAULT_TIMESTAMP_MS  # the producer's, as Kafka keeps it
+        assert before <= info.max_timestamp <= after
+        found = log.offset_for_timestamp(before)  # the time index and search see the append time
+        assert found is not None and found.offset == 0 and before <= found.timestamp <= after
+        assert log.offset_for_timestamp(DEFAULT_TIMESTAMP_MS + 1) is not None  # producer times are gone
+        assert log.offset_for_timestamp(after + 1) is None
+
+
+def test_a_createtime_log_and_a_follower_keep_the_bytes(tmp_path: Path) -> None:
+    batch = build_batch([b"x"])
+    with Log.open(tmp_path / "t-0") as log:
+        log.append(bytes(batch), leader_epoch=0)
+        assert [(t, k) for _, t, k, _ in _stored(log)] == [(DEFAULT_TIMESTAMP_MS, 0)]
+    stamped = build_batch([b"x"])
+    stamp_log_append_time(memoryview(stamped), 0, parse_header(stamped), 777)
+    with Log.open(tmp_path / "f-0", APPEND_TIME) as follower:
+        follower.append_as_follower(bytes(stamped))
+        stored = Path(follower.segments[0].path).read_bytes()
+        assert stored[12:] == bytes(stamped)[12:]  # as the leader stamped it (the length may be reframed)
+        assert parse_header(stored).max_timestamp == 777
+
+
+def test_limits_fold_the_difference_as_kafka_3_6() -> None:
+    assert effective_limits(LONG_MAX, LONG_MAX, LONG_MAX).unlimited
+    assert effective_limits(1000, LONG_MAX, LONG_MAX) == TimestampLimits(1000, 1000)
+    assert effective_limits(1000, 50, LONG_MAX) == TimestampLimits(50, 1000)
+    assert limits_of(LogConfig(message_timestamp_after_max_ms=10)) == TimestampLimits(LONG_MAX, 10)
+    assert limits_of(APPEND_TIME.replace(message_timestamp_after_max_ms=10)) is None
+    assert limits_of(LogConfig()) is None
+
+
+@pytest.mark.parametrize(
+    ("stamps", "refused_because"),
+    [
+        ([1_000_000], None),
+        ([1_000_000 - 60, 1_000_000 + 40], None),
+        ([1_000_000 + 41], "max timestamp"),
+        ([1_000_000 - 61], "first record"),
+        ([1_000_000, 1_000_000 - 61, 1_000_000], "record 1"),  # only a record tells
+    ],
+)
+def test_createtime_limits_name_the_record(stamps: list[int], refused_because: str | None) -> None:
+    batch = build_batch([b"v"] * len(stamps), timestamps_ms=stamps)
+    limits = TimestampLimits(60, 40)
+    reason = timestamp_out_of_range(memoryview(batch), parse_header(batch), 1_000_000, limits)
+    if refused_because is None:
+        assert reason is None
+    else:
+        assert reason is not None and refused_because in reason.reason and not reason.corrupt
+        assert "message.timestamp.before.max.ms 60" in reason.reason and "[999940, 1000040]" in reason.reason
+
+
+def test_unreadable_records_under_a_good_crc_are_corrupt_not_late() -> None:
+    batch = build_batch([b"v", b"w"], timestamps_ms=[1_000_000, 1_000_000])
+    batch[-3] = 0x7E  # the last record's value length (zigzag 63): past the end of its record
+    write_crc(batch, 0, len(batch))
+    limits = TimestampLimits(60, 40)
+    refusal = timestamp_out_of_range(memoryview(batch), parse_header(batch), 1_000_000, limits)
+    assert refusal is not None and refusal.corrupt and "cannot be read" in refusal.reason
