@@ -28,7 +28,8 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 
 SIX = 6
 TOPICS = {"one": SIX, "split-range": SIX, "split-cooperative-sticky": SIX, "resume": 1, "auto": 2,
-          "mixed": SIX, "killed": SIX, "bad": 1, "pat-a": 2, "pat-b": 1}
+          "mixed-range": SIX, "mixed-cooperative-sticky": SIX, "killed": SIX, "bad": 1, "pat-a": 2,
+          "pat-b": 1}
 
 
 @pytest.fixture(scope="module")
@@ -211,28 +212,52 @@ def test_auto_commit_and_close_commit_the_positions(appliance: Appliance) -> Non
         check.close()
 
 
-def test_a_mixed_group_with_a_confluent_kafka_member(appliance: Appliance) -> None:
-    produce(appliance, "mixed", 2)
-    ours = Member(group_consumer(appliance, "g-mixed", **{"partition.assignment.strategy": "range"}),
-                  ["mixed"])
+@pytest.mark.parametrize(("assignor", "leader"), [("range", "ours"), ("cooperative-sticky", "theirs")])
+def test_a_mixed_group_with_a_confluent_kafka_member(appliance: Appliance, assignor: str, leader: str,
+                                                     ) -> None:
+    """Our member and a librdkafka one share a group, each assigning as the leader in one of the cases:
+    the ConsumerProtocol bytes are the same on both sides."""
+    topic = f"mixed-{assignor}"
+    group = f"g-{topic}"
+    produce(appliance, topic, 2)
+    ours = Member(group_consumer(appliance, group, **{"partition.assignment.strategy": assignor}), [topic])
     theirs = confluent_kafka.Consumer({
-        "bootstrap.servers": appliance.bootstrap, "group.id": "g-mixed", "auto.offset.reset": "earliest",
+        "bootstrap.servers": appliance.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
         "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 200,
-        "partition.assignment.strategy": "range",
+        "partition.assignment.strategy": assignor,
     })
-    ours.start()
-    try:
-        wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition")
-        theirs.subscribe(["mixed"])
+    seen: set[tuple[int, int]] = set()
+
+    def theirs_owned() -> set[int]:
+        return {tp.partition for tp in theirs.assignment()}
+
+    def poll_theirs_until(done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 30
-        while len(ours.owned()) != 3 or len({tp.partition for tp in theirs.assignment()}) != 3:
-            assert time.monotonic() < deadline, (ours.events, theirs.assignment())
-            theirs.poll(0.1)
-        assert ours.owned() | {tp.partition for tp in theirs.assignment()} == set(range(SIX))
-        theirs.close()  # its leaving gives everything back to ours, the group's leader
-        wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition again")
+        while not done():
+            assert time.monotonic() < deadline, f"{what}: ours {ours.events}, theirs {theirs_owned()}"
+            message = theirs.poll(0.1)
+            if message is not None and message.error() is None:
+                seen.add((message.partition(), message.offset()))
+
+    try:
+        if leader == "ours":
+            ours.start()
+            wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition")
+            theirs.subscribe([topic])
+        else:
+            theirs.subscribe([topic])
+            poll_theirs_until(lambda: theirs_owned() == set(range(SIX)), "theirs owning every partition")
+            ours.start()
+        poll_theirs_until(lambda: len(ours.owned()) == 3 and len(theirs_owned()) == 3, "3 each")
+        assert ours.owned() | theirs_owned() == set(range(SIX))
+        poll_theirs_until(lambda: len(seen | {(r.partition, r.offset) for r in ours.records}) == SIX * 2,
+                          "every record read by one of the two")
+        ours.stop()  # its LeaveGroup gives everything to theirs
+        poll_theirs_until(lambda: theirs_owned() == set(range(SIX)), "theirs owning every partition again")
     finally:
-        ours.stop()
+        if ours.is_alive():
+            ours.stop()
+        theirs.close()
 
 
 _VICTIM = """
@@ -254,7 +279,7 @@ def test_a_killed_members_partitions_move_and_no_record_is_skipped(appliance: Ap
     mid-stream loses its partitions to the survivor after session.timeout.ms."""
     per_round = 20
     processed: list[tuple[int, int]] = []
-    survivor = Member(group_consumer(appliance, "g-killed", **{"session.timeout.ms": 2000}), ["killed"],
+    survivor = Member(group_consumer(appliance, "g-killed"), ["killed"],
                       commit_each=True)
 
     def processed_at_least_once() -> set[tuple[int, int]]:
