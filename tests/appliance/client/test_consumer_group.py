@@ -174,6 +174,11 @@ def test_a_new_member_resumes_at_the_committed_offset(appliance: Appliance) -> N
         assert second.position(("resume", 0)) == 10
         second.commit()  # the positions
         assert second.committed([("resume", 0)]) == {TopicPartition("resume", 0): 10}
+        answers: list[tuple[GroupError | None, dict[tuple[str, int], int]]] = []
+        second.commit({("resume", 0): 7}, asynchronous=True, callback=lambda e, o: answers.append((e, o)))
+        wait_for(lambda: bool(second.poll(50)) or len(answers) == 1, "the asynchronous commit's answer")
+        assert answers == [(None, {("resume", 0): 7})]
+        assert second.committed([("resume", 0)]) == {TopicPartition("resume", 0): 7}
     finally:
         second.close()
 
@@ -369,6 +374,8 @@ def test_a_member_not_polling_within_max_poll_interval_loses_its_partitions(appl
                            on_lost=record("lost"))
         wait_for(lambda: bool(consumer.poll(50)) or events == [("assign", {0})], "the assignment")
         time.sleep(2.5)  # no poll: the heartbeat thread leaves the group
+        with pytest.raises(GroupError, match=r"commit refused for bad-0: UNKNOWN_MEMBER_ID.*poll\(\) again"):
+            consumer.commit({("bad", 0): 0})  # the partition may be another member's now
         wait_for(lambda: bool(consumer.poll(50)) or len(events) >= 3, "the rejoin")
         assert events[:3] == [("assign", {0}), ("lost", {0}), ("assign", {0})]
     finally:
