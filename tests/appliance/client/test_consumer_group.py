@@ -21,7 +21,8 @@ from support.campaign import rounds
 from support.kafka_appliance import REPO, Appliance, served_appliance
 
 from appliance import Consumer, GroupError, TopicPartition
-from ipc.kafka import ErrorCode
+from ipc.kafka import DescribeGroupsRequest, ErrorCode
+from ipc.kafka_client import KafkaConnection
 from storage.errors import ConfigError
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -380,3 +381,25 @@ def test_a_member_not_polling_within_max_poll_interval_loses_its_partitions(appl
         assert events[:3] == [("assign", {0}), ("lost", {0}), ("assign", {0})]
     finally:
         consumer.close()
+
+
+def describe(appliance: Appliance, group: str) -> Any:
+    host, port = appliance.bootstrap.rsplit(":", 1)
+    with KafkaConnection(host, int(port)) as conn:
+        return conn.request(DescribeGroupsRequest(groups=[group])).groups[0]
+
+
+def test_a_static_member_joins_under_its_instance_id_and_does_not_leave_on_close(appliance: Appliance,
+                                                                                 ) -> None:
+    static = {"group.instance.id": "worker-1", "session.timeout.ms": 1000, "heartbeat.interval.ms": 100}
+    consumer = group_consumer(appliance, "g-static", **static)
+    try:
+        consumer.subscribe(["bad"])
+        wait_for(lambda: bool(consumer.poll(50)) or consumer.assignment() == [("bad", 0)], "the assignment")
+        described = describe(appliance, "g-static")
+        assert [m.group_instance_id for m in described.members] == ["worker-1"]
+        assert described.protocol_data == "cooperative-sticky"
+    finally:
+        consumer.close()
+    assert [m.group_instance_id for m in describe(appliance, "g-static").members] == ["worker-1"]
+    wait_for(lambda: describe(appliance, "g-static").members == [], "the session timeout to remove it")
