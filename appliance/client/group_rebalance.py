@@ -37,7 +37,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from appliance.client.assignors import ASSIGNORS
@@ -48,7 +48,14 @@ from ipc.kafka import ErrorCode, error_name
 from ipc.kafka_client import KafkaConnection, parse_bootstrap_servers
 from storage.errors import ApplianceError, BrokerConnectionError, ConfigError
 
-__all__ = ["GROUP_SETTINGS", "GroupSubscription", "RebalanceCallback", "commit_failure", "member_for"]
+__all__ = [
+    "GROUP_SETTINGS",
+    "GroupSubscription",
+    "RebalanceCallback",
+    "commit_failure",
+    "member_for",
+    "subscription_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +158,7 @@ def _unix_listener(values: Mapping[str, Any], log_dirs: Sequence[str]) -> str:
 class GroupConsumer(Protocol):
     """What a subscription needs from the consumer it drives."""
 
-    def _group_assign(self, partitions: Sequence[TopicPartitionKey]) -> None: ...
+    def _set_assignment(self, partitions: Sequence[TopicPartitionKey]) -> None: ...
     def _group_positions(self, partitions: Sequence[TopicPartitionKey] | None = None,
                          ) -> dict[TopicPartitionKey, int]: ...
     def _group_start_at(self, starts: dict[TopicPartitionKey, int | None]) -> None: ...
@@ -252,7 +259,7 @@ class GroupSubscription:
             self._take(new, new)
 
     def _take(self, assignment: list[TopicPartitionKey], added: list[TopicPartitionKey]) -> None:
-        self.consumer._group_assign(assignment)
+        self.consumer._set_assignment(assignment)
         self.owned = list(assignment)
         if added:
             self.consumer._group_start_at(self.member.committed(added))
@@ -263,7 +270,7 @@ class GroupSubscription:
             self.commit_quietly(self.consumer._group_positions(partitions))
         self._call(self.on_revoke, partitions)
         self.owned = [tp for tp in self.owned if tp not in partitions]
-        self.consumer._group_assign(self.owned)
+        self.consumer._set_assignment(self.owned)
 
     def _lose(self) -> None:
         lost, self.owned = list(self.owned), []
@@ -272,7 +279,7 @@ class GroupSubscription:
             log.warning("group %r: partitions %s were lost (the membership expired): another member may be "
                         "reading them; they were not committed", self.member.config.group_id, lost)
             self._call(self.on_lost or self.on_revoke, lost)
-        self.consumer._group_assign([])
+        self.consumer._set_assignment([])
 
     def _call(self, callback: RebalanceCallback | None, partitions: list[TopicPartitionKey]) -> None:
         if callback is not None:
@@ -297,3 +304,25 @@ class GroupSubscription:
         elif self.owned:
             self._revoke(list(self.owned))
         self.member.leave()
+
+
+def subscription_for(consumer: GroupConsumer, member: GroupMember, values: Mapping[str, Any],
+                     topics: Iterable[str] | str | re.Pattern[str], **callbacks: RebalanceCallback | None,
+                     ) -> GroupSubscription:
+    """The subscription ``Consumer.subscribe(topics, ...)`` asks for: topic names, or a pattern (an
+    ``re.Pattern``, or a string starting with ``^``, as librdkafka reads one); its rebalance protocol and
+    auto commit from the consumer's settings."""
+    pattern: re.Pattern[str] | None = None
+    names: tuple[str, ...] = ()
+    if isinstance(topics, re.Pattern):
+        pattern = topics
+    elif isinstance(topics, str):
+        pattern, names = (re.compile(topics), ()) if topics.startswith("^") else (None, (topics,))
+    else:
+        names = tuple(str(t) for t in topics)
+    return GroupSubscription(
+        consumer, member, topics=names, pattern=pattern,
+        cooperative=all(ASSIGNORS[n].cooperative for n in values["partition.assignment.strategy"]),
+        auto_commit_interval_ms=values["auto.commit.interval.ms"] if values["enable.auto.commit"] else None,
+        metadata_max_age_ms=values["metadata.max.age.ms"], **callbacks,
+    )
