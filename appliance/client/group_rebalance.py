@@ -10,8 +10,9 @@ start of each ``poll()`` (:meth:`GroupSubscription.before_poll`), as in Kafka's 
 2. with ``enable.auto.commit``, every ``auto.commit.interval.ms`` the positions are committed
    asynchronously: the offsets after the records the earlier polls returned, so a record is committed only
    once the application had it (at least once);
-3. a subscription by pattern looks for new or deleted matching topics every ``metadata.max.age.ms`` and
-   rejoins when the set changed;
+3. every ``metadata.max.age.ms`` the subscribed topics are looked at again (by name, or the topics matching
+   the pattern): a topic created, deleted or given more partitions since the last join rejoins the group,
+   so that the leader assigns what exists;
 4. when the member must (re)join -- the first poll, a rebalance the coordinator announced in a heartbeat,
    a lost membership -- it rebalances:
 
@@ -97,7 +98,7 @@ GROUP_SETTINGS: Final = (
     Setting("enable.auto.commit", True, boolean(text=True), "commit the positions in the background"),
     Setting("auto.commit.interval.ms", 5_000, integer(0, INT_MAX, text=True), "how often auto commit runs"),
     Setting("metadata.max.age.ms", 300_000, integer(0, INT_MAX, text=True),
-            "a pattern subscription looks for new matching topics this often"),
+            "how often the subscribed topics are looked at for new, deleted or grown ones"),
 )
 
 
@@ -197,8 +198,8 @@ class GroupSubscription:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self.owned: list[TopicPartitionKey] = []
-        self._matched: tuple[str, ...] = ()
-        self._matched_at = -1.0
+        self._seen: dict[str, int] = {}  # subscribed topic -> partition count, at the last look
+        self._seen_at = -1.0
         self._next_auto_commit = time.monotonic() + (auto_commit_interval_ms or 0) / 1000
 
     # -- each poll -------------------------------------------------------------------------------------------
@@ -212,9 +213,8 @@ class GroupSubscription:
             self._next_auto_commit = time.monotonic() + self.auto_commit_interval_ms / 1000
             if not member.rejoin_needed:
                 member.commit_async(self.consumer._group_positions(), self._log_auto_commit)
-        if self.pattern is not None and self._matched_at >= 0 and \
-                time.monotonic() - self._matched_at >= self.metadata_max_age_ms / 1000:
-            if self._match() != self._matched:
+        if self._seen_at >= 0 and time.monotonic() - self._seen_at >= self.metadata_max_age_ms / 1000:
+            if self._look() != self._seen:
                 member.request_rejoin()
         if member.rejoin_needed:
             self.rebalance()
@@ -224,16 +224,20 @@ class GroupSubscription:
         if error is not None:
             log.warning("auto commit: %s", error)
 
-    def _match(self) -> tuple[str, ...]:
-        assert self.pattern is not None
-        self._matched_at = time.monotonic()
-        return tuple(sorted(t for t in self.member.partition_counts(None) if self.pattern.fullmatch(t)))
+    def _look(self) -> dict[str, int]:
+        """The subscribed topics that exist (by name, or matching the pattern) and their partition counts."""
+        self._seen_at = time.monotonic()
+        if self.pattern is None:
+            return self.member.partition_counts(self.topics)
+        pattern = self.pattern
+        return {t: n for t, n in self.member.partition_counts(None).items() if pattern.fullmatch(t)}
 
     def subscribed_topics(self) -> tuple[str, ...]:
-        if self.pattern is None:
-            return self.topics
-        self._matched = self._match()
-        return self._matched
+        """What this member subscribes to at a join: the names given, or the topics matching the pattern
+        now.  Also remembers their partition counts: a topic created, deleted or grown later rejoins the
+        group (looked at every ``metadata.max.age.ms``), so the leader assigns what exists."""
+        self._seen = self._look()
+        return self.topics if self.pattern is None else tuple(sorted(self._seen))
 
     # -- rebalancing -----------------------------------------------------------------------------------------
     def rebalance(self) -> None:

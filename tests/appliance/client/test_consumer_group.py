@@ -20,7 +20,7 @@ import pytest
 from support.campaign import rounds
 from support.kafka_appliance import REPO, Appliance, served_appliance
 
-from appliance import Consumer, GroupError, TopicPartition
+from appliance import Consumer, GroupError, KafkaAdmin, TopicPartition
 from ipc.kafka import DescribeGroupsRequest, ErrorCode
 from ipc.kafka_client import KafkaConnection
 from storage.errors import ConfigError
@@ -328,17 +328,25 @@ def test_a_killed_members_partitions_move_and_no_record_is_skipped(appliance: Ap
     assert processed_at_least_once() == {(p, o) for p in range(SIX) for o in range(rounds(1, 5) * per_round)}
 
 
-def test_a_pattern_subscription_reads_every_matching_topic(appliance: Appliance) -> None:
+def test_a_pattern_subscription_reads_every_matching_topic_also_one_created_later(appliance: Appliance,
+                                                                                  ) -> None:
     produce(appliance, "pat-a", 1)
     produce(appliance, "pat-b", 1)
-    member = Member(group_consumer(appliance, "g-pat", local=True), re.compile(r"pat-.*"))
+    member = Member(group_consumer(appliance, "g-pat", local=True, **{"metadata.max.age.ms": 200}),
+                    re.compile(r"pat-.*"))
     member.start()
     try:
         wait_for(lambda: len(member.records) == 3, "a record of each partition")
+        with KafkaAdmin(appliance.bootstrap) as admin:
+            admin.create_topic("pat-c", 1)
+        producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap})
+        producer.produce("pat-c", value=b"later", partition=0)
+        assert producer.flush(30) == 0
+        wait_for(lambda: len(member.records) == 4, "the record of the topic created later")
     finally:
         member.stop()
-    assert sorted((r.topic, r.partition) for r in member.records) == [("pat-a", 0), ("pat-a", 1),
-                                                                      ("pat-b", 0)]
+    read = sorted((r.topic, r.partition) for r in member.records)
+    assert read == [("pat-a", 0), ("pat-a", 1), ("pat-b", 0), ("pat-c", 0)]
 
 
 def test_bad_group_settings_are_refused_clearly(appliance: Appliance) -> None:
