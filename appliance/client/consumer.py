@@ -50,7 +50,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
-from appliance.client.assignors import ASSIGNORS
 from appliance.client.group_member import GroupError, GroupMember
 from appliance.client.group_rebalance import (
     GROUP_SETTINGS,
@@ -58,6 +57,7 @@ from appliance.client.group_rebalance import (
     RebalanceCallback,
     commit_failure,
     member_for,
+    subscription_for,
 )
 from appliance.client.local_fetch import (
     DEFAULT_MAX_SLEEP_US,
@@ -564,25 +564,11 @@ class Consumer:
         if self._assignment and self._subscription is None:
             raise RuntimeError("consumer: subscribe() after assign(): a consumer either subscribes or "
                                "assigns; assign([]) first")
-        pattern: re.Pattern[str] | None = None
-        names: tuple[str, ...] = ()
-        if isinstance(topics, re.Pattern):
-            pattern = topics
-        elif isinstance(topics, str):
-            pattern, names = (re.compile(topics), ()) if topics.startswith("^") else (None, (topics,))
-        else:
-            names = tuple(str(t) for t in topics)
         if self._subscription is not None:
             self.unsubscribe()
-        c = self.config
         member = self._group_member()
-        self._subscription = GroupSubscription(
-            self, member, topics=names, pattern=pattern,
-            cooperative=all(ASSIGNORS[n].cooperative for n in c["partition.assignment.strategy"]),
-            on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost,
-            auto_commit_interval_ms=c["auto.commit.interval.ms"] if c["enable.auto.commit"] else None,
-            metadata_max_age_ms=c["metadata.max.age.ms"],
-        )
+        self._subscription = subscription_for(self, member, self.config, topics, on_assign=on_assign,
+                                              on_revoke=on_revoke, on_lost=on_lost)
         member.request_rejoin()
 
     def unsubscribe(self) -> None:
@@ -631,9 +617,6 @@ class Consumer:
         if self._member is None:
             self._member = member_for(self.config, self._source.log_dirs if self._source else None)
         return self._member
-
-    def _group_assign(self, partitions: Iterable[tuple[str, int]]) -> None:
-        self._set_assignment(partitions)
 
     def _group_positions(self, partitions: Iterable[tuple[str, int]] | None = None,
                          ) -> dict[tuple[str, int], int]:

@@ -141,6 +141,7 @@ class GroupMember:
         self.generation_id = -1
         self.rejoin_needed = True
         self.lost = False
+        self.subscribed = False  # joined since the last leave(): commits need a generation then
         self.fatal: GroupError | None = None
         self._stable = False
         self._last_poll = time.monotonic()
@@ -220,6 +221,7 @@ class GroupMember:
         cfg = self.config
         with self._lock:
             self._stable = False
+        self.subscribed = True
         metadata = encode_subscription(subscription)
         protocols = [JoinGroupRequestProtocol(a.name, metadata) for a in cfg.assignors]
         while True:
@@ -413,8 +415,19 @@ class GroupMember:
         return CommitResult({(t.name, p.partition_index): p.error_code for t in answer.topics
                              for p in t.partitions})
 
+    def _not_a_member(self, offsets: Mapping[TopicPartitionKey, int]) -> CommitResult | None:
+        """A subscribed member whose membership was lost has no generation to commit with: refused here, as
+        Kafka's consumer refuses it (a commit outside the group would be accepted once the group is empty,
+        and could overwrite what the partitions' new owner committed)."""
+        if self.subscribed and self.generation_id < 0:
+            return CommitResult(dict.fromkeys(offsets, int(ErrorCode.UNKNOWN_MEMBER_ID)))
+        return None
+
     def commit(self, offsets: Mapping[TopicPartitionKey, int]) -> CommitResult:
         """Commit and wait for the answer (retrying the coordinator's retriable refusals)."""
+        refused = self._not_a_member(offsets)
+        if refused is not None:
+            return refused
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while True:
             result = self._commit_result(self._request(self._commit_request(offsets)))
@@ -428,6 +441,11 @@ class GroupMember:
         """Send a commit now; its answer is read (and ``callback`` called) at the next request, poll or
         close.  The commits' answers come in the order they were sent."""
         if not offsets:
+            return
+        refused = self._not_a_member(offsets)
+        if refused is not None:
+            if callback is not None:
+                callback(refused)
             return
         self.drain_async(block=False)
         try:
@@ -500,6 +518,7 @@ class GroupMember:
                             "after session.timeout.ms", self.config.group_id, self.member_id, exc)
         self.member_id = ""
         self.rejoin_needed = True
+        self.subscribed = False
 
     def close(self) -> None:
         self._stop.set()

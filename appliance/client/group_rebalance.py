@@ -10,8 +10,9 @@ start of each ``poll()`` (:meth:`GroupSubscription.before_poll`), as in Kafka's 
 2. with ``enable.auto.commit``, every ``auto.commit.interval.ms`` the positions are committed
    asynchronously: the offsets after the records the earlier polls returned, so a record is committed only
    once the application had it (at least once);
-3. a subscription by pattern looks for new or deleted matching topics every ``metadata.max.age.ms`` and
-   rejoins when the set changed;
+3. every ``metadata.max.age.ms`` the subscribed topics are looked at again (by name, or the topics matching
+   the pattern): a topic created, deleted or given more partitions since the last join rejoins the group,
+   so that the leader assigns what exists;
 4. when the member must (re)join -- the first poll, a rebalance the coordinator announced in a heartbeat,
    a lost membership -- it rebalances:
 
@@ -37,7 +38,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from appliance.client.assignors import ASSIGNORS
@@ -48,7 +49,14 @@ from ipc.kafka import ErrorCode, error_name
 from ipc.kafka_client import KafkaConnection, parse_bootstrap_servers
 from storage.errors import ApplianceError, BrokerConnectionError, ConfigError
 
-__all__ = ["GROUP_SETTINGS", "GroupSubscription", "RebalanceCallback", "commit_failure", "member_for"]
+__all__ = [
+    "GROUP_SETTINGS",
+    "GroupSubscription",
+    "RebalanceCallback",
+    "commit_failure",
+    "member_for",
+    "subscription_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +98,7 @@ GROUP_SETTINGS: Final = (
     Setting("enable.auto.commit", True, boolean(text=True), "commit the positions in the background"),
     Setting("auto.commit.interval.ms", 5_000, integer(0, INT_MAX, text=True), "how often auto commit runs"),
     Setting("metadata.max.age.ms", 300_000, integer(0, INT_MAX, text=True),
-            "a pattern subscription looks for new matching topics this often"),
+            "how often the subscribed topics are looked at for new, deleted or grown ones"),
 )
 
 
@@ -151,7 +159,7 @@ def _unix_listener(values: Mapping[str, Any], log_dirs: Sequence[str]) -> str:
 class GroupConsumer(Protocol):
     """What a subscription needs from the consumer it drives."""
 
-    def _group_assign(self, partitions: Sequence[TopicPartitionKey]) -> None: ...
+    def _set_assignment(self, partitions: Sequence[TopicPartitionKey]) -> None: ...
     def _group_positions(self, partitions: Sequence[TopicPartitionKey] | None = None,
                          ) -> dict[TopicPartitionKey, int]: ...
     def _group_start_at(self, starts: dict[TopicPartitionKey, int | None]) -> None: ...
@@ -190,8 +198,8 @@ class GroupSubscription:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self.owned: list[TopicPartitionKey] = []
-        self._matched: tuple[str, ...] = ()
-        self._matched_at = -1.0
+        self._seen: dict[str, int] = {}  # subscribed topic -> partition count, at the last look
+        self._seen_at = -1.0
         self._next_auto_commit = time.monotonic() + (auto_commit_interval_ms or 0) / 1000
 
     # -- each poll -------------------------------------------------------------------------------------------
@@ -205,9 +213,8 @@ class GroupSubscription:
             self._next_auto_commit = time.monotonic() + self.auto_commit_interval_ms / 1000
             if not member.rejoin_needed:
                 member.commit_async(self.consumer._group_positions(), self._log_auto_commit)
-        if self.pattern is not None and self._matched_at >= 0 and \
-                time.monotonic() - self._matched_at >= self.metadata_max_age_ms / 1000:
-            if self._match() != self._matched:
+        if self._seen_at >= 0 and time.monotonic() - self._seen_at >= self.metadata_max_age_ms / 1000:
+            if self._look() != self._seen:
                 member.request_rejoin()
         if member.rejoin_needed:
             self.rebalance()
@@ -217,16 +224,20 @@ class GroupSubscription:
         if error is not None:
             log.warning("auto commit: %s", error)
 
-    def _match(self) -> tuple[str, ...]:
-        assert self.pattern is not None
-        self._matched_at = time.monotonic()
-        return tuple(sorted(t for t in self.member.partition_counts(None) if self.pattern.fullmatch(t)))
+    def _look(self) -> dict[str, int]:
+        """The subscribed topics that exist (by name, or matching the pattern) and their partition counts."""
+        self._seen_at = time.monotonic()
+        if self.pattern is None:
+            return self.member.partition_counts(self.topics)
+        pattern = self.pattern
+        return {t: n for t, n in self.member.partition_counts(None).items() if pattern.fullmatch(t)}
 
     def subscribed_topics(self) -> tuple[str, ...]:
-        if self.pattern is None:
-            return self.topics
-        self._matched = self._match()
-        return self._matched
+        """What this member subscribes to at a join: the names given, or the topics matching the pattern
+        now.  Also remembers their partition counts: a topic created, deleted or grown later rejoins the
+        group (looked at every ``metadata.max.age.ms``), so the leader assigns what exists."""
+        self._seen = self._look()
+        return self.topics if self.pattern is None else tuple(sorted(self._seen))
 
     # -- rebalancing -----------------------------------------------------------------------------------------
     def rebalance(self) -> None:
@@ -252,7 +263,7 @@ class GroupSubscription:
             self._take(new, new)
 
     def _take(self, assignment: list[TopicPartitionKey], added: list[TopicPartitionKey]) -> None:
-        self.consumer._group_assign(assignment)
+        self.consumer._set_assignment(assignment)
         self.owned = list(assignment)
         if added:
             self.consumer._group_start_at(self.member.committed(added))
@@ -263,7 +274,7 @@ class GroupSubscription:
             self.commit_quietly(self.consumer._group_positions(partitions))
         self._call(self.on_revoke, partitions)
         self.owned = [tp for tp in self.owned if tp not in partitions]
-        self.consumer._group_assign(self.owned)
+        self.consumer._set_assignment(self.owned)
 
     def _lose(self) -> None:
         lost, self.owned = list(self.owned), []
@@ -272,7 +283,7 @@ class GroupSubscription:
             log.warning("group %r: partitions %s were lost (the membership expired): another member may be "
                         "reading them; they were not committed", self.member.config.group_id, lost)
             self._call(self.on_lost or self.on_revoke, lost)
-        self.consumer._group_assign([])
+        self.consumer._set_assignment([])
 
     def _call(self, callback: RebalanceCallback | None, partitions: list[TopicPartitionKey]) -> None:
         if callback is not None:
@@ -297,3 +308,25 @@ class GroupSubscription:
         elif self.owned:
             self._revoke(list(self.owned))
         self.member.leave()
+
+
+def subscription_for(consumer: GroupConsumer, member: GroupMember, values: Mapping[str, Any],
+                     topics: Iterable[str] | str | re.Pattern[str], **callbacks: RebalanceCallback | None,
+                     ) -> GroupSubscription:
+    """The subscription ``Consumer.subscribe(topics, ...)`` asks for: topic names, or a pattern (an
+    ``re.Pattern``, or a string starting with ``^``, as librdkafka reads one); its rebalance protocol and
+    auto commit from the consumer's settings."""
+    pattern: re.Pattern[str] | None = None
+    names: tuple[str, ...] = ()
+    if isinstance(topics, re.Pattern):
+        pattern = topics
+    elif isinstance(topics, str):
+        pattern, names = (re.compile(topics), ()) if topics.startswith("^") else (None, (topics,))
+    else:
+        names = tuple(str(t) for t in topics)
+    return GroupSubscription(
+        consumer, member, topics=names, pattern=pattern,
+        cooperative=all(ASSIGNORS[n].cooperative for n in values["partition.assignment.strategy"]),
+        auto_commit_interval_ms=values["auto.commit.interval.ms"] if values["enable.auto.commit"] else None,
+        metadata_max_age_ms=values["metadata.max.age.ms"], **callbacks,
+    )

@@ -20,15 +20,17 @@ import pytest
 from support.campaign import rounds
 from support.kafka_appliance import REPO, Appliance, served_appliance
 
-from appliance import Consumer, GroupError, TopicPartition
-from ipc.kafka import ErrorCode
+from appliance import Consumer, GroupError, KafkaAdmin, TopicPartition
+from ipc.kafka import DescribeGroupsRequest, ErrorCode
+from ipc.kafka_client import KafkaConnection
 from storage.errors import ConfigError
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 SIX = 6
 TOPICS = {"one": SIX, "split-range": SIX, "split-cooperative-sticky": SIX, "resume": 1, "auto": 2,
-          "mixed": SIX, "killed": SIX, "bad": 1, "pat-a": 2, "pat-b": 1}
+          "mixed-range": SIX, "mixed-cooperative-sticky": SIX, "killed": SIX, "bad": 1, "pat-a": 2,
+          "pat-b": 1}
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +175,11 @@ def test_a_new_member_resumes_at_the_committed_offset(appliance: Appliance) -> N
         assert second.position(("resume", 0)) == 10
         second.commit()  # the positions
         assert second.committed([("resume", 0)]) == {TopicPartition("resume", 0): 10}
+        answers: list[tuple[GroupError | None, dict[tuple[str, int], int]]] = []
+        second.commit({("resume", 0): 7}, asynchronous=True, callback=lambda e, o: answers.append((e, o)))
+        wait_for(lambda: bool(second.poll(50)) or len(answers) == 1, "the asynchronous commit's answer")
+        assert answers == [(None, {("resume", 0): 7})]
+        assert second.committed([("resume", 0)]) == {TopicPartition("resume", 0): 7}
     finally:
         second.close()
 
@@ -211,28 +218,52 @@ def test_auto_commit_and_close_commit_the_positions(appliance: Appliance) -> Non
         check.close()
 
 
-def test_a_mixed_group_with_a_confluent_kafka_member(appliance: Appliance) -> None:
-    produce(appliance, "mixed", 2)
-    ours = Member(group_consumer(appliance, "g-mixed", **{"partition.assignment.strategy": "range"}),
-                  ["mixed"])
+@pytest.mark.parametrize(("assignor", "leader"), [("range", "ours"), ("cooperative-sticky", "theirs")])
+def test_a_mixed_group_with_a_confluent_kafka_member(appliance: Appliance, assignor: str, leader: str,
+                                                     ) -> None:
+    """Our member and a librdkafka one share a group, each assigning as the leader in one of the cases:
+    the ConsumerProtocol bytes are the same on both sides."""
+    topic = f"mixed-{assignor}"
+    group = f"g-{topic}"
+    produce(appliance, topic, 2)
+    ours = Member(group_consumer(appliance, group, **{"partition.assignment.strategy": assignor}), [topic])
     theirs = confluent_kafka.Consumer({
-        "bootstrap.servers": appliance.bootstrap, "group.id": "g-mixed", "auto.offset.reset": "earliest",
+        "bootstrap.servers": appliance.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
         "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 200,
-        "partition.assignment.strategy": "range",
+        "partition.assignment.strategy": assignor,
     })
-    ours.start()
-    try:
-        wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition")
-        theirs.subscribe(["mixed"])
+    seen: set[tuple[int, int]] = set()
+
+    def theirs_owned() -> set[int]:
+        return {tp.partition for tp in theirs.assignment()}
+
+    def poll_theirs_until(done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 30
-        while len(ours.owned()) != 3 or len({tp.partition for tp in theirs.assignment()}) != 3:
-            assert time.monotonic() < deadline, (ours.events, theirs.assignment())
-            theirs.poll(0.1)
-        assert ours.owned() | {tp.partition for tp in theirs.assignment()} == set(range(SIX))
-        theirs.close()  # its leaving gives everything back to ours, the group's leader
-        wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition again")
+        while not done():
+            assert time.monotonic() < deadline, f"{what}: ours {ours.events}, theirs {theirs_owned()}"
+            message = theirs.poll(0.1)
+            if message is not None and message.error() is None:
+                seen.add((message.partition(), message.offset()))
+
+    try:
+        if leader == "ours":
+            ours.start()
+            wait_for(lambda: ours.owned() == set(range(SIX)), "our member owning every partition")
+            theirs.subscribe([topic])
+        else:
+            theirs.subscribe([topic])
+            poll_theirs_until(lambda: theirs_owned() == set(range(SIX)), "theirs owning every partition")
+            ours.start()
+        poll_theirs_until(lambda: len(ours.owned()) == 3 and len(theirs_owned()) == 3, "3 each")
+        assert ours.owned() | theirs_owned() == set(range(SIX))
+        poll_theirs_until(lambda: len(seen | {(r.partition, r.offset) for r in ours.records}) == SIX * 2,
+                          "every record read by one of the two")
+        ours.stop()  # its LeaveGroup gives everything to theirs
+        poll_theirs_until(lambda: theirs_owned() == set(range(SIX)), "theirs owning every partition again")
     finally:
-        ours.stop()
+        if ours.is_alive():
+            ours.stop()
+        theirs.close()
 
 
 _VICTIM = """
@@ -254,7 +285,7 @@ def test_a_killed_members_partitions_move_and_no_record_is_skipped(appliance: Ap
     mid-stream loses its partitions to the survivor after session.timeout.ms."""
     per_round = 20
     processed: list[tuple[int, int]] = []
-    survivor = Member(group_consumer(appliance, "g-killed", **{"session.timeout.ms": 2000}), ["killed"],
+    survivor = Member(group_consumer(appliance, "g-killed"), ["killed"],
                       commit_each=True)
 
     def processed_at_least_once() -> set[tuple[int, int]]:
@@ -297,17 +328,25 @@ def test_a_killed_members_partitions_move_and_no_record_is_skipped(appliance: Ap
     assert processed_at_least_once() == {(p, o) for p in range(SIX) for o in range(rounds(1, 5) * per_round)}
 
 
-def test_a_pattern_subscription_reads_every_matching_topic(appliance: Appliance) -> None:
+def test_a_pattern_subscription_reads_every_matching_topic_also_one_created_later(appliance: Appliance,
+                                                                                  ) -> None:
     produce(appliance, "pat-a", 1)
     produce(appliance, "pat-b", 1)
-    member = Member(group_consumer(appliance, "g-pat", local=True), re.compile(r"pat-.*"))
+    member = Member(group_consumer(appliance, "g-pat", local=True, **{"metadata.max.age.ms": 200}),
+                    re.compile(r"pat-.*"))
     member.start()
     try:
         wait_for(lambda: len(member.records) == 3, "a record of each partition")
+        with KafkaAdmin(appliance.bootstrap) as admin:
+            admin.create_topic("pat-c", 1)
+        producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap})
+        producer.produce("pat-c", value=b"later", partition=0)
+        assert producer.flush(30) == 0
+        wait_for(lambda: len(member.records) == 4, "the record of the topic created later")
     finally:
         member.stop()
-    assert sorted((r.topic, r.partition) for r in member.records) == [("pat-a", 0), ("pat-a", 1),
-                                                                      ("pat-b", 0)]
+    read = sorted((r.topic, r.partition) for r in member.records)
+    assert read == [("pat-a", 0), ("pat-a", 1), ("pat-b", 0), ("pat-c", 0)]
 
 
 def test_bad_group_settings_are_refused_clearly(appliance: Appliance) -> None:
@@ -344,7 +383,31 @@ def test_a_member_not_polling_within_max_poll_interval_loses_its_partitions(appl
                            on_lost=record("lost"))
         wait_for(lambda: bool(consumer.poll(50)) or events == [("assign", {0})], "the assignment")
         time.sleep(2.5)  # no poll: the heartbeat thread leaves the group
+        with pytest.raises(GroupError, match=r"commit refused for bad-0: UNKNOWN_MEMBER_ID.*poll\(\) again"):
+            consumer.commit({("bad", 0): 0})  # the partition may be another member's now
         wait_for(lambda: bool(consumer.poll(50)) or len(events) >= 3, "the rejoin")
         assert events[:3] == [("assign", {0}), ("lost", {0}), ("assign", {0})]
     finally:
         consumer.close()
+
+
+def describe(appliance: Appliance, group: str) -> Any:
+    host, port = appliance.bootstrap.rsplit(":", 1)
+    with KafkaConnection(host, int(port)) as conn:
+        return conn.request(DescribeGroupsRequest(groups=[group])).groups[0]
+
+
+def test_a_static_member_joins_under_its_instance_id_and_does_not_leave_on_close(appliance: Appliance,
+                                                                                 ) -> None:
+    static = {"group.instance.id": "worker-1", "session.timeout.ms": 1000, "heartbeat.interval.ms": 100}
+    consumer = group_consumer(appliance, "g-static", **static)
+    try:
+        consumer.subscribe(["bad"])
+        wait_for(lambda: bool(consumer.poll(50)) or consumer.assignment() == [("bad", 0)], "the assignment")
+        described = describe(appliance, "g-static")
+        assert [m.group_instance_id for m in described.members] == ["worker-1"]
+        assert described.protocol_data == "cooperative-sticky"
+    finally:
+        consumer.close()
+    assert [m.group_instance_id for m in describe(appliance, "g-static").members] == ["worker-1"]
+    wait_for(lambda: describe(appliance, "g-static").members == [], "the session timeout to remove it")
