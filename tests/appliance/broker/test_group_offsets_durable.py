@@ -2,7 +2,8 @@
 
 Each test runs ``appliance serve`` as a real process tree: a confluent-kafka consumer commits, the whole
 appliance stops (SIGTERM) or is SIGKILLed right after the commit was acknowledged, it starts again on the
-same data, and a new consumer of the group resumes at the committed offsets.  The records are read back
+same data, and a new consumer of the group resumes at the committed offsets; a group or an offset deleted
+before the restart stays deleted.  The records are read back
 from the segment files with the storage reader and decoded here against Kafka's schemas (OffsetCommitKey
 v1, OffsetCommitValue v3), in the partition Kafka's ``abs(groupId.hashCode()) % partitions`` names.
 A client's Produce to the topic is refused; Metadata lists it as internal.
@@ -41,7 +42,9 @@ from storage.log_reader import LogReader
 confluent_kafka = pytest.importorskip("confluent_kafka")
 with warnings.catch_warnings():  # kafka-python reads its schemas with a deprecated importlib call
     warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import TopicPartition
     from kafka.admin import KafkaAdminClient
+    from kafka.errors import NoError
 
 TOPIC = "resume"
 PARTITIONS = 2
@@ -184,16 +187,49 @@ def check_records(data_dir: Path, group: str, commits: dict[int, int], before_ms
         assert all(before_ms <= v[3] <= time.time() * 1000 for v in latest.values())
 
 
-def test_commits_survive_a_stop_and_start_of_the_appliance(running: Running) -> None:
+def simple_commit(bootstrap: str, group: str, commits: dict[int, int]) -> None:
+    """A commit outside a generation, as an admin tool makes."""
+    c = consumer(bootstrap, group)
+    try:
+        offsets = [confluent_kafka.TopicPartition(TOPIC, p, o, f"m{p}") for p, o in commits.items()]
+        assert all(tp.error is None for tp in c.commit(offsets=offsets, asynchronous=False))
+    finally:
+        c.close()
+
+
+def committed_now(bootstrap: str, group: str) -> dict[int, int]:
+    c = consumer(bootstrap, group)
+    try:
+        asked = [confluent_kafka.TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+        return {tp.partition: tp.offset for tp in c.committed(asked, timeout=60) if tp.offset >= 0}
+    finally:
+        c.close()
+
+
+def test_commits_and_deletions_survive_a_stop_and_start_of_the_appliance(running: Running) -> None:
+    """Commits, a group deleted (DeleteGroups) and an offset deleted (OffsetDelete) are all as they were
+    answered after the restart; the deletions are tombstones in the group's partition."""
     app, bootstrap = running
     produce(bootstrap)
     commits = {0: 3, 1: 7}
     before_ms = int(time.time() * 1000)
     consume_all_then_commit(bootstrap, "stopped", commits)
+    simple_commit(bootstrap, "deleted", {0: 1, 1: 2})
+    simple_commit(bootstrap, "pruned", {0: 4, 1: 5})
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        assert dict(admin.delete_groups(["deleted"])) == {"deleted": "OK"}
+        assert list(admin.delete_group_offsets("pruned", [TopicPartition(TOPIC, 0)]).values()) == [NoError]
+    finally:
+        admin.close()
     assert app.stop() == 0
     check_records(app.data, "stopped", commits, before_ms)
+    deleted = offset_records(app.data, java_hash_partition("deleted", OFFSETS_PARTITIONS))
+    assert [v for k, v in deleted if k[0] == "deleted"][-2:] == [None, None]
     app.start()
     resumes_at(bootstrap, "stopped", commits)
+    assert committed_now(bootstrap, "deleted") == {}
+    assert committed_now(bootstrap, "pruned") == {1: 5}
     home = app.data / f"{OFFSETS}-{java_hash_partition('stopped', OFFSETS_PARTITIONS)}"
     dump = subprocess.run(
         [sys.executable, "-m", "appliance.cli", "dump-log", "--print-records",
