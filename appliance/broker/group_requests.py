@@ -138,7 +138,7 @@ class GroupRequests:
         else:
             plan = [(a.member_id, bytes(a.assignment)) for a in body.assignments]
             done = self.coordinator.sync(body.group_id, body.member_id, body.generation_id, plan, token,
-                                         now_ms)
+                                         now_ms, body.group_instance_id)
         return _answers(done)
 
     def tick(self) -> list[Answer]:
@@ -201,7 +201,8 @@ class GroupRequests:
         if api_key == ApiKey.FIND_COORDINATOR:
             return self._find_coordinator(body, listener), []
         if api_key == ApiKey.HEARTBEAT:
-            return c.heartbeat(body.group_id, body.member_id, body.generation_id, now_ms), []
+            return c.heartbeat(body.group_id, body.member_id, body.generation_id, now_ms,
+                               body.group_instance_id), []
         if api_key == ApiKey.LEAVE_GROUP:
             return self._leave(header, body, now_ms)
         if api_key == ApiKey.OFFSET_FETCH:
@@ -227,11 +228,9 @@ class GroupRequests:
                                        host=host, port=port)
 
     def _leave(self, header: RequestHeader, body: LeaveGroupRequest, now_ms: int) -> tuple[Any, list[Answer]]:
-        member_ids = [body.member_id] if header.api_version < 3 else [m.member_id for m in body.members]
-        response, released = self.coordinator.leave(body.group_id, member_ids, now_ms)
-        if header.api_version >= 3:
-            for result, asked in zip(response.members, body.members, strict=True):
-                result.group_instance_id = asked.group_instance_id
+        members: list[tuple[str, str | None]] = [(body.member_id, None)] if header.api_version < 3 else [
+            (m.member_id, m.group_instance_id) for m in body.members]
+        response, released = self.coordinator.leave(body.group_id, members, now_ms)
         return response, _answers(released)
 
     def _describe(self, body: DescribeGroupsRequest) -> DescribeGroupsResponse:

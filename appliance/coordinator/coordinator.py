@@ -145,31 +145,34 @@ class GroupCoordinator:
         return group.join(args, token, now_ms)
 
     def sync(self, group_id: str, member_id: str, generation_id: int, assignments: list[tuple[str, bytes]],
-             token: Any, now_ms: int) -> list[Completion]:
+             token: Any, now_ms: int, group_instance_id: str | None = None) -> list[Completion]:
         group = self._member_group(group_id)
         if isinstance(group, ErrorCode):
             return [Completion(token, SyncGroupResponse(error_code=group, assignment=b""))]
-        return group.sync(member_id, generation_id, assignments, token, now_ms)
+        return group.sync(member_id, generation_id, assignments, token, now_ms, group_instance_id)
 
-    def heartbeat(self, group_id: str, member_id: str, generation_id: int, now_ms: int) -> HeartbeatResponse:
+    def heartbeat(self, group_id: str, member_id: str, generation_id: int, now_ms: int,
+                  group_instance_id: str | None = None) -> HeartbeatResponse:
         group = self._member_group(group_id)
-        error = group if isinstance(group, ErrorCode) else group.heartbeat(member_id, generation_id, now_ms)
+        error = group if isinstance(group, ErrorCode) else group.heartbeat(member_id, generation_id, now_ms,
+                                                                           group_instance_id)
         return HeartbeatResponse(error_code=error)
 
-    def leave(self, group_id: str, member_ids: list[str], now_ms: int,
+    def leave(self, group_id: str, members: list[tuple[str, str | None]], now_ms: int,
               ) -> tuple[LeaveGroupResponse, list[Completion]]:
-        """LeaveGroup for one member (v0-2) or several (v3): the response and the answers it releases."""
+        """LeaveGroup for one member (v0-2) or several (v3), each ``(member id, group.instance.id)``: the
+        response and the answers it releases."""
         group = self._member_group(group_id)
         if group == ErrorCode.INVALID_GROUP_ID:
             return LeaveGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[]), []
         if isinstance(group, ErrorCode):
-            results = [MemberResponse(m, None, group) for m in member_ids]
+            results = [MemberResponse(m, i, group) for m, i in members]
             return LeaveGroupResponse(error_code=group, members=results), []
         released: list[Completion] = []
         results = []
-        for member_id in member_ids:
-            error, out = group.leave(member_id, now_ms)
-            results.append(MemberResponse(member_id, None, error))
+        for member_id, instance_id in members:
+            error, out = group.leave(member_id, now_ms, instance_id)
+            results.append(MemberResponse(member_id, instance_id, error))
             released += out
         top = results[0].error_code if len(results) == 1 else ErrorCode.NONE
         return LeaveGroupResponse(error_code=top, members=results), released
@@ -206,7 +209,8 @@ class GroupCoordinator:
             return None
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID if member_id else ErrorCode.ILLEGAL_GENERATION
-        error = group.check_member(member_id, generation, now_ms)
+        instance_id = body.group_instance_id if api_version >= 7 else None
+        error = group.check_member(member_id, generation, now_ms, instance_id)
         if error is None and group.state == GroupState.COMPLETING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
         return error
