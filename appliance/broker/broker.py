@@ -322,8 +322,7 @@ class Broker:
         if self.produce.pending or self.replication.has_completed:
             for owner, header, body in self.produce.poll(time.monotonic() * 1000):
                 if isinstance(owner, GroupWrite):  # the coordinator's append to __consumer_offsets
-                    answer = self.groups.appended(owner, body)
-                    if answer is not None:
+                    for answer in self.groups.appended(owner, body):
                         self._finish_held(*answer, unpark=True)
                 else:
                     self._finish_held(owner, header, body)

@@ -98,8 +98,8 @@ class GroupRequests:
             max_session_timeout_ms=config.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
         ))
-        self.offsets_topic = OffsetsTopic(ctx, self.coordinator, produce)
         self._clock_ms = clock_ms
+        self.offsets_topic = OffsetsTopic(ctx, self.coordinator, produce, clock_ms)
 
     def start(self) -> None:
         """Load ``__consumer_offsets`` if it exists (what is not loaded now is loaded by :meth:`tick`)."""
@@ -139,11 +139,17 @@ class GroupRequests:
             plan = [(a.member_id, bytes(a.assignment)) for a in body.assignments]
             done = self.coordinator.sync(body.group_id, body.member_id, body.generation_id, plan, token,
                                          now_ms, body.group_instance_id)
-        return _answers(done)
+        return self._stored(_answers(done))
 
     def tick(self) -> list[Answer]:
         self.offsets_topic.tick()
-        return _answers(self.coordinator.tick(self._clock_ms()))
+        return self._stored(_answers(self.coordinator.tick(self._clock_ms())))
+
+    def _stored(self, answers: list[Answer]) -> list[Answer]:
+        """Write the group metadata records the last call made due; ``answers`` (that call's) are held
+        until they are in ``__consumer_offsets``: the answers to give now."""
+        records = self.coordinator.take_metadata(int(time.time() * 1000))
+        return self.offsets_topic.write_metadata(records, answers) if records else answers
 
     def next_deadline_ms(self) -> int | None:
         """When :meth:`tick` is next due, on the ``time.monotonic`` clock in ms (None: nothing timed)."""
@@ -179,11 +185,9 @@ class GroupRequests:
         meta = self.ctx.table.topics.get(topic)
         return meta is not None and 0 <= partition < meta.partitions
 
-    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> Answer | None:
-        """The Produce path finished one of the coordinator's appends: the answer for its request's slot,
-        or None while other appends of the same request are out."""
-        response = self.offsets_topic.appended(owner, produced)
-        return None if response is None else (owner.slot, owner.header, response)
+    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> list[Answer]:
+        """The Produce path finished one of the coordinator's appends: the answers it releases."""
+        return self.offsets_topic.appended(owner, produced)
 
     def close(self) -> list[Answer]:
         return _answers(self.coordinator.close())
@@ -231,7 +235,7 @@ class GroupRequests:
         members: list[tuple[str, str | None]] = [(body.member_id, None)] if header.api_version < 3 else [
             (m.member_id, m.group_instance_id) for m in body.members]
         response, released = self.coordinator.leave(body.group_id, members, now_ms)
-        return response, _answers(released)
+        return response, self._stored(_answers(released))
 
     def _describe(self, body: DescribeGroupsRequest) -> DescribeGroupsResponse:
         groups = []

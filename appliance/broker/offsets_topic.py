@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from appliance.broker.cluster import ClusterError
@@ -52,6 +53,13 @@ from appliance.broker.handlers import BrokerContext
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
 from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion
+from appliance.coordinator.group_records import (
+    GroupMetadata,
+    decode_group_key,
+    decode_group_value,
+    encode_group_key,
+    encode_group_value,
+)
 from appliance.coordinator.offset_records import (
     OFFSETS_TOPIC,
     OffsetKey,
@@ -72,13 +80,16 @@ from ipc.kafka import (
     ProduceRequest,
     ProduceResponse,
     RequestHeader,
+    SyncGroupResponse,
     TopicProduceData,
 )
 from storage.batch_builder import build_batch
 from storage.batch_reader import iter_records
 from storage.errors import ApplianceError
 
-__all__ = ["APPEND_ERRORS", "DeletionInFlight", "GroupWrite", "OffsetsTopic"]
+__all__ = ["APPEND_ERRORS", "Answer", "DeletionInFlight", "GroupWrite", "MetadataInFlight", "OffsetsTopic"]
+
+Answer = tuple[Any, Any, Any]  # (the slot, the request's RequestHeader, the response body)
 
 log = logging.getLogger("appliance.broker")
 
@@ -104,8 +115,8 @@ class GroupWrite(NamedTuple):
     """The owner of one of the coordinator's Produce requests: the parked request's slot and header, what
     it writes for (a CommitPlan, an OffsetDeletion, or a DeletionInFlight) and the partition written."""
 
-    slot: Any
-    header: RequestHeader
+    slot: Any  # None for group metadata: its job holds the answers
+    header: RequestHeader | None
     plan: Any
     partition: int
 
@@ -118,8 +129,10 @@ class LoadedRecords(NamedTuple):
 class OffsetsTopic:
     """``__consumer_offsets`` for this broker's coordinator (module docstring)."""
 
-    def __init__(self, ctx: BrokerContext, coordinator: GroupCoordinator, produce: ProduceService) -> None:
+    def __init__(self, ctx: BrokerContext, coordinator: GroupCoordinator, produce: ProduceService,
+                 clock_ms: Callable[[], int]) -> None:
         self.ctx = ctx
+        self._clock_ms = clock_ms  # the coordinator's clock: loaded members' sessions start again
         self.coordinator = coordinator
         self.produce = produce
         config = ctx.config
@@ -210,8 +223,8 @@ class OffsetsTopic:
             log.warning("%s: cannot load committed offsets yet (retrying): %s", name, e)
             return
         self.loaded.add(partition)
-        log.info("%s: loaded %d commit records (%d of other kinds skipped)", name, found.records,
-                 found.skipped)
+        log.info("%s: loaded %d records (commits and group metadata; %d of other kinds skipped)", name,
+                 found.records, found.skipped)
 
     def _apply_log(self, reader: Any, start: int, end: int, name: str) -> LoadedRecords:
         count = skipped = 0
@@ -231,7 +244,12 @@ class OffsetsTopic:
         try:
             key = decode_key(key_bytes)
             if key is None:
-                return False
+                group_id = decode_group_key(key_bytes)
+                if group_id is None:
+                    return False
+                record = None if value_bytes is None else decode_group_value(value_bytes)
+                self.coordinator.load_group(group_id, record, self._clock_ms())
+                return True
             value = None if value_bytes is None else decode_value(value_bytes)
         except ValueError as e:  # malformed bytes, invalid UTF-8 included (the primitives check it)
             log.error("%s offset %d: skipping a malformed record: %s", name, offset, e)
@@ -265,7 +283,7 @@ class OffsetsTopic:
 
     def _start(self, owner: GroupWrite, records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> Any:
         produced = self._write(owner, records, timestamp_ms)
-        return None if produced is None else self.appended(owner, produced)
+        return None if produced is None else self._finish(owner, produced)
 
     def append(self, slot: Any, header: RequestHeader, plan: CommitPlan) -> OffsetCommitResponse | None:
         """Write the accepted part of an OffsetCommit: its answer now (nothing to write, or the Produce path
@@ -292,31 +310,54 @@ class OffsetsTopic:
         return self._start(owner, records, int(time.time() * 1000))
 
     def delete_groups(self, slot: Any, header: RequestHeader, plan: GroupDeletion) -> Any:
-        """Write the tombstones of every group a DeleteGroups deletes, one batch per partition of the topic:
-        its answer now (nothing to write, or every append refused at once), or None (answered through
-        :meth:`appended` when the last append finishes)."""
+        """Write the tombstones of every group a DeleteGroups deletes (its offsets and its group metadata),
+        one batch per partition of the topic: its answer now (every append refused at once, or no group to
+        delete), or None (answered through :meth:`appended` when the last append finishes)."""
         if not plan.deleting:
             return _deleted(plan)
         job = DeletionInFlight(plan, {})
         for group_id in plan.deleting:
-            partition = partition_for(group_id, self.partitions)
-            job.groups.setdefault(partition, []).append(group_id)
+            job.groups.setdefault(partition_for(group_id, self.partitions), []).append(group_id)
         answer = None
         for partition, group_ids in list(job.groups.items()):
             records: list[tuple[bytes, bytes | None]] = [
                 (encode_key(OffsetKey(g, t, p)), None) for g in group_ids for t, p in plan.deleting[g]]
-            owner = GroupWrite(slot, header, job, partition)
-            if not records:
-                answer = self._finish_deletion(owner, ErrorCode.NONE)
-                continue
-            produced = self._write(owner, records, int(time.time() * 1000))
+            records += [(encode_group_key(g), None) for g in group_ids]
+            produced = self._write(GroupWrite(slot, header, job, partition), records, int(time.time() * 1000))
             if produced is not None:
-                answer = self.appended(owner, produced)
+                answer = self._finish(GroupWrite(slot, header, job, partition), produced)
         return answer  # the response once the last batch is finished here, else None
 
-    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> Any:
-        """The Produce path finished ``owner``'s batch: the request's answer (None: other batches of it
-        are still out).  A failed append changes nothing and is answered with Kafka's error for it."""
+    def write_metadata(self, records: list[tuple[str, GroupMetadata]], answers: list[Answer]) -> list[Answer]:
+        """Write group metadata records, one batch per partition, and hold ``answers`` (those of the request
+        that completed the rebalance) until all are written, as Kafka answers a SyncGroup only once the
+        group is stored: the answers to give now (None left to write, or every append refused at once)."""
+        if not records:
+            return answers
+        job = MetadataInFlight(answers, {}, [ErrorCode.NONE])
+        for group_id, record in records:
+            job.groups.setdefault(partition_for(group_id, self.partitions), []).append((group_id, record))
+        done: list[Answer] = []
+        wall_ms = int(time.time() * 1000)
+        for partition, group_records in list(job.groups.items()):
+            batch: list[tuple[bytes, bytes | None]] = [
+                (encode_group_key(g), encode_group_value(r)) for g, r in group_records]
+            owner = GroupWrite(None, None, job, partition)
+            produced = self._write(owner, batch, wall_ms)
+            if produced is not None:
+                done = self._finish(owner, produced)
+        return [] if job.groups else done
+
+    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> list[Answer]:
+        """The Produce path finished ``owner``'s batch: the answers it releases (none while other batches
+        of the same request are out).  A failed append changes nothing and is answered with Kafka's error
+        for it."""
+        finished = self._finish(owner, produced)
+        if isinstance(owner.plan, MetadataInFlight):
+            return list(finished)
+        return [] if finished is None else [(owner.slot, owner.header, finished)]
+
+    def _finish(self, owner: GroupWrite, produced: ProduceResponse | None) -> Any:
         code = ErrorCode.UNKNOWN_SERVER_ERROR
         message = "no answer from the Produce path"
         if produced is not None:
@@ -340,6 +381,8 @@ class OffsetsTopic:
                     if (topic.name, part.partition_index) in deleting:
                         part.error_code = error
             return plan.response
+        if isinstance(plan, MetadataInFlight):
+            return _metadata_written(plan, owner.partition, error)
         return self._finish_deletion(owner, error)
 
     def _finish_commit(self, plan: CommitPlan, error: ErrorCode) -> OffsetCommitResponse:
@@ -361,6 +404,30 @@ class OffsetsTopic:
         return None if job.groups else _deleted(job.plan)
 
 
+class MetadataInFlight(NamedTuple):
+    """Group metadata records being written: the answers held until they are, the groups of each
+    partition still being written, and the first append error (``error[0]``)."""
+
+    answers: list[Answer]
+    groups: dict[int, list[tuple[str, GroupMetadata]]]
+    error: list[ErrorCode]
+
+
+def _metadata_written(job: MetadataInFlight, partition: int, error: ErrorCode) -> list[Answer]:
+    """One partition's group metadata batch is finished: the held answers once every batch is, a
+    SyncGroup's turned into the append's error if one failed (its member joins again)."""
+    job.groups.pop(partition, None)
+    if error != ErrorCode.NONE and job.error[0] == ErrorCode.NONE:
+        job.error[0] = error
+    if job.groups:
+        return []
+    if job.error[0] == ErrorCode.NONE:
+        return job.answers
+    return [(slot, header, SyncGroupResponse(error_code=job.error[0], assignment=b"")
+             if isinstance(response, SyncGroupResponse) else response)
+            for slot, header, response in job.answers]
+
+
 class DeletionInFlight(NamedTuple):
     """A DeleteGroups whose tombstones are being written: its plan and the groups of each partition still
     being written (its answer is given when none is left)."""
@@ -374,6 +441,8 @@ def _deleted(plan: GroupDeletion) -> DeleteGroupsResponse:
 
 
 def _what(plan: Any) -> str:
+    if isinstance(plan, MetadataInFlight):
+        return f"group metadata of {sorted(g for gs in plan.groups.values() for g, _ in gs)}"
     if isinstance(plan, CommitPlan):
         return f"OffsetCommit of group {plan.group_id!r}"
     if isinstance(plan, OffsetDeletion):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.coordinator.group import Completion, Group, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.group_records import GroupMetadata
 from appliance.coordinator.offsets import CommittedOffset, OffsetStore
 from appliance.coordinator.subscription import CONSUMER_PROTOCOL_TYPE, subscribed_topics
 from ipc.kafka import (
@@ -182,8 +183,8 @@ class GroupCoordinator:
         for group_id, group in list(self.groups.items()):
             out += group.tick(now_ms)
             if group.state == GroupState.EMPTY and not group.members and not group.pending \
-                    and not self.offsets.has_group(group_id):
-                del self.groups[group_id]
+                    and group.generation_id == 0 and not self.offsets.has_group(group_id):
+                del self.groups[group_id]  # (a group with a generation is in __consumer_offsets)
         return out
 
     def next_deadline_ms(self) -> int | None:
@@ -270,6 +271,23 @@ class GroupCoordinator:
                 ))
             topics.append(OffsetFetchResponseTopic(name, parts))
         return OffsetFetchResponse(topics=topics, error_code=ErrorCode.NONE)
+
+    # -- group metadata records -------------------------------------------------------------------------
+
+    def take_metadata(self, wall_ms: int) -> list[tuple[str, GroupMetadata]]:
+        """The group metadata records due since the last call (a rebalance completed, a group emptied, a
+        static member replaced), stamped ``wall_ms``; the caller writes them to ``__consumer_offsets``."""
+        return [(group_id, record) for group_id, group in self.groups.items()
+                if (record := group.take_metadata(wall_ms)) is not None]
+
+    def load_group(self, group_id: str, record: GroupMetadata | None, now_ms: int) -> None:
+        """Apply a group metadata record read back from ``__consumer_offsets`` (None: a tombstone)."""
+        if record is None:
+            self.groups.pop(group_id, None)
+            return
+        group = self._group(group_id, create=True)
+        assert group is not None
+        group.restore(record, now_ms)
 
     # -- deleting groups and offsets --------------------------------------------------------------------
 

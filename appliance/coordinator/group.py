@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.coordinator.group_records import GroupMetadata, GroupMetadataMember
 from ipc.kafka import (
     ErrorCode,
     JoinGroupResponse,
@@ -157,6 +158,7 @@ class Group:
     join_deadline_ms: int | None = None
     initial_delay: bool = False  # the rebalance waits group.initial.rebalance.delay.ms
     new_member_joined: bool = False  # a member joined during the initial delay
+    metadata_changed: bool = False  # a group metadata record is due (a rebalance completed, or emptied)
 
     # -- JoinGroup ----------------------------------------------------------------------------------------
 
@@ -268,6 +270,7 @@ class Group:
         if self.state == GroupState.STABLE and same_protocol:
             answer = self._join_response(member)
             answer.leader, answer.members = previous_leader, []
+            self.metadata_changed = True
             return [*out, Completion(token, answer)]
         member.join_token, member.joined = token, True
         if self.state == GroupState.PREPARING_REBALANCE:
@@ -350,10 +353,10 @@ class Group:
         )
 
     def _become_empty(self) -> None:
+        self.metadata_changed = True
         self.state = GroupState.EMPTY
         self.leader_id = ""
-        self.protocol_name = ""
-        self.protocol_type = ""
+        self.protocol_name = ""  # the protocol type stays, as in Kafka (ListGroups shows it)
 
     # -- SyncGroup ----------------------------------------------------------------------------------------
 
@@ -381,6 +384,7 @@ class Group:
         for m in self.members.values():
             m.assignment = bytes(given.get(m.member_id, b""))
         self.state = GroupState.STABLE
+        self.metadata_changed = True
         out = []
         for m in self.members.values():
             if m.sync_token is not None:
@@ -493,6 +497,46 @@ class Group:
         if self.join_deadline_ms is not None:
             due.append(self.join_deadline_ms)
         return min(due, default=None)
+
+    # -- the durable picture: group metadata records -----------------------------------------------------
+
+    def snapshot(self, wall_ms: int) -> GroupMetadata:
+        """The group as Kafka's GroupMetadataValue records it (``appliance.coordinator.group_records``)."""
+        members = [
+            GroupMetadataMember(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                                m.rebalance_timeout_ms, m.session_timeout_ms,
+                                m.metadata_for(self.protocol_name), m.assignment)
+            for m in self.members.values()
+        ]
+        return GroupMetadata(self.protocol_type, self.generation_id, self.protocol_name or None,
+                             self.leader_id or None, wall_ms, members)
+
+    def take_metadata(self, wall_ms: int) -> GroupMetadata | None:
+        """The record due since the last call (a rebalance completed, the group emptied, a static member
+        replaced), or None."""
+        due, self.metadata_changed = self.metadata_changed, False
+        return self.snapshot(wall_ms) if due and self.state != GroupState.DEAD else None
+
+    def restore(self, record: GroupMetadata, now_ms: int) -> None:
+        """Take the state a group metadata record holds: Stable with its members (their sessions start
+        again at ``now_ms``, as in Kafka's loading), or Empty when it has none."""
+        self.generation_id = record.generation
+        self.protocol_type = record.protocol_type
+        self.protocol_name = record.protocol or ""
+        self.leader_id = record.leader or ""
+        self.members = {}
+        self.static_members = {}
+        for m in record.members:
+            self.members[m.member_id] = Member(
+                member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
+                group_instance_id=m.group_instance_id, session_timeout_ms=m.session_timeout_ms,
+                rebalance_timeout_ms=m.rebalance_timeout_ms, protocols=[(self.protocol_name, m.subscription)],
+                last_heard_ms=now_ms, assignment=m.assignment)
+            if m.group_instance_id is not None:
+                self.static_members[m.group_instance_id] = m.member_id
+        self.state = GroupState.STABLE if self.members else GroupState.EMPTY
+        if not self.members:
+            self.leader_id = self.protocol_name = ""
 
     def begin_deletion(self) -> None:
         """An Empty group is being deleted: Dead until :meth:`end_deletion` (or forgotten)."""

@@ -28,13 +28,19 @@ from support.wire import WireClient
 
 from ipc.kafka import (
     ApiKey,
+    DescribeGroupsRequest,
     ErrorCode,
     FindCoordinatorRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupRequestProtocol,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
     OffsetFetchRequest,
     OffsetFetchRequestTopic,
+    SyncGroupRequest,
+    SyncGroupRequestAssignment,
 )
 from storage.batch_reader import iter_records
 from storage.log_reader import LogReader
@@ -147,8 +153,9 @@ def _string(data: bytes, pos: int) -> tuple[str, int]:
 
 
 def offset_records(data_dir: Path, partition: int) -> list[tuple[tuple[str, str, int], Any]]:
-    """The records of ``__consumer_offsets-<partition>`` decoded as OffsetCommitKey v1 /
-    OffsetCommitValue v3: ((group, topic, partition), (offset, leader epoch, metadata, timestamp))."""
+    """The offset commit records of ``__consumer_offsets-<partition>`` decoded as OffsetCommitKey v1 /
+    OffsetCommitValue v3: ((group, topic, partition), (offset, leader epoch, metadata, timestamp)); the
+    group metadata records (key version 2) are left out."""
     out = []
     with LogReader(str(data_dir / f"{OFFSETS}-{partition}")) as reader:
         for batch in reader.batches():
@@ -156,6 +163,8 @@ def offset_records(data_dir: Path, partition: int) -> list[tuple[tuple[str, str,
                 key = record.key
                 assert key is not None
                 (key_version,) = struct.unpack_from(">h", key, 0)
+                if key_version == 2:
+                    continue
                 assert key_version == 1
                 group, pos = _string(key, 2)
                 topic, pos = _string(key, pos)
@@ -236,29 +245,101 @@ def test_commits_and_deletions_survive_a_stop_and_start_of_the_appliance(running
          *sorted(map(str, home.glob("*.log")))],
         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert dump.returncode == 0, dump.stderr
-    # keys are not UTF-8 (they begin with the key version): dump-log shows them in hex
-    assert ("0001" + _hex_string("stopped") + _hex_string(TOPIC)) in dump.stdout, dump.stdout
+    # dump-log decodes the records of __consumer_offsets: the commits and the group's metadata
+    commit_key = '{"type": "offset_commit", "group": "stopped", "topic": "resume", "partition": 1}'
+    assert f'key: {commit_key} value: {{"offset": 7, "leader_epoch": -1, "metadata": "m1' in dump.stdout
+    group_key = '{"type": "group_metadata", "group": "stopped"}'
+    assert f'key: {group_key} value: {{"protocol_type": "consumer", "generation": ' in dump.stdout
 
 
-def _hex_string(text: str) -> str:
-    return struct.pack(">h", len(text)).hex() + text.encode().hex()
+def wire_client(bootstrap: str, client_id: str) -> WireClient:
+    host, port = bootstrap.rsplit(":", 1)
+    return WireClient((host, int(port)), client_id=client_id)
 
 
-def test_a_commit_acknowledged_survives_a_sigkill_of_every_process(running: Running) -> None:
+def until_loaded(client: WireClient, group: str) -> None:
+    """FindCoordinator until the coordinator answers, then OffsetFetch until the group's partition of
+    ``__consumer_offsets`` is loaded (COORDINATOR_LOAD_IN_PROGRESS meanwhile)."""
+    deadline = time.monotonic() + 30
+    fetch = OffsetFetchRequest(group, [OffsetFetchRequestTopic(TOPIC, [0])])
+    while time.monotonic() < deadline:
+        found = client.call(ApiKey.FIND_COORDINATOR, 2, FindCoordinatorRequest(key=group, key_type=0))
+        if found.error_code == ErrorCode.NONE and client.call(ApiKey.OFFSET_FETCH, 5, fetch).error_code == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"group {group}: coordinator not loaded after 30 s")
+
+
+def join_and_sync(client: WireClient, group: str) -> tuple[str, int]:
+    """A one-member group led by ``client`` (JoinGroup v3, SyncGroup v3): its member id and generation."""
+    join = JoinGroupRequest(group_id=group, session_timeout_ms=60000, rebalance_timeout_ms=60000,
+                            member_id="", protocol_type="consumer",
+                            protocols=[JoinGroupRequestProtocol("range", b"sub")])
+    joined = client.call(ApiKey.JOIN_GROUP, 3, join)
+    assert joined.error_code == ErrorCode.NONE, joined
+    sync = SyncGroupRequest(group_id=group, generation_id=joined.generation_id, member_id=joined.member_id,
+                            assignments=[SyncGroupRequestAssignment(joined.member_id, b"all")])
+    assert client.call(ApiKey.SYNC_GROUP, 3, sync).error_code == ErrorCode.NONE
+    return joined.member_id, joined.generation_id
+
+
+def member_commit(client: WireClient, group: str, member: tuple[str, int], commits: dict[int, int]) -> None:
+    parts = [OffsetCommitRequestPartition(partition_index=p, committed_offset=o, committed_metadata=f"m{p}")
+             for p, o in commits.items()]
+    body = OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=member[1], member_id=member[0],
+                               topics=[OffsetCommitRequestTopic(TOPIC, parts)])
+    answer = client.call(ApiKey.OFFSET_COMMIT, 7, body)
+    assert [p.error_code for p in answer.topics[0].partitions] == [ErrorCode.NONE] * len(commits)
+
+
+def groups_over_every_partition(count: int) -> list[str]:
+    """``count`` group ids whose ``__consumer_offsets`` partitions cover every partition."""
+    names = [f"killed-{i}" for i in range(200)]
+    chosen = [next(n for n in names if java_hash_partition(n, OFFSETS_PARTITIONS) == p)
+              for p in range(OFFSETS_PARTITIONS)]
+    return chosen + [n for n in names if n not in chosen][:count - len(chosen)]
+
+
+def test_commits_and_generations_acknowledged_survive_a_sigkill_of_every_process(running: Running) -> None:
+    """Several groups over every partition of ``__consumer_offsets``, each with a member, a generation and
+    acknowledged commits (and one simple commit, as an admin tool makes); the whole appliance is SIGKILLed
+    right after the last acknowledgement.  After the restart every commit is there, and every group is
+    Stable at its generation with its member, whose heartbeat of that generation is answered NONE (the
+    loaded members' sessions start again, as in Kafka)."""
     app, bootstrap = running
     produce(bootstrap)
-    commits = {0: 5, 1: 2}
-    c = consumer(bootstrap, "killed")  # a commit outside a generation, as an admin tool makes
+    groups = groups_over_every_partition(5)
+    expected: dict[str, dict[int, int]] = {}
+    members: dict[str, tuple[str, int]] = {}
+    client = wire_client(bootstrap, "killed")
     try:
-        offsets = [confluent_kafka.TopicPartition(TOPIC, p, o, f"m{p}") for p, o in commits.items()]
-        result = c.commit(offsets=offsets, asynchronous=False)
-        app.kill_tree()  # right after the acknowledgement
-        assert all(tp.error is None for tp in result), result
+        until_loaded(client, groups[0])
+        for i, group in enumerate(groups):
+            members[group] = join_and_sync(client, group)
+            expected[group] = {0: 10 + i, 1: 20 + i}
+            member_commit(client, group, members[group], expected[group])
+        simple_commit(bootstrap, "killed", {0: 5, 1: 2})
+        app.kill_tree()  # right after the acknowledgements
     finally:
-        c.close()
+        client.close()
     app.start()
-    resumes_at(bootstrap, "killed", commits)
-    check_records(app.data, "killed", commits, 0)
+    resumes_at(bootstrap, "killed", {0: 5, 1: 2})
+    check_records(app.data, "killed", {0: 5, 1: 2}, 0)
+    client = wire_client(bootstrap, "after")
+    try:
+        for group in groups:
+            until_loaded(client, group)
+            member_id, generation = members[group]
+            heartbeat = HeartbeatRequest(group_id=group, generation_id=generation, member_id=member_id)
+            assert client.call(ApiKey.HEARTBEAT, 3, heartbeat).error_code == ErrorCode.NONE, group
+            (described,) = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([group])).groups
+            assert described.group_state == "Stable"
+            assert [m.member_id for m in described.members] == [member_id]
+            fetch = OffsetFetchRequest(group, [OffsetFetchRequestTopic(TOPIC, list(range(PARTITIONS)))])
+            fetched = client.call(ApiKey.OFFSET_FETCH, 5, fetch).topics[0].partitions
+            assert {p.partition_index: p.committed_offset for p in fetched} == expected[group], group
+    finally:
+        client.close()
 
 
 def test_clients_may_not_produce_to_the_offsets_topic_and_see_it_internal(running: Running) -> None:
