@@ -97,9 +97,13 @@ class GroupRequests:
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            max_size=config.group_max_size,
         ))
         self._clock_ms = clock_ms
         self.offsets_topic = OffsetsTopic(ctx, self.coordinator, produce, clock_ms)
+        self._retention_ms = config.offsets_retention_minutes * 60_000
+        self._check_interval_ms = config.offsets_retention_check_interval_ms
+        self._next_check_ms = clock_ms() + self._check_interval_ms
 
     def start(self) -> None:
         """Load ``__consumer_offsets`` if it exists (what is not loaded now is loaded by :meth:`tick`)."""
@@ -143,7 +147,12 @@ class GroupRequests:
 
     def tick(self) -> list[Answer]:
         self.offsets_topic.tick()
-        return self._stored(_answers(self.coordinator.tick(self._clock_ms())))
+        now_ms = self._clock_ms()
+        if now_ms >= self._next_check_ms and self.offsets_topic.fully_loaded:
+            self._next_check_ms = now_ms + self._check_interval_ms
+            expired = self.coordinator.plan_expiry(int(time.time() * 1000), self._retention_ms)
+            self.offsets_topic.expire(expired)
+        return self._stored(_answers(self.coordinator.tick(now_ms)))
 
     def _stored(self, answers: list[Answer]) -> list[Answer]:
         """Write the group metadata records the last call made due; ``answers`` (that call's) are held
@@ -154,6 +163,8 @@ class GroupRequests:
     def next_deadline_ms(self) -> int | None:
         """When :meth:`tick` is next due, on the ``time.monotonic`` clock in ms (None: nothing timed)."""
         due = self.coordinator.next_deadline_ms()
+        if self.offsets_topic.fully_loaded:  # offsets.retention.check.interval.ms
+            due = self._next_check_ms if due is None else min(due, self._next_check_ms)
         load_s = self.offsets_topic.next_timer_s()
         if load_s is not None:
             load_ms = int(load_s * 1000)

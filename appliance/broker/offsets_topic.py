@@ -52,7 +52,7 @@ from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
-from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion
+from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion, OffsetExpiry
 from appliance.coordinator.group_records import (
     GroupMetadata,
     decode_group_key,
@@ -348,14 +348,30 @@ class OffsetsTopic:
                 done = self._finish(owner, produced)
         return [] if job.groups else done
 
+    def expire(self, plans: list[OffsetExpiry]) -> None:
+        """Write the tombstones of expired offsets (and of the groups that go with them), one batch per
+        group; applied by :meth:`appended` once acknowledged."""
+        wall_ms = int(time.time() * 1000)
+        for plan in plans:
+            records: list[tuple[bytes, bytes | None]] = [
+                (encode_key(OffsetKey(plan.group_id, t, p)), None) for t, p in plan.tombstones]
+            if plan.remove_group:
+                records.append((encode_group_key(plan.group_id), None))
+            log.info("group %r: %d committed offsets expired (offsets.retention.minutes)%s", plan.group_id,
+                     len(plan.tombstones), "; the empty group goes too" if plan.remove_group else "")
+            owner = GroupWrite(None, None, plan, partition_for(plan.group_id, self.partitions))
+            produced = self._write(owner, records, wall_ms)
+            if produced is not None:
+                self._finish(owner, produced)
+
     def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> list[Answer]:
         """The Produce path finished ``owner``'s batch: the answers it releases (none while other batches
-        of the same request are out).  A failed append changes nothing and is answered with Kafka's error
-        for it."""
+        of the same request are out, nor for the coordinator's own expiry).  A failed append changes
+        nothing and is answered with Kafka's error for it."""
         finished = self._finish(owner, produced)
         if isinstance(owner.plan, MetadataInFlight):
             return list(finished)
-        return [] if finished is None else [(owner.slot, owner.header, finished)]
+        return [] if finished is None or owner.slot is None else [(owner.slot, owner.header, finished)]
 
     def _finish(self, owner: GroupWrite, produced: ProduceResponse | None) -> Any:
         code = ErrorCode.UNKNOWN_SERVER_ERROR
@@ -383,6 +399,9 @@ class OffsetsTopic:
             return plan.response
         if isinstance(plan, MetadataInFlight):
             return _metadata_written(plan, owner.partition, error)
+        if isinstance(plan, OffsetExpiry):
+            self.coordinator.finish_expiry(plan, written=error == ErrorCode.NONE)
+            return None
         return self._finish_deletion(owner, error)
 
     def _finish_commit(self, plan: CommitPlan, error: ErrorCode) -> OffsetCommitResponse:
@@ -447,4 +466,6 @@ def _what(plan: Any) -> str:
         return f"OffsetCommit of group {plan.group_id!r}"
     if isinstance(plan, OffsetDeletion):
         return f"OffsetDelete of group {plan.group_id!r}"
+    if isinstance(plan, OffsetExpiry):
+        return f"expiry of group {plan.group_id!r}'s offsets"
     return f"DeleteGroups of {sorted(plan.plan.deleting)}"

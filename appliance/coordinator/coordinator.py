@@ -63,7 +63,7 @@ from ipc.kafka import (
     SyncGroupResponse,
 )
 
-__all__ = ["CommitPlan", "GroupCoordinator", "GroupDeletion", "OffsetDeletion"]
+__all__ = ["CommitPlan", "GroupCoordinator", "GroupDeletion", "OffsetDeletion", "OffsetExpiry"]
 
 # A group id longer than this is refused (INVALID_GROUP_ID): it is kept in memory per group and, in Kafka's
 # schemas, in every offset record's key.
@@ -86,6 +86,16 @@ class GroupDeletion:
 
     results: dict[str, ErrorCode]
     deleting: dict[str, list[tuple[str, int]]]
+
+
+@dataclass(slots=True)
+class OffsetExpiry:
+    """Committed offsets past ``offsets.retention.minutes``, to tombstone, and whether the (Empty) group
+    goes too, its offsets all gone (it is Dead until :meth:`GroupCoordinator.finish_expiry`)."""
+
+    group_id: str
+    tombstones: list[tuple[str, int]]
+    remove_group: bool
 
 
 @dataclass(slots=True)
@@ -288,6 +298,43 @@ class GroupCoordinator:
         group = self._group(group_id, create=True)
         assert group is not None
         group.restore(record, now_ms)
+
+    # -- offsets.retention.minutes ------------------------------------------------------------------------
+
+    def plan_expiry(self, wall_ms: int, retention_ms: int) -> list[OffsetExpiry]:
+        """The offsets past their retention (Kafka 2.1+, KIP-211): every offset of a group Empty for
+        ``retention_ms`` (counted from when it emptied: its last group metadata record); for a group that
+        never had members, each offset not committed again for ``retention_ms``.  A group with members
+        keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka."""
+        plans = []
+        for group_id in sorted(set(self.offsets.groups()) | set(self.groups)):
+            group = self.groups.get(group_id)
+            if group is not None and (group.state != GroupState.EMPTY or group.members or group.pending):
+                continue
+            since = group.state_timestamp_ms if group is not None and group.generation_id > 0 else -1
+            committed = [(t, p, c) for t, parts in self.offsets.commits.get(group_id, {}).items()
+                         for p, c in parts.items()]
+            expired = [(t, p) for t, p, c in committed
+                       if wall_ms - (since if since >= 0 else c.commit_timestamp_ms) >= retention_ms]
+            remove = group is not None and group.generation_id > 0 and len(expired) == len(committed)
+            if expired or remove:
+                if remove and group is not None:
+                    group.begin_deletion()
+                plans.append(OffsetExpiry(group_id, expired, remove))
+        return plans
+
+    def finish_expiry(self, plan: OffsetExpiry, *, written: bool) -> None:
+        """An expiry's tombstones are in the log (the offsets, and the group if it goes, are forgotten), or
+        could not be written (nothing changes; the next check tries again)."""
+        if not written:
+            group = self.groups.get(plan.group_id)
+            if group is not None:
+                group.end_deletion()
+            return
+        for topic, partition in plan.tombstones:
+            self.offsets.put(plan.group_id, topic, partition, None)
+        if plan.remove_group:
+            self.groups.pop(plan.group_id, None)
 
     # -- deleting groups and offsets --------------------------------------------------------------------
 

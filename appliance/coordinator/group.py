@@ -46,6 +46,10 @@ known instance id with another member id is FENCED_INSTANCE_ID (JoinGroup, SyncG
 OffsetCommit, LeaveGroup); a LeaveGroup may name the instance id alone.  A static member closing sends no
 LeaveGroup: it goes only when its session expires.
 
+**Size.**  A new member (an empty member id, not a static member's restart) joining a group that has
+``group.max.size`` members, counting the member ids handed out by MEMBER_ID_REQUIRED and not used yet, is
+refused with GROUP_MAX_SIZE_REACHED; the members it has are not touched.
+
 **Liveness.**  Every request from a member (JoinGroup, SyncGroup, Heartbeat, OffsetCommit) renews its
 session: a member heard from within ``session_timeout_ms`` stays; one not heard from is removed (as a
 LeaveGroup) by :meth:`Group.tick`.  A member whose JoinGroup or SyncGroup is held is alive.
@@ -90,6 +94,7 @@ class GroupSettings:
     min_session_timeout_ms: int = 6000
     max_session_timeout_ms: int = 1800000
     initial_rebalance_delay_ms: int = 3000
+    max_size: int = (1 << 31) - 1  # group.max.size: members (and member ids handed out) at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +164,7 @@ class Group:
     initial_delay: bool = False  # the rebalance waits group.initial.rebalance.delay.ms
     new_member_joined: bool = False  # a member joined during the initial delay
     metadata_changed: bool = False  # a group metadata record is due (a rebalance completed, or emptied)
+    state_timestamp_ms: int = -1  # wall ms of the last record written or loaded (currentStateTimestamp)
 
     # -- JoinGroup ----------------------------------------------------------------------------------------
 
@@ -172,6 +178,8 @@ class Group:
             return self._replace_static(known, args, token, now_ms)
         if known is not None and known != args.member_id:
             return [Completion(token, _join_failed(ErrorCode.FENCED_INSTANCE_ID, args.member_id))]
+        if not args.member_id and len(self.members) + len(self.pending) >= self.settings.max_size:
+            return [Completion(token, _join_failed(ErrorCode.GROUP_MAX_SIZE_REACHED, ""))]
         if not args.member_id:
             if args.require_known_member_id and args.group_instance_id is None:
                 member_id = self.new_member_id(args.client_id)
@@ -515,7 +523,10 @@ class Group:
         """The record due since the last call (a rebalance completed, the group emptied, a static member
         replaced), or None."""
         due, self.metadata_changed = self.metadata_changed, False
-        return self.snapshot(wall_ms) if due and self.state != GroupState.DEAD else None
+        if not due or self.state == GroupState.DEAD:
+            return None
+        self.state_timestamp_ms = wall_ms
+        return self.snapshot(wall_ms)
 
     def restore(self, record: GroupMetadata, now_ms: int) -> None:
         """Take the state a group metadata record holds: Stable with its members (their sessions start
@@ -524,6 +535,7 @@ class Group:
         self.protocol_type = record.protocol_type
         self.protocol_name = record.protocol or ""
         self.leader_id = record.leader or ""
+        self.state_timestamp_ms = record.current_state_timestamp_ms
         self.members = {}
         self.static_members = {}
         for m in record.members:

@@ -143,3 +143,23 @@ def test_kafka_python_deletes_offsets_of_topics_not_consumed(appliance: Applianc
     finally:
         kp.close()
     assert committed(admin, "partly", [(TOPIC, 1)]) == {}
+
+
+def test_the_offsets_topic_keeps_its_partitions_and_its_records(appliance: Appliance) -> None:
+    """DeleteTopics, CreatePartitions and DeleteRecords of ``__consumer_offsets`` are refused with
+    INVALID_TOPIC_EXCEPTION, and the committed offsets are still there."""
+    from confluent_kafka.admin import NewPartitions
+
+    admin = AdminClient({"bootstrap.servers": appliance.bootstrap})
+    set_offsets(admin, "kept", {(TOPIC, 0): 9})
+    offsets = "__consumer_offsets"
+    refusals = [
+        admin.delete_topics([offsets], operation_timeout=10)[offsets],
+        admin.create_partitions([NewPartitions(offsets, 10)])[offsets],
+    ]
+    refusals += list(admin.delete_records([TopicPartition(offsets, p, -1) for p in range(3)]).values())
+    for future in refusals:
+        with pytest.raises(KafkaException) as refused:
+            future.result(30)
+        assert refused.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    assert committed(admin, "kept", [(TOPIC, 0)]) == {(TOPIC, 0): 9}

@@ -142,3 +142,72 @@ def test_subscriptions_are_read_from_every_member() -> None:
     assert subscribed_topics([subscription("a", "b"), subscription("c")]) == {"a", "b", "c"}
     assert subscribed_topics([subscription("a"), b"\x00"]) is None
     assert subscribed_topics([]) == set()
+
+
+# -- offsets.retention.minutes ---------------------------------------------------------------------------
+
+RETENTION_MS = 60_000
+
+
+def commit_at(c: GroupCoordinator, group: str, partition: int, wall_ms: int) -> None:
+    body = OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, member_id="", topics=[
+        OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(partition, 1, -1, -1, "")])])
+    plan = c.plan_commit(body, 7, 0, wall_ms)
+    c.apply(plan)
+
+
+def test_offsets_of_a_group_that_never_had_members_expire_one_by_one() -> None:
+    c = coordinator()
+    commit_at(c, "simple", 0, 1_000)
+    commit_at(c, "simple", 1, 30_000)
+    assert c.plan_expiry(1_000 + RETENTION_MS - 1, RETENTION_MS) == []
+    (plan,) = c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS)
+    assert (plan.group_id, plan.tombstones, plan.remove_group) == ("simple", [("t", 0)], False)
+    c.finish_expiry(plan, written=True)
+    assert c.offsets.topics_of("simple") == {"t": [1]}
+
+
+def test_an_empty_groups_offsets_expire_from_when_it_emptied_and_the_group_goes_with_them() -> None:
+    c = coordinator()
+    member = stable_member(c, "g", subscription("t"))
+    generation = c.groups["g"].generation_id
+    body = OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=generation, member_id=member,
+                               topics=[OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 5)])])
+    c.apply(c.plan_commit(body, 7, 0, 1_000))  # committed long before the group empties
+    c.take_metadata(2_000)
+    assert c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS) == []  # a member: kept
+    c.leave("g", [(member, None)], 0)
+    c.take_metadata(100_000)  # emptied: its record written at wall 100 s
+    assert c.plan_expiry(100_000 + RETENTION_MS - 1, RETENTION_MS) == []
+    (plan,) = c.plan_expiry(100_000 + RETENTION_MS, RETENTION_MS)
+    assert (plan.tombstones, plan.remove_group) == ([("t", 0)], True)
+    assert c.groups["g"].state == GroupState.DEAD  # while the tombstones are written
+    c.finish_expiry(plan, written=True)
+    assert "g" not in c.groups and not c.offsets.has_group("g")
+
+
+def test_an_expiry_not_written_changes_nothing() -> None:
+    c = coordinator()
+    member = stable_member(c, "g", subscription("t"))
+    commit(c, "g-simple", "t", 0, 1)
+    c.leave("g", [(member, None)], 0)
+    c.take_metadata(0)
+    plans = c.plan_expiry(RETENTION_MS, RETENTION_MS)
+    assert {p.group_id: p.remove_group for p in plans} == {"g": True, "g-simple": False}
+    for plan in plans:
+        c.finish_expiry(plan, written=False)
+    assert c.groups["g"].state == GroupState.EMPTY and c.offsets.has_group("g-simple")
+
+
+# -- group.max.size ---------------------------------------------------------------------------------------
+
+
+def test_a_full_group_refuses_new_members_and_keeps_its_own() -> None:
+    c = GroupCoordinator(GroupSettings(initial_rebalance_delay_ms=0, max_size=1),
+                         new_member_id=lambda client: f"{client}-1")
+    member = stable_member(c, "g", subscription("t"))
+    args = JoinArgs(member_id="", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                    protocol_type="consumer", protocols=[("range", b"m")], client_id="other")
+    (refused,) = c.join("g", args, "j", 0)
+    assert refused.response.error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
+    assert list(c.groups["g"].members) == [member] and c.groups["g"].state == GroupState.STABLE
