@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from support.campaign import SOAK
 from support.harness import Appliance
 from support.kafka_appliance import free_port
 from support.wire import WireClient
@@ -34,6 +35,7 @@ from ipc.kafka import (
     HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupRequestProtocol,
+    LeaveGroupRequest,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
@@ -437,3 +439,49 @@ def test_a_commit_whose_append_is_not_acknowledged_is_refused_and_not_stored() -
         app.close()
     assert "test fault point writer.stall fired" in log
     assert "answered COORDINATOR_NOT_AVAILABLE, nothing stored" in log
+
+
+@pytest.mark.campaign
+@pytest.mark.skipif(not SOAK, reason="offsets.retention.minutes counts minutes (a 60 s wait): make soak")
+def test_offsets_past_their_retention_are_deleted_for_good() -> None:
+    """``offsets.retention.minutes=1``: a group that never had members and a group that emptied lose their
+    offsets about a minute later (tombstones), the emptied group goes too, and both stay so after a
+    restart."""
+    port = free_port()
+    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", f"num.partitions={PARTITIONS}",
+                    "group.initial.rebalance.delay.ms=0", "offsets.retention.minutes=1",
+                    "offsets.retention.check.interval.ms=500")
+    bootstrap = f"127.0.0.1:{port}"
+    log = ""
+    try:
+        app.start()
+        produce(bootstrap)
+        simple_commit(bootstrap, "expiring", {0: 3})
+        client = wire_client(bootstrap, "retention")
+        try:
+            until_loaded(client, "emptied")
+            member = join_and_sync(client, "emptied")
+            member_commit(client, "emptied", member, {1: 4})
+            leave = LeaveGroupRequest(group_id="emptied", member_id=member[0])
+            assert client.call(ApiKey.LEAVE_GROUP, 1, leave).error_code == ErrorCode.NONE
+        finally:
+            client.close()
+        assert committed_now(bootstrap, "expiring") == {0: 3}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (committed_now(bootstrap, "expiring")
+                                               or committed_now(bootstrap, "emptied")):
+            time.sleep(1)
+        assert committed_now(bootstrap, "expiring") == {} and committed_now(bootstrap, "emptied") == {}
+        assert "committed offsets expired (offsets.retention.minutes)" in app.log()
+        assert app.stop() == 0
+        app.start()
+        assert committed_now(bootstrap, "expiring") == {} and committed_now(bootstrap, "emptied") == {}
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            assert "emptied" not in [g[0] for g in admin.list_groups()]
+        finally:
+            admin.close()
+        log = app.log()
+    finally:
+        app.close()
+    assert "Traceback" not in log, log
