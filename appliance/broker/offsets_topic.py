@@ -24,6 +24,16 @@ coordinator's offsets and answered NONE; on failure nothing is applied and the a
 Kafka's answer for the append's error (:data:`APPEND_ERRORS`).  So an OffsetCommit answered NONE is in the
 log: a restart, or a SIGKILL of every process, keeps it.
 
+**Group metadata.**  After each coordinator call that completed a rebalance, emptied a group or replaced a
+static member, the group's record (``appliance.coordinator.group_records``) is written the same way, and
+the answers that call released (the SyncGroups of the new generation) are held until it is acknowledged
+(:class:`MetadataInFlight`); a failed append answers the SyncGroups with its error (the members join
+again).
+
+**Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
+tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
+request waits for it.
+
 **Deleting.**  DeleteGroups and OffsetDelete are written the same way, as tombstones (a key with a null
 value) of the offsets they delete, and answered once acknowledged; at load a tombstone deletes, so a
 deletion survives a restart.  A DeleteGroups whose groups live in several partitions of the topic writes
@@ -34,11 +44,12 @@ for the append and stays as it was (``GroupCoordinator.finish_delete``).
 is answered COORDINATOR_LOAD_IN_PROGRESS (clients retry).  On the broker's timer (:meth:`OffsetsTopic.tick`)
 each partition not loaded yet is read from its log start to its log end through the broker's own read
 handle (``storage.log_reader``) and its records applied in offset order: the latest record of a key wins,
-a tombstone deletes, records of another kind (group metadata) are skipped.  The log end, not the high
-watermark: every acknowledged commit is below the high watermark, and a high watermark not yet advanced
-by the followers after a restart must not hide one; a commit appended and never acknowledged may be
-loaded too (its client retries it, and the same commit again changes nothing).  A partition whose read
-handle cannot be opened yet (its writer is starting) is tried again at the next tick.
+a tombstone deletes; a group metadata record restores the group (``GroupCoordinator.load_group``: its
+generation and members, their sessions starting again), records of another kind are skipped.  The log
+end, not the high watermark: every acknowledged commit is below the high watermark, and a high watermark
+not yet advanced by the followers after a restart must not hide one; a commit appended and never
+acknowledged may be loaded too (its client retries it, and the same commit again changes nothing).  A
+partition whose read handle cannot be opened yet (its writer is starting) is tried again at the next tick.
 """
 
 from __future__ import annotations
