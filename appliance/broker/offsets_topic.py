@@ -17,35 +17,60 @@ group's partition depends on it.
 batch of Kafka's records (``appliance.coordinator.offset_records``), one record per partition committed,
 to the group's partition of the topic.  It is handed to the broker's own Produce path
 (``appliance.broker.produce``: validated, published into the partition writer's ring, acknowledged by the
-writer, for ``acks=-1`` also by the in-sync replicas) with this module's :class:`CommitInFlight` as the
+writer, for ``acks=-1`` also by the in-sync replicas) with this module's :class:`GroupWrite` as the
 owner.  The OffsetCommit's connection is parked meanwhile; when the Produce path finishes the batch, the
 broker hands the outcome to :meth:`OffsetsTopic.appended`: on success the commit is applied to the
 coordinator's offsets and answered NONE; on failure nothing is applied and the accepted partitions get
 Kafka's answer for the append's error (:data:`APPEND_ERRORS`).  So an OffsetCommit answered NONE is in the
 log: a restart, or a SIGKILL of every process, keeps it.
 
+**Group metadata.**  After each coordinator call that completed a rebalance, emptied a group or replaced a
+static member, the group's record (``appliance.coordinator.group_records``) is written the same way, and
+the answers that call released (the SyncGroups of the new generation) are held until it is acknowledged
+(:class:`MetadataInFlight`); a failed append answers the SyncGroups with its error (the members join
+again).
+
+**Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
+tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
+request waits for it.
+
+**Deleting.**  DeleteGroups and OffsetDelete are written the same way, as tombstones (a key with a null
+value) of the offsets they delete, and answered once acknowledged; at load a tombstone deletes, so a
+deletion survives a restart.  A DeleteGroups whose groups live in several partitions of the topic writes
+one batch to each and is answered when the last is finished; a group whose batch failed gets Kafka's error
+for the append and stays as it was (``GroupCoordinator.finish_delete``).
+
 **Loading.**  Until a partition of the topic is loaded, every group request for a group of that partition
 is answered COORDINATOR_LOAD_IN_PROGRESS (clients retry).  On the broker's timer (:meth:`OffsetsTopic.tick`)
 each partition not loaded yet is read from its log start to its log end through the broker's own read
 handle (``storage.log_reader``) and its records applied in offset order: the latest record of a key wins,
-a tombstone deletes, records of another kind (group metadata) are skipped.  The log end, not the high
-watermark: every acknowledged commit is below the high watermark, and a high watermark not yet advanced
-by the followers after a restart must not hide one; a commit appended and never acknowledged may be
-loaded too (its client retries it, and the same commit again changes nothing).  A partition whose read
-handle cannot be opened yet (its writer is starting) is tried again at the next tick.
+a tombstone deletes; a group metadata record restores the group (``GroupCoordinator.load_group``: its
+generation and members, their sessions starting again), records of another kind are skipped.  The log
+end, not the high watermark: every acknowledged commit is below the high watermark, and a high watermark
+not yet advanced by the followers after a restart must not hide one; a commit appended and never
+acknowledged may be loaded too (its client retries it, and the same commit again changes nothing).  A
+partition whose read handle cannot be opened yet (its writer is starting) is tried again at the next tick.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
-from appliance.coordinator.coordinator import CommitPlan
+from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion, OffsetExpiry
+from appliance.coordinator.group_records import (
+    GroupMetadata,
+    decode_group_key,
+    decode_group_value,
+    encode_group_key,
+    encode_group_value,
+)
 from appliance.coordinator.offset_records import (
     OFFSETS_TOPIC,
     OffsetKey,
@@ -58,19 +83,24 @@ from appliance.coordinator.offset_records import (
 )
 from ipc.kafka import (
     ApiKey,
+    DeletableGroupResult,
+    DeleteGroupsResponse,
     ErrorCode,
     OffsetCommitResponse,
     PartitionProduceData,
     ProduceRequest,
     ProduceResponse,
     RequestHeader,
+    SyncGroupResponse,
     TopicProduceData,
 )
 from storage.batch_builder import build_batch
 from storage.batch_reader import iter_records
 from storage.errors import ApplianceError
 
-__all__ = ["APPEND_ERRORS", "CommitInFlight", "OffsetsTopic"]
+__all__ = ["APPEND_ERRORS", "Answer", "DeletionInFlight", "GroupWrite", "MetadataInFlight", "OffsetsTopic"]
+
+Answer = tuple[Any, Any, Any]  # (the slot, the request's RequestHeader, the response body)
 
 log = logging.getLogger("appliance.broker")
 
@@ -92,12 +122,14 @@ APPEND_ERRORS = {
 }
 
 
-class CommitInFlight(NamedTuple):
-    """The owner of the coordinator's Produce: the parked OffsetCommit's slot and header, and its plan."""
+class GroupWrite(NamedTuple):
+    """The owner of one of the coordinator's Produce requests: the parked request's slot and header, what
+    it writes for (a CommitPlan, an OffsetDeletion, or a DeletionInFlight) and the partition written."""
 
-    slot: Any
-    header: RequestHeader
-    plan: CommitPlan
+    slot: Any  # None for group metadata: its job holds the answers
+    header: RequestHeader | None
+    plan: Any
+    partition: int
 
 
 class LoadedRecords(NamedTuple):
@@ -108,8 +140,10 @@ class LoadedRecords(NamedTuple):
 class OffsetsTopic:
     """``__consumer_offsets`` for this broker's coordinator (module docstring)."""
 
-    def __init__(self, ctx: BrokerContext, coordinator: GroupCoordinator, produce: ProduceService) -> None:
+    def __init__(self, ctx: BrokerContext, coordinator: GroupCoordinator, produce: ProduceService,
+                 clock_ms: Callable[[], int]) -> None:
         self.ctx = ctx
+        self._clock_ms = clock_ms  # the coordinator's clock: loaded members' sessions start again
         self.coordinator = coordinator
         self.produce = produce
         config = ctx.config
@@ -200,8 +234,8 @@ class OffsetsTopic:
             log.warning("%s: cannot load committed offsets yet (retrying): %s", name, e)
             return
         self.loaded.add(partition)
-        log.info("%s: loaded %d commit records (%d of other kinds skipped)", name, found.records,
-                 found.skipped)
+        log.info("%s: loaded %d records (commits and group metadata; %d of other kinds skipped)", name,
+                 found.records, found.skipped)
 
     def _apply_log(self, reader: Any, start: int, end: int, name: str) -> LoadedRecords:
         count = skipped = 0
@@ -221,7 +255,12 @@ class OffsetsTopic:
         try:
             key = decode_key(key_bytes)
             if key is None:
-                return False
+                group_id = decode_group_key(key_bytes)
+                if group_id is None:
+                    return False
+                record = None if value_bytes is None else decode_group_value(value_bytes)
+                self.coordinator.load_group(group_id, record, self._clock_ms())
+                return True
             value = None if value_bytes is None else decode_value(value_bytes)
         except ValueError as e:  # malformed bytes, invalid UTF-8 included (the primitives check it)
             log.error("%s offset %d: skipping a malformed record: %s", name, offset, e)
@@ -241,46 +280,203 @@ class OffsetsTopic:
 
     # -- writing ------------------------------------------------------------------------------------------
 
+    def _write(self, owner: GroupWrite, records: list[tuple[bytes, bytes | None]],
+               timestamp_ms: int) -> ProduceResponse | None:
+        """Hand one batch of ``records`` (key, value or None) for ``owner.partition`` to the Produce path:
+        its answer now (refused at once), or None (:meth:`appended` gets it later)."""
+        keys = [k for k, _ in records]
+        values = [v for _, v in records]
+        batch = build_batch(values, keys, timestamp_ms=timestamp_ms)
+        data = [TopicProduceData(OFFSETS_TOPIC, [PartitionProduceData(owner.partition, batch)])]
+        request = ProduceRequest(transactional_id=None, acks=-1,
+                                 timeout_ms=self.ctx.config.offsets_commit_timeout_ms, topic_data=data)
+        return self.produce.start(owner, _PRODUCE_HEADER, request, internal=True).response
+
+    def _start(self, owner: GroupWrite, records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> Any:
+        produced = self._write(owner, records, timestamp_ms)
+        return None if produced is None else self._finish(owner, produced)
+
     def append(self, slot: Any, header: RequestHeader, plan: CommitPlan) -> OffsetCommitResponse | None:
-        """Write the accepted part of ``plan``: its answer now (nothing to write, or the Produce path
+        """Write the accepted part of an OffsetCommit: its answer now (nothing to write, or the Produce path
         refused at once), or None: answered through :meth:`appended` when the Produce path finishes."""
         if not plan.accepted:
             return plan.response
-        keys = [encode_key(OffsetKey(plan.group_id, t, p)) for t, p, _ in plan.accepted]
-        values: list[bytes | None] = [
-            encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms))
-            for _, _, e in plan.accepted
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(OffsetKey(plan.group_id, t, p)),
+             encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms)))
+            for t, p, e in plan.accepted
         ]
-        batch = build_batch(values, keys, timestamp_ms=plan.accepted[0][2].commit_timestamp_ms)
-        partition = partition_for(plan.group_id, self.partitions)
-        data = [TopicProduceData(OFFSETS_TOPIC, [PartitionProduceData(partition, batch)])]
-        request = ProduceRequest(transactional_id=None, acks=-1,
-                                 timeout_ms=self.ctx.config.offsets_commit_timeout_ms, topic_data=data)
-        owner = CommitInFlight(slot, header, plan)
-        outcome = self.produce.start(owner, _PRODUCE_HEADER, request, internal=True)
-        if outcome.response is not None:
-            return self.appended(owner, outcome.response)
-        return None
+        owner = GroupWrite(slot, header, plan, partition_for(plan.group_id, self.partitions))
+        timestamp_ms = plan.accepted[0][2].commit_timestamp_ms
+        answer: OffsetCommitResponse | None = self._start(owner, records, timestamp_ms)
+        return answer
 
-    def appended(self, owner: CommitInFlight, produced: ProduceResponse | None) -> OffsetCommitResponse:
-        """The Produce path finished ``owner``'s batch: apply the commit and answer it, or answer the
-        accepted partitions with Kafka's error for the failed append (nothing applied)."""
-        plan = owner.plan
+    def delete_offsets(self, slot: Any, header: RequestHeader, plan: OffsetDeletion) -> Any:
+        """Write an OffsetDelete's tombstones: its answer now, or None (answered through :meth:`appended`)."""
+        if not plan.tombstones:
+            return plan.response
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(OffsetKey(plan.group_id, t, p)), None) for t, p in plan.tombstones]
+        owner = GroupWrite(slot, header, plan, partition_for(plan.group_id, self.partitions))
+        return self._start(owner, records, int(time.time() * 1000))
+
+    def delete_groups(self, slot: Any, header: RequestHeader, plan: GroupDeletion) -> Any:
+        """Write the tombstones of every group a DeleteGroups deletes (its offsets and its group metadata),
+        one batch per partition of the topic: its answer now (every append refused at once, or no group to
+        delete), or None (answered through :meth:`appended` when the last append finishes)."""
+        if not plan.deleting:
+            return _deleted(plan)
+        job = DeletionInFlight(plan, {})
+        for group_id in plan.deleting:
+            job.groups.setdefault(partition_for(group_id, self.partitions), []).append(group_id)
+        answer = None
+        for partition, group_ids in list(job.groups.items()):
+            records: list[tuple[bytes, bytes | None]] = [
+                (encode_key(OffsetKey(g, t, p)), None) for g in group_ids for t, p in plan.deleting[g]]
+            records += [(encode_group_key(g), None) for g in group_ids]
+            produced = self._write(GroupWrite(slot, header, job, partition), records, int(time.time() * 1000))
+            if produced is not None:
+                answer = self._finish(GroupWrite(slot, header, job, partition), produced)
+        return answer  # the response once the last batch is finished here, else None
+
+    def write_metadata(self, records: list[tuple[str, GroupMetadata]], answers: list[Answer]) -> list[Answer]:
+        """Write group metadata records, one batch per partition, and hold ``answers`` (those of the request
+        that completed the rebalance) until all are written, as Kafka answers a SyncGroup only once the
+        group is stored: the answers to give now (None left to write, or every append refused at once)."""
+        if not records:
+            return answers
+        job = MetadataInFlight(answers, {}, [ErrorCode.NONE])
+        for group_id, record in records:
+            job.groups.setdefault(partition_for(group_id, self.partitions), []).append((group_id, record))
+        done: list[Answer] = []
+        wall_ms = int(time.time() * 1000)
+        for partition, group_records in list(job.groups.items()):
+            batch: list[tuple[bytes, bytes | None]] = [
+                (encode_group_key(g), encode_group_value(r)) for g, r in group_records]
+            owner = GroupWrite(None, None, job, partition)
+            produced = self._write(owner, batch, wall_ms)
+            if produced is not None:
+                done = self._finish(owner, produced)
+        return [] if job.groups else done
+
+    def expire(self, plans: list[OffsetExpiry]) -> None:
+        """Write the tombstones of expired offsets (and of the groups that go with them), one batch per
+        group; applied by :meth:`appended` once acknowledged."""
+        wall_ms = int(time.time() * 1000)
+        for plan in plans:
+            records: list[tuple[bytes, bytes | None]] = [
+                (encode_key(OffsetKey(plan.group_id, t, p)), None) for t, p in plan.tombstones]
+            if plan.remove_group:
+                records.append((encode_group_key(plan.group_id), None))
+            log.info("group %r: %d committed offsets expired (offsets.retention.minutes)%s", plan.group_id,
+                     len(plan.tombstones), "; the empty group goes too" if plan.remove_group else "")
+            owner = GroupWrite(None, None, plan, partition_for(plan.group_id, self.partitions))
+            produced = self._write(owner, records, wall_ms)
+            if produced is not None:
+                self._finish(owner, produced)
+
+    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> list[Answer]:
+        """The Produce path finished ``owner``'s batch: the answers it releases (none while other batches
+        of the same request are out, nor for the coordinator's own expiry).  A failed append changes
+        nothing and is answered with Kafka's error for it."""
+        finished = self._finish(owner, produced)
+        if isinstance(owner.plan, MetadataInFlight):
+            return list(finished)
+        return [] if finished is None or owner.slot is None else [(owner.slot, owner.header, finished)]
+
+    def _finish(self, owner: GroupWrite, produced: ProduceResponse | None) -> Any:
         code = ErrorCode.UNKNOWN_SERVER_ERROR
         message = "no answer from the Produce path"
         if produced is not None:
             answer = produced.responses[0].partition_responses[0]
             code, message = ErrorCode(answer.error_code), answer.error_message or ""
-        if code == ErrorCode.NONE:
+        error = ErrorCode.NONE
+        if code != ErrorCode.NONE:
+            error = APPEND_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
+            log.warning("%s: the append to %s-%d failed (%s: %s): answered %s, nothing stored",
+                        _what(owner.plan), OFFSETS_TOPIC, owner.partition, code.name, message, error.name)
+        plan = owner.plan
+        if isinstance(plan, CommitPlan):
+            return self._finish_commit(plan, error)
+        if isinstance(plan, OffsetDeletion):
+            if error == ErrorCode.NONE:
+                self.coordinator.apply_offset_delete(plan)
+                return plan.response
+            deleting = set(plan.tombstones)
+            for topic in plan.response.topics:
+                for part in topic.partitions:
+                    if (topic.name, part.partition_index) in deleting:
+                        part.error_code = error
+            return plan.response
+        if isinstance(plan, MetadataInFlight):
+            return _metadata_written(plan, owner.partition, error)
+        if isinstance(plan, OffsetExpiry):
+            self.coordinator.finish_expiry(plan, written=error == ErrorCode.NONE)
+            return None
+        return self._finish_deletion(owner, error)
+
+    def _finish_commit(self, plan: CommitPlan, error: ErrorCode) -> OffsetCommitResponse:
+        if error == ErrorCode.NONE:
             self.coordinator.apply(plan)
             return plan.response
-        error = APPEND_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
-        log.warning("OffsetCommit of group %r: the append to %s-%d failed (%s: %s): answered %s, nothing "
-                    "stored", plan.group_id, OFFSETS_TOPIC, partition_for(plan.group_id, self.partitions),
-                    code.name, message, error.name)
         accepted = {(t, p) for t, p, _ in plan.accepted}
         for topic in plan.response.topics:
             for part in topic.partitions:
                 if (topic.name, part.partition_index) in accepted:
                     part.error_code = error
         return plan.response
+
+    def _finish_deletion(self, owner: GroupWrite, error: ErrorCode) -> DeleteGroupsResponse | None:
+        job: DeletionInFlight = owner.plan
+        for group_id in job.groups.pop(owner.partition, []):
+            self.coordinator.finish_delete(group_id, written=error == ErrorCode.NONE)
+            job.plan.results[group_id] = error
+        return None if job.groups else _deleted(job.plan)
+
+
+class MetadataInFlight(NamedTuple):
+    """Group metadata records being written: the answers held until they are, the groups of each
+    partition still being written, and the first append error (``error[0]``)."""
+
+    answers: list[Answer]
+    groups: dict[int, list[tuple[str, GroupMetadata]]]
+    error: list[ErrorCode]
+
+
+def _metadata_written(job: MetadataInFlight, partition: int, error: ErrorCode) -> list[Answer]:
+    """One partition's group metadata batch is finished: the held answers once every batch is, a
+    SyncGroup's turned into the append's error if one failed (its member joins again)."""
+    job.groups.pop(partition, None)
+    if error != ErrorCode.NONE and job.error[0] == ErrorCode.NONE:
+        job.error[0] = error
+    if job.groups:
+        return []
+    if job.error[0] == ErrorCode.NONE:
+        return job.answers
+    return [(slot, header, SyncGroupResponse(error_code=job.error[0], assignment=b"")
+             if isinstance(response, SyncGroupResponse) else response)
+            for slot, header, response in job.answers]
+
+
+class DeletionInFlight(NamedTuple):
+    """A DeleteGroups whose tombstones are being written: its plan and the groups of each partition still
+    being written (its answer is given when none is left)."""
+
+    plan: GroupDeletion
+    groups: dict[int, list[str]]
+
+
+def _deleted(plan: GroupDeletion) -> DeleteGroupsResponse:
+    return DeleteGroupsResponse(results=[DeletableGroupResult(g, code) for g, code in plan.results.items()])
+
+
+def _what(plan: Any) -> str:
+    if isinstance(plan, MetadataInFlight):
+        return f"group metadata of {sorted(g for gs in plan.groups.values() for g, _ in gs)}"
+    if isinstance(plan, CommitPlan):
+        return f"OffsetCommit of group {plan.group_id!r}"
+    if isinstance(plan, OffsetDeletion):
+        return f"OffsetDelete of group {plan.group_id!r}"
+    if isinstance(plan, OffsetExpiry):
+        return f"expiry of group {plan.group_id!r}'s offsets"
+    return f"DeleteGroups of {sorted(plan.plan.deleting)}"

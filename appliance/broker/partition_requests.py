@@ -13,6 +13,10 @@ supervisor then adds the partitions all-or-nothing (``appliance.server.topic_adm
 stops before that.  The broker's topic view is reloaded before the answer, so a Metadata sent after it
 lists the new partitions.
 
+An internal topic (``__consumer_offsets``) gets no partitions (INVALID_TOPIC_EXCEPTION, a refusal of the
+appliance's own: Kafka lets an authorized admin do it, and breaks every group's partition mapping) and no
+deleted records (INVALID_TOPIC_EXCEPTION, as Kafka's ReplicaManager answers).
+
 **DeleteRecords** is answered by the partition's leader only (NOT_LEADER_OR_FOLLOWER elsewhere).  Offset -1
 means the high watermark; an offset above the high watermark, or below -1, is OFFSET_OUT_OF_RANGE.  The
 partition's writer moves the log start offset (started for it if none runs); ``low_watermark`` is the log
@@ -25,6 +29,7 @@ import logging
 
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext, Handler
+from appliance.broker.partitions import INTERNAL_TOPICS
 from appliance.config.server_config import check_topic_name
 from ipc.kafka import (
     ApiKey,
@@ -89,6 +94,11 @@ def _refusal(ctx: BrokerContext, topic: CreatePartitionsTopic, duplicated: bool)
         return ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: {reason}"
     if duplicated:
         return ErrorCode.INVALID_REQUEST, f"topic {name!r} appears more than once in the request"
+    if name in INTERNAL_TOPICS:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, (
+            f"cannot add partitions to internal topic {name!r}: a group's partition of it is hashed from "
+            "the partition count, so every group would lose its committed offsets; its count is "
+            "offsets.topic.num.partitions, fixed when it is created")
     meta = ctx.table.topics.get(name)
     if meta is None or meta.error:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
@@ -130,6 +140,10 @@ def delete_records(
 def _delete(ctx: BrokerContext, topic: str, partition: int, offset: int,
             timeout_ms: int) -> DeleteRecordsPartitionResult:  # fmt: skip
     out = DeleteRecordsPartitionResult(partition_index=partition, low_watermark=-1, error_code=ErrorCode.NONE)
+    if topic in INTERNAL_TOPICS:  # Kafka's ReplicaManager refuses it the same way
+        log.info("DeleteRecords %s-%d refused: cannot delete records of an internal topic", topic, partition)
+        out.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
+        return out
     handle, code = ctx.lookup(topic, partition)
     if handle is None:
         out.error_code = code

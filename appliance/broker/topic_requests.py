@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from appliance.broker.cluster import TopicChange
 from appliance.broker.handlers import BrokerContext
+from appliance.broker.partitions import INTERNAL_TOPICS
 from appliance.config.replica_assignment import (
     Assignment,
     AssignmentRefusal,
@@ -129,6 +130,9 @@ class TopicRequests:
                 result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
             elif not self.ctx.config.delete_topic_enable:
                 result.error_code = ErrorCode.TOPIC_DELETION_DISABLED
+            elif name in INTERNAL_TOPICS:  # every group's committed offsets: docs/protocol.md
+                log.info("DeleteTopics %r refused: it holds every consumer group's offsets", name)
+                result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
             elif name not in self.ctx.table.topics:
                 result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:

@@ -8,8 +8,17 @@ For a ``.log`` file, one line per record batch::
 and with ``--print-records`` one line per record under it (``| offset: ...``), keys, values and header values
 shown as JSON strings when they are printable UTF-8, as ``0x``-hex otherwise, ``null`` when null.  The CRC of
 every batch is always checked; ``--verify`` (implied by ``--print-records``) also decodes every record, so
-a malformed record inside a batch with a good CRC is found.  ``.index`` and ``.timeindex`` files print their
-entries (``--verify`` checks that they increase).
+a malformed record inside a batch with a good CRC is found.
+
+Records of ``__consumer_offsets`` (a file in a ``__consumer_offsets-N`` directory, or any file with
+``--offsets-decoder``, Kafka's flag) are shown decoded, as JSON, in Kafka's schemas: an offset commit's
+key ``{"type": "offset_commit", "group", "topic", "partition"}`` and value (``offset``, ``leader_epoch``,
+``metadata``, ``commit_timestamp``); a group's key ``{"type": "group_metadata", "group"}`` and value
+(``protocol_type``, ``generation``, ``protocol``, ``leader``, ``current_state_timestamp``, ``members``
+with their ids, client, timeouts and the sizes of their subscription and assignment); ``null`` for a
+tombstone.  A record that does not decode is shown as any other, with ``undecodable`` after it.
+
+``.index`` and ``.timeindex`` files print their entries (``--verify`` checks that they increase).
 
 Exit status: 0 when every file is sound; 1 when a batch is corrupt (bad magic, length, CRC or records) or a
 file cannot be read, with the error on stderr naming the file, the position and the offsets; 3 when the only
@@ -24,14 +33,17 @@ import json
 import mmap
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
+from appliance.coordinator.group_records import decode_group_key, decode_group_value
+from appliance.coordinator.offset_records import OFFSETS_TOPIC, decode_key, decode_value
 from storage.batch_header import BatchHeader, compute_crc, validate_batch
 from storage.batch_reader import decode_batch, iter_batches
 from storage.compression import codec_name
 from storage.errors import CorruptRecordError
 
-__all__ = ["EXIT_CORRUPT", "EXIT_OK", "EXIT_TORN_TAIL", "EXIT_USAGE", "format_bytes", "main"]
+__all__ = ["EXIT_CORRUPT", "EXIT_OK", "EXIT_TORN_TAIL", "EXIT_USAGE", "decode_offsets_record", "format_bytes",
+           "main"]
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1
@@ -71,15 +83,55 @@ def _batch_line(position: int, header: BatchHeader, crc_valid: bool) -> str:
     )
 
 
+def _decoded_key(key: bytes) -> dict[str, Any] | None:
+    offset_key = decode_key(key)
+    if offset_key is not None:
+        return {"type": "offset_commit", **offset_key._asdict()}
+    group = decode_group_key(key)
+    return None if group is None else {"type": "group_metadata", "group": group}
+
+
+def _decoded_value(kind: str, value: bytes) -> dict[str, Any]:
+    if kind == "offset_commit":
+        commit = decode_value(value)
+        return {"offset": commit.offset, "leader_epoch": commit.leader_epoch, "metadata": commit.metadata,
+                "commit_timestamp": commit.commit_timestamp_ms}
+    group = decode_group_value(value)
+    members = [{"member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
+                "client_host": m.client_host, "rebalance_timeout": m.rebalance_timeout_ms,
+                "session_timeout": m.session_timeout_ms, "subscription_bytes": len(m.subscription),
+                "assignment_bytes": len(m.assignment)} for m in group.members]
+    return {"protocol_type": group.protocol_type, "generation": group.generation, "protocol": group.protocol,
+            "leader": group.leader, "current_state_timestamp": group.current_state_timestamp_ms,
+            "members": members}
+
+
+def decode_offsets_record(key: bytes | None, value: bytes | None) -> tuple[str, str] | None:
+    """A ``__consumer_offsets`` record's key and value as JSON text; None if it is not one this reader
+    knows (or is malformed)."""
+    if key is None:
+        return None
+    try:
+        decoded = _decoded_key(key)
+        if decoded is None:
+            return None
+        shown = None if value is None else _decoded_value(decoded["type"], value)
+    except ValueError:
+        return None
+    return json.dumps(decoded, ensure_ascii=False), json.dumps(shown, ensure_ascii=False)
+
+
 class _Dumper:
     def __init__(
-        self, out: TextIO, err: TextIO, *, verify: bool, print_records: bool, max_bytes: int
+        self, out: TextIO, err: TextIO, *, verify: bool, print_records: bool, max_bytes: int,
+        offsets_decoder: bool = False,
     ) -> None:
         self.out = out
         self.err = err
         self.verify = verify or print_records
         self.print_records = print_records
         self.max_bytes = max_bytes
+        self.offsets_decoder = offsets_decoder
         self.status = EXIT_OK
 
     def fail(self, message: str, status: int = EXIT_CORRUPT) -> None:
@@ -161,18 +213,22 @@ class _Dumper:
         if not self.print_records:
             return
         time_name = _TIMESTAMP_TYPES[decoded.header.timestamp_type]
+        directory = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        offsets = self.offsets_decoder or directory.startswith(OFFSETS_TOPIC + "-")
         for record in decoded.records():
             headers = ", ".join(
                 f"{json.dumps(k, ensure_ascii=False)}: {format_bytes(v, self.max_bytes)}"
                 for k, v in record.headers
             )
+            shown = decode_offsets_record(record.key, record.value) if offsets else None
+            key, value = shown or (format_bytes(record.key, self.max_bytes),
+                                   format_bytes(record.value, self.max_bytes))
+            note = " undecodable" if offsets and not shown else ""
             print(
                 f"| offset: {record.offset} {time_name}: {record.timestamp} "
                 f"keySize: {-1 if record.key is None else len(record.key)} "
                 f"valueSize: {-1 if record.value is None else len(record.value)} "
-                f"key: {format_bytes(record.key, self.max_bytes)} "
-                f"value: {format_bytes(record.value, self.max_bytes)} "
-                f"headers: {{{headers}}}",
+                f"key: {key} value: {value} headers: {{{headers}}}{note}",
                 file=self.out,
             )
 
@@ -230,6 +286,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="also decode every record of every batch (kafka-dump-log: --deep-iteration)")
     parser.add_argument("--print-records", "--print-data-log", action="store_true",
                         help="print every record (implies --verify; kafka-dump-log: --print-data-log)")
+    parser.add_argument("--offsets-decoder", action="store_true",
+                        help="decode records as __consumer_offsets records (automatic in its directories)")
     parser.add_argument(
         "--max-bytes",
         type=int,
@@ -247,7 +305,8 @@ def main(argv: list[str]) -> int:
     if not args.paths:
         parser.error("give the files: PATH... or --files PATH[,PATH...]")
     dumper = _Dumper(
-        sys.stdout, sys.stderr, verify=args.verify, print_records=args.print_records, max_bytes=args.max_bytes
+        sys.stdout, sys.stderr, verify=args.verify, print_records=args.print_records,
+        max_bytes=args.max_bytes, offsets_decoder=args.offsets_decoder,
     )
     for path in args.paths:
         dumper.dump(path)

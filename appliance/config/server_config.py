@@ -218,6 +218,9 @@ class Config:
     group_min_session_timeout_ms: int
     group_max_session_timeout_ms: int
     group_initial_rebalance_delay_ms: int
+    group_max_size: int
+    offsets_retention_minutes: int
+    offsets_retention_check_interval_ms: int
     offsets_topic_num_partitions: int
     offsets_topic_replication_factor: int
     offsets_topic_segment_bytes: int

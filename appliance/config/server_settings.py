@@ -307,6 +307,13 @@ SETTINGS: Final = SettingTable((
     _s("group.initial.rebalance.delay.ms", "group_initial_rebalance_delay_ms", 3000, integer(0, INT_MAX),
        "how long an empty group's first rebalance waits for more members (again per late member, up to "
        "the rebalance timeout)"),
+    _s("group.max.size", "group_max_size", INT_MAX, integer(1, INT_MAX),
+       "a new member joining a group that has this many is refused with GROUP_MAX_SIZE_REACHED"),
+    _s("offsets.retention.minutes", "offsets_retention_minutes", 10080, integer(1, INT_MAX),
+       "committed offsets of a group empty this long (or, for a group that never had members, not "
+       "committed again this long) are deleted"),
+    _s("offsets.retention.check.interval.ms", "offsets_retention_check_interval_ms", 600_000,
+       integer(1, INT_MAX), "how often the coordinator looks for expired committed offsets"),
     _s("offsets.topic.num.partitions", "offsets_topic_num_partitions", 3, integer(1, 1000),
        "partitions of __consumer_offsets, fixed when it is created (each partition written is a writer "
        "process: docs/configuration.md)"),

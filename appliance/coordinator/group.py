@@ -34,6 +34,22 @@ generation is ILLEGAL_GENERATION; a SyncGroup or Heartbeat while the group prepa
 REBALANCE_IN_PROGRESS, which tells the member to join again.  Protocol metadata and assignments are opaque
 bytes, never parsed here: garbage from one member reaches only the leader's assignor, as in Kafka.
 
+**Static members (KIP-345).**  A member that joins with a ``group.instance.id`` is static: the group maps
+the instance id to its current member id.  A JoinGroup with that instance id and an empty member id (the
+same consumer restarted) *replaces* the member: it gets a new member id and keeps the old one's place and
+assignment; the old id's held requests are answered FENCED_INSTANCE_ID.  In a Stable group whose chosen
+protocol stays the same, that is all (Kafka's rule): the JoinGroup is answered at once with the current
+generation and the previous leader's id (so the new id never assigns alone) and the member's SyncGroup gets
+its assignment back, with no rebalance for the others.  Otherwise (the protocol would change, or the group
+is completing a rebalance, whose assignment names the old id) a rebalance starts.  A request that names a
+known instance id with another member id is FENCED_INSTANCE_ID (JoinGroup, SyncGroup, Heartbeat,
+OffsetCommit, LeaveGroup); a LeaveGroup may name the instance id alone.  A static member closing sends no
+LeaveGroup: it goes only when its session expires.
+
+**Size.**  A new member (an empty member id, not a static member's restart) joining a group that has
+``group.max.size`` members, counting the member ids handed out by MEMBER_ID_REQUIRED and not used yet, is
+refused with GROUP_MAX_SIZE_REACHED; the members it has are not touched.
+
 **Liveness.**  Every request from a member (JoinGroup, SyncGroup, Heartbeat, OffsetCommit) renews its
 session: a member heard from within ``session_timeout_ms`` stays; one not heard from is removed (as a
 LeaveGroup) by :meth:`Group.tick`.  A member whose JoinGroup or SyncGroup is held is alive.
@@ -44,11 +60,13 @@ give (:class:`Completion`, the token the caller passed with the held request, an
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.coordinator.group_records import GroupMetadata, GroupMetadataMember
 from ipc.kafka import (
     ErrorCode,
     JoinGroupResponse,
@@ -76,6 +94,7 @@ class GroupSettings:
     min_session_timeout_ms: int = 6000
     max_session_timeout_ms: int = 1800000
     initial_rebalance_delay_ms: int = 3000
+    max_size: int = (1 << 31) - 1  # group.max.size: members (and member ids handed out) at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +158,13 @@ class Group:
     leader_id: str = ""
     members: dict[str, Member] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)  # member id -> forget at (ms)
+    static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     rebalance_started_ms: int = 0
     join_deadline_ms: int | None = None
     initial_delay: bool = False  # the rebalance waits group.initial.rebalance.delay.ms
     new_member_joined: bool = False  # a member joined during the initial delay
+    metadata_changed: bool = False  # a group metadata record is due (a rebalance completed, or emptied)
+    state_timestamp_ms: int = -1  # wall ms of the last record written or loaded (currentStateTimestamp)
 
     # -- JoinGroup ----------------------------------------------------------------------------------------
 
@@ -151,6 +173,13 @@ class Group:
         error = self._join_error(args)
         if error is not None:
             return [Completion(token, _join_failed(error, args.member_id))]
+        known = None if args.group_instance_id is None else self.static_members.get(args.group_instance_id)
+        if known is not None and not args.member_id:
+            return self._replace_static(known, args, token, now_ms)
+        if known is not None and known != args.member_id:
+            return [Completion(token, _join_failed(ErrorCode.FENCED_INSTANCE_ID, args.member_id))]
+        if not args.member_id and len(self.members) + len(self.pending) >= self.settings.max_size:
+            return [Completion(token, _join_failed(ErrorCode.GROUP_MAX_SIZE_REACHED, ""))]
         if not args.member_id:
             if args.require_known_member_id and args.group_instance_id is None:
                 member_id = self.new_member_id(args.client_id)
@@ -197,6 +226,8 @@ class Group:
             join_token=token,
             joined=True,
         )
+        if args.group_instance_id is not None:
+            self.static_members[args.group_instance_id] = member_id
         if self.state == GroupState.PREPARING_REBALANCE:
             self.new_member_joined = True
             return self._maybe_complete_join(now_ms)
@@ -220,6 +251,38 @@ class Group:
         if self.state == GroupState.STABLE and not changed and member.member_id != self.leader_id:
             member.join_token = None
             return [*out, Completion(token, self._join_response(member))]
+        return out + self._prepare_rebalance(now_ms)
+
+    def _replace_static(self, old_id: str, args: JoinArgs, token: Any, now_ms: int) -> list[Completion]:
+        """A static member rejoins with an empty member id: a new id in the old one's place (docstring)."""
+        old = self.members[old_id]
+        out = []
+        if old.join_token is not None:
+            out.append(_join_answer(old.join_token, ErrorCode.FENCED_INSTANCE_ID, old_id))
+        if old.sync_token is not None:
+            out.append(_sync_answer(old.sync_token, ErrorCode.FENCED_INSTANCE_ID))
+        member = dataclasses.replace(
+            old, member_id=self.new_member_id(args.client_id), client_id=args.client_id,
+            client_host=args.client_host, session_timeout_ms=args.session_timeout_ms,
+            rebalance_timeout_ms=max(args.rebalance_timeout_ms, args.session_timeout_ms),
+            protocols=list(args.protocols), last_heard_ms=now_ms, join_token=None, sync_token=None)
+        # the new id takes the old one's place in the order (the leader's choice and the protocol vote)
+        self.members = {(member.member_id if k == old_id else k): (member if k == old_id else m)
+                        for k, m in self.members.items()}
+        assert args.group_instance_id is not None
+        self.static_members[args.group_instance_id] = member.member_id
+        previous_leader = self.leader_id
+        if self.leader_id == old_id:
+            self.leader_id = member.member_id
+        same_protocol = _choose_protocol(list(self.members.values())) == self.protocol_name
+        if self.state == GroupState.STABLE and same_protocol:
+            answer = self._join_response(member)
+            answer.leader, answer.members = previous_leader, []
+            self.metadata_changed = True
+            return [*out, Completion(token, answer)]
+        member.join_token, member.joined = token, True
+        if self.state == GroupState.PREPARING_REBALANCE:
+            return out + self._maybe_complete_join(now_ms)
         return out + self._prepare_rebalance(now_ms)
 
     def _prepare_rebalance(self, now_ms: int) -> list[Completion]:
@@ -262,7 +325,7 @@ class Group:
 
     def _complete_join(self, now_ms: int) -> list[Completion]:
         for member_id in [m.member_id for m in self.members.values() if not m.joined]:
-            del self.members[member_id]  # did not rejoin in time
+            self._forget(member_id)  # did not rejoin in time
         self.generation_id += 1
         self.join_deadline_ms = None
         self.initial_delay = False
@@ -298,10 +361,10 @@ class Group:
         )
 
     def _become_empty(self) -> None:
+        self.metadata_changed = True
         self.state = GroupState.EMPTY
         self.leader_id = ""
-        self.protocol_name = ""
-        self.protocol_type = ""
+        self.protocol_name = ""  # the protocol type stays, as in Kafka (ListGroups shows it)
 
     # -- SyncGroup ----------------------------------------------------------------------------------------
 
@@ -312,8 +375,9 @@ class Group:
         assignments: Iterable[tuple[str, bytes]],
         token: Any,
         now_ms: int,
+        group_instance_id: str | None = None,
     ) -> list[Completion]:
-        error = self.check_member(member_id, generation_id, now_ms)
+        error = self.check_member(member_id, generation_id, now_ms, group_instance_id)
         if error is None and self.state == GroupState.PREPARING_REBALANCE:
             error = ErrorCode.REBALANCE_IN_PROGRESS
         if error is not None:
@@ -328,6 +392,7 @@ class Group:
         for m in self.members.values():
             m.assignment = bytes(given.get(m.member_id, b""))
         self.state = GroupState.STABLE
+        self.metadata_changed = True
         out = []
         for m in self.members.values():
             if m.sync_token is not None:
@@ -345,10 +410,20 @@ class Group:
 
     # -- Heartbeat, member checks ------------------------------------------------------------------------
 
-    def check_member(self, member_id: str, generation_id: int, now_ms: int) -> ErrorCode | None:
+    def fenced(self, member_id: str, group_instance_id: str | None) -> bool:
+        """A request names a known instance id with another member id: an old copy of a static member."""
+        if group_instance_id is None:
+            return False
+        known = self.static_members.get(group_instance_id)
+        return known is not None and known != member_id
+
+    def check_member(self, member_id: str, generation_id: int, now_ms: int,
+                     group_instance_id: str | None = None) -> ErrorCode | None:
         """The fencing of a request from a member of a generation (module docstring); renews its session."""
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if self.fenced(member_id, group_instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
         member = self.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
@@ -357,8 +432,9 @@ class Group:
             return ErrorCode.ILLEGAL_GENERATION
         return None
 
-    def heartbeat(self, member_id: str, generation_id: int, now_ms: int) -> ErrorCode:
-        error = self.check_member(member_id, generation_id, now_ms)
+    def heartbeat(self, member_id: str, generation_id: int, now_ms: int,
+                  group_instance_id: str | None = None) -> ErrorCode:
+        error = self.check_member(member_id, generation_id, now_ms, group_instance_id)
         if error is not None:
             return error
         if self.state == GroupState.PREPARING_REBALANCE:
@@ -367,10 +443,19 @@ class Group:
 
     # -- leaving, expiry ---------------------------------------------------------------------------------
 
-    def leave(self, member_id: str, now_ms: int) -> tuple[ErrorCode, list[Completion]]:
-        """A LeaveGroup for one member: the error for that member, and the answers it releases."""
+    def leave(self, member_id: str, now_ms: int,
+              group_instance_id: str | None = None) -> tuple[ErrorCode, list[Completion]]:
+        """A LeaveGroup for one member (by member id, instance id or both): the error for that member, and
+        the answers it releases."""
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        if group_instance_id is not None:
+            known = self.static_members.get(group_instance_id)
+            if known is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID, []
+            if member_id and known != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID, []
+            member_id = known
         if member_id in self.pending:
             del self.pending[member_id]
             return ErrorCode.NONE, self._maybe_complete_join(now_ms)
@@ -378,8 +463,15 @@ class Group:
             return ErrorCode.UNKNOWN_MEMBER_ID, []
         return ErrorCode.NONE, self._remove(member_id, now_ms)
 
-    def _remove(self, member_id: str, now_ms: int) -> list[Completion]:
+    def _forget(self, member_id: str) -> Member:
         member = self.members.pop(member_id)
+        instance_id = member.group_instance_id
+        if instance_id is not None and self.static_members.get(instance_id) == member_id:
+            del self.static_members[instance_id]
+        return member
+
+    def _remove(self, member_id: str, now_ms: int) -> list[Completion]:
+        member = self._forget(member_id)
         out = []
         if member.join_token is not None:
             out.append(_join_answer(member.join_token, ErrorCode.UNKNOWN_MEMBER_ID, member_id))
@@ -413,6 +505,61 @@ class Group:
         if self.join_deadline_ms is not None:
             due.append(self.join_deadline_ms)
         return min(due, default=None)
+
+    # -- the durable picture: group metadata records -----------------------------------------------------
+
+    def snapshot(self, wall_ms: int) -> GroupMetadata:
+        """The group as Kafka's GroupMetadataValue records it (``appliance.coordinator.group_records``)."""
+        members = [
+            GroupMetadataMember(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                                m.rebalance_timeout_ms, m.session_timeout_ms,
+                                m.metadata_for(self.protocol_name), m.assignment)
+            for m in self.members.values()
+        ]
+        return GroupMetadata(self.protocol_type, self.generation_id, self.protocol_name or None,
+                             self.leader_id or None, wall_ms, members)
+
+    def take_metadata(self, wall_ms: int) -> GroupMetadata | None:
+        """The record due since the last call (a rebalance completed, the group emptied, a static member
+        replaced), or None."""
+        due, self.metadata_changed = self.metadata_changed, False
+        if not due or self.state == GroupState.DEAD:
+            return None
+        self.state_timestamp_ms = wall_ms
+        return self.snapshot(wall_ms)
+
+    def restore(self, record: GroupMetadata, now_ms: int) -> None:
+        """Take the state a group metadata record holds: Stable with its members (their sessions start
+        again at ``now_ms``, as in Kafka's loading), or Empty when it has none."""
+        self.generation_id = record.generation
+        self.protocol_type = record.protocol_type
+        self.protocol_name = record.protocol or ""
+        self.leader_id = record.leader or ""
+        self.state_timestamp_ms = record.current_state_timestamp_ms
+        self.members = {}
+        self.static_members = {}
+        for m in record.members:
+            self.members[m.member_id] = Member(
+                member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
+                group_instance_id=m.group_instance_id, session_timeout_ms=m.session_timeout_ms,
+                rebalance_timeout_ms=m.rebalance_timeout_ms, protocols=[(self.protocol_name, m.subscription)],
+                last_heard_ms=now_ms, assignment=m.assignment)
+            if m.group_instance_id is not None:
+                self.static_members[m.group_instance_id] = m.member_id
+        self.state = GroupState.STABLE if self.members else GroupState.EMPTY
+        if not self.members:
+            self.leader_id = self.protocol_name = ""
+
+    def begin_deletion(self) -> None:
+        """An Empty group is being deleted: Dead until :meth:`end_deletion` (or forgotten)."""
+        assert self.state == GroupState.EMPTY and not self.members
+        self.state = GroupState.DEAD
+        self.pending.clear()
+
+    def end_deletion(self) -> None:
+        """The deletion could not be written: the group is Empty again."""
+        if self.state == GroupState.DEAD:
+            self.state = GroupState.EMPTY
 
     def close(self) -> list[Completion]:
         """The group is going away (the coordinator stops): every held request is answered."""

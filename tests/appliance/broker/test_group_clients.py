@@ -51,7 +51,7 @@ def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
     yield from served_appliance(
         tmp_path_factory.mktemp("groups"),
         {"split": PARTITIONS, "resume": 1, "kp": 2, "kcat": 2, "one": PARTITIONS, "bad": PARTITIONS,
-         "killed": PARTITIONS},
+         "killed": PARTITIONS, "static": PARTITIONS},
         extra='"group.initial.rebalance.delay.ms" = 100',
     )
 
@@ -273,3 +273,39 @@ def test_bad_group_requests_get_kafkas_errors_and_change_nothing(appliance: Appl
         assert "Traceback" not in appliance.log_text()
     finally:
         member.close()
+
+
+def test_a_static_member_restarted_in_its_session_gets_its_partitions_back_without_a_rebalance(
+        appliance: Appliance) -> None:
+    """``group.instance.id``: a member closed (a static member sends no LeaveGroup) and started again
+    inside ``session.timeout.ms`` gets the same partitions, and the other member sees no revoke or
+    assign (its callbacks) and keeps its own."""
+    group = "g-static"
+    events: list[tuple[str, set[int]]] = []
+
+    def static(instance: str) -> Any:
+        return consumer(appliance.bootstrap, group, **{"group.instance.id": instance,
+                                                       "session.timeout.ms": 30000})
+
+    a, b = static("a"), static("b")
+    restarted = None
+    try:
+        a.subscribe(["static"])
+        b.subscribe(["static"], on_assign=lambda c, ps: events.append(("assign", {p.partition for p in ps})),
+                    on_revoke=lambda c, ps: events.append(("revoke", {p.partition for p in ps})))
+        poll_until([a, b], lambda: len(assigned(a)) == 2 and len(assigned(b)) == 2, [])
+        before_a, before_b, seen_events = assigned(a), assigned(b), list(events)
+        a.close()
+        restarted = static("a")
+        restarted.subscribe(["static"])
+        poll_until([restarted, b], lambda: len(assigned(restarted)) == 2, [])
+        deadline = time.monotonic() + 2  # heartbeats go on: still no rebalance
+        while time.monotonic() < deadline:
+            restarted.poll(0.1)
+            b.poll(0.1)
+        assert assigned(restarted) == before_a and assigned(b) == before_b
+        assert events == seen_events, events
+    finally:
+        for c in (restarted, b):
+            if c is not None:
+                c.close()

@@ -218,3 +218,43 @@ def test_missing_file_and_empty_file_and_bad_arguments(tmp_path: Path) -> None:
 )
 def test_bytes_are_shown_safely(data: bytes | None, max_bytes: int, shown: str) -> None:
     assert format_bytes(data, max_bytes) == shown
+
+
+def test_offsets_topic_records_are_decoded(tmp_path: Path) -> None:
+    """In a ``__consumer_offsets-N`` directory (or with ``--offsets-decoder``) a commit, a group's metadata
+    and a tombstone are shown in Kafka's schemas; a key of no known kind is shown as bytes, marked."""
+    from appliance.coordinator.group_records import (
+        GroupMetadata,
+        GroupMetadataMember,
+        encode_group_key,
+        encode_group_value,
+    )
+    from appliance.coordinator.offset_records import OffsetKey, OffsetValue, encode_key, encode_value
+
+    member = GroupMetadataMember("m-1", None, "c", "/h", 300, 100, b"sub", b"as")
+    keys = [encode_key(OffsetKey("g", "t", 3)), encode_group_key("g"), encode_group_key("gone"), b"\x00\x09x"]
+    values = [encode_value(OffsetValue(42, 5, "meta", 1_700_000_000_000)),
+              encode_group_value(GroupMetadata("consumer", 4, "range", "m-1", 7, [member])), None, b"v"]
+    directory = tmp_path / "__consumer_offsets-0"
+    directory.mkdir()
+    segment = directory / "00000000000000000000.log"
+    segment.write_bytes(build_batch(values, keys=keys))
+    shown = _run("--print-records", segment)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("| offset")]
+    commit = ('key: {"type": "offset_commit", "group": "g", "topic": "t", "partition": 3} '
+              'value: {"offset": 42, "leader_epoch": 5, "metadata": "meta", '
+              '"commit_timestamp": 1700000000000}')
+    assert commit in lines[0]
+    group = ('key: {"type": "group_metadata", "group": "g"} value: {"protocol_type": "consumer", '
+             '"generation": 4, "protocol": "range", "leader": "m-1", "current_state_timestamp": 7, '
+             '"members": [{"member_id": "m-1", "group_instance_id": null, "client_id": "c", '
+             '"client_host": "/h", "rebalance_timeout": 300, "session_timeout": 100, '
+             '"subscription_bytes": 3, "assignment_bytes": 2}]}')
+    assert group in lines[1]
+    assert 'key: {"type": "group_metadata", "group": "gone"} value: null' in lines[2]
+    assert lines[3].endswith("undecodable") and "key: 0x000978" in lines[3]
+    elsewhere = tmp_path / "00000000000000000000.log"
+    elsewhere.write_bytes(segment.read_bytes())
+    assert '"offset_commit"' not in _run("--print-records", elsewhere).stdout
+    assert '"offset_commit"' in _run("--print-records", "--offsets-decoder", elsewhere).stdout

@@ -96,7 +96,7 @@ def test_a_member_leaving_a_stable_group_makes_the_others_rejoin_and_a_new_gener
     c = coordinator()
     a, b = stable_group(c, 2)
     generation = c.groups["g"].generation_id
-    response, released = c.leave("g", [b], 1000)
+    response, released = c.leave("g", [(b, None)], 1000)
     assert response.error_code == ErrorCode.NONE and released == []
     assert c.heartbeat("g", a, generation, 1001).error_code == ErrorCode.REBALANCE_IN_PROGRESS
     done = answers(c.join("g", join_args(a), "rejoin", 1002))
@@ -190,7 +190,7 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
             held.add(token)
             out = c.join("g", join_args(known.get(who, "")), token, now)
         elif op == "leave" and who in known:
-            out = c.leave("g", [known.pop(who)], now)[1]
+            out = c.leave("g", [(known.pop(who), None)], now)[1]
         elif op == "heartbeat" and who in known and "g" in c.groups:
             c.heartbeat("g", known[who], c.groups["g"].generation_id, now)
         else:
@@ -219,7 +219,7 @@ def test_a_member_commits_while_the_next_rebalance_is_prepared_but_not_before_it
     c = coordinator()
     a, b = stable_group(c, 2)
     generation = c.groups["g"].generation_id
-    c.leave("g", [b], 1000)  # PreparingRebalance: a's partitions are being revoked
+    c.leave("g", [(b, None)], 1000)  # PreparingRebalance: a's partitions are being revoked
     response = c.commit(commit_request(a, generation, 7), 7, 1001)
     assert response.topics[0].partitions[0].error_code == ErrorCode.NONE and fetched(c) == 7
     rejoined = answers(c.join("g", join_args(a), "rejoin", 1002))["rejoin"]
@@ -227,3 +227,78 @@ def test_a_member_commits_while_the_next_rebalance_is_prepared_but_not_before_it
     response = c.commit(commit_request(a, rejoined.generation_id, 9), 7, 1003)
     assert response.topics[0].partitions[0].error_code == ErrorCode.REBALANCE_IN_PROGRESS
     assert fetched(c) == 7
+
+
+# -- static membership -----------------------------------------------------------------------------------
+
+
+def static_args(instance: str, member_id: str = "", protocols: list[tuple[str, bytes]] | None = None,
+                ) -> JoinArgs:
+    args = join_args(member_id, protocols=protocols, two_step=True)
+    args.group_instance_id = instance
+    return args
+
+
+def static_group(c: GroupCoordinator) -> dict[str, str]:
+    """Two static members, "ia" (the leader) and "ib", Stable: instance id -> member id."""
+    both = [("range", b"m"), ("roundrobin", b"m")]
+    assert c.join("g", static_args("ia", protocols=both), "ja", 0) == []
+    assert c.join("g", static_args("ib", protocols=both), "jb", 0) == []
+    done = answers(c.tick(100) + c.tick(200))  # two joined in the initial delay: waited twice
+    ids = {"ia": done["ja"].member_id, "ib": done["jb"].member_id}
+    generation = done["ja"].generation_id
+    assert done["ja"].leader == ids["ia"]
+    c.sync("g", ids["ib"], generation, [], "sb", 210, "ib")
+    c.sync("g", ids["ia"], generation, [(m, f"part-{i}".encode()) for i, m in ids.items()], "sa", 210, "ia")
+    assert c.groups["g"].state == GroupState.STABLE
+    return ids
+
+
+def test_a_restarted_static_member_gets_its_assignment_back_without_a_rebalance() -> None:
+    c = coordinator()
+    ids = static_group(c)
+    g = c.groups["g"]
+    generation = g.generation_id
+    done = answers(c.join("g", static_args("ib"), "again", 1000))["again"]  # the same consumer, restarted
+    assert done.error_code == ErrorCode.NONE and done.member_id not in ids.values()
+    assert (done.generation_id, done.leader, done.members) == (generation, ids["ia"], [])
+    assert g.state == GroupState.STABLE
+    synced = answers(c.sync("g", done.member_id, generation, [], "s", 1001, "ib"))["s"]
+    assert (synced.error_code, synced.assignment) == (ErrorCode.NONE, b"part-ib")
+    assert c.heartbeat("g", ids["ia"], generation, 1002, "ia").error_code == ErrorCode.NONE  # no rebalance
+    # the old copy of the member is fenced, whatever it sends
+    assert c.heartbeat("g", ids["ib"], generation, 1003, "ib").error_code == ErrorCode.FENCED_INSTANCE_ID
+    old = answers(c.join("g", static_args("ib", ids["ib"]), "old", 1004))["old"]
+    assert old.error_code == ErrorCode.FENCED_INSTANCE_ID
+    response, _ = c.leave("g", [(ids["ib"], "ib")], 1005)
+    assert response.members[0].error_code == ErrorCode.FENCED_INSTANCE_ID
+    assert g.state == GroupState.STABLE and len(g.members) == 2
+
+
+def test_a_restarted_static_leader_is_not_told_it_leads() -> None:
+    c = coordinator()
+    ids = static_group(c)
+    done = answers(c.join("g", static_args("ia"), "again", 1000))["again"]
+    assert done.leader == ids["ia"] != done.member_id and done.members == []
+    assert c.groups["g"].leader_id == done.member_id  # it leads the next rebalance
+
+
+def test_a_static_member_rejoining_with_another_protocol_starts_a_rebalance() -> None:
+    c = coordinator()
+    ids = static_group(c)
+    generation = c.groups["g"].generation_id
+    protocols = [("roundrobin", b"m"), ("range", b"m")]
+    assert c.join("g", static_args("ia", protocols=protocols), "again", 1000) == []  # held: a rebalance
+    assert c.groups["g"].state == GroupState.PREPARING_REBALANCE
+    assert c.heartbeat("g", ids["ib"], generation, 1001, "ib").error_code == ErrorCode.REBALANCE_IN_PROGRESS
+
+
+def test_a_static_member_leaves_by_its_instance_id_or_when_its_session_expires() -> None:
+    c = coordinator()
+    ids = static_group(c)
+    response, _ = c.leave("g", [("", "ia")], 1000)  # an admin tool names the instance only
+    assert response.members[0].error_code == ErrorCode.NONE and ids["ia"] not in c.groups["g"].members
+    assert c.leave("g", [("", "nobody")], 1000)[0].members[0].error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    g = c.groups["g"]
+    c.tick(1000 + SESSION_MS + REBALANCE_MS + 1)  # "ib" goes silent: removed at its session's end
+    assert g.members == {} and g.static_members == {}
