@@ -26,7 +26,8 @@ def serve(tmp_path_factory: pytest.TempPathFactory, name: str, extra: str) -> It
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    yield from serve(tmp_path_factory, "auto-create", '"num.partitions" = 3')
+    yield from serve(tmp_path_factory, "auto-create",
+                     '"num.partitions" = 3\n"group.initial.rebalance.delay.ms" = 100')
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,36 @@ def test_a_confluent_consumer_allowed_to_auto_create_gets_the_topic(appliance: A
     finally:
         assigned.close()
     assert "assigned" in topic_names(appliance)
+
+
+def test_a_subscriber_to_a_missing_topic_gets_it_created_and_reads_what_is_then_produced(
+    appliance: Appliance,
+) -> None:
+    """kafka-python's group consumer asks for the topics it subscribes to with creation allowed, as Java's
+    does with ``allow.auto.create.topics``; librdkafka's (2.16) subscription never asks for creation."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka import KafkaConsumer, KafkaProducer
+
+    subscriber = KafkaConsumer(bootstrap_servers=appliance.bootstrap, group_id="subscriber",
+                               auto_offset_reset="earliest", metadata_max_age_ms=500)  # fmt: skip
+    try:
+        subscriber.subscribe(["subscribed"])
+        deadline = time.monotonic() + TIMEOUT_S
+        while not subscriber.assignment() and time.monotonic() < deadline:
+            subscriber.poll(200)
+        assert sorted(tp.partition for tp in subscriber.assignment()) == [0, 1, 2], topic_names(appliance)
+        producer = KafkaProducer(bootstrap_servers=appliance.bootstrap)
+        try:
+            producer.send("subscribed", b"after the subscription", partition=1).get(TIMEOUT_S)
+        finally:
+            producer.close()
+        records: list = []
+        while not records and time.monotonic() < deadline + TIMEOUT_S:
+            records = [r for batch in subscriber.poll(200).values() for r in batch]
+        assert [(r.partition, r.value) for r in records] == [(1, b"after the subscription")]
+    finally:
+        subscriber.close()
 
 
 def test_a_kafka_python_producer_sending_to_a_missing_topic_gets_it_created(appliance: Appliance) -> None:
