@@ -17,6 +17,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench.cli:main", "measure throughput and latency, like kafka-*-perf-test"),
     "config": ("appliance.cli.config:main", "check or print the configuration"),
     "configs": ("appliance.cli.configs:main", "read or change topic settings, like kafka-configs"),
+    "consumer-groups": (
+        "appliance.cli.consumer_groups:main",
+        "list, describe and reset consumer groups, like kafka-consumer-groups",
+    ),
     "consume": ("appliance.cli.consume:main", "print records of a topic, like kafka-console-consumer"),
     "dump-log": (
         "appliance.cli.dump_log:main",
