@@ -88,10 +88,10 @@ from appliance.broker.fetch_session import (
     committed_moved,
     read_fetch,
 )
-from appliance.broker.group_requests import GROUP_APIS, HELD_GROUP_APIS, GroupRequests
+from appliance.broker.group_requests import GROUP_APIS, HELD_GROUP_APIS, WRITING_GROUP_APIS, GroupRequests
 from appliance.broker.handlers import HANDLERS, BrokerContext, metadata
 from appliance.broker.listeners import Listeners, Listening
-from appliance.broker.offsets_topic import CommitInFlight
+from appliance.broker.offsets_topic import GroupWrite
 from appliance.broker.partition_requests import PARTITION_HANDLERS
 from appliance.broker.partitions import PartitionTable
 from appliance.broker.produce import Produce, ProduceService
@@ -321,8 +321,10 @@ class Broker:
             self._poll_fetches()
         if self.produce.pending or self.replication.has_completed:
             for owner, header, body in self.produce.poll(time.monotonic() * 1000):
-                if isinstance(owner, CommitInFlight):  # the coordinator's append of an OffsetCommit
-                    self._finish_held(*self.groups.appended(owner, body), unpark=True)
+                if isinstance(owner, GroupWrite):  # the coordinator's append to __consumer_offsets
+                    answer = self.groups.appended(owner, body)
+                    if answer is not None:
+                        self._finish_held(*answer, unpark=True)
                 else:
                     self._finish_held(owner, header, body)
         self.produce.tick(time.monotonic() * 1000)
@@ -397,7 +399,7 @@ class Broker:
             if api_key in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS):
                 self._start_topic_request(conn, header, body)
                 return
-            if api_key == ApiKey.OFFSET_COMMIT:
+            if api_key in WRITING_GROUP_APIS:
                 self._start_commit(conn, header, body)
                 return
             if api_key in HELD_GROUP_APIS:
@@ -533,11 +535,11 @@ class Broker:
             conn.fill(slot, encode_response_parts(header, own[0][2]))
 
     def _start_commit(self, conn: Connection, header: RequestHeader, body: Any) -> None:
-        """OffsetCommit: answered now (refused) or once its records are in ``__consumer_offsets``; the
-        connection is parked meanwhile, so a request behind it sees the commit."""
+        """OffsetCommit, OffsetDelete, DeleteGroups: answered now (refused) or once their records are in
+        ``__consumer_offsets``; the connection is parked meanwhile, so a request behind it sees them."""
         slot = conn.reserve()
         conn.parked = True
-        response = self.groups.start_commit(slot, header, body)
+        response = self.groups.start_write(slot, header, body)
         if response is not None:
             conn.parked = False
             conn.fill(slot, encode_response_parts(header, response))

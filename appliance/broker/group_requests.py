@@ -21,7 +21,8 @@ broker's Produce path and answered (and applied) only once that append is acknow
 (``appliance.broker.offsets_topic``).  The first group request creates that topic (FindCoordinator
 answers COORDINATOR_NOT_AVAILABLE until it is recorded); until the group's partition of it is loaded,
 every other request naming the group is answered COORDINATOR_LOAD_IN_PROGRESS, ListGroups too until every
-partition is loaded.
+partition is loaded.  DeleteGroups and OffsetDelete are written the same way, as tombstones, and answered
+once they are in the log (a DeleteGroups answers each group not loaded yet COORDINATOR_LOAD_IN_PROGRESS).
 
 **This broker is every group's coordinator.**  A single broker leads every partition of a single-host
 appliance, so FindCoordinator (key type 0, a group) names this broker, at the address of the listener the
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.broker.handlers import BrokerContext
-from appliance.broker.offsets_topic import CommitInFlight, OffsetsTopic
+from appliance.broker.offsets_topic import GroupWrite, OffsetsTopic
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import Completion, GroupCoordinator, GroupSettings, JoinArgs
 from appliance.coordinator.coordinator import valid_group_id
@@ -55,10 +56,10 @@ from ipc.kafka import (
     LeaveGroupRequest,
     LeaveGroupResponse,
     ListGroupsResponse,
-    OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetCommitResponsePartition,
     OffsetCommitResponseTopic,
+    OffsetDeleteResponse,
     OffsetFetchResponse,
     OffsetFetchResponsePartition,
     OffsetFetchResponseTopic,
@@ -67,12 +68,15 @@ from ipc.kafka import (
     SyncGroupResponse,
 )
 
-__all__ = ["GROUP_APIS", "HELD_GROUP_APIS", "Answer", "GroupRequests"]
+__all__ = ["GROUP_APIS", "HELD_GROUP_APIS", "WRITING_GROUP_APIS", "Answer", "GroupRequests"]
 
 HELD_GROUP_APIS = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})  # may wait for other members
+# answered once their records are in __consumer_offsets
+WRITING_GROUP_APIS = frozenset({ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_DELETE, ApiKey.DELETE_GROUPS})
 GROUP_APIS = frozenset({
     ApiKey.FIND_COORDINATOR, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP,
     ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS,
+    ApiKey.DELETE_GROUPS, ApiKey.OFFSET_DELETE,
 })
 
 Answer = tuple[Any, RequestHeader, Any]  # (the slot, the request's header, the response body)
@@ -115,8 +119,8 @@ class GroupRequests:
             return FindCoordinatorResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                            error_message=f"{OFFSETS_TOPIC} is being created", node_id=-1,
                                            host="", port=-1)
-        if api_key in (ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS):
-            return None
+        if api_key in (ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS, ApiKey.DELETE_GROUPS):
+            return None  # answered per group
         code = self.offsets_topic.loading_error(body.group_id)
         return None if code is None else _refusal(header, body, code)
 
@@ -150,21 +154,36 @@ class GroupRequests:
             due = load_ms if due is None else min(due, load_ms)
         return due
 
-    # -- OffsetCommit: answered once in __consumer_offsets ------------------------------------------------
+    # -- OffsetCommit, OffsetDelete, DeleteGroups: answered once in __consumer_offsets ---------------------
 
-    def start_commit(self, slot: Any, header: RequestHeader, body: OffsetCommitRequest) -> Any:
-        """An OffsetCommit: its answer now (refused, or nothing to write), or None: answered by
-        :meth:`appended` once its records are in ``__consumer_offsets``."""
+    def start_write(self, slot: Any, header: RequestHeader, body: Any) -> Any:
+        """A request that writes to ``__consumer_offsets``: its answer now (refused, or nothing to write),
+        or None: answered by :meth:`appended` once its records are in the log."""
         refused = self._loading(header, body)
         if refused is not None:
             return refused
+        c = self.coordinator
+        if header.api_key == ApiKey.DELETE_GROUPS:
+            loading = {g: code for g in body.groups_names
+                       if valid_group_id(g) and (code := self.offsets_topic.loading_error(g)) is not None}
+            plan = c.plan_delete_groups([g for g in body.groups_names if g not in loading])
+            plan.results.update(loading)
+            return self.offsets_topic.delete_groups(slot, header, plan)
+        if header.api_key == ApiKey.OFFSET_DELETE:
+            return self.offsets_topic.delete_offsets(slot, header, c.plan_offset_delete(body, self._known))
         now_ms = self._clock_ms()
-        plan = self.coordinator.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000))
-        return self.offsets_topic.append(slot, header, plan)
+        commit = c.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000))
+        return self.offsets_topic.append(slot, header, commit)
 
-    def appended(self, owner: CommitInFlight, produced: ProduceResponse | None) -> Answer:
-        """The Produce path finished a commit's append: the OffsetCommit's answer for its slot."""
-        return owner.slot, owner.header, self.offsets_topic.appended(owner, produced)
+    def _known(self, topic: str, partition: int) -> bool:
+        meta = self.ctx.table.topics.get(topic)
+        return meta is not None and 0 <= partition < meta.partitions
+
+    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> Answer | None:
+        """The Produce path finished one of the coordinator's appends: the answer for its request's slot,
+        or None while other appends of the same request are out."""
+        response = self.offsets_topic.appended(owner, produced)
+        return None if response is None else (owner.slot, owner.header, response)
 
     def close(self) -> list[Answer]:
         return _answers(self.coordinator.close())
@@ -257,6 +276,8 @@ def _refusal(header: RequestHeader, body: Any, code: ErrorCode) -> Any:
             OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, code)
                                                for p in t.partitions])
             for t in body.topics])  # fmt: skip
+    if api_key == ApiKey.OFFSET_DELETE:
+        return OffsetDeleteResponse(error_code=code, topics=[])
     if api_key == ApiKey.OFFSET_FETCH:  # v0-1 carry the error per partition only
         topics = [OffsetFetchResponseTopic(t.name, [
             OffsetFetchResponsePartition(partition_index=i, committed_offset=-1, committed_leader_epoch=-1,

@@ -17,12 +17,18 @@ group's partition depends on it.
 batch of Kafka's records (``appliance.coordinator.offset_records``), one record per partition committed,
 to the group's partition of the topic.  It is handed to the broker's own Produce path
 (``appliance.broker.produce``: validated, published into the partition writer's ring, acknowledged by the
-writer, for ``acks=-1`` also by the in-sync replicas) with this module's :class:`CommitInFlight` as the
+writer, for ``acks=-1`` also by the in-sync replicas) with this module's :class:`GroupWrite` as the
 owner.  The OffsetCommit's connection is parked meanwhile; when the Produce path finishes the batch, the
 broker hands the outcome to :meth:`OffsetsTopic.appended`: on success the commit is applied to the
 coordinator's offsets and answered NONE; on failure nothing is applied and the accepted partitions get
 Kafka's answer for the append's error (:data:`APPEND_ERRORS`).  So an OffsetCommit answered NONE is in the
 log: a restart, or a SIGKILL of every process, keeps it.
+
+**Deleting.**  DeleteGroups and OffsetDelete are written the same way, as tombstones (a key with a null
+value) of the offsets they delete, and answered once acknowledged; at load a tombstone deletes, so a
+deletion survives a restart.  A DeleteGroups whose groups live in several partitions of the topic writes
+one batch to each and is answered when the last is finished; a group whose batch failed gets Kafka's error
+for the append and stays as it was (``GroupCoordinator.finish_delete``).
 
 **Loading.**  Until a partition of the topic is loaded, every group request for a group of that partition
 is answered COORDINATOR_LOAD_IN_PROGRESS (clients retry).  On the broker's timer (:meth:`OffsetsTopic.tick`)
@@ -45,7 +51,7 @@ from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
-from appliance.coordinator.coordinator import CommitPlan
+from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion
 from appliance.coordinator.offset_records import (
     OFFSETS_TOPIC,
     OffsetKey,
@@ -58,6 +64,8 @@ from appliance.coordinator.offset_records import (
 )
 from ipc.kafka import (
     ApiKey,
+    DeletableGroupResult,
+    DeleteGroupsResponse,
     ErrorCode,
     OffsetCommitResponse,
     PartitionProduceData,
@@ -70,7 +78,7 @@ from storage.batch_builder import build_batch
 from storage.batch_reader import iter_records
 from storage.errors import ApplianceError
 
-__all__ = ["APPEND_ERRORS", "CommitInFlight", "OffsetsTopic"]
+__all__ = ["APPEND_ERRORS", "DeletionInFlight", "GroupWrite", "OffsetsTopic"]
 
 log = logging.getLogger("appliance.broker")
 
@@ -92,12 +100,14 @@ APPEND_ERRORS = {
 }
 
 
-class CommitInFlight(NamedTuple):
-    """The owner of the coordinator's Produce: the parked OffsetCommit's slot and header, and its plan."""
+class GroupWrite(NamedTuple):
+    """The owner of one of the coordinator's Produce requests: the parked request's slot and header, what
+    it writes for (a CommitPlan, an OffsetDeletion, or a DeletionInFlight) and the partition written."""
 
     slot: Any
     header: RequestHeader
-    plan: CommitPlan
+    plan: Any
+    partition: int
 
 
 class LoadedRecords(NamedTuple):
@@ -241,46 +251,131 @@ class OffsetsTopic:
 
     # -- writing ------------------------------------------------------------------------------------------
 
+    def _write(self, owner: GroupWrite, records: list[tuple[bytes, bytes | None]],
+               timestamp_ms: int) -> ProduceResponse | None:
+        """Hand one batch of ``records`` (key, value or None) for ``owner.partition`` to the Produce path:
+        its answer now (refused at once), or None (:meth:`appended` gets it later)."""
+        keys = [k for k, _ in records]
+        values = [v for _, v in records]
+        batch = build_batch(values, keys, timestamp_ms=timestamp_ms)
+        data = [TopicProduceData(OFFSETS_TOPIC, [PartitionProduceData(owner.partition, batch)])]
+        request = ProduceRequest(transactional_id=None, acks=-1,
+                                 timeout_ms=self.ctx.config.offsets_commit_timeout_ms, topic_data=data)
+        return self.produce.start(owner, _PRODUCE_HEADER, request, internal=True).response
+
+    def _start(self, owner: GroupWrite, records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> Any:
+        produced = self._write(owner, records, timestamp_ms)
+        return None if produced is None else self.appended(owner, produced)
+
     def append(self, slot: Any, header: RequestHeader, plan: CommitPlan) -> OffsetCommitResponse | None:
-        """Write the accepted part of ``plan``: its answer now (nothing to write, or the Produce path
+        """Write the accepted part of an OffsetCommit: its answer now (nothing to write, or the Produce path
         refused at once), or None: answered through :meth:`appended` when the Produce path finishes."""
         if not plan.accepted:
             return plan.response
-        keys = [encode_key(OffsetKey(plan.group_id, t, p)) for t, p, _ in plan.accepted]
-        values: list[bytes | None] = [
-            encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms))
-            for _, _, e in plan.accepted
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(OffsetKey(plan.group_id, t, p)),
+             encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms)))
+            for t, p, e in plan.accepted
         ]
-        batch = build_batch(values, keys, timestamp_ms=plan.accepted[0][2].commit_timestamp_ms)
-        partition = partition_for(plan.group_id, self.partitions)
-        data = [TopicProduceData(OFFSETS_TOPIC, [PartitionProduceData(partition, batch)])]
-        request = ProduceRequest(transactional_id=None, acks=-1,
-                                 timeout_ms=self.ctx.config.offsets_commit_timeout_ms, topic_data=data)
-        owner = CommitInFlight(slot, header, plan)
-        outcome = self.produce.start(owner, _PRODUCE_HEADER, request, internal=True)
-        if outcome.response is not None:
-            return self.appended(owner, outcome.response)
-        return None
+        owner = GroupWrite(slot, header, plan, partition_for(plan.group_id, self.partitions))
+        timestamp_ms = plan.accepted[0][2].commit_timestamp_ms
+        answer: OffsetCommitResponse | None = self._start(owner, records, timestamp_ms)
+        return answer
 
-    def appended(self, owner: CommitInFlight, produced: ProduceResponse | None) -> OffsetCommitResponse:
-        """The Produce path finished ``owner``'s batch: apply the commit and answer it, or answer the
-        accepted partitions with Kafka's error for the failed append (nothing applied)."""
-        plan = owner.plan
+    def delete_offsets(self, slot: Any, header: RequestHeader, plan: OffsetDeletion) -> Any:
+        """Write an OffsetDelete's tombstones: its answer now, or None (answered through :meth:`appended`)."""
+        if not plan.tombstones:
+            return plan.response
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(OffsetKey(plan.group_id, t, p)), None) for t, p in plan.tombstones]
+        owner = GroupWrite(slot, header, plan, partition_for(plan.group_id, self.partitions))
+        return self._start(owner, records, int(time.time() * 1000))
+
+    def delete_groups(self, slot: Any, header: RequestHeader, plan: GroupDeletion) -> Any:
+        """Write the tombstones of every group a DeleteGroups deletes, one batch per partition of the topic:
+        its answer now (nothing to write, or every append refused at once), or None (answered through
+        :meth:`appended` when the last append finishes)."""
+        if not plan.deleting:
+            return _deleted(plan)
+        job = DeletionInFlight(plan, {})
+        for group_id in plan.deleting:
+            partition = partition_for(group_id, self.partitions)
+            job.groups.setdefault(partition, []).append(group_id)
+        answer = None
+        for partition, group_ids in list(job.groups.items()):
+            records: list[tuple[bytes, bytes | None]] = [
+                (encode_key(OffsetKey(g, t, p)), None) for g in group_ids for t, p in plan.deleting[g]]
+            owner = GroupWrite(slot, header, job, partition)
+            if not records:
+                answer = self._finish_deletion(owner, ErrorCode.NONE)
+                continue
+            produced = self._write(owner, records, int(time.time() * 1000))
+            if produced is not None:
+                answer = self.appended(owner, produced)
+        return answer  # the response once the last batch is finished here, else None
+
+    def appended(self, owner: GroupWrite, produced: ProduceResponse | None) -> Any:
+        """The Produce path finished ``owner``'s batch: the request's answer (None: other batches of it
+        are still out).  A failed append changes nothing and is answered with Kafka's error for it."""
         code = ErrorCode.UNKNOWN_SERVER_ERROR
         message = "no answer from the Produce path"
         if produced is not None:
             answer = produced.responses[0].partition_responses[0]
             code, message = ErrorCode(answer.error_code), answer.error_message or ""
-        if code == ErrorCode.NONE:
+        error = ErrorCode.NONE
+        if code != ErrorCode.NONE:
+            error = APPEND_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
+            log.warning("%s: the append to %s-%d failed (%s: %s): answered %s, nothing stored",
+                        _what(owner.plan), OFFSETS_TOPIC, owner.partition, code.name, message, error.name)
+        plan = owner.plan
+        if isinstance(plan, CommitPlan):
+            return self._finish_commit(plan, error)
+        if isinstance(plan, OffsetDeletion):
+            if error == ErrorCode.NONE:
+                self.coordinator.apply_offset_delete(plan)
+                return plan.response
+            deleting = set(plan.tombstones)
+            for topic in plan.response.topics:
+                for part in topic.partitions:
+                    if (topic.name, part.partition_index) in deleting:
+                        part.error_code = error
+            return plan.response
+        return self._finish_deletion(owner, error)
+
+    def _finish_commit(self, plan: CommitPlan, error: ErrorCode) -> OffsetCommitResponse:
+        if error == ErrorCode.NONE:
             self.coordinator.apply(plan)
             return plan.response
-        error = APPEND_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
-        log.warning("OffsetCommit of group %r: the append to %s-%d failed (%s: %s): answered %s, nothing "
-                    "stored", plan.group_id, OFFSETS_TOPIC, partition_for(plan.group_id, self.partitions),
-                    code.name, message, error.name)
         accepted = {(t, p) for t, p, _ in plan.accepted}
         for topic in plan.response.topics:
             for part in topic.partitions:
                 if (topic.name, part.partition_index) in accepted:
                     part.error_code = error
         return plan.response
+
+    def _finish_deletion(self, owner: GroupWrite, error: ErrorCode) -> DeleteGroupsResponse | None:
+        job: DeletionInFlight = owner.plan
+        for group_id in job.groups.pop(owner.partition, []):
+            self.coordinator.finish_delete(group_id, written=error == ErrorCode.NONE)
+            job.plan.results[group_id] = error
+        return None if job.groups else _deleted(job.plan)
+
+
+class DeletionInFlight(NamedTuple):
+    """A DeleteGroups whose tombstones are being written: its plan and the groups of each partition still
+    being written (its answer is given when none is left)."""
+
+    plan: GroupDeletion
+    groups: dict[int, list[str]]
+
+
+def _deleted(plan: GroupDeletion) -> DeleteGroupsResponse:
+    return DeleteGroupsResponse(results=[DeletableGroupResult(g, code) for g, code in plan.results.items()])
+
+
+def _what(plan: Any) -> str:
+    if isinstance(plan, CommitPlan):
+        return f"OffsetCommit of group {plan.group_id!r}"
+    if isinstance(plan, OffsetDeletion):
+        return f"OffsetDelete of group {plan.group_id!r}"
+    return f"DeleteGroups of {sorted(plan.plan.deleting)}"

@@ -15,7 +15,17 @@ revoked), but not between its JoinGroup answer and its assignment (CompletingReb
 REBALANCE_IN_PROGRESS).
 
 Group ids are validated as Kafka validates them: an empty group id is INVALID_GROUP_ID (JoinGroup,
-SyncGroup, Heartbeat, LeaveGroup, OffsetCommit); OffsetFetch and DescribeGroups answer it per group.
+SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetDelete); OffsetFetch, DescribeGroups and DeleteGroups
+answer it per group.
+
+**Deleting.**  DeleteGroups deletes an Empty group (NON_EMPTY_GROUP while it has members; GROUP_ID_NOT_FOUND
+for a group with neither members nor committed offsets, or one being deleted).  OffsetDelete deletes a
+group's committed offsets, except those of a topic a member of a non-empty group still subscribes to
+(GROUP_SUBSCRIBED_TO_TOPIC for those partitions; subscriptions that cannot be read count as every topic);
+a non-empty group of another protocol type than ``consumer`` is NON_EMPTY_GROUP as a whole.  Both are
+planned here and written as tombstones to ``__consumer_offsets`` by the broker; a group being deleted is
+Dead meanwhile (a JoinGroup or an OffsetCommit for it is COORDINATOR_NOT_AVAILABLE, retriable) and comes
+back Empty, untouched, when the tombstones cannot be written.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any
 
 from appliance.coordinator.group import Completion, Group, GroupSettings, GroupState, JoinArgs
 from appliance.coordinator.offsets import CommittedOffset, OffsetStore
+from appliance.coordinator.subscription import CONSUMER_PROTOCOL_TYPE, subscribed_topics
 from ipc.kafka import (
     DescribedGroup,
     DescribedGroupMember,
@@ -40,6 +51,10 @@ from ipc.kafka import (
     OffsetCommitResponse,
     OffsetCommitResponsePartition,
     OffsetCommitResponseTopic,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetDeleteResponsePartition,
+    OffsetDeleteResponseTopic,
     OffsetFetchRequest,
     OffsetFetchResponse,
     OffsetFetchResponsePartition,
@@ -47,7 +62,7 @@ from ipc.kafka import (
     SyncGroupResponse,
 )
 
-__all__ = ["CommitPlan", "GroupCoordinator"]
+__all__ = ["CommitPlan", "GroupCoordinator", "GroupDeletion", "OffsetDeletion"]
 
 # A group id longer than this is refused (INVALID_GROUP_ID): it is kept in memory per group and, in Kafka's
 # schemas, in every offset record's key.
@@ -61,6 +76,24 @@ class CommitPlan:
     group_id: str
     response: OffsetCommitResponse
     accepted: list[tuple[str, int, CommittedOffset]]
+
+
+@dataclass(slots=True)
+class GroupDeletion:
+    """A DeleteGroups checked and not written yet: every group's answer (NONE: deleted once its tombstones
+    are written), and the committed partitions (topic, partition) of each group being deleted."""
+
+    results: dict[str, ErrorCode]
+    deleting: dict[str, list[tuple[str, int]]]
+
+
+@dataclass(slots=True)
+class OffsetDeletion:
+    """An OffsetDelete checked and not written yet: its response and the partitions to tombstone."""
+
+    group_id: str
+    response: OffsetDeleteResponse
+    tombstones: list[tuple[str, int]]
 
 
 def _new_member_id(client_id: str) -> str:
@@ -165,6 +198,8 @@ class GroupCoordinator:
         group = self.groups.get(body.group_id)
         generation = body.generation_id_or_member_epoch if api_version >= 1 else -1
         member_id = body.member_id if api_version >= 1 else ""
+        if group is not None and group.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # being deleted
         if generation < 0 and not member_id:
             if group is not None and group.members:
                 return ErrorCode.UNKNOWN_MEMBER_ID if api_version >= 1 else ErrorCode.ILLEGAL_GENERATION
@@ -231,6 +266,88 @@ class GroupCoordinator:
                 ))
             topics.append(OffsetFetchResponseTopic(name, parts))
         return OffsetFetchResponse(topics=topics, error_code=ErrorCode.NONE)
+
+    # -- deleting groups and offsets --------------------------------------------------------------------
+
+    def _deletable(self, group_id: str) -> ErrorCode:
+        """Whether a group may lose its offsets wholesale: NONE (Empty), or Kafka's error."""
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.NONE if self.offsets.has_group(group_id) else ErrorCode.GROUP_ID_NOT_FOUND
+        if group.state == GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        return ErrorCode.NONE if group.state == GroupState.EMPTY else ErrorCode.NON_EMPTY_GROUP
+
+    def plan_delete_groups(self, group_ids: list[str]) -> GroupDeletion:
+        """Check a DeleteGroups; each group to delete is Dead until :meth:`finish_delete`."""
+        plan = GroupDeletion({}, {})
+        for group_id in group_ids:
+            if group_id in plan.results:
+                continue
+            code = self._deletable(group_id)
+            plan.results[group_id] = code
+            if code == ErrorCode.NONE:
+                group = self._group(group_id, create=True)
+                assert group is not None
+                group.begin_deletion()
+                plan.deleting[group_id] = [(t, p) for t, parts in self.offsets.topics_of(group_id).items()
+                                           for p in parts]
+        return plan
+
+    def finish_delete(self, group_id: str, *, written: bool) -> None:
+        """The tombstones of a group being deleted are in the log (it is gone), or could not be written (it
+        is Empty again, with its offsets)."""
+        group = self.groups.get(group_id)
+        if not written:
+            if group is not None:
+                group.end_deletion()
+            return
+        self.groups.pop(group_id, None)
+        for topic, parts in self.offsets.topics_of(group_id).items():
+            for partition in parts:
+                self.offsets.put(group_id, topic, partition, None)
+
+    def plan_offset_delete(self, body: OffsetDeleteRequest,
+                           known: Callable[[str, int], bool]) -> OffsetDeletion:
+        """Check an OffsetDelete (module docstring); ``known(topic, partition)``: the partition exists
+        (else UNKNOWN_TOPIC_OR_PARTITION).  Partitions with no commit are answered NONE, nothing written."""
+        code = self._deletable(body.group_id)
+        consumed: Callable[[str], bool] = lambda topic: False  # noqa: E731 -- Empty: nothing is consumed
+        if code == ErrorCode.NON_EMPTY_GROUP:
+            group = self.groups[body.group_id]
+            if group.protocol_type == CONSUMER_PROTOCOL_TYPE:
+                code = ErrorCode.NONE
+                topics_read = None
+                if group.protocol_name:  # a protocol chosen: the members' metadata for it
+                    topics_read = subscribed_topics(m.metadata_for(group.protocol_name)
+                                                    for m in group.members.values())
+                consumed = (lambda topic: True) if topics_read is None else topics_read.__contains__
+        if code != ErrorCode.NONE:
+            return OffsetDeletion(body.group_id, OffsetDeleteResponse(error_code=code, topics=[]), [])
+        topics = []
+        tombstones: list[tuple[str, int]] = []
+        for t in body.topics:
+            parts = []
+            for p in t.partitions:
+                index = p.partition_index
+                error = ErrorCode.NONE
+                if not known(t.name, index):
+                    error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif consumed(t.name):
+                    error = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+                elif self.offsets.get(body.group_id, t.name, index) is not None:
+                    tombstones.append((t.name, index))
+                parts.append(OffsetDeleteResponsePartition(index, error))
+            topics.append(OffsetDeleteResponseTopic(t.name, parts))
+        return OffsetDeletion(body.group_id, OffsetDeleteResponse(error_code=ErrorCode.NONE, topics=topics),
+                              tombstones)
+
+    def apply_offset_delete(self, plan: OffsetDeletion) -> None:
+        """Forget the offsets of a planned OffsetDelete whose tombstones are in ``__consumer_offsets``."""
+        for topic, partition in plan.tombstones:
+            self.offsets.put(plan.group_id, topic, partition, None)
 
     # -- inspection --------------------------------------------------------------------------------------
 

@@ -414,6 +414,17 @@ class Group:
             due.append(self.join_deadline_ms)
         return min(due, default=None)
 
+    def begin_deletion(self) -> None:
+        """An Empty group is being deleted: Dead until :meth:`end_deletion` (or forgotten)."""
+        assert self.state == GroupState.EMPTY and not self.members
+        self.state = GroupState.DEAD
+        self.pending.clear()
+
+    def end_deletion(self) -> None:
+        """The deletion could not be written: the group is Empty again."""
+        if self.state == GroupState.DEAD:
+            self.state = GroupState.EMPTY
+
     def close(self) -> list[Completion]:
         """The group is going away (the coordinator stops): every held request is answered."""
         out = []

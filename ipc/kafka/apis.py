@@ -71,7 +71,9 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,8 @@ APIS: dict[int, ApiSpec] = {
         ApiSpec(_K.SYNC_GROUP, g.SyncGroupRequest, g.SyncGroupResponse, 0, 3, 4),
         ApiSpec(_K.DESCRIBE_GROUPS, g.DescribeGroupsRequest, g.DescribeGroupsResponse, 0, 4, 5),
         ApiSpec(_K.LIST_GROUPS, g.ListGroupsRequest, g.ListGroupsResponse, 0, 2, 3),
+        ApiSpec(_K.DELETE_GROUPS, g.DeleteGroupsRequest, g.DeleteGroupsResponse, 0, 1, 2),
+        ApiSpec(_K.OFFSET_DELETE, g.OffsetDeleteRequest, g.OffsetDeleteResponse, 0, 0, None),
         ApiSpec(_K.SASL_HANDSHAKE, g.SaslHandshakeRequest, g.SaslHandshakeResponse, 0, 1, None),
         ApiSpec(_K.API_VERSIONS, m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 3, 3),
         ApiSpec(_K.CREATE_TOPICS, m.CreateTopicsRequest, m.CreateTopicsResponse, 0, 4, 5),

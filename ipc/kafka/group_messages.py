@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from ipc.kafka.schema import ARRAY, BOOL, BYTES, INT8, INT16, INT32, INT64, STRING, Struct, wire
 
 __all__ = [
+    "DeletableGroupResult",
+    "DeleteGroupsRequest",
+    "DeleteGroupsResponse",
     "DescribeGroupsRequest",
     "DescribeGroupsResponse",
     "DescribedGroup",
@@ -39,6 +42,12 @@ __all__ = [
     "OffsetCommitResponse",
     "OffsetCommitResponsePartition",
     "OffsetCommitResponseTopic",
+    "OffsetDeleteRequest",
+    "OffsetDeleteRequestPartition",
+    "OffsetDeleteRequestTopic",
+    "OffsetDeleteResponse",
+    "OffsetDeleteResponsePartition",
+    "OffsetDeleteResponseTopic",
     "OffsetFetchRequest",
     "OffsetFetchRequestTopic",
     "OffsetFetchResponse",
@@ -322,6 +331,67 @@ class ListGroupsResponse(Struct):
     throttle_time_ms: int = wire(INT32, "1+")
     error_code: int = wire(INT16)
     groups: list[ListedGroup] = wire(ARRAY(ListedGroup))
+
+
+# -- DeleteGroups (key 42) ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DeleteGroupsRequest(Struct):
+    groups_names: list[str] = wire(ARRAY(STRING))
+
+
+@dataclass(slots=True)
+class DeletableGroupResult(Struct):
+    group_id: str = wire(STRING)
+    error_code: int = wire(INT16)
+
+
+@dataclass(slots=True)
+class DeleteGroupsResponse(Struct):
+    throttle_time_ms: int = wire(INT32)
+    results: list[DeletableGroupResult] = wire(ARRAY(DeletableGroupResult))
+
+
+# -- OffsetDelete (key 47) -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class OffsetDeleteRequestPartition(Struct):
+    partition_index: int = wire(INT32)
+
+
+@dataclass(slots=True)
+class OffsetDeleteRequestTopic(Struct):
+    name: str = wire(STRING)
+    partitions: list[OffsetDeleteRequestPartition] = wire(ARRAY(OffsetDeleteRequestPartition))
+
+
+@dataclass(slots=True)
+class OffsetDeleteRequest(Struct):
+    group_id: str = wire(STRING)
+    topics: list[OffsetDeleteRequestTopic] = wire(ARRAY(OffsetDeleteRequestTopic))
+
+
+@dataclass(slots=True)
+class OffsetDeleteResponsePartition(Struct):
+    partition_index: int = wire(INT32)
+    error_code: int = wire(INT16)
+
+
+@dataclass(slots=True)
+class OffsetDeleteResponseTopic(Struct):
+    name: str = wire(STRING)
+    partitions: list[OffsetDeleteResponsePartition] = wire(ARRAY(OffsetDeleteResponsePartition))
+
+
+@dataclass(slots=True)
+class OffsetDeleteResponse(Struct):
+    """The error code comes before the throttle time in this response, as in Kafka's JSON."""
+
+    error_code: int = wire(INT16)
+    throttle_time_ms: int = wire(INT32, default=0)
+    topics: list[OffsetDeleteResponseTopic] = wire(ARRAY(OffsetDeleteResponseTopic))
 
 
 # -- SaslHandshake (key 17) and SaslAuthenticate (key 36) ------------------------------------------------

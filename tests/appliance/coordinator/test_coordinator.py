@@ -1,0 +1,144 @@
+"""Deleting groups and committed offsets in the coordinator, planned and then written (no log behind it)."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+from appliance.coordinator import GroupCoordinator, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.subscription import subscribed_topics
+from ipc.kafka import (
+    ErrorCode,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetDeleteRequest,
+    OffsetDeleteRequestPartition,
+    OffsetDeleteRequestTopic,
+)
+
+SETTINGS = GroupSettings(initial_rebalance_delay_ms=0)
+
+
+def coordinator() -> GroupCoordinator:
+    ids = itertools.count(1)
+    return GroupCoordinator(SETTINGS, new_member_id=lambda client: f"{client}-{next(ids)}")
+
+
+def subscription(*topics: str) -> bytes:
+    """Kafka's ConsumerProtocolSubscription v0: version, topics, user data (null)."""
+    out = struct.pack(">hi", 0, len(topics))
+    for t in topics:
+        out += struct.pack(">h", len(t)) + t.encode()
+    return out + struct.pack(">i", -1)
+
+
+def commit(c: GroupCoordinator, group: str, topic: str, partition: int, offset: int) -> None:
+    body = OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, member_id="", topics=[
+        OffsetCommitRequestTopic(topic, [OffsetCommitRequestPartition(partition, offset, -1, -1, "")])])
+    assert c.commit(body, 7, 0).topics[0].partitions[0].error_code == ErrorCode.NONE
+
+
+def stable_member(c: GroupCoordinator, group: str, metadata: bytes, protocol_type: str = "consumer") -> str:
+    args = JoinArgs(member_id="", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                    protocol_type=protocol_type, protocols=[("range", metadata)], client_id="c")
+    (joined,) = c.join(group, args, "j", 0)
+    member_id: str = joined.response.member_id
+    c.sync(group, member_id, joined.response.generation_id, [(member_id, b"a")], "s", 0)
+    assert c.groups[group].state == GroupState.STABLE
+    return member_id
+
+
+def offset_delete(group: str, **topics: list[int]) -> OffsetDeleteRequest:
+    asked = [OffsetDeleteRequestTopic(t, [OffsetDeleteRequestPartition(p) for p in ps])
+             for t, ps in topics.items()]
+    return OffsetDeleteRequest(group, asked)
+
+
+def every_partition(topic: str, partition: int) -> bool:
+    return partition < 4
+
+
+def test_an_empty_group_is_deleted_once_its_tombstones_are_written() -> None:
+    c = coordinator()
+    commit(c, "g", "t", 0, 5)
+    commit(c, "g", "u", 1, 6)
+    plan = c.plan_delete_groups(["g", "g", "nobody", ""])
+    assert plan.results == {"g": ErrorCode.NONE, "nobody": ErrorCode.GROUP_ID_NOT_FOUND,
+                            "": ErrorCode.INVALID_GROUP_ID}
+    assert sorted(plan.deleting["g"]) == [("t", 0), ("u", 1)]
+    # while the tombstones are written the group is Dead: no commit, no second deletion
+    body = OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=-1, member_id="", topics=[
+        OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 9, -1, -1, "")])])
+    assert c.commit(body, 7, 0).topics[0].partitions[0].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert c.plan_delete_groups(["g"]).results == {"g": ErrorCode.GROUP_ID_NOT_FOUND}
+    c.finish_delete("g", written=True)
+    assert not c.offsets.has_group("g") and "g" not in c.groups
+    assert [g.group_id for g in c.list_groups()] == []
+
+
+def test_a_deletion_not_written_leaves_the_group_as_it_was() -> None:
+    c = coordinator()
+    commit(c, "g", "t", 0, 5)
+    c.plan_delete_groups(["g"])
+    c.finish_delete("g", written=False)
+    assert c.groups["g"].state == GroupState.EMPTY
+    assert c.offsets.get("g", "t", 0) is not None
+    commit(c, "g", "t", 0, 7)
+
+
+def test_a_group_with_members_is_not_deleted() -> None:
+    c = coordinator()
+    stable_member(c, "g", subscription("t"))
+    assert c.plan_delete_groups(["g"]).results == {"g": ErrorCode.NON_EMPTY_GROUP}
+    assert c.groups["g"].state == GroupState.STABLE
+
+
+def test_offsets_of_an_empty_group_are_deleted_except_unknown_partitions() -> None:
+    c = coordinator()
+    commit(c, "g", "t", 0, 5)
+    commit(c, "g", "t", 1, 6)
+    plan = c.plan_offset_delete(offset_delete("g", t=[0, 2, 9]), every_partition)
+    assert plan.response.error_code == ErrorCode.NONE
+    assert [(p.partition_index, p.error_code) for p in plan.response.topics[0].partitions] == [
+        (0, ErrorCode.NONE), (2, ErrorCode.NONE), (9, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]
+    assert plan.tombstones == [("t", 0)]  # partition 2 had no commit: nothing to write
+    assert c.offsets.get("g", "t", 0) is not None  # not before the tombstones are written
+    c.apply_offset_delete(plan)
+    assert c.offsets.get("g", "t", 0) is None and c.offsets.get("g", "t", 1) is not None
+
+
+def test_a_consumed_topic_keeps_its_offsets() -> None:
+    c = coordinator()
+    commit(c, "g", "t", 0, 5)
+    commit(c, "g", "old", 0, 5)
+    stable_member(c, "g", subscription("t"))
+    plan = c.plan_offset_delete(offset_delete("g", t=[0], old=[0]), every_partition)
+    errors = {t.name: t.partitions[0].error_code for t in plan.response.topics}
+    assert errors == {"t": ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, "old": ErrorCode.NONE}
+    assert plan.tombstones == [("old", 0)]
+
+
+def test_unreadable_subscriptions_count_as_every_topic() -> None:
+    c = coordinator()
+    commit(c, "g", "t", 0, 5)
+    stable_member(c, "g", b"\xff garbage")
+    plan = c.plan_offset_delete(offset_delete("g", t=[0]), every_partition)
+    assert plan.response.topics[0].partitions[0].error_code == ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+    assert plan.tombstones == []
+
+
+def test_offset_delete_errors_for_the_whole_group() -> None:
+    c = coordinator()
+    stable_member(c, "connect", b"opaque", protocol_type="connect")
+    cases = {"": ErrorCode.INVALID_GROUP_ID, "nobody": ErrorCode.GROUP_ID_NOT_FOUND,
+             "connect": ErrorCode.NON_EMPTY_GROUP}
+    for group, code in cases.items():
+        plan = c.plan_offset_delete(offset_delete(group, t=[0]), every_partition)
+        assert (plan.response.error_code, plan.response.topics, plan.tombstones) == (code, [], [])
+
+
+def test_subscriptions_are_read_from_every_member() -> None:
+    assert subscribed_topics([subscription("a", "b"), subscription("c")]) == {"a", "b", "c"}
+    assert subscribed_topics([subscription("a"), b"\x00"]) is None
+    assert subscribed_topics([]) == set()
