@@ -9,6 +9,8 @@
         (--topic T[:P,P...] ... | --all-topics)
         (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --shift-by N | --to-current)
         [--dry-run | --execute]
+    appliance consumer-groups --delete (--group G ... | --all-groups)
+    appliance consumer-groups --delete-offsets --group G --topic T[:P,P...] ...
 
 It speaks the Kafka protocol through :class:`appliance.client.group_admin.GroupAdmin`, so it works from
 any host, and ``kafka-consumer-groups.sh`` does the same against the appliance.  Output follows
@@ -26,6 +28,11 @@ its nearest end, with a warning; without ``--execute`` nothing changes (``--dry-
 warned about when neither is given).  ``--to-datetime`` takes ISO 8601 (``2026-11-28T10:00:00``,
 ``...T10:00:00.000+01:00``, ``...Z``; without a zone, local time, as Kafka reads it); a partition with no
 record at or after it falls back to its latest offset, with a warning.
+
+``--delete`` removes inactive groups and their committed offsets
+(DeleteGroups; a group with members is refused, NON_EMPTY_GROUP); ``--delete-offsets`` removes one group's
+committed offsets of some topics or partitions (OffsetDelete; refused, GROUP_SUBSCRIBED_TO_TOPIC, for a
+topic a member of the group still consumes), with a ``TOPIC PARTITION STATUS`` row per partition.
 
 Messages to the user go to stderr, tables to stdout.  Exit status: 0 done; 1 refused or failed (the group
 does not exist, is not inactive for a reset, the coordinator refused, no broker there; the reason names the
@@ -48,9 +55,10 @@ from appliance.client.group_admin import (
     GroupAdminError,
     GroupDescription,
     GroupListing,
+    group_error,
 )
 from appliance.client.kafka_cluster import DEFAULT_BOOTSTRAP_SERVER
-from ipc.kafka import ErrorCode
+from ipc.kafka import ErrorCode, error_name
 from ipc.kafka_client import BrokerConnectionError, parse_bootstrap_servers
 from storage.errors import ApplianceError
 
@@ -61,7 +69,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 MISSING = "-"  # Kafka's tool prints this for a value it does not have
-_ACTIONS = ("list", "describe", "reset_offsets")
+_ACTIONS = ("list", "describe", "reset_offsets", "delete", "delete_offsets")
 _SCENARIOS = ("to_earliest", "to_latest", "to_offset", "to_datetime", "shift_by", "to_current")
 _INACTIVE = ("Empty", "Dead")
 
@@ -86,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     actions.add_argument("--list", action="store_true", help="list every consumer group")
     actions.add_argument("--describe", action="store_true", help="describe groups (default: their offsets)")
     actions.add_argument("--reset-offsets", action="store_true", help="reset a group's committed offsets")
+    actions.add_argument("--delete", action="store_true", help="delete inactive groups and their offsets")
+    actions.add_argument("--delete-offsets", action="store_true", help="delete a group's offsets of topics")
     which = parser.add_argument_group("which groups and partitions")
     which.add_argument("--group", action="append", default=[], metavar="G", help="a group (repeatable)")
     which.add_argument("--all-groups", action="store_true", help="every group")
@@ -115,7 +125,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """UsageError for a combination kafka-consumer-groups refuses too."""
     actions = [a for a in _ACTIONS if getattr(args, a)]
     if len(actions) != 1:
-        raise UsageError("give exactly one of --list, --describe, --reset-offsets")
+        raise UsageError("give exactly one of --list, --describe, --reset-offsets, --delete, "
+                         "--delete-offsets")
     parse_bootstrap_servers(args.bootstrap_server)
     action = actions[0]
     if action != "list" and not args.group and not args.all_groups:
@@ -128,6 +139,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--verbose goes with --describe --members")
     if action == "reset_offsets":
         _check_reset_arguments(args)
+    elif action == "delete_offsets":
+        if len(args.group) != 1 or not args.topic:
+            raise UsageError("--delete-offsets needs one --group G and --topic T[:P,P...] (repeatable)")
+        for topic in args.topic:
+            parse_topic_partitions(topic)
     elif args.topic or args.all_topics or any(_given(args, s) for s in _SCENARIOS) or args.execute:
         raise UsageError(f"--topic, --all-topics and the --to-* options go with --reset-offsets, "
                          f"not --{action}")
@@ -306,8 +322,13 @@ def partitions_to_reset(admin: GroupAdmin, args: argparse.Namespace, group_id: s
                         committed: dict[TopicPartition, int]) -> list[TopicPartition]:
     if args.all_topics:
         return sorted(committed)
+    return named_partitions(admin, args.topic)
+
+
+def named_partitions(admin: GroupAdmin, topics: Sequence[str]) -> list[TopicPartition]:
+    """The partitions ``--topic T`` / ``--topic T:P,P`` name, checked against the topics' partitions."""
     chosen: list[TopicPartition] = []
-    for text in args.topic:
+    for text in topics:
         topic, partitions = parse_topic_partitions(text)
         existing = admin.partitions_of(topic)
         for p in partitions if partitions is not None else existing:
@@ -392,6 +413,56 @@ def reset(admin: GroupAdmin, args: argparse.Namespace, groups: list[str], out: T
     return status
 
 
+# -- delete --------------------------------------------------------------------------------------------
+
+
+def delete_groups(admin: GroupAdmin, groups: list[str], out: TextIO, err: TextIO) -> int:
+    results = admin.delete_groups(groups)
+    failed = {g: code for g, code in results.items() if code != ErrorCode.NONE}
+    deleted = [g for g, code in results.items() if code == ErrorCode.NONE]
+    if not failed:
+        print(f"Deletion of requested consumer groups ({_quoted(deleted)}) was successful.", file=out)
+        return EXIT_OK
+    print("Error: Deletion of some consumer groups failed:", file=err)
+    for g, code in failed.items():
+        print(f"* Group '{g}' could not be deleted due to: {group_error(g, code, None)}", file=err)
+    if deleted:
+        print(f"These consumer groups were deleted successfully: {_quoted(deleted)}", file=out)
+    return EXIT_FAILED
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+_DELETE_OFFSETS_ERRORS: dict[int, str] = {
+    ErrorCode.INVALID_GROUP_ID: "'{g}' is not valid.",
+    ErrorCode.GROUP_ID_NOT_FOUND: "'{g}' does not exist (`appliance consumer-groups --list` lists "
+                                  "the groups).",
+    ErrorCode.NON_EMPTY_GROUP: "Deleting offsets of a consumer group '{g}' is forbidden if the group is not "
+                               "empty.",
+    ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "Encounter some partition level error, see the follow-up details:",
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: "Encounter some partition level error, see the follow-up details:",
+}
+
+
+def delete_offsets(admin: GroupAdmin, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    (group_id,) = args.group
+    top, per_partition = admin.delete_offsets(group_id, named_partitions(admin, args.topic))
+    if top == ErrorCode.NONE:
+        print(f"Request succeed for deleting offsets with topic {', '.join(args.topic)} group {group_id}",
+              file=out)
+    else:
+        text = _DELETE_OFFSETS_ERRORS.get(top, f"Encounter some unknown error: {error_name(top)}")
+        print(f"Error: {text.format(g=group_id)}", file=err)
+    rows = [[t, p, "Successful" if code == ErrorCode.NONE else f"Error: {group_error(group_id, code, None)}"]
+            for (t, p), code in sorted(per_partition.items())]
+    if rows:
+        print("\n" + table(["TOPIC", "PARTITION", "STATUS"], rows, [30, 15, 0]), file=out)
+    failed = top != ErrorCode.NONE or any(code != ErrorCode.NONE for code in per_partition.values())
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 # -- main ------------------------------------------------------------------------------------------------
 
 
@@ -409,6 +480,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         groups = [g.group_id for g in _consumer_groups(admin)] if args.all_groups else args.group
         if args.describe:
             return describe(admin, args, groups, out, err)
+        if args.delete:
+            return delete_groups(admin, groups, out, err)
+        if args.delete_offsets:
+            return delete_offsets(admin, args, out, err)
         return reset(admin, args, groups, out, err)
     except (ApplianceError, OSError) as exc:
         print(f"Error: {exc}", file=err)

@@ -18,6 +18,9 @@ call                          requests
 :meth:`log_offsets`           ListOffsets to each partition's leader (earliest, latest or a timestamp)
 :meth:`alter_offsets`         OffsetCommit with generation -1 and an empty member id: Kafka's "simple" commit,
                               which the coordinator accepts only while the group has no members
+:meth:`delete_groups`         DeleteGroups to each group's coordinator (an empty group only: NON_EMPTY_GROUP)
+:meth:`delete_offsets`        OffsetDelete (refused for a topic a live member subscribes to:
+                              GROUP_SUBSCRIBED_TO_TOPIC)
 ============================  ===============================================================================
 
 While a coordinator loads its groups (COORDINATOR_LOAD_IN_PROGRESS), moves (NOT_COORDINATOR) or is not
@@ -41,6 +44,8 @@ from dataclasses import dataclass
 
 from appliance.client.kafka_cluster import DEFAULT_BOOTSTRAP_SERVER, KafkaCluster
 from ipc.kafka import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
     ErrorCode,
@@ -56,6 +61,10 @@ from ipc.kafka import (
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
     OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteRequestPartition,
+    OffsetDeleteRequestTopic,
+    OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     error_name,
@@ -335,6 +344,43 @@ class GroupAdmin:
                 raise group_error(group_id, code, f"committing offsets of {topic}-{partition} refused")
             self._retry_or_raise(group_id, code, None, deadline)
 
+    # -- deleting ------------------------------------------------------------------------------------------
+
+    def delete_groups(self, group_ids: Iterable[str]) -> dict[str, int]:
+        """Delete each group (its committed offsets with it); Kafka's error code per group (0: deleted)."""
+        results: dict[str, int] = {}
+        for group_id in dict.fromkeys(group_ids):
+            deadline = self._deadline()
+            while True:
+                answer: DeleteGroupsResponse = self._connection(group_id).request(
+                    DeleteGroupsRequest(groups_names=[group_id]))
+                code = next((r.error_code for r in answer.results if r.group_id == group_id),
+                            ErrorCode.UNKNOWN_SERVER_ERROR)
+                if code not in _RETRIABLE or time.monotonic() >= deadline:
+                    break
+                self._retry_or_raise(group_id, code, None, deadline)
+            results[group_id] = code
+        return results
+
+    def delete_offsets(self, group_id: str,
+                       partitions: Iterable[TopicPartition]) -> tuple[int, dict[TopicPartition, int]]:
+        """Delete the group's committed offsets of ``partitions``: the top-level error code and Kafka's
+        error code per partition (0: deleted, or there was none)."""
+        by_topic: dict[str, list[OffsetDeleteRequestPartition]] = {}
+        for topic, partition in sorted(set(partitions)):
+            by_topic.setdefault(topic, []).append(OffsetDeleteRequestPartition(partition))
+        request = OffsetDeleteRequest(group_id=group_id,
+                                      topics=[OffsetDeleteRequestTopic(t, ps) for t, ps in by_topic.items()])
+        deadline = self._deadline()
+        while True:
+            answer: OffsetDeleteResponse = self._connection(group_id).request(request)
+            if answer.error_code not in _RETRIABLE or time.monotonic() >= deadline:
+                break
+            self._retry_or_raise(group_id, answer.error_code, None, deadline)
+        per_partition = {(t.name, p.partition_index): p.error_code
+                         for t in answer.topics for p in t.partitions}
+        return answer.error_code, per_partition
+
     # -- lifetime --------------------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -354,6 +400,8 @@ _ADVICE: dict[int, str] = {
     ErrorCode.NON_EMPTY_GROUP: "the group has active members: stop its consumers first "
                                "(`appliance consumer-groups --describe --group G --members` lists them)",
     ErrorCode.GROUP_ID_NOT_FOUND: "no such group (`appliance consumer-groups --list` lists them)",
+    ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "a member of the group consumes this topic: stop it, or unsubscribe "
+                                         "it from the topic, first",
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: "the coordinator is still loading its groups: try again shortly",
     ErrorCode.COORDINATOR_NOT_AVAILABLE: "the coordinator is not available yet: try again shortly",
     ErrorCode.NOT_COORDINATOR: "the group's coordinator moved: try again",
@@ -362,6 +410,6 @@ _ADVICE: dict[int, str] = {
 
 def group_error(group_id: str, code: int, message: str | None) -> GroupAdminError:
     """A GroupAdminError naming the group, Kafka's error and what to do."""
-    advice = _ADVICE.get(code, "")
+    advice = _ADVICE.get(code, "").replace("--group G", f"--group {group_id}")
     text = f"group {group_id!r}: {message + ': ' if message else ''}{error_name(code)}"
     return GroupAdminError(f"{text}; {advice}" if advice else text, code)

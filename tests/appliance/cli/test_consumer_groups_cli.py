@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from support.kafka_appliance import Appliance, served_appliance
 
+from appliance.cli import consumer_groups
 from appliance.client.group_admin import decode_assignment
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -70,10 +71,12 @@ def groups(appliance: Appliance, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def rows(stdout: str, header: list[str]) -> list[dict[str, str]]:
-    """The table under ``header`` as dicts (cells never contain spaces here)."""
+    """The table under ``header`` as dicts (only the last column may hold spaces)."""
     lines = [line for line in stdout.splitlines() if line.strip()]
     start = next(i for i, line in enumerate(lines) if line.split() == header)
-    return [dict(zip(header, line.split(), strict=True)) for line in lines[start + 1 :]]
+    return [
+        dict(zip(header, line.split(maxsplit=len(header) - 1), strict=True)) for line in lines[start + 1 :]
+    ]
 
 
 def consumer(appliance: Appliance, group: str, client_id: str) -> Any:
@@ -258,7 +261,9 @@ def test_reset_offsets_of_an_empty_group_and_a_consumer_resumes_there(
         resumed.close()
 
 
-def test_errors_name_the_group_and_say_what_to_do(appliance: Appliance) -> None:
+def test_errors_name_the_group_and_say_what_to_do(
+    appliance: Appliance, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = groups(appliance, "--describe", "--group", "no-such-group")
     assert missing.returncode == 1
     assert "Consumer group 'no-such-group' does not exist" in missing.stderr and "--list" in missing.stderr
@@ -282,10 +287,11 @@ def test_errors_name_the_group_and_say_what_to_do(appliance: Appliance) -> None:
         ["--reset-offsets", "--group", "g", "--to-latest"],
         ["--reset-offsets", "--group", "g", "--all-topics", "--to-datetime", "yesterday"],
         ["--reset-offsets", "--group", "g", "--topic", "t:x", "--to-latest"],
-    ):
-        result = groups(appliance, *bad)
-        assert result.returncode == 2, (bad, result.stderr)
-        assert result.stdout == ""
+        ["--delete-offsets", "--group", "g"],
+    ):  # refused before any connection: in this process
+        assert consumer_groups.main(["--bootstrap-server", appliance.bootstrap, *bad]) == 2, bad
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("appliance consumer-groups: "), (bad, err)
     nobody = subprocess.run(
         [str(APPLIANCE), "consumer-groups", "--bootstrap-server", "127.0.0.1:1", "--list"],
         capture_output=True,
@@ -302,3 +308,40 @@ def test_decode_assignment_reads_every_version_and_tolerates_garbage() -> None:
         assert decode_assignment(data) == (("orders", 0), ("orders", 2))
     for garbage in (b"", b"\x00", b"\xff\xff", b"\x00\x00\x7f\xff\xff\xff", b"\x00\x00" + body[:5]):
         assert decode_assignment(garbage) == ()
+
+
+def test_delete_offsets_and_delete_group_refused_while_consumed_then_done(
+    appliance: Appliance, timestamps: list[int]
+) -> None:
+    member = consumer(appliance, "g-del", "client-d")
+    try:
+        member.subscribe(["orders"])
+        poll_until([member], lambda: len(member.assignment()) == PARTITIONS)
+        member.commit(
+            offsets=[confluent_kafka.TopicPartition("orders", p, 3) for p in range(PARTITIONS)]
+            + [confluent_kafka.TopicPartition("other", 0, 0)],
+            asynchronous=False,
+        )
+        busy = groups(appliance, "--delete", "--group", "g-del")
+        assert busy.returncode == 1
+        assert "Group 'g-del' could not be deleted due to" in busy.stderr and "NON_EMPTY_GROUP" in busy.stderr
+        subscribed = groups(appliance, "--delete-offsets", "--group", "g-del", "--topic", "orders:1")
+        assert subscribed.returncode == 1 and "GROUP_SUBSCRIBED_TO_TOPIC" in subscribed.stdout
+        table = rows(subscribed.stdout, ["TOPIC", "PARTITION", "STATUS"])
+        assert [(r["TOPIC"], r["PARTITION"]) for r in table] == [("orders", "1")]
+        done = groups(appliance, "--delete-offsets", "--group", "g-del", "--topic", "other")
+        assert done.returncode == 0, done.stderr
+        assert "Request succeed for deleting offsets with topic other group g-del" in done.stdout
+        assert rows(done.stdout, ["TOPIC", "PARTITION", "STATUS"]) == [
+            {"TOPIC": "other", "PARTITION": "0", "STATUS": "Successful"}
+        ]
+        assert committed(appliance, "g-del") == dict.fromkeys(range(PARTITIONS), 3)  # orders kept
+    finally:
+        member.close()
+    deleted = groups(appliance, "--delete", "--group", "g-del")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "Deletion of requested consumer groups ('g-del') was successful." in deleted.stdout
+    assert "g-del" not in groups(appliance, "--list").stdout.split()
+    assert committed(appliance, "g-del") == dict.fromkeys(range(PARTITIONS), -1001)
+    gone = groups(appliance, "--delete", "--group", "g-del")
+    assert gone.returncode == 1 and "GROUP_ID_NOT_FOUND" in gone.stderr
