@@ -188,7 +188,8 @@ class GroupAdmin:
             request_timeout_ms=request_timeout_ms,
         )
         self.cluster.any_connection()  # fail now if no bootstrap server answers
-        self._coordinators: dict[str, tuple[int, str, int]] = {}
+        self._coordinators: dict[str, tuple[int, str, int]] = {}  # group id -> its coordinator
+        self._coordinator_connections: dict[tuple[str, int], KafkaConnection] = {}
 
     # -- coordinators ----------------------------------------------------------------------------------------
 
@@ -212,9 +213,12 @@ class GroupAdmin:
             self._retry_or_raise(group_id, found.error_code, found.error_message, deadline)
 
     def _connection(self, group_id: str) -> KafkaConnection:
-        node_id, host, port = self.coordinator(group_id)
-        self.cluster.brokers.setdefault(node_id, (host, port))
-        return self.cluster.connection_to(node_id)
+        """The connection to the group's coordinator (one per coordinator address, made on first use)."""
+        _, host, port = self.coordinator(group_id)
+        conn = self._coordinator_connections.get((host, port))
+        if conn is None or conn.closed:
+            conn = self._coordinator_connections[(host, port)] = self.cluster.connect(host, port)
+        return conn
 
     def _retry_or_raise(self, group_id: str, code: int, message: str | None, deadline: float) -> None:
         """Sleep and return if ``code`` is retriable and time is left; else raise it for ``group_id``."""
@@ -384,6 +388,9 @@ class GroupAdmin:
     # -- lifetime --------------------------------------------------------------------------------------------
 
     def close(self) -> None:
+        for conn in self._coordinator_connections.values():
+            conn.close()
+        self._coordinator_connections.clear()
         self.cluster.close()
 
     def __enter__(self) -> GroupAdmin:
