@@ -243,7 +243,8 @@ def offset_rows(admin: GroupAdmin, group: GroupDescription) -> list[OffsetRow]:
     owned = [(m, p) for m in sorted(group.members, key=lambda m: -len(m.assignment)) for p in m.assignment]
     owned_keys = {p for _, p in owned}
     unowned = sorted(k for k in committed if k not in owned_keys)
-    ends = admin.log_offsets([p for _, p in owned] + unowned, LATEST) if owned or unowned else {}
+    wanted = [p for _, p in owned] + unowned
+    ends = admin.log_offsets(wanted, LATEST, missing_ok=True) if wanted else {}  # "-" for a deleted topic
     rows = [OffsetRow(group.group_id, t, p, committed.get((t, p)), ends.get((t, p)), m.member_id,
                       m.host, m.client_id) for m, (t, p) in owned]
     rows += [OffsetRow(group.group_id, t, p, committed[(t, p)], ends.get((t, p)), MISSING, MISSING, MISSING)

@@ -296,15 +296,19 @@ class GroupAdmin:
                                   "shows the topics", found.error_code)
         return sorted(p.partition_index for p in found.partitions)
 
-    def log_offsets(self, partitions: Iterable[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
+    def log_offsets(self, partitions: Iterable[TopicPartition], timestamp: int, *,
+                    missing_ok: bool = False) -> dict[TopicPartition, int]:
         """ListOffsets of each partition at its leader: :data:`EARLIEST`, :data:`LATEST` or a timestamp in
-        ms (-1 for a partition with no record at or after it).  GroupAdminError for a partition its leader
-        refused."""
+        ms (-1 for a partition with no record at or after it).  GroupAdminError for a partition that does
+        not exist, has no leader or that its leader refused; with ``missing_ok`` such a partition is left
+        out of the answer instead (a group's committed offsets of a deleted topic)."""
         wanted = sorted(set(partitions))
         self.cluster.metadata(sorted({t for t, _ in wanted}))
         by_leader: dict[int, dict[str, list[int]]] = {}
         for topic, partition in wanted:
             leader = self.cluster.leaders.get((topic, partition), -1)
+            if leader < 0 and missing_ok:
+                continue
             if leader < 0:
                 raise GroupAdminError(f"partition {topic}-{partition}: no such partition or no leader now "
                                       "(`appliance topics describe` shows it)",
@@ -318,6 +322,8 @@ class GroupAdmin:
             answer: ListOffsetsResponse = self.cluster.connection_to(leader).request(request)
             for t in answer.topics:
                 for p in t.partitions:
+                    if p.error_code != ErrorCode.NONE and missing_ok:
+                        continue
                     if p.error_code != ErrorCode.NONE:
                         raise GroupAdminError(f"partition {t.name}-{p.partition_index}: ListOffsets refused "
                                               f"with {error_name(p.error_code)}", p.error_code)

@@ -19,6 +19,7 @@ import pytest
 from support.kafka_appliance import Appliance, served_appliance
 
 from appliance.cli import consumer_groups
+from appliance.client.admin import KafkaAdmin
 from appliance.client.group_admin import decode_assignment
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -299,6 +300,26 @@ def test_errors_name_the_group_and_say_what_to_do(
         timeout=60,
     )
     assert nobody.returncode == 1 and "is the appliance running there?" in nobody.stderr
+
+
+def test_describe_shows_the_offsets_of_a_deleted_topic_without_an_end(appliance: Appliance) -> None:
+    with KafkaAdmin(appliance.bootstrap) as admin:
+        admin.create_topic("doomed", 1)
+        c = consumer(appliance, "g-doomed", "client-x")
+        try:  # a commit as an assign() consumer: generation -1 to a group without members
+            c.commit(offsets=[confluent_kafka.TopicPartition("doomed", 0, 0)], asynchronous=False)
+        finally:
+            c.close()
+        admin.delete_topic("doomed")
+    result = groups(appliance, "--describe", "--group", "g-doomed")
+    assert result.returncode == 0, result.stderr
+    (row,) = rows(result.stdout, OFFSET_COLUMNS)
+    assert (row["TOPIC"], row["CURRENT-OFFSET"], row["LOG-END-OFFSET"], row["LAG"]) == (
+        "doomed",
+        "0",
+        "-",
+        "-",
+    )
 
 
 def test_decode_assignment_reads_every_version_and_tolerates_garbage() -> None:
