@@ -86,7 +86,7 @@ class UsageError(ValueError):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="appliance consumer-groups",
-        description="list, describe and reset consumer groups, like kafka-consumer-groups",
+        description="list, describe, reset and delete consumer groups, like kafka-consumer-groups",
     )
     parser.add_argument("--bootstrap-server", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP_SERVER,
                         help=f"a broker of the appliance (default {DEFAULT_BOOTSTRAP_SERVER})")

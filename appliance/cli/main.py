@@ -19,7 +19,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "configs": ("appliance.cli.configs:main", "read or change topic settings, like kafka-configs"),
     "consumer-groups": (
         "appliance.cli.consumer_groups:main",
-        "list, describe and reset consumer groups, like kafka-consumer-groups",
+        "list, describe, reset and delete consumer groups, like kafka-consumer-groups",
     ),
     "consume": ("appliance.cli.consume:main", "print records of a topic, like kafka-console-consumer"),
     "dump-log": (
@@ -41,7 +41,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: appliance COMMAND [ARGS...]", "", "commands:"]
     for name, (_, help_text) in sorted(_COMMANDS.items()):
-        lines.append(f"  {name:<12} {help_text}")
+        lines.append(f"  {name:<16} {help_text}")
     return "\n".join(lines)
 
 
