@@ -1,4 +1,4 @@
-"""``appliance consumer-groups``: list, describe and reset consumer groups, as ``kafka-consumer-groups.sh``.
+"""``appliance consumer-groups``: list, describe, reset and delete consumer groups, like Kafka's tool.
 
 ::
 
