@@ -1,6 +1,6 @@
 """``appliance bench COMMAND``: measure the appliance on this host.
 
-Commands: produce, consume, e2e, replicate, partitions, partition-throughput, recovery, cleaner.
+Commands: produce, consume, e2e, replicate, partitions, partition-throughput, recovery, cleaner, groups.
 
 Modelled on Kafka's ``kafka-producer-perf-test`` and ``kafka-consumer-perf-test``::
 
@@ -15,6 +15,7 @@ Modelled on Kafka's ``kafka-producer-perf-test`` and ``kafka-consumer-perf-test`
     appliance bench partition-throughput --counts 1,4,16,64,256            # throughput and memory
     appliance bench recovery --segments 1,10,100,1000 --max-bytes 2GiB    # restart / recovery time
     appliance bench cleaner --records 1000000 --dirty-records 3000000 --pairs 3   # the cleaner's cost
+    appliance bench groups --members 8 --rounds 5 --commits 2000 --records 1000000  # consumer groups
 
 Where: by default each run starts its own ``appliance serve`` in a fresh temporary directory and stops and
 removes it at the end.  ``--data-dir DIR`` uses the appliance running there (or starts one there) and
@@ -203,6 +204,21 @@ def _scaling_commands(sub: Any) -> None:
                    help="a setting of the appliance started (repeat)")
     k.add_argument("--json", metavar="FILE")
 
+    g = sub.add_parser("groups", help="rebalance time, OffsetCommit round trips/s, group vs assign() "
+                       "consume throughput, with confluent-kafka consumers (bench.groups)")
+    g.add_argument("--members", type=_count, default=8, help="members of the group that forms (8)")
+    g.add_argument("--partitions", type=_count, default=16, help="partitions of the rebalanced topic (16)")
+    g.add_argument("--rounds", type=_count, default=5, help="form / leave / join rounds (5)")
+    g.add_argument("--commits", type=_count, default=2000, help="synchronous OffsetCommits timed (2,000)")
+    g.add_argument("--records", type=_count, default=1_000_000,
+                   help="records of the throughput topic, 4 partitions (1,000,000)")
+    g.add_argument("--record-size", type=parse_size, default=100)
+    g.add_argument("--pairs", type=_count, default=3, help="group / assign() pairs of reads (3)")
+    g.add_argument("--data-dir", help="a running appliance's data dir (default: one started here)")
+    g.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the appliance started (repeat)")
+    g.add_argument("--json", metavar="FILE")
+
     v = sub.add_parser("recovery", help="restart and crash-recovery time as the log grows")
     v.add_argument("--segments", type=_int_list, default=[1, 10, 100, 1000], help="segment counts")
     v.add_argument("--max-bytes", type=parse_size, default=2 << 30,
@@ -318,10 +334,21 @@ def _cleaner(args: argparse.Namespace) -> dict[str, Any]:
                             overrides=args.override)
 
 
+def _groups(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.groups import run_groups
+
+    if args.members < 2 or args.partitions < args.members + 1:
+        raise ConfigError(f"--members {args.members} --partitions {args.partitions}: give at least 2 members "
+                          "and more partitions than members (each member, the joiner too, gets one)")
+    return run_groups(members=args.members, partitions=args.partitions, rounds=args.rounds,
+                      commits=args.commits, records=args.records, record_size=args.record_size,
+                      pairs=args.pairs, data_dir=args.data_dir, overrides=args.override)
+
+
 _RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "produce": _produce, "consume": _consume, "e2e": _e2e, "replicate": _replicate,
     "partitions": _partitions, "partition-throughput": _partition_throughput, "recovery": _recovery,
-    "cleaner": _cleaner,
+    "cleaner": _cleaner, "groups": _groups,
 }
 
 

@@ -17,6 +17,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench.cli:main", "measure throughput and latency, like kafka-*-perf-test"),
     "config": ("appliance.cli.config:main", "check or print the configuration"),
     "configs": ("appliance.cli.configs:main", "read or change topic settings, like kafka-configs"),
+    "consumer-groups": (
+        "appliance.cli.consumer_groups:main",
+        "list, describe, reset and delete consumer groups, like kafka-consumer-groups",
+    ),
     "consume": ("appliance.cli.consume:main", "print records of a topic, like kafka-console-consumer"),
     "dump-log": (
         "appliance.cli.dump_log:main",
@@ -38,7 +42,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: appliance COMMAND [ARGS...]", "", "commands:"]
     for name, (_, help_text) in sorted(_COMMANDS.items()):
-        lines.append(f"  {name:<12} {help_text}")
+        lines.append(f"  {name:<16} {help_text}")
     return "\n".join(lines)
 
 
