@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The leader member gets every member's :class:`~appliance.client.consumer_protocol.Subscription` in its
+The leader member gets every member's :class:`~ipc.kafka.consumer_protocol.Subscription` in its
 JoinGroup answer and computes each member's partitions; the coordinator only carries the bytes.  Three
 assignors, by Kafka's names (``partition.assignment.strategy``), each giving the same answer as Kafka's for
 the same members and partitions:
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from appliance.client.consumer_protocol import Subscription
+from ipc.kafka.consumer_protocol import Subscription
 
 __all__ = ["ASSIGNORS", "Assignor", "assign_cooperative_sticky", "assign_range", "assign_roundrobin"]
 

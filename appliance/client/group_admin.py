@@ -34,7 +34,7 @@ at the end).  Bytes that are not a consumer assignment (another protocol type, g
 partitions rather than failing the description.
 """
 
-# ruff: noqa: RUF009 -- ``wire()`` returns a dataclasses.field(); a field specifier, not a shared default.
+
 
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ from ipc.kafka import (
     OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    consumer_protocol,
     error_name,
 )
-from ipc.kafka.schema import ARRAY, BYTES, INT32, STRING, Struct, decoder_for, wire
 from ipc.kafka_client import KafkaConnection
 from storage.errors import ApplianceError, ProtocolError
 
@@ -105,37 +105,13 @@ class GroupAdminError(ApplianceError):
 # -- the consumer protocol's assignment bytes ------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _AssignedTopic(Struct):
-    topic: str = wire(STRING)
-    partitions: list[int] = wire(ARRAY(INT32))
-
-
-@dataclass(slots=True)
-class _Assignment(Struct):
-    """Kafka's ``ConsumerProtocolAssignment`` after its int16 version (versions 0-3 share this layout)."""
-
-    assigned_partitions: list[_AssignedTopic] = wire(ARRAY(_AssignedTopic))
-    user_data: bytes | None = wire(BYTES, nullable="0+", default=None)
-
-
-_NEWEST_ASSIGNMENT_VERSION = 3
-
-
 def decode_assignment(data: bytes) -> tuple[TopicPartition, ...]:
     """The (topic, partition) pairs a consumer-protocol assignment names, sorted; () for empty or
     undecodable bytes (module docstring)."""
-    if len(data) < 2:
-        return ()
-    version = int.from_bytes(data[:2], "big", signed=True)
-    if version < 0:
-        return ()
-    decode = decoder_for(_Assignment, min(version, _NEWEST_ASSIGNMENT_VERSION), False)
     try:
-        assignment, _ = decode(memoryview(data), 2)
+        return tuple(sorted(consumer_protocol.decode_assignment(data).partitions))
     except ProtocolError:
         return ()
-    return tuple(sorted((t.topic, p) for t in assignment.assigned_partitions for p in t.partitions))
 
 
 # -- results ---------------------------------------------------------------------------------------------

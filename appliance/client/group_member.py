@@ -45,14 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from appliance.client.assignors import Assignor
-from appliance.client.consumer_protocol import (
-    Assignment,
-    Subscription,
-    decode_assignment,
-    decode_subscription,
-    encode_assignment,
-    encode_subscription,
-)
 from ipc.kafka import (
     ErrorCode,
     FindCoordinatorRequest,
@@ -71,6 +63,14 @@ from ipc.kafka import (
     SyncGroupRequest,
     SyncGroupRequestAssignment,
     error_name,
+)
+from ipc.kafka.consumer_protocol import (
+    Assignment,
+    Subscription,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
 )
 from ipc.kafka_client import KafkaConnection
 from storage.errors import ApplianceError, BrokerConnectionError, ProtocolError, RequestTimeoutError

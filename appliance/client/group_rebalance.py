@@ -42,10 +42,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from appliance.client.assignors import ASSIGNORS
-from appliance.client.consumer_protocol import Subscription
 from appliance.client.group_member import CommitResult, GroupConfig, GroupError, GroupMember
 from appliance.config.settings import INT_MAX, Invalid, Setting, boolean, integer, optional, text
 from ipc.kafka import ErrorCode, error_name
+from ipc.kafka.consumer_protocol import Subscription
 from ipc.kafka_client import KafkaConnection, parse_bootstrap_servers
 from storage.errors import ApplianceError, BrokerConnectionError, ConfigError
 

@@ -15,25 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ipc.kafka.primitives import read_array_length, read_int16, read_string
+from ipc.kafka.consumer_protocol import decode_subscription
 from storage.errors import ProtocolError
 
 __all__ = ["CONSUMER_PROTOCOL_TYPE", "subscribed_topics"]
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
-
-
-def _topics_of(metadata: bytes) -> list[str]:
-    mv = memoryview(metadata)
-    version, pos = read_int16(mv, 0)
-    if version < 0:
-        raise ProtocolError(f"consumer subscription version {version}")
-    count, pos = read_array_length(mv, pos, 2, nullable=False)
-    topics = []
-    for _ in range(count):
-        topic, pos = read_string(mv, pos)
-        topics.append(topic)
-    return topics
 
 
 def subscribed_topics(metadatas: Iterable[bytes]) -> set[str] | None:
@@ -42,7 +29,7 @@ def subscribed_topics(metadatas: Iterable[bytes]) -> set[str] | None:
     topics: set[str] = set()
     try:
         for metadata in metadatas:
-            topics.update(_topics_of(metadata))
+            topics.update(decode_subscription(metadata).topics)
     except ProtocolError:
         return None
     return topics

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.client.assignors import assign_cooperative_sticky, assign_range, assign_roundrobin
-from appliance.client.consumer_protocol import (
+from ipc.kafka.consumer_protocol import (
     Assignment,
     Subscription,
     decode_assignment,
