@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/mypy
 
 test: install lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The fault campaigns at their long size (dozens to hundreds of kills each; tests/support/campaign.py).
 soak: install
