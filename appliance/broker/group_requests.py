@@ -257,6 +257,13 @@ class GroupRequests:
         return DescribeGroupsResponse(groups=groups)
 
 
+def _client_host(peer: str) -> str:
+    """A member's host as Kafka shows it (Java's ``InetAddress.toString()``: ``/127.0.0.1``, no port)."""
+    if peer.startswith("unix:"):
+        return peer
+    return "/" + peer.rsplit(":", 1)[0].strip("[]")
+
+
 def _join_args(header: RequestHeader, body: JoinGroupRequest, peer: str) -> JoinArgs:
     return JoinArgs(
         member_id=body.member_id,
@@ -267,7 +274,7 @@ def _join_args(header: RequestHeader, body: JoinGroupRequest, peer: str) -> Join
         protocol_type=body.protocol_type,
         protocols=[(p.name, bytes(p.metadata)) for p in body.protocols],
         client_id=header.client_id or "",
-        client_host=peer,
+        client_host=_client_host(peer),
         group_instance_id=body.group_instance_id,
         require_known_member_id=header.api_version >= 4,
     )
