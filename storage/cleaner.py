@@ -39,9 +39,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
 records than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
-compressed batch's decompressed records and its rewrite, and the output buffered up to ``_OUT_CHUNK_BYTES``
-before each write.  Segments are read through read-only mappings; the record kernels take a segment's
-uncompressed batches in one call (``put_batches``, ``select_batches``) and hand compressed ones back.
+compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
+before each write, and the batch positions and sizes the map pass found (up to ``_WALKS_KEPT_BYTES``), so
+the rewrite neither walks nor checks those segments again.  Segments are read through read-only mappings;
+the record kernels take a segment's uncompressed batches in one call (``put_batches``, ``select_batches``,
+``storage.batch_rewrite.write_selected``) and hand compressed ones back.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ __all__ = [
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 _OUT_CHUNK_BYTES: Final = 4 << 20
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
+_WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
 _NO_PRODUCER: Final = -1
 
 
@@ -200,8 +203,9 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     else:
         omap = offset_map
     omap.clear(start)
+    walks = _Walks()
     for info in dirty:
-        fitted = _index_segment(omap, info)
+        fitted = _index_segment(omap, info, walks)
         if io_throttle is not None:
             io_throttle(info.size_bytes)
         if not fitted:
@@ -214,7 +218,7 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     to_clean = [s for s in closed if s.base_offset < end]
     written = read = 0
     groups = _group_segments(to_clean, log.config)
-    selector = _Selector(omap, last_batches, now, delete_retention_ms)
+    selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
     for group in groups:
         cleaned = _write_group(log.directory, group, selector, log.config, io_throttle)
         log.swap_cleaned(cleaned.base_offset, cleaned.replaced)
@@ -314,16 +318,41 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 
 
 # --- the offset map -----------------------------------------------------------------------------------------
-def _index_segment(omap: OffsetMap, info: SegmentInfo) -> bool:
+class _Walks:
+    """The batch positions and sizes of the segments the map pass walked and checked, for the rewrite of
+    the same pass (the segments are closed: only the cleaner rewrites them, after this pass has read
+    them), up to :data:`_WALKS_KEPT_BYTES`; a segment not kept, or whose size changed, is walked again."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._bytes = 0
+
+    def keep(self, info: SegmentInfo, size_bytes: int, batches: BatchArrays) -> None:
+        nbytes = batches.positions.nbytes + batches.sizes.nbytes
+        if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
+            self._kept[info.base_offset] = (size_bytes, batches.positions, batches.sizes)
+            self._bytes += nbytes
+
+    def take(self, info: SegmentInfo, size_bytes: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The kept positions and sizes of the segment (``size_bytes`` long now), or None."""
+        kept = self._kept.pop(info.base_offset, None)
+        if kept is None or kept[0] != size_bytes:
+            return None
+        self._bytes -= kept[1].nbytes + kept[2].nbytes
+        return kept[1], kept[2]
+
+
+def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
     """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first.
     Uncompressed batches go through :func:`put_batches` in one call; it stops at a compressed batch (put
     here after decompressing) and before a batch that needs the table grown or does not fit."""
     with _mapped(info.path) as mapped:
-        return _index_mapped(omap, info, mapped)
+        return _index_mapped(omap, info, mapped, walks)
 
 
-def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped) -> bool:
+def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
     batches = _walk(mapped, info)
+    walks.keep(info, len(mapped.array), batches)
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
         i, omap.size, omap.seen, code = put_batches(
@@ -462,8 +491,9 @@ class _Selector:
     compressed ones one by one here."""
 
     def __init__(self, omap: OffsetMap, last_batches: dict[int, int], now_ms: int,
-                 delete_retention_ms: int) -> None:
+                 delete_retention_ms: int, walks: _Walks) -> None:
         self.omap = omap
+        self.walks = walks
         self.producer_last = np.array(sorted(last_batches.values()), dtype=np.int64)
         self.now_ms = now_ms
         self.horizon_ms = now_ms + delete_retention_ms
@@ -476,8 +506,11 @@ class _Selector:
 
     def clean_segment(self, mapped: _Mapped, info: SegmentInfo, out: _Output) -> None:
         """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4)."""
-        batches = _walk(mapped, info)
-        positions, sizes = batches.positions, batches.sizes
+        walked = self.walks.take(info, len(mapped.array))
+        if walked is None:
+            batches = _walk(mapped, info)
+            walked = batches.positions, batches.sizes
+        positions, sizes = walked
         omap = self.omap
         first = 0
         while first < len(positions):
