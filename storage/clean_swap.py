@@ -5,14 +5,17 @@ Theory of operation
 A clean writes its result aside, ``<base>.log.cleaned`` with ``<base>.index.cleaned`` and
 ``<base>.timeindex.cleaned`` (``storage.cleaner``), where ``<base>`` is the base offset of the first segment
 it replaces.  :func:`swap_in` then replaces the group ``[base, ...)`` of closed segments in five steps, the
-directory fsynced after each:
+directory fsynced after each of steps 2-4:
 
 1. the cleaned files are complete and fsynced (the ``.log``; the indexes are disposable);
 2. every file of every replaced segment is renamed ``<name>.deleted``;
 3. the cleaned indexes are renamed ``*.swap``, then ``<base>.log.cleaned`` -> ``<base>.log.swap``: **this
    rename commits the swap**;
 4. the ``*.deleted`` files are unlinked;
-5. the ``*.swap`` indexes, then ``<base>.log.swap``, are renamed to their final names.
+5. the ``*.swap`` indexes, then ``<base>.log.swap``, are renamed to their final names.  No fsync of its
+   own: a crash that loses some of these renames leaves ``*.swap`` files that the next open finishes (or,
+   the log's rename kept and an index's lost, an index ``.swap`` it unlinks: indexes are rebuilt); the
+   next swap's step 2 or the ``cleaner-offset-checkpoint`` written after the pass makes them durable.
 
 Kafka's ``LogCleaner`` renames ``.cleaned`` to ``.swap`` before it renames the old segments ``.deleted``,
 and its recovery deletes the old segments that the ``.swap`` file's offsets cover.  A clean here may drop
@@ -98,7 +101,6 @@ def swap_in(directory: str, base_offset: int, replaced: Sequence[int]) -> None:
     fsync_directory(directory)
     _fault("clean.unlinked", log_path)
     _install_swaps(directory)
-    fsync_directory(directory)
     _fault("clean.installed", log_path)
 
 

@@ -39,9 +39,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
 records than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
-compressed batch's decompressed records and its rewrite, and the output buffered up to ``_OUT_CHUNK_BYTES``
-before each write.  Segments are read through read-only mappings; the record kernels take a segment's
-uncompressed batches in one call (``put_batches``, ``select_batches``) and hand compressed ones back.
+compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
+before each write, and the batch positions and sizes the map pass found (up to ``_WALKS_KEPT_BYTES``), so
+the rewrite neither walks nor checks those segments again.  Segments are read through read-only mappings;
+the record kernels take a segment's uncompressed batches in one call (``put_batches``, ``select_batches``,
+``storage.batch_rewrite.write_selected``) and hand compressed ones back.
 """
 
 from __future__ import annotations
@@ -56,21 +58,23 @@ from typing import Final, NamedTuple, Protocol
 import numpy as np
 
 from storage.batch_header import (
-    BATCH_HEADER,
     COMPRESSION_CODEC_MASK,
-    CONTROL_FLAG_MASK,
     HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC,
     PRODUCER_ID_OFFSET,
     RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
-    TRANSACTIONAL_FLAG_MASK,
     BatchHeader,
     parse_header,
-    write_crc,
 )
 from storage.batch_reader import records_data
+from storage.batch_rewrite import (
+    RECORD_SLACK_BYTES,
+    fill_crcs,
+    output_bound,
+    write_empty,
+    write_header,
+    write_selected,
+)
 from storage.batch_scan import WALK_CAPACITY, BatchArrays, check_crcs, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
@@ -123,6 +127,7 @@ __all__ = [
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 _OUT_CHUNK_BYTES: Final = 4 << 20
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
+_WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
 _NO_PRODUCER: Final = -1
 
 
@@ -198,8 +203,9 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     else:
         omap = offset_map
     omap.clear(start)
+    walks = _Walks()
     for info in dirty:
-        fitted = _index_segment(omap, info)
+        fitted = _index_segment(omap, info, walks)
         if io_throttle is not None:
             io_throttle(info.size_bytes)
         if not fitted:
@@ -212,7 +218,7 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     to_clean = [s for s in closed if s.base_offset < end]
     written = read = 0
     groups = _group_segments(to_clean, log.config)
-    selector = _Selector(omap, last_batches, now, delete_retention_ms)
+    selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
     for group in groups:
         cleaned = _write_group(log.directory, group, selector, log.config, io_throttle)
         log.swap_cleaned(cleaned.base_offset, cleaned.replaced)
@@ -312,16 +318,41 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 
 
 # --- the offset map -----------------------------------------------------------------------------------------
-def _index_segment(omap: OffsetMap, info: SegmentInfo) -> bool:
+class _Walks:
+    """The batch positions and sizes of the segments the map pass walked and checked, for the rewrite of
+    the same pass (the segments are closed: only the cleaner rewrites them, after this pass has read
+    them), up to :data:`_WALKS_KEPT_BYTES`; a segment not kept, or whose size changed, is walked again."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._bytes = 0
+
+    def keep(self, info: SegmentInfo, size_bytes: int, batches: BatchArrays) -> None:
+        nbytes = batches.positions.nbytes + batches.sizes.nbytes
+        if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
+            self._kept[info.base_offset] = (size_bytes, batches.positions, batches.sizes)
+            self._bytes += nbytes
+
+    def take(self, info: SegmentInfo, size_bytes: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The kept positions and sizes of the segment (``size_bytes`` long now), or None."""
+        kept = self._kept.pop(info.base_offset, None)
+        if kept is None or kept[0] != size_bytes:
+            return None
+        self._bytes -= kept[1].nbytes + kept[2].nbytes
+        return kept[1], kept[2]
+
+
+def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
     """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first.
     Uncompressed batches go through :func:`put_batches` in one call; it stops at a compressed batch (put
     here after decompressing) and before a batch that needs the table grown or does not fit."""
     with _mapped(info.path) as mapped:
-        return _index_mapped(omap, info, mapped)
+        return _index_mapped(omap, info, mapped, walks)
 
 
-def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped) -> bool:
+def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
     batches = _walk(mapped, info)
+    walks.keep(info, len(mapped.array), batches)
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
         i, omap.size, omap.seen, code = put_batches(
@@ -455,30 +486,38 @@ class _Output:
 
 class _Selector:
     """Writes the cleaned form of segments' batches, in offset order across a pass's groups: ``seen``
-    follows the records the map read, so each record finds its entry in ``omap.entries``."""
+    follows the records the map read, so each record finds its entry in ``omap.entries``.  Uncompressed
+    batches are selected and written in numba, a run at a time (``select_batches``, ``write_selected``);
+    compressed ones one by one here."""
 
     def __init__(self, omap: OffsetMap, last_batches: dict[int, int], now_ms: int,
-                 delete_retention_ms: int) -> None:
+                 delete_retention_ms: int, walks: _Walks) -> None:
         self.omap = omap
-        self.last_batches = last_batches
+        self.walks = walks
+        self.producer_last = np.array(sorted(last_batches.values()), dtype=np.int64)
         self.now_ms = now_ms
-        self.delete_retention_ms = delete_retention_ms
+        self.horizon_ms = now_ms + delete_retention_ms
         self.seen = 0
         self.marks = RecordMarks.make(_MARKS)
         self.results = np.empty((_MARKS, RESULT_COLUMNS), np.int64)
+        self.crc_spans = np.empty((_MARKS, 2), np.int64)
+        self.buffer = np.empty(0, np.uint8)
         self.keyless = 0
 
     def clean_segment(self, mapped: _Mapped, info: SegmentInfo, out: _Output) -> None:
         """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4)."""
-        batches = _walk(mapped, info)
-        positions, sizes = batches.positions, batches.sizes
+        walked = self.walks.take(info, len(mapped.array))
+        if walked is None:
+            batches = _walk(mapped, info)
+            walked = batches.positions, batches.sizes
+        positions, sizes = walked
         omap = self.omap
         first = 0
         while first < len(positions):
             i, self.seen, code = select_batches(
                 mapped.array, positions, sizes, first, self.now_ms, omap.start_offset, omap.end_offset,
                 omap.table, omap.digests, omap.offsets, omap.entries, self.seen, *self.marks, self.results)
-            self._write_run(mapped, positions[first:i].tolist(), sizes[first:i].tolist(), out)
+            self._write_run(mapped, positions, sizes, first, i, out)
             if code == 0:
                 return
             position = int(positions[i])
@@ -492,30 +531,25 @@ class _Selector:
                 i += 1
             first = i
 
-    def _write_run(self, mapped: _Mapped, positions: list[int], sizes: list[int], out: _Output) -> None:
-        """Write the batches ``select_batches`` selected: copies as one slice, the others one by one."""
-        copy_from = copy_to = 0
-        for row, (position, size) in enumerate(zip(positions, sizes, strict=True)):
-            action, kept, tombstones, max_timestamp, keyless, mark_at = self.results[row].tolist()
-            if action == COPY:
-                if copy_to != position:
-                    copy_from = position
-                copy_to = position + size
-                continue
-            out.add(mapped.view[copy_from:copy_to])
-            copy_from = copy_to = 0
-            self.keyless += keyless
-            header = parse_header(mapped.view, position)
-            selection = Selection(kept, tombstones, max_timestamp, keyless)
-            piece = self._rewritten(mapped.array, position + HEADER_SIZE, position + size, header, selection,
-                                    action, mark_at)
-            if piece is not None:
-                out.add(piece)
-        out.add(mapped.view[copy_from:copy_to])
+    def _write_run(self, mapped: _Mapped, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
+                   out: _Output) -> None:
+        """Write the batches ``[first, stop)`` that ``select_batches`` selected (``write_selected``)."""
+        if stop == first:
+            return
+        self.keyless += int(self.results[: stop - first, 4].sum())
+        bound = output_bound(sizes, first, stop, self.results)
+        if len(self.buffer) < bound:
+            self.buffer = np.empty(0, np.uint8)  # dropped before the bigger one is made
+            self.buffer = np.empty(max(bound, 2 * len(self.buffer), _OUT_CHUNK_BYTES), np.uint8)
+        written, spans = write_selected(mapped.array, positions, sizes, first, stop, self.results,
+                                        *self.marks, self.horizon_ms, self.producer_last, self.buffer,
+                                        self.crc_spans)
+        fill_crcs(self.buffer, self.crc_spans[:spans])
+        out.add(self.buffer[:written].data)
 
     def _write_compressed(self, mapped: _Mapped, position: int, header: BatchHeader, path: str,
                           out: _Output) -> None:
-        """Select and write one compressed batch, decompressed here."""
+        """Select and write one compressed batch, decompressed here and compressed again."""
         omap = self.omap
         count = header.records_count
         if not self.marks.fits(count):
@@ -535,36 +569,39 @@ class _Selector:
         action = batch_action(selection.kept, count, selection.tombstones, has_horizon)
         if action == COPY:
             out.add(mapped.view[position : position + header.size])
-            return
-        piece = self._rewritten(data, start, end, header, selection, action, 0)
-        if piece is not None:
-            out.add(piece)
+        elif action == DROP:
+            if header.producer_id != _NO_PRODUCER and self._is_producer_last(header.last_offset):
+                piece = np.empty(HEADER_SIZE, np.uint8)
+                write_empty(mapped.array, position, piece, 0)
+                fill_crcs(piece, np.array([[0, HEADER_SIZE]], np.int64))
+                out.add(piece.data)
+        else:
+            out.add(self._recompressed(mapped, position, header, data, start, end, selection))
 
-    def _rewritten(self, data: np.ndarray, start: int, end: int, header: BatchHeader, selection: Selection,
-                   action: int, mark_at: int) -> bytearray | None:
-        """A batch that drops records (``action`` DROP or REWRITE) as the cleaned segment holds it: its kept
-        records around the same offsets and producer fields, an empty batch for a producer's last batch,
-        or None."""
-        if action == DROP:
-            producer = header.producer_id
-            if producer != _NO_PRODUCER and self.last_batches.get(producer) == header.last_offset:
-                return _empty_batch(header)
-            return None
+    def _is_producer_last(self, last_offset: int) -> bool:
+        """Whether ``last_offset`` ends an idempotent producer's last batch in the log."""
+        at = int(np.searchsorted(self.producer_last, last_offset))
+        return at < len(self.producer_last) and int(self.producer_last[at]) == last_offset
+
+    def _recompressed(self, mapped: _Mapped, position: int, header: BatchHeader, data: np.ndarray,
+                      start: int, end: int, selection: Selection) -> memoryview:
+        """A compressed batch with only its kept records, compressed with its codec again (the fields as
+        ``storage.batch_rewrite`` sets them)."""
         count = header.records_count
-        has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
-        set_horizon = selection.tombstones > 0 and not has_horizon
-        base_timestamp = self.now_ms + self.delete_retention_ms if set_horizon else header.base_timestamp
-        records = np.empty(end - start + 20 * count, np.uint8)
-        rebase_ms = header.base_timestamp - base_timestamp
-        stop = write_kept(data, mark_at, count, *self.marks, rebase_ms, records, 0)
-        body: bytes | np.ndarray = records[:stop]
-        codec = header.attributes & COMPRESSION_CODEC_MASK
-        if codec:
-            body = compress(codec, records[:stop].data)
+        set_horizon = selection.tombstones > 0 and not header.attributes & DELETE_HORIZON_FLAG_MASK
+        base_timestamp = self.horizon_ms if set_horizon else header.base_timestamp
+        records = np.empty(end - start + RECORD_SLACK_BYTES * count, np.uint8)
+        stop = write_kept(data, 0, count, *self.marks, header.base_timestamp - base_timestamp, records, 0)
+        body = compress(header.attributes & COMPRESSION_CODEC_MASK, records[:stop].data)
         attributes = header.attributes | (DELETE_HORIZON_FLAG_MASK if set_horizon else 0)
         log_append_time = header.attributes & TIMESTAMP_TYPE_MASK
         max_timestamp = header.max_timestamp if log_append_time else selection.max_timestamp
-        return _batch(header, attributes, base_timestamp, max_timestamp, selection.kept, body)
+        piece = np.empty(HEADER_SIZE + len(body), np.uint8)
+        write_header(mapped.array, position, piece, 0, attributes, base_timestamp, max_timestamp,
+                     selection.kept, len(piece))
+        piece[HEADER_SIZE:] = np.frombuffer(body, np.uint8)
+        fill_crcs(piece, np.array([[0, len(piece)]], np.int64))
+        return piece.data
 
 
 def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
@@ -596,23 +633,3 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
     indexes.offset_index.close()
     indexes.time_index.close()
     return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes)
-
-
-def _batch(header: BatchHeader, attributes: int, base_timestamp: int, max_timestamp: int, count: int,
-           body: bytes | np.ndarray) -> bytearray:
-    """A batch with ``header``'s offsets, producer fields and leader epoch around ``body``, CRC written."""
-    size = HEADER_SIZE + len(body)
-    out = bytearray(size)
-    BATCH_HEADER.pack_into(out, 0, header.base_offset, size - LOG_OVERHEAD, header.partition_leader_epoch,
-                           MAGIC, 0, attributes, header.last_offset_delta, base_timestamp, max_timestamp,
-                           header.producer_id, header.producer_epoch, header.base_sequence, count)
-    out[HEADER_SIZE:] = body.tobytes() if isinstance(body, np.ndarray) else body
-    write_crc(out, 0, size)
-    return out
-
-
-def _empty_batch(header: BatchHeader) -> bytearray:
-    """Kafka's empty batch (``DefaultRecordBatch.writeEmptyHeader``): no records, no codec, the offsets and
-    producer fields kept, base and max timestamp the batch's max timestamp."""
-    attributes = header.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK)
-    return _batch(header, attributes, header.max_timestamp, header.max_timestamp, 0, b"")

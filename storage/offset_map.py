@@ -16,6 +16,9 @@ this map stores the same 24 bytes per key, and finds them through a small table:
 * **the table** is ``slots`` ``uint64`` words: 0 for an empty slot, else ``entry + 1`` in the low 32 bits
   and the digest's top 32 bits above them, so a probe reads the dense arrays only when those 32 bits agree.
   A slot is found by linear probing from ``digest % slots`` (:func:`map_put`, :func:`map_find`: numba).
+  The map pass hashes a run of records first, asking the CPU for each key's slot
+  (``storage.prefetch``), and then puts them: a slot is a cache miss, and this way the misses of a run
+  overlap instead of following one another;
   The table starts small and doubles (:meth:`OffsetMap.grow`, rebuilt from the dense arrays, so the old
   table is dropped first) when it is half full, up to the slots that hold ``capacity`` keys at load 0.9
   (Kafka's ``log.cleaner.io.buffer.load.factor``): a table about twice the keys stays in the CPU's caches;
@@ -50,6 +53,7 @@ from storage.batch_header import (
     RECORDS_COUNT_OFFSET,
 )
 from storage.batch_scan import read_be
+from storage.prefetch import prefetch
 from storage.varint import read_varint, read_varlong
 
 __all__ = [
@@ -79,6 +83,7 @@ GROW: Final = -2  # put_batches: the next batch's keys could pass the table's gr
 STOPPED: Final = -3  # put_batches: stopped before a compressed batch (the caller decompresses it)
 NO_KEY: Final = -1  # entries[i] of a record without a key
 _MIN_SLOTS: Final = 1 << 12
+_RUN: Final = 256  # records hashed (their slots prefetched) before they are put
 _EMPTY = np.uint64(0)
 _LOW32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
@@ -204,6 +209,71 @@ def _rebuild(table: np.ndarray, digests: np.ndarray, size: int) -> None:
 
 
 @numba.njit(cache=True)
+def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, table: np.ndarray,
+             digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray, seen: int,
+             scratch: np.ndarray) -> tuple[int, int, int]:
+    """:func:`put_records` for the next ``run`` (<= ``len(scratch)``) records from ``at``, in two steps:
+    parse and hash them all, asking for each key's home slot (:func:`storage.prefetch.prefetch`), then put
+    them in order, so the table's cache misses overlap.  ``scratch``: ``(run, 4)`` uint64 words (the
+    digest's two, the offset, 1 if the record has a key).  Returns ``(keys, seen, position after the
+    run)``, or ``MALFORMED_RECORDS`` as the keys."""
+    slots = np.uint64(table.shape[0])
+    for n in range(run):
+        length, after = read_varint(data, at, end)
+        if after < 0 or length <= 0 or after + length > end:
+            return MALFORMED_RECORDS, seen, at
+        record_end = after + length
+        _, p = read_varlong(data, after + 1, record_end)  # after the attributes byte: timestampDelta
+        if p < 0:
+            return MALFORMED_RECORDS, seen, at
+        offset_delta, p = read_varint(data, p, record_end)
+        if p < 0:
+            return MALFORMED_RECORDS, seen, at
+        key_length, p = read_varint(data, p, record_end)
+        if p < 0 or key_length < -1 or p + key_length > record_end:
+            return MALFORMED_RECORDS, seen, at
+        scratch[n, 3] = key_length >= 0
+        if key_length >= 0:
+            h1, h2 = key_hash(data, p, key_length)
+            prefetch(table, np.int64(h1 % slots))
+            scratch[n, 0] = h1
+            scratch[n, 1] = h2
+            scratch[n, 2] = np.uint64(base_offset + offset_delta)
+        at = record_end
+    room = entries.shape[0]
+    for n in range(run):
+        entry = NO_KEY
+        if scratch[n, 3]:
+            offset: int = np.int64(scratch[n, 2])  # type: ignore[assignment]  # numba: an int64
+            entry = map_put(table, digests, offsets, size, scratch[n, 0], scratch[n, 1], offset)
+            if entry == size:
+                size += 1
+        if seen < room:
+            entries[seen] = entry
+        seen += 1
+    return size, seen, at
+
+
+@numba.njit(cache=True)
+def _put_section(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
+                 digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray, seen: int,
+                 scratch: np.ndarray) -> tuple[int, int]:
+    """:func:`put_records` with the caller's ``scratch`` (:func:`_put_run`), run after run."""
+    at = start
+    done = 0
+    while done < count:
+        run = min(scratch.shape[0], count - done)
+        size, seen, at = _put_run(data, at, end, run, base_offset, table, digests, offsets, size, entries,
+                                  seen, scratch)
+        if size == MALFORMED_RECORDS:
+            return MALFORMED_RECORDS, seen
+        done += run
+    if at != end:
+        return MALFORMED_RECORDS, seen
+    return size, seen
+
+
+@numba.njit(cache=True)
 def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
                 digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray,
                 seen: int) -> tuple[int, int]:
@@ -211,35 +281,9 @@ def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset:
     its offset, and each record's entry in ``entries[seen...]`` while there is room; returns the keys in the
     map and the records seen after them, or ``(MALFORMED_RECORDS, seen)``.  Records without a key are not
     put (the clean drops them)."""
-    at = start
-    room = entries.shape[0]
-    for _ in range(count):
-        length, after = read_varint(data, at, end)
-        if after < 0 or length <= 0 or after + length > end:
-            return MALFORMED_RECORDS, seen
-        record_end = after + length
-        _, p = read_varlong(data, after + 1, record_end)  # after the attributes byte: timestampDelta
-        if p < 0:
-            return MALFORMED_RECORDS, seen
-        offset_delta, p = read_varint(data, p, record_end)
-        if p < 0:
-            return MALFORMED_RECORDS, seen
-        key_length, p = read_varint(data, p, record_end)
-        if p < 0 or key_length < -1 or p + key_length > record_end:
-            return MALFORMED_RECORDS, seen
-        entry = NO_KEY
-        if key_length >= 0:
-            h1, h2 = key_hash(data, p, key_length)
-            entry = map_put(table, digests, offsets, size, h1, h2, base_offset + offset_delta)
-            if entry == size:
-                size += 1
-        if seen < room:
-            entries[seen] = entry
-        seen += 1
-        at = record_end
-    if at != end:
-        return MALFORMED_RECORDS, seen
-    return size, seen
+    scratch = np.empty((_RUN, 4), np.uint64)
+    return _put_section(data, start, end, count, base_offset, table, digests, offsets, size, entries, seen,
+                        scratch)
 
 
 @numba.njit(cache=True)
@@ -250,6 +294,7 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
     :func:`put_records`, skipping control batches.  Returns ``(batch index, keys, records seen, code)``:
     code 0 when all were put; else the batch at the index was not: :data:`GROW` (its records could take
     the keys past ``grow_at``), :data:`STOPPED` (it is compressed) or :data:`MALFORMED_RECORDS`."""
+    scratch = np.empty((_RUN, 4), np.uint64)
     for i in range(first, positions.shape[0]):
         position = positions[i]
         attributes = read_be(data, position + ATTRIBUTES_OFFSET, 2)
@@ -261,8 +306,8 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
         if attributes & COMPRESSION_CODEC_MASK:
             return i, size, seen, STOPPED
         base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
-        put, after = put_records(data, position + HEADER_SIZE, position + sizes[i], count, base_offset,
-                                 table, digests, offsets, size, entries, seen)
+        put, after = _put_section(data, position + HEADER_SIZE, position + sizes[i], count, base_offset,
+                                  table, digests, offsets, size, entries, seen, scratch)
         if put == MALFORMED_RECORDS:
             return i, size, seen, MALFORMED_RECORDS
         size, seen = put, after

@@ -38,6 +38,7 @@ from storage.batch_header import (
 )
 from storage.batch_scan import read_be
 from storage.offset_map import MALFORMED_RECORDS, STOPPED, key_hash, map_find
+from storage.prefetch import prefetch
 from storage.varint import read_varint, read_varlong, size_of_varint, write_varint
 
 __all__ = [
@@ -209,6 +210,9 @@ def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
         read_by_map = base_offset + read_be(data, position + LAST_OFFSET_DELTA_OFFSET, 4) >= map_start
         base_timestamp = read_be(data, position + BASE_TIMESTAMP_OFFSET, 8)
         has_horizon = attributes & DELETE_HORIZON_FLAG_MASK != 0
+        if read_by_map:  # the records' latest offsets, fetched ahead (storage.prefetch)
+            for n in range(seen, min(seen + count, entries.shape[0])):
+                prefetch(offsets, entries[n])
         kept, tombstones, max_timestamp, keyless = select_records(
             data, position + HEADER_SIZE, position + sizes[i], count, base_offset, base_timestamp,
             has_horizon and now_ms >= base_timestamp, map_end, table, digests, offsets, entries,

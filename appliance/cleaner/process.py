@@ -8,7 +8,9 @@ cleaner" in ``ps``), restarts it with the back-off of every child when it dies, 
 stop (it exits at once: whatever it was doing is abandoned, as after a SIGKILL).  It holds one control
 connection to the supervisor, and runs at nice :data:`NICENESS`: on a busy host the partition writers and
 the broker get the CPU first (Kafka's cleaner threads share one process with them; here the scheduler can
-tell them apart).
+tell them apart).  Its I/O goes in the idle class (``ioprio_set``, :func:`lower_io_priority`): where the
+disk's scheduler honours I/O priorities (BFQ) the writers' and the broker's reads and writes go first;
+with ``none`` or ``mq-deadline`` the setting is accepted and changes nothing.
 
 Each round (:meth:`Cleaner.round`) reads the topic metadata file, lists every partition of a topic whose
 ``cleanup.policy`` holds ``compact`` that this node serves (``appliance.cleaner.log_view``), measures them
@@ -37,6 +39,7 @@ cleans those segments again, to the same result).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -59,11 +62,23 @@ from storage.clean_swap import CLEANED_SUFFIX
 from storage.cleaner import CleanResult, IoThrottle, clean_log
 from storage.errors import ApplianceError, CorruptRecordError
 
-__all__ = ["CleanRefusedError", "Cleaner", "child_spec", "clean_pass", "cleaner_child", "unlink_cleaned"]
+__all__ = [
+    "CleanRefusedError",
+    "Cleaner",
+    "child_spec",
+    "clean_pass",
+    "cleaner_child",
+    "lower_io_priority",
+    "unlink_cleaned",
+]
 
 _SWAP_TIMEOUT_S: Final = 60.0
 NICENESS: Final = 10  # the cleaner is background work: the writers and the broker come first for the CPU
 _WAKE_CHECK_S: Final = 0.5  # how often a sleeping cleaner looks at the metadata file
+_SYS_IOPRIO_SET: Final = 251  # x86-64 Linux
+_IOPRIO_WHO_PROCESS: Final = 1
+_IOPRIO_CLASS_IDLE: Final = 3
+_IOPRIO_CLASS_SHIFT: Final = 13
 
 _log = logging.getLogger("appliance.cleaner")
 
@@ -257,6 +272,17 @@ def unlink_cleaned(directory: str) -> None:
                     os.unlink(os.path.join(directory, name))
 
 
+def lower_io_priority() -> bool:
+    """Put this process's I/O in the idle class (``ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE)``);
+    False, and a warning, when the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, 0, _IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT) == 0:
+        return True
+    _log.warning("cleaner: its I/O priority stays as it was: ioprio_set failed: %s",
+                 os.strerror(ctypes.get_errno()))
+    return False
+
+
 def cleaner_child(context: ChildContext) -> int:
     """The cleaner process's main: rounds until SIGTERM; exit 0."""
 
@@ -265,6 +291,7 @@ def cleaner_child(context: ChildContext) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     os.nice(NICENESS)
+    lower_io_priority()
     cleaner = Cleaner(context.config, context.shm_names, context.metadata_path, context.connect())
     _log.info("cleaner: started (dedupe buffer %d bytes, backoff %d ms)",
               context.config.cleaner_dedupe_buffer_size, context.config.cleaner_backoff_ms)

@@ -11,13 +11,15 @@ import pytest
 from compaction_oracle import headers, read_records
 
 from storage.batch_builder import build_batch
-from storage.batch_header import RECORDS_OFFSET, parse_header, write_crc
+from storage.batch_header import RECORDS_OFFSET, parse_header, validate_batch, write_crc
+from storage.batch_rewrite import fill_crcs, output_bound, write_selected
 from storage.clean_faults import CLEAN_FAULTS
 from storage.cleaner import DELETE_HORIZON_FLAG_MASK, clean_log, first_dirty_offset
 from storage.errors import ConfigError, CorruptRecordError
 from storage.log import Log
 from storage.log_config import LogConfig
-from storage.offset_map import BYTES_PER_ENTRY, OffsetMap, key_hash, map_find, map_put
+from storage.offset_map import BYTES_PER_ENTRY, OffsetMap, key_hash, map_find, map_put, put_batches
+from storage.record_filter import RESULT_COLUMNS, RecordMarks, select_batches
 
 CONFIG = LogConfig(segment_bytes=600, index_interval_bytes=100)
 
@@ -224,3 +226,65 @@ def test_a_key_in_the_cleaned_section_reappearing_later(tmp_path: Path) -> None:
     assert read_records(log.batches()) == {1: (b"b", b"2"), 2: (b"a", b"3")}
     assert parse_header(next(iter(log.batches()))).base_offset == 1
     log.close()
+
+
+def test_write_selected_matches_its_python_twin(tmp_path: Path) -> None:
+    """``write_selected`` (numba) and its ``py_func`` write the same bytes for a run with every action:
+    copies, rewrites (a tombstone's delete horizon, LogAppendTime), a keyless record, a dropped batch and
+    an idempotent producer's last batch kept empty."""
+    batches = [
+        build_batch([b"1", b"2", None], [b"a", b"b", b"t"], timestamp_ms=100),
+        build_batch([b"3"], [b"c"], timestamp_ms=101, base_sequence=0, producer_id=7, producer_epoch=1),
+        build_batch([b"4", b"k"], [b"a", None], timestamp_ms=102, timestamp_type=1),
+        build_batch([b"5"], [b"c"], timestamp_ms=103),
+        build_batch([b"6", b"7"], [b"b", b"d"], timestamp_ms=104),
+    ]
+    directory = tmp_path / "clean-0"
+    with Log.open(str(directory), LogConfig(segment_bytes=1 << 20)) as log:
+        for data in batches:
+            log.append(data, leader_epoch=0)
+        segment = log.segments[0]
+    sizes = np.array([len(b) for b in batches], np.int64)
+    positions = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    mapped_bytes = np.frombuffer(Path(segment.path).read_bytes()[: int(sizes.sum())], np.uint8)
+    omap = OffsetMap(1 << 16)
+    omap.clear(0)
+    index, omap.size, omap.seen, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table,
+                                                    omap.digests, omap.offsets, omap.size, omap.grow_at,
+                                                    omap.entries, 0)
+    assert (index, code) == (len(batches), 0)
+    marks = RecordMarks.make(64)
+    results = np.empty((64, RESULT_COLUMNS), np.int64)
+    index, _, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 0, 9, omap.table, omap.digests,
+                                    omap.offsets, omap.entries, 0, *marks, results)
+    assert (index, code) == (len(batches), 0)
+    producer_last = np.array([3], np.int64)  # the last offset of producer 7's last batch
+    written = []
+    for kernel in (write_selected, write_selected.py_func):
+        out = np.zeros(output_bound(sizes, 0, len(batches), results), np.uint8)
+        spans = np.zeros((len(batches), 2), np.int64)
+        end, count = kernel(mapped_bytes, positions, sizes, 0, len(batches), results, *marks, 5_000,
+                            producer_last, out, spans)
+        fill_crcs(out, spans[:count])
+        written.append(out[:end].tobytes())
+    assert written[0] == written[1]
+    cleaned = [written[0][h : h + 12 + int.from_bytes(written[0][h + 8 : h + 12], "big")]
+               for h in _batch_starts(written[0])]
+    assert read_records(cleaned) == {2: (b"t", None), 4: (b"a", b"4"), 6: (b"c", b"5"), 7: (b"b", b"6"),
+                                     8: (b"d", b"7")}
+    by_base = {h.base_offset: h for h in headers(cleaned)}
+    assert sorted(by_base) == [0, 3, 4, 6, 7]
+    assert by_base[0].base_timestamp == 5_000 and by_base[0].attributes & DELETE_HORIZON_FLAG_MASK
+    assert by_base[3].records_count == 0 and by_base[3].base_sequence == 0  # producer 7's last batch
+    assert by_base[4].records_count == 1  # the keyless record dropped; LogAppendTime's max timestamp kept:
+    assert by_base[4].max_timestamp == parse_header(mapped_bytes.tobytes(), int(positions[2])).max_timestamp
+    for data in cleaned:
+        validate_batch(data)  # magic, length, CRC
+
+
+def _batch_starts(data: bytes) -> list[int]:
+    starts, at = [], 0
+    while at < len(data):
+        starts.append(at)
+        at += 12 + int.from_bytes(data[at + 8 : at + 12], "big")
+    return starts

@@ -1,10 +1,13 @@
 """The cleaner as a process of ``appliance serve``: a compacted topic produced to with confluent-kafka
 gets its closed segments rewritten (each key's latest value at its original offset, tombstones gone after
-``delete.retention.ms``), the cleaner sleeping ``log.cleaner.backoff.ms`` (ten minutes here) wakes when the
-topic's settings are altered, and ``log.cleaner.enable=false`` runs no cleaner and keeps every record."""
+``delete.retention.ms``; the cleaner's I/O in the idle class), the cleaner sleeping
+``log.cleaner.backoff.ms`` (ten minutes here) wakes when the topic's settings are altered, and
+``log.cleaner.enable=false`` runs no cleaner and keeps every record."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,16 @@ KEYS = 40
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": "16384", "min.cleanable.dirty.ratio": "0.01",
            "delete.retention.ms": "0"}
 Latest = dict[bytes, tuple[int, bytes | None]]  # key -> (offset, value) of its last record
+_SYS_IOPRIO_GET = 252  # x86-64 Linux
+_IOPRIO_CLASS_IDLE = 3
+
+
+def _io_class(pid: int) -> int:
+    """The I/O scheduling class of process ``pid`` (``ioprio_get``; what ``ionice -p`` prints)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = libc.syscall(_SYS_IOPRIO_GET, 1, pid)  # IOPRIO_WHO_PROCESS
+    assert value >= 0, os.strerror(ctypes.get_errno())
+    return int(value) >> 13
 
 
 class Running:
@@ -132,6 +145,8 @@ def test_a_compacted_topic_is_cleaned_by_the_cleaner_process(running: Running) -
     app = running.app
     titles = [_title(pid) for pid in app.children()]
     assert "appliance: cleaner" in titles, titles
+    cleaner = next(pid for pid in app.children() if _title(pid) == "appliance: cleaner")
+    assert _io_class(cleaner) == _IOPRIO_CLASS_IDLE  # its reads and writes come after everyone else's
     running.create(TOPIC, COMPACT)  # the cleaner wakes for it, finds nothing to clean and sleeps 10 min
     oracle = running.produce(range(30), tombstones=range(5))
     produced = max(offset for offset, _ in oracle.values()) + 1
