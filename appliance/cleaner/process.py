@@ -229,7 +229,7 @@ class Cleaner:
 def clean_pass(who: str, name: str, view: LogView, dirt: Dirt, *, now_ms: int, config: Config,
                delete_retention_ms: int, io_throttle: IoThrottle) -> CleanResult | None:
     """One pass of ``storage.cleaner.clean_log`` over ``view`` up to ``dirt.upper_bound``, logged as ``who``
-    (the cleaner process, or a replica's cleaner thread: ``appliance.follower.cleaning``); its result, or
+    (the cleaner process; replicas adopt the leader's cleaned segments instead); its result, or
     None when a swap was refused or the pass abandoned (logged).  The ``*.cleaned`` files in the log's
     directory are unlinked before and after (their writer is the caller).  ``CorruptRecordError`` and any
     exception ``io_throttle`` raises propagate."""
