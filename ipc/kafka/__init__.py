@@ -75,6 +75,14 @@ from ipc.kafka.admin_messages import (
     ResourceType,
 )
 from ipc.kafka.apis import APIS, ApiKey, ApiSpec, supported_api_versions
+from ipc.kafka.appliance_messages import (
+    DescribeSegmentsPartition,
+    DescribeSegmentsRequest,
+    DescribeSegmentsResponse,
+    DescribeSegmentsTopic,
+    DescribeSegmentsTopicResult,
+    SegmentDescription,
+)
 from ipc.kafka.codec import (
     Request,
     Response,
@@ -259,6 +267,11 @@ __all__ = [
     "DescribeLogDirsResponse",
     "DescribeLogDirsResult",
     "DescribeLogDirsTopic",
+    "DescribeSegmentsPartition",
+    "DescribeSegmentsRequest",
+    "DescribeSegmentsResponse",
+    "DescribeSegmentsTopic",
+    "DescribeSegmentsTopicResult",
     "DescribedGroup",
     "DescribedGroupMember",
     "EpochEndOffset",
@@ -342,6 +355,7 @@ __all__ = [
     "SaslAuthenticateResponse",
     "SaslHandshakeRequest",
     "SaslHandshakeResponse",
+    "SegmentDescription",
     "Struct",
     "SupportedFeatureKey",
     "SyncGroupRequest",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 import ipc.kafka
-from ipc.kafka import admin_messages, group_messages, messages
+from ipc.kafka import admin_messages, appliance_messages, group_messages, messages
 from ipc.kafka.apis import APIS
 from ipc.kafka.schema import Struct
 
@@ -45,7 +45,7 @@ FRONT_DOOR = {
 def message_classes() -> set[str]:
     return {
         name
-        for module in (messages, group_messages, admin_messages)
+        for module in (messages, group_messages, admin_messages, appliance_messages)
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and issubclass(obj, Struct) and obj is not Struct
     }

@@ -101,8 +101,8 @@ def test_a_clean_answers_fixed_part_reads_as_the_codec_decodes_it(version: int, 
     prefix = prefix_of(clean_answer(topic, partition, values), correlation_id, version, records_bytes)
     assert len(prefix) == shape.prefix_bytes
     fast = shape.parse(memoryview(prefix), correlation_id)
-    if version < 5:  # no log_start_offset field: always left to the codec
-        assert fast is None
+    if version < 5 or shape.layout is None:  # no log_start_offset field, or a value equal to a marker
+        assert fast is None  # (found twice, so the shape cannot tell the fields apart): left to the codec
         return
     head = decoded(prefix, version)
     assert head.correlation_id == correlation_id
