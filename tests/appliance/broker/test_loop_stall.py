@@ -3,8 +3,8 @@
 A real ``appliance serve`` with the supervisor's slow-reply test seams (``appliance.server.faults``): the
 reply to the first ring attach (``attach.slow``) and to the creation of ``__consumer_offsets``
 (``create.slow_reply``; ``create.slow`` keeps the topic's partitions, whose start is the creation's second
-answer, from starting before) is held in the supervisor's loop.  The request that needs it waits (or is answered
-with Kafka's retriable error); a client on another connection must be served meanwhile.
+answer, from starting before) is held in the supervisor's loop.  The request that needs it waits (or is
+answered with Kafka's retriable error); a client on another connection must be served meanwhile.
 """
 
 from __future__ import annotations
