@@ -57,8 +57,10 @@ class TopicChange:
     replication_factor: int | None = None  # create: None is default.replication.factor
     configs: Mapping[str, object] = field(default_factory=dict)  # create: the topic's overrides
     replicas: tuple[int, ...] | None = None  # create: an explicit assignment's replicas; None: assigned
+    internal: bool = False  # create: the appliance's own topic (``__consumer_offsets``)
     done: bool = False
     error: ClusterError | None = None
+    topic: TopicMeta | None = None  # a creation done: the topic as recorded, when the answer describes it
 
     def finish(self, error: ClusterError | None = None) -> None:
         """Mark it answered: done, or refused with ``error``."""

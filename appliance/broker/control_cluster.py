@@ -210,7 +210,11 @@ class ControlCluster:
 
         def answered(reply: dict[str, Any] | ApplianceError) -> None:
             self._owed.pop(change, None)
-            change.finish(_as_cluster_error(reply, what, down) if isinstance(reply, ApplianceError) else None)
+            if isinstance(reply, ApplianceError):
+                change.finish(_as_cluster_error(reply, what, down))
+                return
+            change.topic = _described(reply)
+            change.finish(None)
 
         self._owed[change] = -1
         request_id = channel.send(_change_request(change), answered)
@@ -374,7 +378,21 @@ def _change_request(change: TopicChange) -> dict[str, Any]:
         request["configs"] = dict(change.configs)
     if change.replicas is not None:
         request["replicas"] = list(change.replicas)
+    if change.internal:
+        request["internal"] = True
     return request
+
+
+def _described(reply: Mapping[str, Any]) -> TopicMeta | None:
+    """The topic a ``create_topic`` reply describes; None if it describes none."""
+    raw = reply.get("topic")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return topic_meta(TopicInfo.from_json(raw))
+    except (KeyError, TypeError, ValueError) as e:
+        log.warning("a create_topic reply that describes no topic (%s): the broker refreshes its metadata", e)
+        return None
 
 
 def _as_cluster_error(e: ApplianceError, what: str, down: ErrorCode) -> ClusterError:

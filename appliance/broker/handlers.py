@@ -145,6 +145,13 @@ class BrokerContext:
         if self.replication is not None:
             self.replication.sync()
 
+    def add_topic(self, meta: TopicMeta) -> None:
+        """Take one topic the metadata owner just described (a creation's answer) without asking for the
+        whole list."""
+        self.table.update({**self.table.topics, meta.name: meta})
+        if self.replication is not None:
+            self.replication.sync()
+
     def lookup(self, topic: str, partition: int) -> tuple[PartitionHandle | None, ErrorCode]:
         """Like ``PartitionTable.lookup``, refreshing the topic list once if the topic is unknown."""
         handle, code = self.table.lookup(topic, partition)

@@ -2,16 +2,18 @@
 
 Theory of operation
 -------------------
-**The topic.**  As in Kafka, ``__consumer_offsets`` is created on first use: the first group request
+**The topic.** As in Kafka, ``__consumer_offsets`` is created on first use: the first group request
 (FindCoordinator, usually) has the supervisor record it, and until it is recorded FindCoordinator answers
-COORDINATOR_NOT_AVAILABLE and the other group requests COORDINATOR_LOAD_IN_PROGRESS (both retriable; a
-failed creation is tried again by the next request, at most once per :data:`RETRY_S`).  A broker that
-starts with the topic there loads it at once.  The topic has ``offsets.topic.num.partitions`` partitions,
+COORDINATOR_NOT_AVAILABLE and the other group requests COORDINATOR_LOAD_IN_PROGRESS (both retriable; a failed
+creation is tried again by the next request, at most once per :data:`RETRY_S`). A broker that starts with the
+topic there loads it at once. The topic has ``offsets.topic.num.partitions`` partitions,
 ``cleanup.policy=compact``, ``segment.bytes`` from ``offsets.topic.segment.bytes``, replication
 ``offsets.topic.replication.factor`` capped at the replicas that exist (this node and one per
-``appliance.replica.dirs``).  It goes through the control protocol's ``create_topic`` with ``internal``
-set, the one path allowed a name beginning with ``__``.  A topic that exists keeps its partition count: a
-group's partition depends on it.
+``appliance.replica.dirs``). It goes through the control protocol's ``create_topic`` with ``internal`` set,
+the one path allowed a name beginning with ``__``. The creation is sent over the control connection that never
+waits (``appliance.broker.control_channel``) and its answer, which describes the topic, is taken by
+:meth:`OffsetsTopic.tick`: the broker serves its other clients while the supervisor records it. A topic that
+exists keeps its partition count: a group's partition depends on it.
 
 **Writing.**  An OffsetCommit the coordinator accepts (``GroupCoordinator.plan_commit``) becomes one record
 batch of Kafka's records (``appliance.coordinator.offset_records``), one record per partition committed,
@@ -59,8 +61,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from appliance.broker.cluster import ClusterError
+from appliance.broker.cluster import TopicChange
 from appliance.broker.handlers import BrokerContext
+from appliance.broker.partitions import TopicMeta
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
 from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion, OffsetExpiry
@@ -152,6 +155,7 @@ class OffsetsTopic:
         self.wanted = False  # a group request came: create the topic (until it is there)
         self.loaded: set[int] = set()
         self._next_try_s = 0.0
+        self._creating: TopicChange | None = None  # the creation submitted, until its answer is taken
 
     def start(self) -> None:
         """At the broker's start: load the topic if it exists (it is created on first use)."""
@@ -177,26 +181,43 @@ class OffsetsTopic:
         return max(1, min(config.offsets_topic_replication_factor, exist))
 
     def _ensure(self) -> None:
-        """Find the topic in the broker's picture or have the supervisor record it; ``created`` once found."""
+        """Find the topic in the broker's picture, or have the supervisor record it: ``created`` once found.
+
+        The creation goes over the control connection that never waits (``Cluster.submit``); its answer,
+        read by the broker's loop, describes the topic, which the broker takes into its picture.  The loop
+        serves every other client meanwhile (a supervisor busy starting writers may take seconds)."""
         meta = self.ctx.table.topics.get(OFFSETS_TOPIC)
         if meta is None:
-            config = self.ctx.config
-            configs: dict[str, Any] = {"cleanup.policy": "compact",
-                                       "segment.bytes": config.offsets_topic_segment_bytes}
-            try:
-                self.ctx.cluster.create_topic(OFFSETS_TOPIC, self.partitions, self._replication_factor(),
-                                              configs, timeout_ms=0, internal=True)
-                log.info("created %s: %d partitions, cleanup.policy=compact", OFFSETS_TOPIC, self.partitions)
-            except ClusterError as e:
-                if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
-                    log.warning("cannot create %s yet (retrying in %.0f s): %s", OFFSETS_TOPIC, RETRY_S, e)
-                    return
-            self.ctx.reload_topics()
-            meta = self.ctx.table.topics.get(OFFSETS_TOPIC)
+            meta = self._created()
             if meta is None:
                 return
         self.partitions = meta.partitions
         self.created = True
+
+    def _created(self) -> TopicMeta | None:
+        """Submit the creation if none is in flight, else take its answer: the topic once recorded."""
+        change = self._creating
+        if change is None:
+            config = self.ctx.config
+            configs: dict[str, Any] = {"cleanup.policy": "compact",
+                                       "segment.bytes": config.offsets_topic_segment_bytes}
+            change = self._creating = TopicChange(
+                "create", OFFSETS_TOPIC, 0, partitions=self.partitions,
+                replication_factor=self._replication_factor(), configs=configs, internal=True)
+            self.ctx.cluster.submit(change)
+        if not change.done:
+            return None
+        self._creating = None
+        if change.error is not None and change.error.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            log.warning("cannot create %s yet (retrying in %.0f s): %s", OFFSETS_TOPIC, RETRY_S, change.error)
+            return None
+        if change.error is None and change.topic is not None:
+            log.info("created %s: %d partitions, cleanup.policy=compact", OFFSETS_TOPIC,
+                     change.topic.partitions)
+            self.ctx.add_topic(change.topic)
+        else:  # there already (created by an earlier broker process), or an answer without the topic
+            self.ctx.reload_topics()
+        return self.ctx.table.topics.get(OFFSETS_TOPIC)
 
     # -- loading ------------------------------------------------------------------------------------------
 
@@ -207,8 +228,8 @@ class OffsetsTopic:
             return
         if not self.created:
             self._ensure()
-            if not self.created:
-                self._next_try_s = now_s + RETRY_S
+            if not self.created:  # a creation in flight is looked at again soon; a failed one retried later
+                self._next_try_s = now_s + (LOAD_RETRY_S if self._creating is not None else RETRY_S)
                 return
         for partition in range(self.partitions):
             if partition not in self.loaded:

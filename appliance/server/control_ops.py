@@ -73,6 +73,10 @@ _WRITER_MEMORY_BUDGET_S: Final = 0.02  # ... when measuring them all would hold 
 
 _log = logging.getLogger("appliance.supervisor")
 
+# test seams (appliance.server.faults): the op whose reply a delay point holds
+_SLOW_REPLY_POINTS: Final = {"attach": "attach.slow", "attach_many": "attach.slow",
+                             "create_topic": "create.slow_reply"}  # fmt: skip
+
 _Op = Callable[["ControlOps", ServerConnection, Mapping[str, Any]], "dict[str, Any] | None"]
 
 
@@ -119,6 +123,7 @@ class ControlOps:
         self.admin = TopicAdmin(supervisor, self.config, store, changes, partitions)
         self.requests: dict[str, int] = {}  # requests answered since start, by op (``status``)
         self._measure_until_s = 0.0  # writers' memory is measured for a request until then
+        self._late: list[tuple[float, ServerConnection, Mapping[str, Any], dict[str, Any]]] = []  # faults
 
     def handle(self, connection: ServerConnection, message: Mapping[str, Any]) -> dict[str, Any] | None:
         """Answer one request (module docstring: which exception becomes which error); None: answered
@@ -130,11 +135,29 @@ class ControlOps:
         self.requests[str(op)] = self.requests.get(str(op), 0) + 1
         self._measure_until_s = time.monotonic() + _WRITER_MEMORY_BUDGET_S
         try:
-            return handler(self, connection, message)
+            reply = handler(self, connection, message)
         except CloseConnection:
             raise
         except Exception as exc:
-            return _error_reply(op, exc, message)
+            reply = _error_reply(op, exc, message)
+        point = _SLOW_REPLY_POINTS.get(str(op))
+        if reply is not None and point is not None:
+            delay_ms = self.changes.faults.delay_ms(point)
+            if delay_ms > 0:  # the test seam: this answer waits (appliance.server.faults)
+                self._late.append((time.monotonic() + delay_ms / 1000, connection, message, reply))
+                _log.warning("test fault point %s: the reply to %s waits %d ms", point, op, delay_ms)
+                return None
+        return reply
+
+    def reply_late(self, now_s: float) -> None:
+        """Send the replies the slow-reply test seams held whose time has come (the supervisor's loop)."""
+        if not self._late:
+            return
+        due = [late for late in self._late if late[0] <= now_s]
+        self._late = [late for late in self._late if late[0] > now_s]
+        for _, connection, message, reply in due:
+            _log.warning("test fault point: replying to %s now", message.get("op"))
+            connection.reply(message, reply)
 
     def _reply_later(self, connection: ServerConnection, message: Mapping[str, Any]) -> Done:
         """The ``done`` of a topic being created: answer the creator when it is whole or rolled back."""

@@ -10,11 +10,15 @@ that many times); an armed point raises :class:`InjectedFault`, an ``OSError`` a
 raise, so the operation meets exactly the error a full or failing disk gives at that step and takes the
 path a real failure takes.  A point that has fired its count is spent: a retry then succeeds.
 
-Two points are not errors.  A *delay* point, ``NAME:MS``, makes the next operation of its kind slow by
-``MS`` milliseconds without blocking the supervisor (:meth:`ControlFaults.delay_ms`; the operation waits in
-the supervisor's loop), once.  ``create.drop_connection`` closes the control connection a ``create_topic``
-request came on, without a reply and before anything changes (a lost broker-supervisor connection), once
-or COUNT times.
+Some points are not errors. A *delay* point, ``NAME:MS``, makes the next operation of its kind slow by ``MS``
+milliseconds without blocking the supervisor (:meth:`ControlFaults.delay_ms`; the operation waits in the
+supervisor's loop), once. ``attach.slow:MS`` holds the reply to the next ``attach`` or ``attach_many`` for MS
+milliseconds (the rings are attached at once; only the answer waits, in the supervisor's loop, which serves
+everything else meanwhile: a supervisor too busy to answer soon), once; ``create.slow_reply:MS`` holds the
+same way the reply to the next ``create_topic`` answered at once (``"wait": false``, as the broker creates
+``__consumer_offsets``). ``create.drop_connection`` closes the control connection a ``create_topic`` request
+came on, without a reply and before anything changes (a lost broker-supervisor connection), once or COUNT
+times.
 
 The points (:data:`FAULT_POINTS`):
 
@@ -30,6 +34,8 @@ The points (:data:`FAULT_POINTS`):
                         acknowledgement, until the writer is killed (:func:`writer_fault_point`)
 ``create.slow``         (delay, ``create.slow:MS``) create: the partitions start MS ms after recording
 ``create.drop_connection`` create: the request's connection is closed, nothing recorded
+``attach.slow``         (delay, ``attach.slow:MS``) attach: the reply is sent MS ms late
+``create.slow_reply``   (delay, ``create.slow_reply:MS``) create, not waiting: the reply is sent MS ms late
 ======================= =======================================================================
 
 ``writer.stall`` is not raised by the supervisor: each writer's spec carries the armed list, and the writer
@@ -64,8 +70,10 @@ FAULT_POINTS: Final = frozenset({
     "writer.stall",
     "create.slow",
     "create.drop_connection",
+    "attach.slow",
+    "create.slow_reply",
 })  # fmt: skip
-DELAY_POINTS: Final = frozenset({"create.slow"})  # NAME:MS, once
+DELAY_POINTS: Final = frozenset({"create.slow", "attach.slow", "create.slow_reply"})  # NAME:MS, once
 
 _ERRNO: Final = {"metadata.write": errno.ENOSPC}  # others: EIO
 

@@ -129,6 +129,7 @@ class Supervisor:
         self._restarts = Restarts()  # children waiting to be restarted
         self._selector: selectors.BaseSelector | None = None
         self._control: ControlServer | None = None
+        self._ops: ControlOps | None = None  # its answers (and the attach.slow seam's held replies)
         self._wakeup_r: socket.socket | None = None
         self._wakeup_w: socket.socket | None = None
         self._broker_wake_fd = -1  # an eventfd every writer adds to after a round, the broker selects on
@@ -286,6 +287,7 @@ class Supervisor:
         assert self._selector is not None and self._store is not None and self._allocator is not None
         assert self._changes is not None
         ops = ControlOps(self, self._store, self._allocator, self._partitions, self._rings, self._changes)
+        self._ops = ops
         self._control = ControlServer.bind(
             self.config.control_socket, self._selector, ops.handle,
             permissions=self.permissions, backlog=128, log=_log, on_close=ops.connection_closed,
@@ -480,6 +482,8 @@ class Supervisor:
             self._restart_due()
             self._demand.start_queued()  # writers producers asked for (writer_demand)
             self._timers()
+            if self._ops is not None:
+                self._ops.reply_late(time.monotonic())  # the attach.slow test seam (faults)
             if self._changes is not None:
                 self._changes.step()  # topics being created: a few partitions a turn (topic_changes)
 
