@@ -13,6 +13,7 @@ crash would, for recovery benchmarks.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -109,6 +110,7 @@ class Appliance:
         return app
 
     def _spawn(self) -> None:
+        """Start ``appliance serve``; it gets SIGTERM (a clean stop) if the bench process dies first."""
         assert self.log_path is not None
         args = [sys.executable, "-m", "appliance.cli", "serve", "--override", f"log.dirs={self.data_dir}",
                 "--override", "listeners=PLAINTEXT://127.0.0.1:0"]
@@ -120,7 +122,7 @@ class Appliance:
         log_start = self._log_file.tell()
         self.process = subprocess.Popen(args, cwd=str(self.data_dir.parent), env=env, stdout=self._log_file,
                                         stderr=self._log_file, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_stop_with_the_bench)
         self.wait_ready(log_start)
 
     def wait_ready(self, log_start: int = 0, timeout_s: float = START_TIMEOUT_S) -> float:
@@ -307,3 +309,12 @@ class Appliance:
             "supervisor_and_writers_uss_bytes": supervisor + writers,
             "by_role_uss_bytes": by_role,
         }
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_the_bench() -> None:
+    """In the forked child before ``exec``: SIGTERM when the bench process that started it dies (a bench
+    killed by a timeout would otherwise leave its appliance running)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
