@@ -3,31 +3,8 @@
 Theory of operation
 -------------------
 The supervisor forks one writer per partition (after its imports, so code and numba kernels are shared
-copy-on-write) and talks to it over a socketpair carrying JSON lines (``appliance.control.encode``)::
-
-    supervisor -> writer   {"op": "attach", "ring": ..., "space": ..., "doorbell": ...}   serve this ring
-                           {"op": "detach", "ring": ...}    drain what is published, then let it go
-                           {"op": "stop", "timeout_ms": N}  drain every ring, close the log, exit 0
-                           ("idle": true: the partition has no producer; logged at debug level)
-                           {"op": "run_timers"}             retention and producer-id expiry now
-                           {"op": "reload_config", "log_config": {...}, "retention_enabled": B}
-                                                            the topic's settings changed: reopen the log
-                                                            with them (between rounds; nothing is lost)
-                           {"op": "delete_records", "id": N, "offset": O}   DeleteRecords: move the
-                                                            log start offset to O (at most the high
-                                                            watermark), publish it
-                           {"op": "swap_cleaned", "id": N, "base_offset": B, "replaced": [...],
-                            "sizes": [...]}                 swap a segment the cleaner wrote aside in
-    writer -> supervisor   {"op": "detached", "ring": ...}  the ring may be unlinked now
-                           {"op": "timers_done"}            after run_timers
-                           {"op": "records_deleted", "id": N, "ok": B, "low_watermark": L, ...}
-                           {"op": "cleaned_swapped", "id": N, "ok": B, ...}
-                           {"op": "next_due", "in_ms": N}   at a stop: when the log next needs a writer
-                                                            with no producer (null: not without one;
-                                                            ``appliance.server.writer_timers``)
-
-After writing a command the supervisor rings the partition's doorbell, so a sleeping writer reacts at once.
-A writer whose channel reaches EOF (the supervisor died) stops as if told to.
+copy-on-write) and commands it over a socketpair (``appliance.server.writer_channel``: attach and detach
+rings, stop, run timers, reload settings, DeleteRecords, swap a cleaned segment in).
 
 **One drain round** (:meth:`PartitionWriter.drain_round`):
 
@@ -103,7 +80,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import select
 import socket
 import time
 from collections.abc import Callable
@@ -116,9 +92,9 @@ from appliance.server.disk_space import DiskSpace
 from appliance.server.publish_trace import PublishTrace
 from appliance.server.resume_map import ResumeMap, log_headers, published_records
 from appliance.server.writer_admin import delete_records, swap_cleaned
+from appliance.server.writer_channel import WriterChannel
 from appliance.server.writer_spec import DEFAULT_PEEK_BYTES, WriterSpec
 from appliance.server.writer_timers import WriterTimers
-from ipc.control import LineDecoder, encode
 from ipc.kafka.errors import ErrorCode
 from ipc.ring import Chunk, RingConsumer, RingFailedError, RingNames
 from ipc.state_page import StatePage
@@ -132,7 +108,6 @@ from storage.batch_header import (
 from storage.errors import (
     CorruptRecordError,
     KafkaStorageError,
-    ProtocolError,
     describe_os_error,
     is_disk_full,
 )
@@ -214,11 +189,7 @@ class PartitionWriter:
         self.state_page = state_page
         self._doorbell = doorbell
         self._waiter = Waiter(doorbell)
-        self._channel = channel
-        self._decoder = LineDecoder()
-        self._poll = select.poll()
-        if channel is not None:
-            self._poll.register(channel, select.POLLIN)
+        self._channel = WriterChannel(spec.name, channel)
         self.rings: dict[str, _Ring] = {}
         self.stats = RoundStats()
         self._max_message_bytes = spec.log_config.max_message_bytes
@@ -594,7 +565,7 @@ class PartitionWriter:
         for ring in self.rings.values():
             if ring.consumer.has_data():
                 return True
-        return self._channel is not None and bool(self._poll.poll(0))
+        return self._channel.readable()
 
     def run_retention(self) -> int:
         """Retention and producer-id expiry now (``WriterTimers.run_retention``); segments deleted."""
@@ -603,29 +574,13 @@ class PartitionWriter:
     # -- commands -----------------------------------------------------------------------------------------
 
     def handle_commands(self) -> None:
-        """Apply every command waiting on the channel (never blocks)."""
-        channel = self._channel
-        if channel is None:
+        """Apply every command waiting on the channel (never blocks); stop when the supervisor is gone."""
+        commands = self._channel.receive()
+        if commands is None:
+            self.request_stop()
             return
-        while True:
-            try:
-                data = channel.recv(1 << 16, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                _log.warning("writer %s: the supervisor's channel closed; stopping", self.name)
-                self._poll.unregister(channel)
-                self._channel = None
-                self.request_stop()
-                return
-            try:
-                commands = self._decoder.feed(data)
-            except ProtocolError as exc:  # the supervisor is ours: a bug, not an attack
-                raise ProtocolError(f"writer {self.name}: bad command from the supervisor: {exc}") from None
-            for command in commands:
-                self.apply(command)
+        for command in commands:
+            self.apply(command)
 
     def apply(self, command: dict[str, Any]) -> None:
         op = command.get("op")
@@ -680,12 +635,7 @@ class PartitionWriter:
         _log.info("writer %s: settings reloaded (%s)", self.name, log_config)
 
     def _send(self, message: dict[str, Any]) -> None:
-        if self._channel is None:
-            return
-        try:
-            self._channel.sendall(encode(message))
-        except OSError as exc:
-            _log.warning("writer %s: cannot tell the supervisor %s: %s", self.name, message, exc)
+        self._channel.send(message)
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
