@@ -117,13 +117,9 @@ class KafkaAdmin(ConfigAdmin):
     ) -> None:
         self.request_timeout_ms = request_timeout_ms
         self._raise_for = _raise
-        self.cluster = KafkaCluster(
-            bootstrap_servers,
-            client_id=client_id,
-            connect_timeout_ms=connect_timeout_ms,
-            request_timeout_ms=request_timeout_ms,
-        )
-        self.cluster.any_connection()  # fail now if no bootstrap server answers
+        self.cluster = KafkaCluster.reached(bootstrap_servers, client_id=client_id,
+                                            connect_timeout_ms=connect_timeout_ms,
+                                            request_timeout_ms=request_timeout_ms)
 
     # -- metadata --------------------------------------------------------------------------------------------
 

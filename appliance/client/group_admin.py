@@ -157,13 +157,9 @@ class GroupAdmin:
         request_timeout_ms: int = 30_000,
     ) -> None:
         self.request_timeout_ms = request_timeout_ms
-        self.cluster = KafkaCluster(
-            bootstrap_servers,
-            client_id=client_id,
-            connect_timeout_ms=connect_timeout_ms,
-            request_timeout_ms=request_timeout_ms,
-        )
-        self.cluster.any_connection()  # fail now if no bootstrap server answers
+        self.cluster = KafkaCluster.reached(bootstrap_servers, client_id=client_id,
+                                            connect_timeout_ms=connect_timeout_ms,
+                                            request_timeout_ms=request_timeout_ms)
         self._coordinators: dict[str, tuple[int, str, int]] = {}  # group id -> its coordinator
         self._coordinator_connections: dict[tuple[str, int], KafkaConnection] = {}
 

@@ -57,6 +57,16 @@ class KafkaCluster:
         self._any: KafkaConnection | None = None
         self._shared: dict[tuple[str, int], KafkaConnection] = {}
 
+    @classmethod
+    def reached(cls, bootstrap_servers: str, *, client_id: str, connect_timeout_ms: int,
+                request_timeout_ms: int) -> KafkaCluster:
+        """The cluster, with its bootstrap connection made now: fails at once if no bootstrap server
+        answers (what an admin client wants before its first request)."""
+        cluster = cls(bootstrap_servers, client_id=client_id, connect_timeout_ms=connect_timeout_ms,
+                      request_timeout_ms=request_timeout_ms)
+        cluster.any_connection()
+        return cluster
+
     # -- connections -----------------------------------------------------------------------------------------
 
     def connect(self, host: str, port: int) -> KafkaConnection:

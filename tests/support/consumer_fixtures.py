@@ -11,10 +11,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ipc.shm import ShmNames, unlink_shared_memory
 from ipc.state_page import StatePage
@@ -173,3 +173,18 @@ def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
         time.sleep(0.05)
     running.stop()
     raise AssertionError(f"appliance not ready in 30 s:\n{running.log_text()}")
+
+
+def poll_until(consumers: Sequence[Any], done: Callable[[], bool], seen: list[Any] | None = None,
+               timeout_s: float = 30) -> list[Any]:
+    """Poll each of a few confluent-kafka consumers in turn until ``done()``, keeping the good messages in
+    ``seen`` (returned); fails the test after ``timeout_s``."""
+    seen = [] if seen is None else seen
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        for c in consumers:
+            message = c.poll(0.1)
+            if message is not None and message.error() is None:
+                seen.append(message)
+    assert done(), f"gave up after {timeout_s} s with {len(seen)} records"
+    return seen

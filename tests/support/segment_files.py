@@ -39,3 +39,17 @@ def wait_byte_identical(leader: Path, follower: Path, timeout_s: float = 60.0) -
         assert time.monotonic() - started < timeout_s, found
         time.sleep(0.1)
     return time.monotonic() - started
+
+
+def wait_log_end(directory: Path, end: int, timeout_s: float = 60.0) -> None:
+    """Until the partition log in ``directory`` (a follower's copy) reaches log end offset ``end``."""
+    from storage.log_reader import LogReader
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if directory.exists():
+            with LogReader(str(directory)) as reader:
+                if reader.log_end_offset >= end:
+                    return
+        assert time.monotonic() < deadline, f"the follower did not reach offset {end} in {timeout_s} s"
+        time.sleep(0.05)

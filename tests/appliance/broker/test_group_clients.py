@@ -16,10 +16,11 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.consumer_fixtures import poll_until
 from support.kafka_appliance import KCAT, Appliance, served_appliance
 from support.wire import WireClient
 
@@ -74,17 +75,6 @@ def consumer(bootstrap: str, group: str, **extra: Any) -> Any:
         "heartbeat.interval.ms": 500,
         **extra,
     })
-
-
-def poll_until(consumers: list[Any], done: Callable[[], bool], seen: list[Any], timeout_s: float = 30,
-               ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:
-        for c in consumers:
-            message = c.poll(0.1)
-            if message is not None and message.error() is None:
-                seen.append(message)
-    assert done(), f"gave up after {timeout_s} s with {len(seen)} records"
 
 
 def assigned(c: Any) -> set[int]:

@@ -16,14 +16,13 @@ import random
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from support.campaign import rounds
 from support.harness import Appliance, _title
 from support.kafka_appliance import free_port
-from support.segment_files import differences, wait_byte_identical
+from support.segment_files import differences, wait_byte_identical, wait_log_end
 
 from storage.batch_reader import iter_records
 from storage.log import Log
@@ -169,7 +168,7 @@ def test_sigkill_of_the_cleaner_or_the_appliance_while_it_cleans_loses_nothing(c
             app.kill_tree()
             app.start()
         campaign.check()
-        _wait_for_copy(follower_dir, max(campaign.produced) + 1)
+        wait_log_end(follower_dir, max(campaign.produced) + 1)
         converged_s.append(wait_byte_identical(leader_dir, follower_dir, timeout_s=120))
     campaign.cleaner_pid()  # restarted after its last kill
     campaign.replica_pid()
@@ -190,15 +189,3 @@ def test_sigkill_of_the_cleaner_or_the_appliance_while_it_cleans_loses_nothing(c
     assert differences(leader_dir, follower_dir) == []
     with LogReader(str(follower_dir)) as reader:
         campaign.check([(r.offset, r.key or b"", r.value) for b in reader.batches() for r in iter_records(b)])
-
-
-def _wait_for_copy(directory: Path, end: int) -> None:
-    """Until the follower has copied up to ``end``."""
-    deadline = time.monotonic() + 60
-    while True:
-        if directory.exists():
-            with LogReader(str(directory)) as reader:
-                if reader.log_end_offset >= end:
-                    return
-        assert time.monotonic() < deadline, f"the follower did not reach offset {end}"
-        time.sleep(0.1)

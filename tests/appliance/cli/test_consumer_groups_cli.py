@@ -10,12 +10,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.consumer_fixtures import poll_until
 from support.kafka_appliance import Appliance, served_appliance
 
 from appliance.cli import consumer_groups
@@ -93,18 +94,6 @@ def consumer(appliance: Appliance, group: str, client_id: str) -> Any:
             "partition.assignment.strategy": "range",
         }
     )
-
-
-def poll_until(consumers: list[Any], done: Callable[[], bool], timeout_s: float = 30) -> list[Any]:
-    seen: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:
-        for c in consumers:
-            message = c.poll(0.1)
-            if message is not None and message.error() is None:
-                seen.append(message)
-    assert done(), f"gave up after {timeout_s} s"
-    return seen
 
 
 def committed(appliance: Appliance, group: str) -> dict[int, int]:

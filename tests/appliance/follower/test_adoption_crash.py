@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 from support.campaign import rounds
 from support.replication_cluster import REPO, Node
-from support.segment_files import differences, wait_byte_identical
+from support.segment_files import differences, wait_byte_identical, wait_log_end
 
 from storage.batch_reader import iter_records
 from storage.log import Log
@@ -80,17 +79,6 @@ def _produce(leader: Node, rounds: int, tag: bytes, produced: dict[int, tuple[by
     assert producer.flush(60) == 0
 
 
-def _wait_for_copy(directory: Path, end: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if directory.exists():
-            with LogReader(str(directory)) as reader:
-                if reader.log_end_offset >= end:
-                    return
-        assert time.monotonic() < deadline, f"the follower did not reach offset {end}"
-        time.sleep(0.05)
-
-
 def _killed(node: Node, wait_s: float = 1.5) -> bool:
     assert node.process is not None
     try:
@@ -120,7 +108,7 @@ def test_a_replica_killed_in_the_middle_of_adoptions_recovers_and_converges(pair
     for round_, (point, left) in enumerate(KILLS[: rounds(2, len(KILLS))]):
         _start_faulty(n1, n0, point)
         _produce(n0, 2, b"r%d" % round_, produced)
-        _wait_for_copy(follower_dir, max(produced) + 1)
+        wait_log_end(follower_dir, max(produced) + 1)
         for more in range(30):  # the leader cleans what the replica holds; the replica adopts, and dies
             _produce(n0, 2, b"r%d-%d" % (round_, more), produced)
             if _killed(n1):
