@@ -5,12 +5,18 @@ a stream), so a mistake -- an unknown topic, an offset past the end of a partiti
 retention -- is raised there, with a message naming the option, the partition and both offsets, instead of
 failing a task on an executor.
 
-:class:`ClusterView` asks the broker over the Kafka protocol (Metadata, ListOffsets, one small Fetch to
-estimate record sizes) through ``appliance.client.remote_fetch.RemoteCluster``.  :func:`split_ranges` turns
-per-partition offset ranges into :class:`OffsetRange` tasks: ranges longer than ``maxRecordsPerPartition``
-are cut into equal pieces, then the longest pieces are halved until there are ``minPartitions`` tasks, so a
-large partition is read by several executors at once.  The result depends only on its input, so a
-micro-batch planned again after a restart gets the very same tasks.
+:class:`ClusterView` asks the broker over the Kafka protocol (Metadata, ListOffsets by position and by
+timestamp, one small Fetch to estimate record sizes) through ``appliance.client.remote_fetch.RemoteCluster``.
+A read covers the partitions of the subscribed topics, or those ``assign`` names.  :func:`resolve` turns a
+starting or ending point (``appliance.spark.offset_specs``) into an offset per partition: an offset map
+directly, a timestamp through ListOffsets -- the first record at or after it; where none is that late, the
+high watermark for an ending point and, for a starting point, an error or the high watermark as
+``startingOffsetsByTimestampStrategy`` says.
+
+:func:`split_ranges` turns per-partition offset ranges into :class:`OffsetRange` tasks: ranges longer than
+``maxRecordsPerPartition`` are cut into equal pieces, then the longest pieces are halved until there are
+``minPartitions`` tasks, so a large partition is read by several executors at once.  The result depends
+only on its input, so a micro-batch planned again after a restart gets the very same tasks.
 """
 
 from __future__ import annotations
