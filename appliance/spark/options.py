@@ -269,8 +269,17 @@ class SourceOptions:
         return _client_settings(self.kafka_params, reading=True)
 
     def producer_settings(self) -> dict[str, object]:
-        """The ``kafka.*`` options the writing producers take (consumer-only ones are ignored)."""
-        return _client_settings(self.kafka_params, reading=False)
+        """The ``kafka.*`` options the writing producers take (consumer-only ones are ignored).  The sink
+        needs acknowledged writes from the idempotent producer: ``acks=0`` and ``enable.idempotence=false``
+        are refused."""
+        settings = _client_settings(self.kafka_params, reading=False)
+        if settings.get("enable.idempotence") is False:
+            raise ConfigError(f"{_WHERE} kafka.enable.idempotence=false: the sink writes with the idempotent "
+                              "producer (its exactly-once commit log relies on producer ids); leave it true")
+        if settings.get("acks") == 0:
+            raise ConfigError(f"{_WHERE} kafka.acks=0: the sink must know its records were appended (a task "
+                              "fails with the first delivery error); use 1 or all")
+        return settings
 
     # -- helpers -------------------------------------------------------------------------------------------
 

@@ -97,6 +97,8 @@ WRITE = {"key": "binary", "value": "string"}
     ({"subscribe": "a", "kafka.max.poll.records": "none"}, "stream", "option kafka.max.poll.records='none': "
      "expected a whole number"),
     ({"topic": "t", "kafka.linger.ms": "soon"}, "write", "option kafka.linger.ms='soon'"),
+    ({"topic": "t", "kafka.enable.idempotence": "false"}, "write", "kafka.enable.idempotence=false: the"),
+    ({"topic": "t", "kafka.acks": "0"}, "write", "kafka.acks=0: the sink must know"),
     ({}, "write-no-value", "required attribute 'value' not found"),
     ({}, "write", "topic option required when no 'topic' attribute is present"),
     ({}, "write-int-topic", "topic attribute unsupported type int; topic must be a(n) string"),

@@ -66,7 +66,7 @@ def at(point: Point, partition: int) -> int | None:
     return None if point is None else point[1] if point[0] == "global" else point[1][partition]
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(start=("global", T0 + 3500), end=None, strategy=None)  # no record that late: an error
 @example(start=("global", T0 + 3500), end=None, strategy="latest")  # ... or nothing to read
 @example(start=("map", [T0 + 2900, T0 + 1000]), end=("global", T0 + 100), strategy="error")  # start > end
