@@ -154,7 +154,7 @@ def spark(workdir: Path) -> Iterator[Any]:
 
 def _topic(spark: Any, bootstrap: str) -> Any:
     return (spark.read.format("appliance").option("bootstrap.servers", bootstrap).option("subscribe", TOPIC)
-            .load())
+            .option("includeHeaders", "true").load())
 
 
 def _timed_noop(frame: Any) -> float:

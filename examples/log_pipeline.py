@@ -43,10 +43,10 @@ def windowed_counts(spark: SparkSession, bootstrap: str, input_topic: str, *, wi
                     watermark: str = "10 minutes", starting_offsets: str = "earliest",
                     max_records_per_trigger: int | None = None) -> DataFrame:
     """The streaming DataFrame of counts: window_start_ms, window_end_ms, service, level, count."""
-    reader = (spark.readStream.format("appliance").option("bootstrap.servers", bootstrap)
+    reader = (spark.readStream.format("appliance").option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", input_topic).option("startingOffsets", starting_offsets))
     if max_records_per_trigger is not None:
-        reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
+        reader = reader.option("maxOffsetsPerTrigger", str(max_records_per_trigger))
     events = (reader.load()
               .select(F.from_json(F.col("value").cast("string"), LOG_SCHEMA).alias("line"))
               .select("line.*")
@@ -73,8 +73,9 @@ def start(spark: SparkSession, bootstrap: str, input_topic: str, output_topic: s
             batch.write.mode("overwrite").parquet(f"{parquet_dir}/batch_id={batch_id}")
             (batch.select(F.concat_ws("|", "service", "level", "window_start_ms").alias("key"),
                           F.to_json(F.struct(*batch.columns)).alias("value"))
-             .write.format("appliance").option("bootstrap.servers", bootstrap).option("topic", output_topic)
-             .option("txnAppId", app_id).option("txnVersion", str(batch_id)).mode("append").save())
+             .write.format("appliance").option("kafka.bootstrap.servers", bootstrap)
+             .option("topic", output_topic).option("txnAppId", app_id).option("txnVersion", str(batch_id))
+             .mode("append").save())
         finally:
             batch.unpersist()
 

@@ -30,14 +30,15 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from appliance.client.record_arrays import RecordArrays
-from appliance.spark.schema import SCHEMA
+from appliance.spark.schema import SCHEMA, SCHEMA_WITHOUT_HEADERS
 from storage.batch_builder import ByteColumn, HeaderColumns
 from storage.errors import CorruptRecordError, InvalidRecordError
 from storage.varint import read_varint
 
-__all__ = ["ARROW_SCHEMA", "byte_column", "header_columns", "to_record_batch"]
+__all__ = ["ARROW_SCHEMA", "ARROW_SCHEMA_WITHOUT_HEADERS", "byte_column", "header_columns", "to_record_batch"]
 
 ARROW_SCHEMA: Final = to_arrow_schema(SCHEMA, timezone="UTC")
+ARROW_SCHEMA_WITHOUT_HEADERS: Final = to_arrow_schema(SCHEMA_WITHOUT_HEADERS, timezone="UTC")
 _HEADERS_TYPE: Final = ARROW_SCHEMA.field("headers").type
 _MAX_ARROW_BYTES: Final = (1 << 31) - 1  # int32 offsets
 
@@ -127,8 +128,9 @@ def _headers(records: RecordArrays, where: str) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(list_offsets, pa.int32()), structs, type=_HEADERS_TYPE)
 
 
-def to_record_batch(records: RecordArrays) -> pa.RecordBatch:
-    """One chunk of decoded records as an Arrow record batch with :data:`ARROW_SCHEMA`."""
+def to_record_batch(records: RecordArrays, include_headers: bool = True) -> pa.RecordBatch:
+    """One chunk of decoded records as an Arrow record batch with :data:`ARROW_SCHEMA` (without the headers
+    column, and without parsing headers, unless ``include_headers``)."""
     count = len(records)
     where = f"partition {records.topic}-{records.partition}"
     data = records.data
@@ -144,9 +146,10 @@ def to_record_batch(records: RecordArrays) -> pa.RecordBatch:
         pa.array(np.ascontiguousarray(records.offsets, np.int64)),
         pa.Array.from_buffers(ARROW_SCHEMA.field("timestamp").type, count, [None, pa.py_buffer(micros)]),
         pa.array(np.asarray(records.timestamp_types, np.int32)),
-        _headers(records, where),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    if not include_headers:
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITHOUT_HEADERS)
+    return pa.RecordBatch.from_arrays([*columns, _headers(records, where)], schema=ARROW_SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------------------------

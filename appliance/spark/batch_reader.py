@@ -34,7 +34,7 @@ _FETCH_SETTINGS = {
     "fetch.max.wait.ms": 200,
     "client.id": "appliance-spark-executor",
 }
-_STALL_S = 30.0  # no progress on offsets below the planned end for this long: the log lost them
+_STALL_S = 120.0  # no progress below the planned end this long: the log lost them (pollTimeoutMs default)
 
 
 def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -43,7 +43,9 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
 
     tp = TopicPartition(task.topic, task.partition)
     name = f"partition {task.topic}-{task.partition}"
-    consumer = Consumer({"bootstrap.servers": task.bootstrap_servers, **_FETCH_SETTINGS})
+    settings = {**_FETCH_SETTINGS, **dict(task.consumer_settings), "auto.offset.reset": "none"}
+    consumer = Consumer({**settings, "bootstrap.servers": task.bootstrap_servers})
+    stall_s = _STALL_S if task.poll_timeout_ms is None else task.poll_timeout_ms / 1000
     try:
         consumer.assign([tp])
         position = task.from_offset
@@ -69,14 +71,15 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
                 if len(chunk):
                     position = int(chunk.offsets[-1]) + 1
                     last_progress = time.monotonic()
-                    yield to_record_batch(chunk)
+                    yield to_record_batch(chunk, task.include_headers)
             if not chunks:
                 position = max(position, consumer.position(tp))  # a gap (compaction, control batches)
-                if time.monotonic() - last_progress > _STALL_S:
+                if time.monotonic() - last_progress > stall_s:
                     raise ApplianceError(
                         f"appliance data source: {name}: no records at offset {position} for "
-                        f"{_STALL_S:.0f} s, planned up to {task.until_offset} (high watermark now "
-                        f"{consumer.end_offsets([tp])[tp]}): was the topic deleted and created again?")
+                        f"{stall_s:g} s (kafkaConsumer.pollTimeoutMs), planned up to {task.until_offset} "
+                        f"(high watermark now {consumer.end_offsets([tp])[tp]}): was the topic deleted and "
+                        "created again?")
     finally:
         consumer.close()
 

@@ -18,16 +18,17 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from appliance.spark.options import parse_options
-from appliance.spark.schema import SCHEMA
+from appliance.spark.schema import read_schema
 
 __all__ = ["FORMAT", "ApplianceDataSource"]
 
-FORMAT = "appliance"
+FORMAT = "appliance"  # not "kafka": Spark keeps that name for its own connector (docs/spark.md)
 
 
 class ApplianceDataSource(DataSource):
     """Topics of a log appliance as a Spark table: Spark's Kafka schema (key, value, topic, partition,
-    offset, timestamp, timestampType, headers); batch and streaming reads and writes."""
+    offset, timestamp, timestampType, and headers with includeHeaders); batch and streaming reads and
+    writes."""
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
@@ -38,7 +39,7 @@ class ApplianceDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return read_schema(self.parsed.include_headers)
 
     # Readers and writers are imported when asked for: the process that only creates the data source (and
     # checks its options) need not import numba and pyarrow.
@@ -56,9 +57,13 @@ class ApplianceDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from appliance.spark.writer import ApplianceBatchWriter
 
-        return ApplianceBatchWriter(self.parsed.for_write(schema.names, streaming=False), overwrite)
+        return ApplianceBatchWriter(self.parsed.for_write(_types(schema), streaming=False), overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from appliance.spark.writer import ApplianceStreamWriter
 
-        return ApplianceStreamWriter(self.parsed.for_write(schema.names, streaming=True))
+        return ApplianceStreamWriter(self.parsed.for_write(_types(schema), streaming=True))
+
+
+def _types(schema: StructType) -> dict[str, str]:
+    return {f.name: f.dataType.simpleString() for f in schema.fields}

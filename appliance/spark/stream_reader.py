@@ -13,13 +13,21 @@ deterministic, so the replay reads exactly the same records.
 topics sorted by name, partitions by number, keys as strings.  Spark compares offsets as JSON *text*, so the
 order must never vary (:func:`encode_offsets` is the only place that builds one).
 
-**Admission control.**  ``latestOffset`` caps the batch at ``maxRecordsPerTrigger`` records and about
+**Admission control.**  ``latestOffset`` caps the batch at ``maxOffsetsPerTrigger`` records and about
 ``maxBytesPerTrigger`` key and value bytes (the bytes per record of each partition are estimated once from
 a sample of its records), shared between partitions in proportion to what each has waiting: largest
 remainders first, so the total is exactly the limit, and at least one record while any is waiting.  Spark
 passes ``ReadAllAvailable`` where a trigger must see everything (then the options do not apply).  With
 ``Trigger.AvailableNow`` Spark first calls :meth:`prepareForTriggerAvailableNow`: the high watermarks at
 that moment become the target, and batches (still limited) stop there.
+
+**Waiting for a minimum** (``minOffsetsPerTrigger``, ``maxTriggerDelay``), as Spark's Kafka source does it:
+a trigger that finds fewer records waiting than the minimum returns ``start`` again (Spark runs no batch)
+unless ``maxTriggerDelay`` has passed since the last trigger that did go ahead; the first trigger of a
+reader always goes ahead.  PySpark's Python data source API has no composite read limit and its
+``ReadMinRows`` carries no delay, so the reader keeps both from its options and applies them itself
+whenever Spark passes a limit other than ``ReadAllAvailable``.  Under ``Trigger.AvailableNow`` it does not
+wait (the query ends at its target instead of idling).
 
 **Partitions come and go.**  Each ``latestOffset`` lists the subscribed topics again (``subscribePattern``
 picks up new topics), so a partition that appears is in the next ``end`` offset and is read from its log
@@ -30,7 +38,9 @@ fails with a message naming the partition and the lost offsets; with ``false`` t
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -41,12 +51,13 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 
 from appliance.spark.batch_reader import read_range
 from appliance.spark.options import EARLIEST, LATEST, SourceOptions
-from appliance.spark.planning import ClusterView, OffsetRange, TopicPartitionKey, resolve, split_ranges
+from appliance.spark.planning import ClusterView, OffsetRange, TopicPartitionKey, resolve, split_ranges, task
 from ipc.kafka_client import BrokerConnectionError
 from storage.errors import ConfigError, OffsetOutOfRangeError
 
@@ -96,12 +107,15 @@ class ApplianceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target: Offsets | None = None  # Trigger.AvailableNow: stop here
         self._latest: Offsets | None = None
         self._bytes_per_record: dict[TopicPartitionKey, float] = {}
+        self._last_trigger_ms = float("-inf")  # minOffsetsPerTrigger: when a trigger last went ahead
 
     # -- the broker ----------------------------------------------------------------------------------------
 
     def _call(self, method: str, *args: Any) -> Any:
-        """A ClusterView call, reconnecting once if the broker went away between triggers."""
-        for attempt in (0, 1):
+        """A ClusterView call, reconnecting up to ``fetchOffset.numRetries`` times (``retryIntervalMs``
+        apart) if the broker went away between triggers."""
+        attempts = self.options.fetch_offset_retries + 1
+        for attempt in range(attempts):
             if self._view is None:
                 self._view = ClusterView(self.options.bootstrap_servers)
             try:
@@ -109,31 +123,32 @@ class ApplianceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             except BrokerConnectionError:
                 self._view.close()
                 self._view = None
-                if attempt:
+                if attempt == attempts - 1:
                     raise
+                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
         raise AssertionError("unreachable")
 
-    def _partitions_now(self) -> tuple[dict[str, int], Offsets, Offsets]:
-        counts: dict[str, int] = self._call("subscribed", self.options)
-        tps = [(t, p) for t, n in counts.items() for p in range(n)]
-        return counts, self._call("offsets", tps, EARLIEST), self._call("offsets", tps, LATEST)
+    def _partitions_now(self) -> tuple[list[TopicPartitionKey], Offsets, Offsets]:
+        tps: list[TopicPartitionKey] = self._call("read_partitions", self.options)
+        return tps, self._call("offsets", tps, EARLIEST), self._call("offsets", tps, LATEST)
 
     # -- offsets -------------------------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
         spec = self.options.starting_offsets
         assert spec is not None
-        counts, earliest, latest = self._partitions_now()
-        starts = resolve(spec, counts, earliest, latest, "startingOffsets")
+        tps, earliest, latest = self._partitions_now()
+        times = functools.partial(self._call, "offsets_for_times")
+        starts = resolve(spec, tps, earliest, latest, times, self.options.starting_strategy)
         for tp, offset in starts.items():
             if offset > latest[tp]:
                 raise OffsetOutOfRangeError(
-                    f"appliance data source: option startingOffsets: partition {tp[0]}-{tp[1]} offset "
+                    f"appliance data source: option {spec.option}: partition {tp[0]}-{tp[1]} offset "
                     f"{offset} is past the end of the partition (log start offset {earliest[tp]}, high "
                     f"watermark {latest[tp]})")
             if offset < earliest[tp] and self.options.fail_on_data_loss:
                 raise OffsetOutOfRangeError(
-                    f"appliance data source: option startingOffsets: partition {tp[0]}-{tp[1]} offset "
+                    f"appliance data source: option {spec.option}: partition {tp[0]}-{tp[1]} offset "
                     f"{offset} is below the log start offset {earliest[tp]} (records deleted by retention); "
                     f"set failOnDataLoss=false to start at {earliest[tp]}")
         return encode_offsets(starts)
@@ -142,10 +157,12 @@ class ApplianceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target = self._partitions_now()[2]
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.options.max_records_per_trigger is not None:
-            return ReadMaxRows(self.options.max_records_per_trigger)
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
         if self.options.max_bytes_per_trigger is not None:
             return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
@@ -159,16 +176,29 @@ class ApplianceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if tp not in begin:
                 begin[tp] = earliest[tp]  # a new partition is read from its start
         waiting = {tp: max(0, latest[tp] - max(begin[tp], earliest[tp])) for tp in latest}
+        if self._wait_for_more(sum(waiting.values()), limit):
+            return encode_offsets(decode_offsets(start))
         take = self._admit(begin, earliest, waiting, limit)
         end = {tp: max(begin[tp], earliest[tp]) + take[tp] if take[tp] else begin[tp] for tp in latest}
         for tp, offset in decode_offsets(start).items():
             end.setdefault(tp, offset)  # a vanished partition: partitions() decides about the loss
         return encode_offsets(end)
 
+    def _wait_for_more(self, waiting: int, limit: ReadLimit) -> bool:
+        """minOffsetsPerTrigger: True to skip this trigger (fewer records wait, maxTriggerDelay not over)."""
+        minimum = self.options.min_offsets_per_trigger
+        if minimum is None or isinstance(limit, ReadAllAvailable) or self._target is not None:
+            return False
+        now = time.monotonic() * 1000
+        if now - self._last_trigger_ms < self.options.max_trigger_delay_ms and waiting < minimum:
+            return True
+        self._last_trigger_ms = now
+        return False
+
     def _admit(self, begin: Offsets, earliest: Offsets, waiting: Offsets, limit: ReadLimit) -> Offsets:
         if isinstance(limit, ReadAllAvailable):
             return waiting
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_offsets_per_trigger
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.options.max_bytes_per_trigger
         allowed = dict(waiting)
         if max_bytes is not None:
@@ -200,11 +230,12 @@ class ApplianceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begin, finish = decode_offsets(start), decode_offsets(end)
         if begin == finish:
             return []
-        counts, earliest, _ = self._partitions_now()
+        tps, earliest, _ = self._partitions_now()
+        now_read = set(tps)
         ranges = []
         for tp, until in finish.items():
             name = f"partition {tp[0]}-{tp[1]}"
-            if tp[1] >= counts.get(tp[0], 0):
+            if tp not in now_read:
                 self._data_loss(f"{name} no longer exists (was its topic deleted?); offsets from "
                                 f"{begin.get(tp, 0)} on cannot be read")
                 continue
@@ -218,8 +249,7 @@ class ApplianceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 self._data_loss(f"{name}: the end offset {until} is below the start offset {first} (was the "
                                 "topic deleted and created again?)")
                 continue
-            ranges.append(OffsetRange(tp[0], tp[1], first, until, self.options.bootstrap_servers,
-                                      self.options.fail_on_data_loss))
+            ranges.append(task(self.options, tp, first, until))
         return list(split_ranges(ranges, self.options.min_partitions, self.options.max_records_per_partition))
 
     def _data_loss(self, message: str) -> None:

@@ -1,12 +1,14 @@
 """Batch and streaming writes: DataFrame rows -> records, through the idempotent producer over TCP.
 
-A write takes the columns Spark's Kafka sink takes: ``value`` (binary or string, required), ``key``
-(binary or string), and optionally ``topic`` (string; else option ``topic``), ``partition`` (int; else
-murmur2 of the key, as Kafka's producer, or a sticky partition for null keys) and ``headers``
-(``array<struct<key: string, value: binary>>``).  Each task runs :func:`write_task` on an executor: Arrow
-batches come in (``DataSourceArrowWriter``: no per-row Python), their buffers become byte columns
-(``appliance.spark.arrow_columns``), and :class:`appliance.Producer` with ``bootstrap.servers`` encodes
-and sends them over TCP.  A task fails with the first delivery error of its records.
+A write takes the columns Spark's Kafka sink takes, by its rules (checked while Spark plans the write:
+``appliance.spark.schema.check_write_columns``): ``value`` (binary or string, required), ``key`` (binary
+or string), and optionally ``topic`` (string; option ``topic``, when set, overrides it), ``partition``
+(int; else murmur2 of the key, as Kafka's producer, or a sticky partition for null keys) and ``headers``
+(``array<struct<key: string, value: binary>>``); other columns are ignored.  Each task runs
+:func:`write_task` on an executor: Arrow batches come in (``DataSourceArrowWriter``: no per-row Python),
+their buffers become byte columns (``appliance.spark.arrow_columns``), and :class:`appliance.Producer`
+with ``bootstrap.servers`` (and the ``kafka.*`` options it knows) encodes and sends them over TCP.  A
+task fails with the first delivery error of its records.
 
 Streaming writes are **exactly once** by ``(query id, batchId)`` through the sink's commit log (the
 protocol, its crash cases and its assumptions are in ``appliance.spark.commit_log``).  A batch write is
@@ -57,6 +59,7 @@ __all__ = [
     "write_task",
 ]
 
+_SINK_COLUMNS = frozenset({"topic", "key", "value", "headers", "partition"})
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # local properties Spark sets on a micro-batch's tasks
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
@@ -86,9 +89,9 @@ class _TaskWriter:
     def __init__(self, options: SourceOptions, identity: TaskIdentity | None) -> None:
         self.options = options
         self.identity = identity
-        self.producer = Producer({"bootstrap.servers": options.bootstrap_servers,
-                                  "compression.type": options.compression,
-                                  "client.id": "appliance-spark-writer"})
+        settings = {"compression.type": options.compression, "client.id": "appliance-spark-writer",
+                    **options.producer_settings(), "bootstrap.servers": options.bootstrap_servers}
+        self.producer = Producer(settings)
         self.sent: list[BulkHandle] = []  # sends not seen done yet, and those that failed
         self.log = CommitLog(options.bootstrap_servers, options.commit_log_topic)
         self.intended: set[str] = set()
@@ -136,16 +139,14 @@ class _TaskWriter:
         self.records += count
 
     def _topics(self, columns: dict[str, pa.Array], count: int) -> tuple[list[str], np.ndarray]:
-        """The topics of the rows: their names and, per row, an index into them."""
-        if "topic" not in columns or columns["topic"].null_count == count:
-            if self.options.topic is None:
-                raise InvalidRecordError("rows have a null topic and option topic is not set")
+        """The topics of the rows: their names and, per row, an index into them.  Option ``topic``
+        overrides a topic column, as in Spark's Kafka sink; a null topic without it is an error."""
+        if self.options.topic is not None:
             return [self.options.topic], np.zeros(count, np.int64)
         column = columns["topic"]
         if column.null_count:
-            if self.options.topic is None:
-                raise InvalidRecordError("a row has a null topic and option topic is not set")
-            column = pc.fill_null(column, self.options.topic)
+            raise InvalidRecordError("a null topic is present in the data; use the topic option for setting "
+                                     "a default topic")
         encoded = column.dictionary_encode()
         names = [str(name) for name in encoded.dictionary.to_pylist()]
         return names, np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64)
@@ -188,14 +189,15 @@ class _TaskWriter:
     def _not_written(self, columns: dict[str, pa.Array], count: int) -> list[bool]:
         """Per row: True unless an earlier attempt wrote it (each earlier record cancels one equal row)."""
         assert self.already is not None
-        topics = columns["topic"].to_pylist() if "topic" in columns else [None] * count
+        topics = columns["topic"].to_pylist() if "topic" in columns and self.options.topic is None else (
+            [self.options.topic] * count)
         keys = columns["key"].to_pylist() if "key" in columns else [None] * count
         values = columns["value"].to_pylist()
         headers = columns["headers"].to_pylist() if "headers" in columns else [None] * count
         keep = []
         for topic, key, value, pairs in zip(topics, keys, values, headers, strict=True):
             row: RowKey = (
-                topic or self.options.topic or "",
+                topic or "",
                 key.encode("utf-8") if isinstance(key, str) else key,
                 value.encode("utf-8") if isinstance(value, str) else value,
                 tuple((h["key"], h["value"]) for h in pairs or ()),
@@ -225,7 +227,8 @@ class _TaskWriter:
 
 
 def _columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:
-    return {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+    """The sink's columns by name (matched exactly, as Spark's Kafka sink does); others are ignored."""
+    return {name: batch.column(i) for i, name in enumerate(batch.schema.names) if name in _SINK_COLUMNS}
 
 
 def write_task(options: SourceOptions, batches: Iterator[pa.RecordBatch],

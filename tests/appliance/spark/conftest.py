@@ -40,6 +40,8 @@ TOPICS = {
     "batch-read": 3, "batch-zstd": 2, "bad-input": 2, "short-lived": 1, "stream-in": 2, "stream-out": 2,
     "replay-in": 2, "replay-out": 3, "logs": 3, "log-counts": 2, "pattern-a": 1, "write-out": 2,
     "codecs-in": 4, "codecs-out": 4, "codecs-bad": 4, "compacted": 1,
+    "topic1": 2, "topic2": 1, "topic3": 2, "guide-out": 2, "guide-stream-out": 2, "headers": 1, "times": 2,
+    "trigger-min": 2, "trigger-delay": 1,
 }  # fmt: skip
 
 

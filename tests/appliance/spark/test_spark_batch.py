@@ -19,7 +19,8 @@ Row = tuple[int, int, bytes | None, bytes | None, int, tuple[tuple[str, bytes | 
 
 
 def reader(spark: Any, appliance: Any, **options: str) -> Any:
-    read = spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap)
+    read = (spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap)
+            .option("includeHeaders", "true"))
     for key, value in options.items():
         read = read.option(key, value)
     return read.load()

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 
 def read(spark: Any, appliance: Any, **options: str) -> list[tuple[int, int, bytes | None, bytes, tuple]]:
-    read = spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap)
+    read = (spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap)
+            .option("includeHeaders", "true"))
     for key, value in options.items():
         read = read.option(key, value)
     rows = [(r.partition, r.offset, None if r.key is None else bytes(r.key), bytes(r.value),
@@ -49,8 +50,8 @@ def test_every_codec_of_both_kafka_clients_reads_back_and_the_sink_writes_lz4_an
         directory = Path(appliance.serve.data) / f"codecs-in-{partition}"
         assert CODECS_BY_NAME[codec] in codecs_on_disk(directory)
     assert read(spark, appliance, subscribe="codecs-in") == expected
-    frame = spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap).option(
-        "subscribe", "codecs-in").load()
+    frame = (spark.read.format("appliance").option("bootstrap.servers", appliance.bootstrap)
+             .option("subscribe", "codecs-in").option("includeHeaders", "true").load())
     for codec, partitions in (("lz4", "0, 1"), ("snappy", "2, 3")):
         (frame.where(f"partition IN ({partitions})").selectExpr("key", "value", "headers", "partition",
                                                                 "'codecs-out' AS topic")

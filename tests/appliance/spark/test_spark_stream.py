@@ -56,7 +56,8 @@ def topic_values(appliance: Any, topic: str, partitions: int) -> list[bytes]:
 
 def stream(spark: Any, appliance: Any, topic: str, **options: str) -> Any:
     read = (spark.readStream.format("appliance").option("bootstrap.servers", appliance.bootstrap)
-            .option("subscribe", topic).option("startingOffsets", "earliest"))
+            .option("subscribe", topic).option("startingOffsets", "earliest")
+            .option("includeHeaders", "true"))
     for key, value in options.items():
         read = read.option(key, value)
     return read.load().selectExpr("key", "value", "headers")
