@@ -3,7 +3,9 @@
 A LogAppendTime topic gets records from confluent-kafka, kafka-python and our local ``Producer``, all stamped
 by their producers with an old CreateTime; every reader (confluent-kafka, kafka-python, our ``Consumer``
 over TCP and over memory maps, ``appliance dump-log``) must see the append time with the LogAppendTime
-type, and ``offsets_for_times`` must search by it.  A CreateTime topic with
+type, and ``offsets_for_times`` must search by it; the producers' delivery reports (confluent-kafka's message
+timestamp, kafka-python's ``RecordMetadata``) carry that append time, from the Produce response's
+``log_append_time_ms``, while a CreateTime topic's carry the producer's own time.  A CreateTime topic with
 ``message.timestamp.before.max.ms`` / ``after.max.ms`` refuses a batch stamped out of range with Kafka's
 INVALID_TIMESTAMP and appends nothing of it.
 """
@@ -33,7 +35,8 @@ with warnings.catch_warnings():
 OLD_MS = 1_600_000_000_000  # what the producers stamp: long before the appliance's clock
 TOPICS = ('[topics.lat]\npartitions = 1\n"message.timestamp.type" = "LogAppendTime"\n'
           '[topics.limited]\npartitions = 1\n"message.timestamp.before.max.ms" = 60000\n'
-          '"message.timestamp.after.max.ms" = 60000\n')
+          '"message.timestamp.after.max.ms" = 60000\n'
+          '[topics.plain]\npartitions = 1\n')
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +147,35 @@ def test_a_createtime_topic_refuses_records_outside_its_limits(appliance: Applia
     assert [(offset, kind) for offset, kind, _ in seen] == [(0, 0)]  # only "now", nothing of the others
     assert "INVALID_TIMESTAMP" in appliance.log_text() and "message.timestamp.before.max.ms" in (
         appliance.log_text())
+
+
+def test_delivery_reports_carry_the_append_time_of_a_log_append_time_topic(appliance: Appliance) -> None:
+    reports: list[tuple[str, int, int]] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        kind, ts = msg.timestamp()
+        reports.append((msg.topic(), kind, ts))
+
+    before = _now_ms()
+    producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap, "linger.ms": 5})
+    for topic in ("lat", "plain", "lat"):
+        producer.produce(topic, value=b"report", timestamp=OLD_MS, on_delivery=delivered)
+        assert producer.flush(30) == 0
+    kp = kafka.KafkaProducer(bootstrap_servers=appliance.bootstrap)
+    lat = kp.send("lat", value=b"report", timestamp_ms=OLD_MS).get(timeout=30)
+    plain = kp.send("plain", value=b"report", timestamp_ms=OLD_MS).get(timeout=30)
+    kp.close()
+    after = _now_ms()
+    stamped = [ts for topic, kind, ts in reports if topic == "lat"]
+    assert [kind for topic, kind, _ in reports if topic == "lat"] == [
+        confluent_kafka.TIMESTAMP_LOG_APPEND_TIME] * 2, reports
+    assert all(before <= ts <= after for ts in stamped) and stamped == sorted(stamped), reports
+    assert [(kind, ts) for topic, kind, ts in reports if topic == "plain"] == [
+        (confluent_kafka.TIMESTAMP_CREATE_TIME, OLD_MS)]
+    assert stamped[-1] <= lat.timestamp <= after and plain.timestamp == OLD_MS
+    # what a consumer reads is what the reports said
+    seen = _ours({"bootstrap.servers": appliance.bootstrap}, "lat", lat.offset + 1)
+    read = {ts for _, _, ts in seen}
+    assert set(stamped) | {lat.timestamp} <= read
+
