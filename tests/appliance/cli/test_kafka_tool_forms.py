@@ -245,6 +245,8 @@ def test_topic_regexes_min_isr_reports_and_the_admin_settings_file(appliance: Ap
     settings = tmp_path / "admin.properties"
     settings.write_text(f"bootstrap.servers={appliance.bootstrap}\nclient.id=ops\nrequest.timeout.ms=20000\n")
     assert "rx-a" in ok("topics", "--list", "--command-config", str(settings)).split()
+    assert "for topic rxother" in ok("configs", "--topic", "rxother", "--describe", "--command-config",
+                                     str(settings))
     settings.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\n")
     refused = _refused(topics.main, ["--list", "--command-config", str(settings), *b])
     assert "security.protocol=SASL_SSL" in refused and "sasl.mechanism" in refused
