@@ -18,6 +18,19 @@ Two rules, one per ``message.timestamp.type``:
   takes the difference's value.  :func:`timestamp_out_of_range` checks a batch; with both limits at their
   default (the usual case) it reads nothing, otherwise it reads the header and, where the header's first
   and max timestamps do not settle it, every record (decompressing a compressed batch).
+
+A producer's batch that arrives with the LogAppendTime bit already set follows Kafka's ``LogValidator``
+(:func:`apply_timestamp_rules`).  Kafka reads every record of such a batch as having the batch's
+``maxTimestamp`` (``DefaultRecordBatch``'s iterator), so:
+
+1. to a **LogAppendTime** topic, or with ``maxTimestamp`` -1 (no timestamp) to a CreateTime topic, it is
+   refused with INVALID_TIMESTAMP ("Producer should not set timestamp type to LogAppendTime"), nothing of it
+   appended;
+2. to a **CreateTime** topic it is checked against the before/after limits with ``maxTimestamp`` as every
+   record's timestamp, then stored as a CreateTime batch whose ``maxTimestamp`` is the largest record
+   timestamp Kafka read, which is that same ``maxTimestamp``: the bit is cleared and the CRC recomputed
+   (:func:`store_as_create_time`; Kafka's ``setMaxTimestamp(CREATE_TIME, max)``, for compressed batches
+   kept in place and uncompressed ones alike).  Its records then read as ``baseTimestamp`` plus their deltas.
 """
 
 from __future__ import annotations
@@ -45,9 +58,12 @@ __all__ = [
     "LOG_APPEND_TIME",
     "TimestampLimits",
     "TimestampRefusal",
+    "TimestampVerdict",
+    "apply_timestamp_rules",
     "effective_limits",
     "limits_of",
     "stamp_log_append_time",
+    "store_as_create_time",
     "timestamp_out_of_range",
 ]
 
@@ -55,6 +71,8 @@ LOG_APPEND_TIME: Final = "LogAppendTime"
 # attributes, lastOffsetDelta, baseTimestamp, maxTimestamp: the run from the first stamped field to the last
 _STAMP_RUN: Final = struct.Struct(">hiqq").pack_into
 _CRC: Final = struct.Struct(">I").pack_into
+_ATTRIBUTES: Final = struct.Struct(">h").pack_into
+NO_TIMESTAMP: Final = -1  # a batch's maxTimestamp when its records carry none
 assert (ATTRIBUTES_OFFSET, LAST_OFFSET_DELTA_OFFSET, BASE_TIMESTAMP_OFFSET, MAX_TIMESTAMP_OFFSET) == (
     ATTRIBUTES_OFFSET, ATTRIBUTES_OFFSET + 2, ATTRIBUTES_OFFSET + 6, ATTRIBUTES_OFFSET + 14)
 assert ATTRIBUTES_OFFSET > CRC_OFFSET  # both stamped fields lie under the CRC
@@ -103,6 +121,16 @@ def stamp_log_append_time(view: memoryview, position: int, header: BatchHeader, 
          _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header[_LENGTH_FIELD] + LOG_OVERHEAD]))
 
 
+def store_as_create_time(view: memoryview, position: int, header: BatchHeader) -> BatchHeader:
+    """Clear the LogAppendTime bit of the batch at ``position`` of ``view`` (writable), whose header is
+    ``header``, keeping its ``maxTimestamp``; recompute the CRC.  The batch's header as it now is."""
+    attributes = header[_ATTRIBUTES_FIELD] & ~TIMESTAMP_TYPE_MASK
+    _ATTRIBUTES(view, position + ATTRIBUTES_OFFSET, attributes)
+    crc = _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header[_LENGTH_FIELD] + LOG_OVERHEAD])
+    _CRC(view, position + CRC_OFFSET, crc)
+    return header._replace(attributes=attributes, crc=crc)
+
+
 class TimestampRefusal(NamedTuple):
     """Why a batch is refused: a record out of range, or (``corrupt``) records that cannot be read
     though the batch's CRC is good (a producer's bug: Kafka's CORRUPT_MESSAGE, not INVALID_TIMESTAMP)."""
@@ -137,3 +165,35 @@ def _describe(timestamp: int, which: str, low: int, high: int, limits: Timestamp
         f"timestamp {timestamp} of {which} is out of range: with message.timestamp.before.max.ms "
         f"{limits.before_max_ms} and message.timestamp.after.max.ms {limits.after_max_ms} it must lie "
         f"in [{low}, {high}]; send records stamped near the broker's clock, or raise the limits")
+
+
+class TimestampVerdict(NamedTuple):
+    """What :func:`apply_timestamp_rules` made of a batch: its header as it now is, and why it is refused
+    (None: append it)."""
+
+    header: BatchHeader
+    refusal: TimestampRefusal | None
+
+
+def apply_timestamp_rules(view: memoryview, header: BatchHeader, now_ms: int, limits: TimestampLimits | None,
+                          *, log_append_time: bool) -> TimestampVerdict:
+    """A leader's timestamp rules for the producer's batch in ``view`` (one whole batch, writable, its CRC
+    checked) of a topic whose ``message.timestamp.type`` is LogAppendTime (``log_append_time``) or
+    CreateTime with ``limits`` (None: none set): the module's rules, a batch the producer marked LogAppendTime
+    rewritten in place as Kafka stores it.  The LogAppendTime stamp itself is the log's, at the append."""
+    if not header.attributes & TIMESTAMP_TYPE_MASK:
+        if limits is None or log_append_time:
+            return TimestampVerdict(header, None)
+        return TimestampVerdict(header, timestamp_out_of_range(view, header, now_ms, limits))
+    stamped = header.max_timestamp
+    if log_append_time or stamped == NO_TIMESTAMP:
+        return TimestampVerdict(header, TimestampRefusal(
+            f"its timestamp type is LogAppendTime (attribute bit 3) with max timestamp {stamped}: a producer "
+            "must not set the LogAppendTime type (Kafka's INVALID_TIMESTAMP); send CreateTime batches, the "
+            "broker stamps the append time where the topic's message.timestamp.type is LogAppendTime"))
+    if limits is not None:
+        low, high = now_ms - limits.before_max_ms, now_ms + limits.after_max_ms
+        if not low <= stamped <= high:
+            which = "its records (a LogAppendTime batch: each record's is the max timestamp)"
+            return TimestampVerdict(header, _describe(stamped, which, low, high, limits))
+    return TimestampVerdict(store_as_create_time(view, 0, header), None)

@@ -62,6 +62,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from appliance.broker.append_time import AppendTimeTopics, stamped_append_time
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.partitions import INTERNAL_TOPICS, PartitionHandle
@@ -149,6 +150,7 @@ class _Batch:
     records: memoryview
     last_offset_delta: int
     answer: PartitionProduceResponse
+    log_append_time: bool = False  # a LogAppendTime topic: the answer carries the stamped time
     published: bool = False
     acked: bool = False  # the writer answered
     committing: bool = False  # acks=-1 on a replicated partition: waiting for the committed high watermark
@@ -179,6 +181,7 @@ class Produce:
         self._last_used_ms: dict[tuple[str, int], float] = {}  # when a batch last went into each ring
         self._unused: set[tuple[str, int]] = set()  # rings attached ahead that no batch used yet
         self._next_check_ms: float | None = None  # when tick() next looks for idle rings
+        self._append_time_topics = AppendTimeTopics(ctx.config)
 
     @property
     def pending(self) -> int:
@@ -300,7 +303,8 @@ class Produce:
                     ErrorCode.NOT_ENOUGH_REPLICAS,
                     f"{where}: {isr_count} in-sync replicas, min.insync.replicas {needed}",
                 )
-        held.batches.append(_Batch(held, topic, handle, records, header.last_offset_delta, answer))
+        held.batches.append(_Batch(held, topic, handle, records, header.last_offset_delta, answer,
+                                   self._append_time_topics.stamped(topic, meta)))
         return ErrorCode.NONE, None
 
     def _min_insync(self, topic: str) -> int:
@@ -527,6 +531,8 @@ class Produce:
                     self._answer(batch, -result, _WRITER_ERRORS.get(-result))
                 else:
                     batch.answer.base_offset = result
+                    if batch.log_append_time:  # Kafka answers the time it stamped (append_time.py)
+                        batch.answer.log_append_time_ms = stamped_append_time(batch.handle, result)
         finished = []
         still = []
         for held in self._held:

@@ -35,7 +35,13 @@ import re
 import sys
 from typing import TextIO
 
-from appliance.cli.kafka_forms import UsageError, read_properties, refuse_together
+from appliance.cli.kafka_forms import (
+    AdminSettings,
+    UsageError,
+    admin_settings,
+    read_properties,
+    refuse_together,
+)
 from appliance.client.admin import DEFAULT_BOOTSTRAP_SERVER, KafkaAdmin
 from appliance.client.admin_configs import ConfigEntry
 from ipc.kafka import ConfigSource, ResourceType
@@ -72,8 +78,10 @@ def parse_add_config(text: str) -> dict[str, str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance configs", description="read or change topic settings")
-    parser.add_argument("--bootstrap-server", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP_SERVER,
+    parser.add_argument("--bootstrap-server", metavar="HOST:PORT",
                         help=f"a broker of the appliance (default {DEFAULT_BOOTSTRAP_SERVER})")  # fmt: skip
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="the admin client's settings, a properties file (as kafka-configs)")
     parser.add_argument("--entity-type", choices=sorted(_ENTITY_TYPES))
     parser.add_argument("--entity-name", help="the topic, or the broker's node id")
     parser.add_argument("--topic", metavar="T", help="the same as --entity-type topics --entity-name T")
@@ -119,7 +127,11 @@ def _entity(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     kind = _ENTITY_TYPES[args.entity_type]
     try:
-        admin = KafkaAdmin(args.bootstrap_server, client_id="appliance-configs")
+        given = args.admin
+        admin = KafkaAdmin(args.bootstrap_server or given.bootstrap_servers or DEFAULT_BOOTSTRAP_SERVER,
+                           client_id=given.client_id or "appliance-configs",
+                           request_timeout_ms=given.request_timeout_ms or 30_000,
+                           connect_timeout_ms=given.connect_timeout_ms or 10_000)
     except (BrokerConnectionError, ApplianceError) as exc:
         print(f"appliance configs: {exc} (is the appliance running there?)", file=err)
         return EXIT_FAILED
@@ -153,6 +165,8 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE if exc.code else EXIT_OK
     try:
         _entity(args)
+        args.admin = (admin_settings(args.command_config) if args.command_config is not None
+                      else AdminSettings(None, None, None, None))
         args.set_configs = read_properties(args.add_config_file) if args.add_config_file else {}
         for text in args.add_config:
             args.set_configs.update(parse_add_config(text))

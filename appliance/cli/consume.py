@@ -21,7 +21,8 @@ Keys and values are written as the bytes they are.
 
 kafka-console-consumer's flags work too: ``--topic``, ``--include REGEX``, ``--property print.key=true``
 and the other properties of its default formatter (``appliance.cli.message_formatter``), ``--formatter``,
-``--formatter-config``, ``--consumer.config``, ``--isolation-level`` (read_committed reads as
+``--formatter-config``, ``--key-deserializer`` / ``--value-deserializer`` (Kafka's String or ByteArray
+deserializer), ``--consumer.config``, ``--isolation-level`` (read_committed reads as
 read_uncommitted: there are no transactions yet), ``--group G`` (a member of group G:
 ``Consumer.subscribe()``, from the group's committed offsets, committing as it reads); docs/tools.md maps
 every flag.
@@ -41,7 +42,12 @@ import time
 from typing import BinaryIO
 
 from appliance.cli.kafka_forms import UsageError, property_pairs, read_properties, refuse_together
-from appliance.cli.message_formatter import DEFAULT_FORMATTERS, MessageFormatter
+from appliance.cli.message_formatter import (
+    DEFAULT_FORMATTERS,
+    DESERIALIZERS,
+    DESERIALIZERS_BUILT,
+    MessageFormatter,
+)
 from appliance.client.consumer import Consumer, TopicPartition
 from storage.errors import ApplianceError
 
@@ -108,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
                           "print.offset, print.headers, key.separator, line.separator, headers.separator, "
                           "null.literal (repeatable)")
     out.add_argument("--formatter-config", metavar="FILE", help="formatter properties from a properties file")
+    out.add_argument("--key-deserializer", metavar="CLASS",
+                     help="org.apache.kafka.common.serialization.StringDeserializer (keys as UTF-8 text) or "
+                          "ByteArrayDeserializer (as bytes, the default)")
+    out.add_argument("--value-deserializer", metavar="CLASS", help="as --key-deserializer, for values")
+    out.add_argument("--skip-message-on-error", action="store_true",
+                     help="accepted: no record fails to be formatted here, so none is skipped")
     out.add_argument("--print-key", action="store_true", help="print the key before the value")
     out.add_argument("--print-offset", action="store_true", help="print Offset:<o> first")
     out.add_argument("--print-partition", action="store_true", help="print Partition:<p> first")
@@ -188,6 +200,12 @@ def _formatter(args: argparse.Namespace) -> MessageFormatter:
             properties[flag.replace("_", ".")] = "true"
     if args.key_separator is not None:
         properties["key.separator"] = args.key_separator
+    for flag, given in (("--key-deserializer", args.key_deserializer),
+                        ("--value-deserializer", args.value_deserializer)):
+        if given:  # as kafka-console-consumer: the flag over the property
+            if given.strip() not in DESERIALIZERS:
+                raise UsageError(f"{flag} {given}: {DESERIALIZERS_BUILT}")
+            properties[flag[2:].replace("-", ".")] = given
     return MessageFormatter.from_properties(properties)
 
 

@@ -7,7 +7,8 @@
         [--offsets | --members [--verbose] | --state]
     appliance consumer-groups --reset-offsets (--group G ... | --all-groups)
         (--topic T[:P,P...] ... | --all-topics)
-        (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --shift-by N | --to-current)
+        (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --by-duration PnDTnHnMnS
+         | --shift-by N | --to-current)
         [--dry-run | --execute]
     appliance consumer-groups --delete (--group G ... | --all-groups)
     appliance consumer-groups --delete-offsets --group G --topic T[:P,P...] ...
@@ -27,7 +28,9 @@ the group is inactive (Empty, or unknown: Dead); a requested offset outside the 
 its nearest end, with a warning; without ``--execute`` nothing changes (``--dry-run``, Kafka's default,
 warned about when neither is given).  ``--to-datetime`` takes ISO 8601 (``2026-11-28T10:00:00``,
 ``...T10:00:00.000+01:00``, ``...Z``; without a zone, local time, as Kafka reads it); a partition with no
-record at or after it falls back to its latest offset, with a warning.
+record at or after it falls back to its latest offset, with a warning.  ``--by-duration`` (``PT1H30M``,
+``P1D``: Java's ``Duration`` text) is the time that long before now.  ``--command-config FILE`` gives the
+admin client's settings as kafka-consumer-groups takes them (``kafka_forms.admin_settings``).
 
 ``--delete`` removes inactive groups and their committed offsets
 (DeleteGroups; a group with members is refused, NON_EMPTY_GROUP); ``--delete-offsets`` removes one group's
@@ -42,12 +45,15 @@ group and what to do); 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TextIO
 
+from appliance.cli.kafka_forms import admin_settings
 from appliance.client.group_admin import (
     EARLIEST,
     LATEST,
@@ -70,7 +76,11 @@ EXIT_USAGE = 2
 
 MISSING = "-"  # Kafka's tool prints this for a value it does not have
 _ACTIONS = ("list", "describe", "reset_offsets", "delete", "delete_offsets")
-_SCENARIOS = ("to_earliest", "to_latest", "to_offset", "to_datetime", "shift_by", "to_current")
+_SCENARIOS = ("to_earliest", "to_latest", "to_offset", "to_datetime", "by_duration", "shift_by", "to_current")
+# java.time.Duration's text: PnDTnHnMn.nS, each part signed, the whole optionally negated
+_DURATION = re.compile(r"([-+]?)P(?:([-+]?\d+)D)?"
+                       r"(?:T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+                       re.IGNORECASE)
 _INACTIVE = ("Empty", "Dead")
 
 TopicPartition = tuple[str, int]
@@ -88,8 +98,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="appliance consumer-groups",
         description="list, describe, reset and delete consumer groups, like kafka-consumer-groups",
     )
-    parser.add_argument("--bootstrap-server", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP_SERVER,
+    parser.add_argument("--bootstrap-server", metavar="HOST:PORT",
                         help=f"a broker of the appliance (default {DEFAULT_BOOTSTRAP_SERVER})")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="the admin client's settings, a properties file (as kafka-consumer-groups)")
     actions = parser.add_argument_group("actions (one of)")
     actions.add_argument("--list", action="store_true", help="list every consumer group")
     actions.add_argument("--describe", action="store_true", help="describe groups (default: their offsets)")
@@ -112,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--to-latest", action="store_true", help="each partition's latest offset")
     reset.add_argument("--to-offset", type=int, metavar="N", help="offset N")
     reset.add_argument("--to-datetime", metavar="ISO", help="the first offset at or after a time")
+    reset.add_argument("--by-duration", metavar="PnDTnHnMnS",
+                       help="the first offset at or after that long ago (ISO 8601 duration, e.g. PT1H30M)")
     reset.add_argument("--shift-by", type=int, metavar="N", help="the committed offset plus N (may be < 0)")
     reset.add_argument("--to-current", action="store_true", help="the committed offset (else latest)")
     reset.add_argument("--dry-run", action="store_true", help="print the new offsets, change nothing")
@@ -127,6 +141,12 @@ def check_arguments(args: argparse.Namespace) -> None:
     if len(actions) != 1:
         raise UsageError("give exactly one of --list, --describe, --reset-offsets, --delete, "
                          "--delete-offsets")
+    if args.command_config is not None:
+        settings = admin_settings(args.command_config)
+        args.bootstrap_server = args.bootstrap_server or settings.bootstrap_servers
+        args.client_id = settings.client_id
+        args.timeout = settings.request_timeout_ms or args.timeout
+    args.bootstrap_server = args.bootstrap_server or DEFAULT_BOOTSTRAP_SERVER
     parse_bootstrap_servers(args.bootstrap_server)
     action = actions[0]
     if action != "list" and not args.group and not args.all_groups:
@@ -153,7 +173,7 @@ def _check_reset_arguments(args: argparse.Namespace) -> None:
     scenarios = [s for s in _SCENARIOS if _given(args, s)]
     if len(scenarios) != 1:
         raise UsageError("--reset-offsets needs exactly one of --to-earliest, --to-latest, --to-offset N, "
-                         "--to-datetime ISO, --shift-by N, --to-current")
+                         "--to-datetime ISO, --by-duration PnDTnHnMnS, --shift-by N, --to-current")
     if bool(args.topic) == args.all_topics:
         raise UsageError("--reset-offsets needs --topic T[:P,P...] (repeatable) or --all-topics")
     if args.dry_run and args.execute:
@@ -162,6 +182,8 @@ def _check_reset_arguments(args: argparse.Namespace) -> None:
         parse_topic_partitions(topic)
     if args.to_datetime is not None:
         parse_datetime_ms(args.to_datetime)
+    if args.by_duration is not None:
+        parse_duration_ms(args.by_duration)
 
 
 def _given(args: argparse.Namespace, scenario: str) -> bool:
@@ -193,6 +215,21 @@ def parse_datetime_ms(text: str) -> int:
         raise UsageError(f"--to-datetime {text!r}: not an ISO 8601 time, e.g. 2026-11-28T10:00:00.000 "
                          "or 2026-11-28T10:00:00Z") from None
     return int(moment.timestamp() * 1000)  # a naive datetime is taken as local time
+
+
+def parse_duration_ms(text: str) -> int:
+    """An ISO 8601 duration as Java's ``Duration.parse`` reads it (``P1D``, ``PT1H30M``, ``PT0.5S``,
+    ``-PT5M``), in milliseconds.  UsageError if it is not one."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None or not any(found.group(i) for i in (2, 3, 4, 5)):
+        raise UsageError(f"--by-duration {text!r}: not an ISO 8601 duration, e.g. PT1H30M or P1DT12H")
+    sign, days, hours, minutes, seconds, fraction = found.groups()
+    total_ms = (int(days or 0) * 86_400_000 + int(hours or 0) * 3_600_000 + int(minutes or 0) * 60_000
+                + int(seconds or 0) * 1000)
+    if fraction:
+        millis = int((fraction + "000")[:3])
+        total_ms += -millis if (seconds or "").startswith("-") else millis
+    return -total_ms if sign == "-" else total_ms
 
 
 # -- tables ----------------------------------------------------------------------------------------------
@@ -358,11 +395,14 @@ def plan_reset(admin: GroupAdmin, args: argparse.Namespace, partitions: list[Top
                                   "offset there (use --to-earliest, --to-latest or --to-offset)",
                                   ErrorCode.INVALID_REQUEST)
         return _within_log(admin, {tp: committed[tp] + args.shift_by for tp in partitions}, err)
-    if args.to_datetime is not None:
-        found = admin.log_offsets(partitions, parse_datetime_ms(args.to_datetime))
+    if args.to_datetime is not None or args.by_duration is not None:
+        when_ms = (parse_datetime_ms(args.to_datetime) if args.to_datetime is not None
+                   else int(time.time() * 1000) - parse_duration_ms(args.by_duration))
+        found = admin.log_offsets(partitions, when_ms)
         empty = [tp for tp, offset in found.items() if offset < 0]
+        since = args.to_datetime or f"{when_ms} ms"
         for t, p in empty:
-            print(f"Warn: Partition {p} from topic {t} has no record at or after {args.to_datetime}. "
+            print(f"Warn: Partition {p} from topic {t} has no record at or after {since}. "
                   "Falling back to latest known offset.", file=err)
         if empty:
             found.update(admin.log_offsets(empty, LATEST))
@@ -470,7 +510,8 @@ def delete_offsets(admin: GroupAdmin, args: argparse.Namespace, out: TextIO, err
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run checked arguments; return the exit status."""
     try:
-        admin = GroupAdmin(args.bootstrap_server, request_timeout_ms=args.timeout)
+        admin = GroupAdmin(args.bootstrap_server, request_timeout_ms=args.timeout,
+                           client_id=getattr(args, "client_id", None) or "appliance-consumer-groups")
     except (BrokerConnectionError, ApplianceError) as exc:
         print(f"appliance consumer-groups: {exc} (is the appliance running there? --bootstrap-server "
               "HOST:PORT names another broker)", file=err)

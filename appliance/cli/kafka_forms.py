@@ -9,19 +9,27 @@
   kafka-topics refuses (:class:`UsageError` naming the flags).  Arguments already in our shape (a
   subcommand word first) pass unchanged.
 * :func:`refuse_together`: the one message for two flags that do not go together.
+* :func:`topic_filter`: kafka-topics' ``--topic`` as the regular expression it is there (``--list``,
+  ``--describe``, ``--alter``, ``--delete``): Kafka's ``IncludeList`` rules.
+* :func:`admin_settings`: kafka-topics' ``--command-config FILE``, the admin client's settings, those that
+  apply to ours read and the others refused by name.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "TOPICS_ACTIONS",
+    "AdminSettings",
     "UsageError",
+    "admin_settings",
     "property_pairs",
     "read_properties",
     "refuse_together",
+    "topic_filter",
     "topics_argv",
 ]
 
@@ -35,12 +43,18 @@ _ONLY_WITH: Final[dict[str, tuple[str, ...]]] = {
     "--if-exists": ("--alter", "--delete", "--describe"),
     "--under-replicated-partitions": ("--describe",),
     "--unavailable-partitions": ("--describe",),
+    "--under-min-isr-partitions": ("--describe",),
+    "--at-min-isr-partitions": ("--describe",),
     "--topics-with-overrides": ("--describe",),
     "--exclude-internal": ("--list", "--describe"),
 }
-_DESCRIBE_REPORTS: Final = ("--under-replicated-partitions", "--unavailable-partitions",
-                             "--topics-with-overrides")
+# partition reports: any of them together (a partition is printed if one says so), none with the topic report
+_REPLICATION_REPORTS: Final = ("--under-replicated-partitions", "--unavailable-partitions",
+                               "--under-min-isr-partitions", "--at-min-isr-partitions")
 _NEEDS_TOPIC: Final = ("--create", "--alter", "--delete")
+# the admin client settings of --command-config that ours has, and the ones whose value must be this one
+_ADMIN_SETTINGS: Final = ("bootstrap.servers", "client.id", "request.timeout.ms",
+                          "socket.connection.setup.timeout.ms", "security.protocol")
 
 
 class UsageError(ValueError):
@@ -118,9 +132,10 @@ def topics_argv(argv: Sequence[str]) -> list[str]:
     for flag, allowed in _ONLY_WITH.items():
         if flag in flags and action not in allowed:
             raise refuse_together(flag, action, f"it goes with {' or '.join(allowed)} (as in kafka-topics)")
-    reports = [f for f in _DESCRIBE_REPORTS if f in flags]
-    if len(reports) > 1:
-        raise refuse_together(reports[0], reports[1], "give one report")
+    reports = [f for f in _REPLICATION_REPORTS if f in flags]
+    if reports and "--topics-with-overrides" in flags:
+        raise refuse_together(reports[0], "--topics-with-overrides",
+                              "the partition reports and the topic report do not go together (kafka-topics)")
     topic = _value_of(args, "--topic")
     if action in _NEEDS_TOPIC and topic is None:
         raise UsageError(f"{action} needs --topic NAME (as in kafka-topics)")
@@ -128,10 +143,56 @@ def topics_argv(argv: Sequence[str]) -> list[str]:
         raise UsageError("--alter needs --partitions N (change topic settings with `appliance configs "
                          "--alter --entity-type topics --entity-name T --add-config K=V`)")
     rest = [a for a in args if a != action]
-    if action in ("--create", "--delete", "--describe") and topic is not None:
+    if action == "--create" and topic is not None:  # a name; with the other actions a regular expression
         rest = _without(rest, "--topic")
         return [action[2:], topic, *rest]
     return [action[2:], *rest]
+
+
+def topic_filter(raw: str) -> re.Pattern[str]:
+    """kafka-topics' ``--topic`` value as the pattern a topic's whole name must match: trimmed, ``,`` read
+    as ``|``, spaces and enclosing quotes dropped (Kafka's ``TopicFilter``); :class:`UsageError` if it is
+    not a regular expression."""
+    text = re.sub(r"[\"']+$", "", re.sub(r"^[\"']+", "", raw.strip().replace(",", "|").replace(" ", "")))
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise UsageError(f"--topic {raw!r}: {text} is an invalid regex ({exc})") from None
+
+
+class AdminSettings(NamedTuple):
+    """What a ``--command-config`` file says that our admin client takes."""
+
+    bootstrap_servers: str | None
+    client_id: str | None
+    request_timeout_ms: int | None
+    connect_timeout_ms: int | None
+
+
+def admin_settings(path: str) -> AdminSettings:
+    """The admin client settings of the properties file ``path``; :class:`UsageError` naming the file and
+    each setting ours does not have (SSL, SASL, retries... : the appliance's broker speaks PLAINTEXT)."""
+    values = read_properties(path)
+    unknown = sorted(set(values) - set(_ADMIN_SETTINGS))
+    protocol = values.get("security.protocol", "PLAINTEXT").strip().upper()
+    if protocol != "PLAINTEXT":
+        unknown.insert(0, f"security.protocol={protocol}")
+    if unknown:
+        raise UsageError(f"--command-config {path}: not taken here: {', '.join(unknown)}; the admin client "
+                         f"reads {', '.join(_ADMIN_SETTINGS)} (security.protocol PLAINTEXT only)")
+    timeouts = {}
+    for name in ("request.timeout.ms", "socket.connection.setup.timeout.ms"):
+        if name in values:
+            try:
+                timeouts[name] = int(values[name].strip())
+            except ValueError:
+                raise UsageError(f"--command-config {path}: {name}={values[name]!r}: expected an integer of "
+                                 "milliseconds") from None
+            if timeouts[name] < 1:
+                raise UsageError(f"--command-config {path}: {name}={timeouts[name]}: expected at least 1")
+    return AdminSettings(values.get("bootstrap.servers", "").strip() or None,
+                         values.get("client.id", "").strip() or None, timeouts.get("request.timeout.ms"),
+                         timeouts.get("socket.connection.setup.timeout.ms"))
 
 
 def _value_of(args: list[str], flag: str) -> str | None:

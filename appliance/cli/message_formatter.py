@@ -12,7 +12,12 @@ later field is printed, the last by ``line.separator`` (a newline)::
 * ``print.key``: the key; ``print.value`` (on by default): the value.
 
 A null key, value or header value is written as ``null.literal`` (``null``).  Keys, values and header
-values are written as the bytes they are (Kafka's default deserializers pass bytes through).  With no field
+values are written as the bytes they are (Kafka's default deserializers pass bytes through), unless
+``key.deserializer`` / ``value.deserializer`` / ``headers.deserializer`` (``--key-deserializer``,
+``--value-deserializer``) name Kafka's ``StringDeserializer``: then as UTF-8 text, each malformed sequence
+written as U+FFFD, as Java's decoding writes it.  ``ByteArrayDeserializer`` writes the bytes (Kafka would
+print the Java array's identity, ``[B@1b6d3586``, which says nothing); other deserializers are refused,
+named.  With no field
 at all chosen (``print.value=false`` alone) nothing is written.  Properties are read as Kafka reads them:
 a boolean is true only if it says ``true`` in any case; a separator is taken as its UTF-8 bytes.
 """
@@ -26,7 +31,8 @@ from typing import Final
 from appliance.cli.kafka_forms import UsageError
 from appliance.client.consumer import ConsumerRecord
 
-__all__ = ["DEFAULT_FORMATTERS", "FORMATTER_PROPERTIES", "MessageFormatter"]
+__all__ = ["DEFAULT_FORMATTERS", "DESERIALIZERS", "DESERIALIZERS_BUILT", "FORMATTER_PROPERTIES",
+           "MessageFormatter"]
 
 # the names kafka-console-consumer gives its default formatter, old and new
 DEFAULT_FORMATTERS: Final = ("kafka.tools.DefaultMessageFormatter",
@@ -35,7 +41,13 @@ DEFAULT_FORMATTERS: Final = ("kafka.tools.DefaultMessageFormatter",
 _BOOLEANS: Final = ("print.timestamp", "print.key", "print.value", "print.partition", "print.offset",
                     "print.headers")
 _SEPARATORS: Final = ("key.separator", "line.separator", "headers.separator", "null.literal")
-FORMATTER_PROPERTIES: Final = (*_BOOLEANS, *_SEPARATORS)
+_DESERIALIZER_PROPERTIES: Final = ("key.deserializer", "value.deserializer", "headers.deserializer")
+FORMATTER_PROPERTIES: Final = (*_BOOLEANS, *_SEPARATORS, *_DESERIALIZER_PROPERTIES)
+# the deserializers built here, by Kafka's class name: does each write the bytes as UTF-8 text?
+DESERIALIZERS: Final = {"org.apache.kafka.common.serialization.StringDeserializer": True,
+                        "org.apache.kafka.common.serialization.ByteArrayDeserializer": False}
+DESERIALIZERS_BUILT: Final = (f"only {' and '.join(DESERIALIZERS)} are built here (keys and values are "
+                              "written as their bytes or as UTF-8 text)")
 _TIMESTAMP_TYPES: Final = (b"CreateTime:", b"LogAppendTime:")
 
 
@@ -53,6 +65,9 @@ class MessageFormatter:
     line_separator: bytes = b"\n"
     headers_separator: bytes = b","
     null_literal: bytes = b"null"
+    key_text: bool = False  # key.deserializer is StringDeserializer
+    value_text: bool = False
+    headers_text: bool = False
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, str]) -> MessageFormatter:
@@ -68,6 +83,12 @@ class MessageFormatter:
         for name in _SEPARATORS:
             if name in properties:
                 values[name.replace(".", "_")] = properties[name].encode()
+        for name in _DESERIALIZER_PROPERTIES:
+            if name in properties:
+                given = properties[name].strip()
+                if given not in DESERIALIZERS:
+                    raise UsageError(f"{name} {given}: {DESERIALIZERS_BUILT}")
+                values[name.split(".")[0] + "_text"] = DESERIALIZERS[given]
         return cls(**values)  # type: ignore[arg-type]
 
     def format(self, record: ConsumerRecord) -> bytes:
@@ -80,15 +101,17 @@ class MessageFormatter:
         if self.print_offset:
             fields.append(b"Offset:%d" % record.offset)
         if self.print_headers:
-            fields.append(self.headers_separator.join(
-                name.encode() + b":" + self._bytes(value) for name, value in record.headers) or b"NO_HEADERS")
+            text = self.headers_text
+            pairs = [name.encode() + b":" + self._bytes(value, text) for name, value in record.headers]
+            fields.append(self.headers_separator.join(pairs) or b"NO_HEADERS")
         if self.print_key:
-            fields.append(self._bytes(record.key))
+            fields.append(self._bytes(record.key, self.key_text))
         if self.print_value:
-            fields.append(self._bytes(record.value))
+            fields.append(self._bytes(record.value, self.value_text))
         if not fields:
             return b""
         return self.key_separator.join(fields) + self.line_separator
 
-    def _bytes(self, value: bytes | None) -> bytes:
-        return self.null_literal if value is None else value
+    def _bytes(self, value: bytes | None, text: bool) -> bytes:
+        written = self.null_literal if value is None else value
+        return written.decode("utf-8", "replace").encode() if text else written

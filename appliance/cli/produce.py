@@ -18,9 +18,14 @@ broker that does not answer.
 
 kafka-console-producer's flags work too: ``--topic T``, ``--broker-list`` (its older name for
 ``--bootstrap-server``), ``--request-required-acks``, ``--compression-codec [CODEC]`` (gzip when given
-alone), ``--timeout MS`` (linger.ms), ``--producer.config FILE`` (a properties file, under
-``--producer-property`` and the flags).  The appliance's TOML file is ``--appliance-config FILE``
-(``--config FILE``, the older spelling, still works here: this command takes no topic settings).
+alone), ``--timeout MS`` (linger.ms), ``--message-send-max-retries`` (retries), ``--retry-backoff-ms``,
+``--producer.config FILE`` (a properties file, under ``--producer-property`` and the flags), ``--sync``
+(each record sent alone and acknowledged before the next line is read), and every property of its line
+reader, from ``--property`` or a ``--reader-config`` file: ``parse.key``, ``key.separator``,
+``parse.headers`` with ``headers.delimiter`` / ``headers.separator`` / ``headers.key.separator``,
+``null.marker``, ``ignore.error`` (``appliance.cli.line_reader``).  The appliance's TOML file is
+``--appliance-config FILE`` (``--config FILE``, the older spelling, still works here: this command takes
+no topic settings).
 
 Standard input is read in blocks as it arrives (``read1``), split into lines in C, and handed to
 ``Producer.send_many`` a block at a time, so a pipe of short lines goes at bulk speed while an interactive
@@ -36,7 +41,8 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
-from appliance.cli.kafka_forms import UsageError, read_properties
+from appliance.cli.kafka_forms import UsageError, property_pairs, read_properties
+from appliance.cli.line_reader import LineFormat, MalformedLineError, ParsedLines, line_format
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["main", "producer_settings", "read_records"]
@@ -56,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--key-separator", metavar="SEP",
                         help="split each line at the first SEP into key and value")
     parser.add_argument("--property", metavar="KEY=VALUE", action="append", default=[],
-                        help="Kafka console-producer reader properties: parse.key=true, key.separator=SEP")
+                        help="kafka-console-producer's line reader properties: parse.key, key.separator, "
+                             "parse.headers, headers.delimiter, headers.separator, headers.key.separator, "
+                             "null.marker, ignore.error (repeatable)")
+    parser.add_argument("--reader-config", metavar="FILE",
+                        help="line reader properties from a properties file (--property wins)")
+    parser.add_argument("--sync", action="store_true",
+                        help="send each record alone and wait for its acknowledgement before the next line")
     parser.add_argument("--acks", "--request-required-acks", choices=("0", "1", "all", "-1"),
                         help="0: do not wait; 1 or all: wait for the writer's ack (default all)")
     parser.add_argument("--compression", choices=_CODECS, help="compress each batch (default none)")
@@ -68,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-block-ms", type=int, metavar="MS", help="max.block.ms")
     parser.add_argument("--request-timeout-ms", type=int, metavar="MS", help="request.timeout.ms")
     parser.add_argument("--batch-size", type=int, metavar="BYTES", help="batch.size")
+    parser.add_argument("--message-send-max-retries", type=int, metavar="N", help="retries")
+    parser.add_argument("--retry-backoff-ms", type=int, metavar="MS", help="retry.backoff.ms")
     parser.add_argument("--producer-property", metavar="KEY=VALUE", action="append", default=[],
                         help="any producer setting, e.g. max.block.ms=1000 (repeatable)")
     parser.add_argument("--producer.config", dest="producer_config", metavar="FILE",
@@ -110,9 +124,9 @@ def _resolve_kafka_flags(args: argparse.Namespace) -> None:
         raise ConfigError("give the topic: TOPIC or --topic TOPIC")
 
 
-def producer_settings(args: argparse.Namespace) -> tuple[dict[str, object], bytes | None]:
-    """The Producer settings and the key separator (None: no keys) the arguments ask for: the
-    ``--producer.config`` file, then ``--producer-property``, then the flags."""
+def producer_settings(args: argparse.Namespace) -> tuple[dict[str, object], LineFormat]:
+    """The Producer settings (the ``--producer.config`` file, then ``--producer-property``, then the flags)
+    and how lines are read (the ``--reader-config`` file, then ``--property``, then ``--key-separator``)."""
     _resolve_kafka_flags(args)
     settings: dict[str, object] = {}
     if args.producer_config is not None:
@@ -125,7 +139,9 @@ def producer_settings(args: argparse.Namespace) -> tuple[dict[str, object], byte
     settings.setdefault("compression.type", "none")
     for value, name in ((args.acks, "acks"), (args.compression, "compression.type"),
                         (args.linger_ms, "linger.ms"), (args.batch_size, "batch.size"),
-                        (args.max_block_ms, "max.block.ms"), (args.request_timeout_ms, "request.timeout.ms")):
+                        (args.max_block_ms, "max.block.ms"), (args.request_timeout_ms, "request.timeout.ms"),
+                        (args.message_send_max_retries, "retries"),
+                        (args.retry_backoff_ms, "retry.backoff.ms")):
         if value is not None:
             settings[name] = value
     local = [f"--{name.replace('_', '-')}" for name in ("control_socket", "data_dir", "config", "override")
@@ -143,31 +159,20 @@ def producer_settings(args: argparse.Namespace) -> tuple[dict[str, object], byte
         from appliance.config.server_config import load_config
 
         settings["appliance.control.socket"] = load_config(args.config, args.override).control_socket
-    reader = _pairs(args.property, "--property")
-    unknown = set(reader) - {"parse.key", "key.separator"}
-    if unknown:
-        raise ConfigError(f"--property {sorted(unknown)[0]}: supported reader properties are parse.key and "
-                          "key.separator")
-    separator: str | None = args.key_separator
-    if separator is None and reader.get("parse.key", "false").lower() == "true":
-        separator = reader.get("key.separator", "\t")  # Kafka's default separator is a tab
-    if separator == "":
-        raise ConfigError("--key-separator: the separator cannot be empty")
-    return settings, None if separator is None else separator.encode("utf-8")
+    try:
+        reader = read_properties(args.reader_config) if args.reader_config is not None else {}
+        reader.update(property_pairs(args.property, "--property"))
+        return settings, line_format(reader, args.key_separator)
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-class MalformedLineError(ApplianceError):
-    """A line without the key separator (with keys asked for)."""
+def read_records(stream: IO[bytes], lines_format: LineFormat) -> Iterator[ParsedLines]:
+    """The records of ``stream``'s lines, a block at a time as the data arrives.
 
-
-Block = tuple[list[bytes], list[bytes] | None]  # values, keys (None: no keys)
-
-
-def read_records(stream: IO[bytes], separator: bytes | None) -> Iterator[Block]:
-    """Blocks of (values, keys or None) from ``stream``, one record per line, as the data arrives.
-
-    Raises :class:`MalformedLineError` for a line without ``separator``, after yielding the lines before it.
+    Raises :class:`MalformedLineError` for a line the format cannot read, after yielding the lines before it.
     """
+    separator = lines_format.key_separator if lines_format.parse_key else None
     read = getattr(stream, "read1", stream.read)
     carry = b""
     line_number = 0
@@ -180,11 +185,15 @@ def read_records(stream: IO[bytes], separator: bytes | None) -> Iterator[Block]:
             lines, carry = ([carry] if carry else []), b""
         if lines:
             lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-            values, keys, error = _split(lines, separator, line_number)
-            if values:
-                yield values, keys
-            if error is not None:
-                raise error
+            if lines_format.plain:
+                values, keys, error = _split(lines, separator, line_number)
+                parsed = ParsedLines(values, keys, None, error)  # type: ignore[arg-type]
+            else:
+                parsed = lines_format.parse(lines, line_number)
+            if parsed.values:
+                yield parsed
+            if parsed.error is not None:
+                raise parsed.error
             line_number += len(lines)
         if not block:
             return
@@ -208,11 +217,19 @@ def _split(lines: list[bytes], separator: bytes | None,
     return values, keys, None
 
 
+def _send_each(producer: Any, args: argparse.Namespace, parsed: ParsedLines) -> None:
+    """``--sync``: each record sent alone, its acknowledgement awaited (its error raised) before the next."""
+    for i, value in enumerate(parsed.values):
+        key = parsed.keys[i] if parsed.keys is not None else None
+        headers = parsed.headers[i] if parsed.headers is not None else None
+        producer.send(args.topic, value, key=key, headers=headers, partition=args.partition).get()
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``appliance produce``; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        settings, separator = producer_settings(args)
+        settings, lines_format = producer_settings(args)
         from appliance.client.producer import Producer
 
         producer = Producer(settings)
@@ -228,9 +245,12 @@ def main(argv: list[str]) -> int:
     status = 0
     try:
         with producer:
-            for values, keys in read_records(sys.stdin.buffer, separator):
-                producer.send_many(args.topic, values, keys=keys, partition=args.partition,
-                                   callback=delivered)
+            for parsed in read_records(sys.stdin.buffer, lines_format):
+                if args.sync:
+                    _send_each(producer, args, parsed)
+                else:
+                    producer.send_many(args.topic, parsed.values, keys=parsed.keys, partition=args.partition,
+                                       headers=parsed.headers, callback=delivered)
             producer.flush()
     except MalformedLineError as exc:
         print(f"appliance produce: {exc}", file=sys.stderr)

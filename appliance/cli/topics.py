@@ -2,7 +2,13 @@
 
 kafka-topics' form works too (``--create --topic T --partitions N --replication-factor R --config K=V``,
 ``--describe --under-replicated-partitions``, ...): ``appliance.cli.kafka_forms`` rewrites it into these
-subcommands after refusing what kafka-topics refuses; docs/tools.md maps every flag.
+subcommands after refusing what kafka-topics refuses; docs/tools.md maps every flag.  As in kafka-topics,
+``--topic`` is a regular expression a topic's whole name must match with ``list``, ``describe``, ``alter``
+and ``delete`` (``--describe --topic 'orders-.*'``; a ``,`` in it reads as ``|``), and one that matches no
+topic is an error unless ``--if-exists``; a topic named as an argument (``describe orders``, ours) is
+that topic exactly.  ``describe --under-min-isr-partitions`` / ``--at-min-isr-partitions`` print the
+partitions whose ISR is below / exactly the topic's ``min.insync.replicas`` (or that have no leader, for
+the first), and the partition reports combine: a partition any of them names is printed.
 
 ``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions; ``kafka-topics.sh --alter``);
 ``delete-records --topic T --partition P --offset O`` moves a partition's log start offset to O, -1 for
@@ -13,7 +19,8 @@ its high watermark (DeleteRecords; ``kafka-delete-records.sh``), or every partit
 Where the appliance is, as Kafka's ``kafka-topics.sh`` says it:
 
 * ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` (the default, ``127.0.0.1:9092``): the broker, over the
-  Kafka protocol (:class:`appliance.client.admin.KafkaAdmin`), from any host;
+  Kafka protocol (:class:`appliance.client.admin.KafkaAdmin`), from any host; ``--command-config FILE``
+  gives the admin client's settings as kafka-topics takes them (``kafka_forms.admin_settings``);
 * on the appliance's host, its control socket: ``--control-socket PATH``, ``--data-dir DIR`` (its first log
   dir; the socket is ``DIR/.appliance.sock``) or the configuration that names it (``--appliance-config
   FILE``, ``--override KEY=VALUE``; not ``--config``, which is a topic setting here, as in kafka-topics).
@@ -56,7 +63,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from appliance.broker.log_dirs import partition_size_bytes
-from appliance.cli.kafka_forms import UsageError, topics_argv
+from appliance.cli.kafka_forms import UsageError, admin_settings, topic_filter, topics_argv
 from appliance.client.admin import (
     DEFAULT_BOOTSTRAP_SERVER,
     KafkaAdmin,
@@ -104,6 +111,10 @@ class TopicsBackend(Protocol):
 
     def add_partitions(self, name: str, count: int) -> None: ...
 
+    def min_insync_replicas(self, name: str) -> int:
+        """The topic's effective ``min.insync.replicas``."""
+        ...
+
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         """Move the partition's log start offset to ``offset`` (-1: the high watermark); the new one."""
         ...
@@ -137,6 +148,9 @@ class ControlBackend:
 
     def add_partitions(self, name: str, count: int) -> None:
         self.client.create_partitions(name, count)
+
+    def min_insync_replicas(self, name: str) -> int:
+        return self.client.metadata([name]).topics[name].min_insync_replicas
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         if offset == -1:
@@ -175,6 +189,10 @@ class KafkaBackend:
 
     def add_partitions(self, name: str, count: int) -> None:
         self.admin.create_partitions(name, count)
+
+    def min_insync_replicas(self, name: str) -> int:
+        entry = self.admin.describe_configs(ResourceType.TOPIC, name, ["min.insync.replicas"])
+        return int(entry["min.insync.replicas"].value or 1)
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         return self.admin.delete_records({(topic, partition): offset})[(topic, partition)]
@@ -248,6 +266,11 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="with --appliance-config: one setting after the file (repeatable), as for `appliance serve`",
     )
+    where.add_argument(
+        "--command-config", metavar="FILE",
+        help="the admin client's settings, a properties file (kafka-topics): bootstrap.servers, client.id, "
+             "request.timeout.ms, socket.connection.setup.timeout.ms, security.protocol=PLAINTEXT",
+    )
 
 
 def check_connection_arguments(args: argparse.Namespace) -> None:
@@ -262,6 +285,11 @@ def check_connection_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"{local[0]} and {local[1]} both name the appliance: give one")
     if args.override and args.control_socket is not None:
         raise ValueError("--override changes a configuration; --control-socket names the socket itself")
+    if args.command_config is not None and local:
+        raise ValueError(f"--command-config holds the settings of a client over TCP, {local[0]} names the "
+                         "control socket on this host: give one")
+    if args.command_config is not None:
+        args.admin = admin_settings(args.command_config)
     if args.bootstrap_server is not None:
         parse_bootstrap_servers(args.bootstrap_server)
 
@@ -277,8 +305,14 @@ def open_backend(args: argparse.Namespace) -> TopicsBackend:
         from ipc.control import ControlClient  # (only the local path needs it: it loads numba)
 
         return ControlBackend(ControlClient.connect(path, timeout_s=60.0))
-    servers = args.bootstrap_server or DEFAULT_BOOTSTRAP_SERVER
-    return KafkaBackend(KafkaAdmin(servers, client_id="appliance-topics"))
+    given = getattr(args, "admin", None)
+    if given is None:
+        return KafkaBackend(KafkaAdmin(args.bootstrap_server or DEFAULT_BOOTSTRAP_SERVER,
+                                       client_id="appliance-topics"))
+    servers = args.bootstrap_server or given.bootstrap_servers or DEFAULT_BOOTSTRAP_SERVER
+    return KafkaBackend(KafkaAdmin(servers, client_id=given.client_id or "appliance-topics",
+                                   request_timeout_ms=given.request_timeout_ms or 30_000,
+                                   connect_timeout_ms=given.connect_timeout_ms or 10_000))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -306,18 +340,20 @@ def _parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="print the topic names")
     describe = commands.add_parser("describe", help="print topics with their partitions and offsets")
     describe.add_argument("names", nargs="*", metavar="NAME", help="topics to describe (default: all)")
-    reports = describe.add_mutually_exclusive_group()
-    reports.add_argument("--under-replicated-partitions", action="store_true",
-                         help="only the partitions with fewer in-sync replicas than replicas")
-    reports.add_argument("--unavailable-partitions", action="store_true",
-                         help="only the partitions without a leader")
-    reports.add_argument("--topics-with-overrides", action="store_true",
-                         help="only the topic lines of topics with settings of their own")
+    describe.add_argument("--under-replicated-partitions", action="store_true",
+                          help="only the partitions with fewer in-sync replicas than replicas")
+    describe.add_argument("--unavailable-partitions", action="store_true",
+                          help="only the partitions without a leader")
+    describe.add_argument("--under-min-isr-partitions", action="store_true",
+                          help="only the partitions with fewer in-sync replicas than min.insync.replicas")
+    describe.add_argument("--at-min-isr-partitions", action="store_true",
+                          help="only the partitions with exactly min.insync.replicas in-sync replicas")
+    describe.add_argument("--topics-with-overrides", action="store_true",
+                          help="only the topic lines of topics with settings of their own")
     for sub in (listing, describe):
         sub.add_argument("--exclude-internal", action="store_true", help="leave out __consumer_offsets ...")
     alter = commands.add_parser("alter", help="add partitions to a topic")
-    alter.add_argument("name", nargs="?", help="the topic (or --topic NAME)")
-    alter.add_argument("--topic", help="the topic, as kafka-topics --alter --topic NAME takes it")
+    alter.add_argument("name", nargs="?", help="the topic (or --topic REGEX)")
     alter.add_argument("--partitions", type=int, required=True, help="the new partition count, larger")
     alter.add_argument("--if-exists", action="store_true", help="succeed if the topic does not exist")
     records = commands.add_parser("delete-records", help="delete a partition's records below an offset")
@@ -326,9 +362,12 @@ def _parser() -> argparse.ArgumentParser:
     records.add_argument("--offset", type=int, help="the new log start offset (-1: the high watermark)")
     records.add_argument("--offset-json-file", metavar="FILE", help="kafka-delete-records' JSON instead")
     delete = commands.add_parser("delete", help="delete a topic and its data")
-    delete.add_argument("name", help="the topic (kafka-topics: --delete --topic NAME)")
+    delete.add_argument("name", nargs="?", help="the topic (or --topic REGEX)")
     for sub in (describe, delete):
         sub.add_argument("--if-exists", action="store_true", help="succeed if the topic does not exist")
+    for sub in (listing, describe, alter, delete):
+        sub.add_argument("--topic", metavar="REGEX",
+                         help="the topics whose whole name matches REGEX (kafka-topics' --topic)")
     for sub in (create, listing, describe, alter, records, delete):
         add_connection_arguments(sub)
     return parser
@@ -427,16 +466,52 @@ def _unless_missing(if_exists: bool) -> Iterator[None]:
             raise
 
 
+def _selected(backend: TopicsBackend, args: argparse.Namespace) -> list[str] | None:
+    """The topics a command acts on: those ``--topic`` (a regular expression, as kafka-topics reads it)
+    matches, sorted, ``--exclude-internal`` applied; else the topics named, or None (every topic).  A
+    ``--topic`` that matches nothing is an error (UnknownTopicOrPartitionError) unless ``--if-exists``."""
+    names = args.names if args.command == "describe" else [args.name] if getattr(args, "name", None) else []
+    if args.topic is None:
+        return names or None
+    pattern = topic_filter(args.topic)
+    exclude = getattr(args, "exclude_internal", False)
+    found = [n for n in sorted(backend.list_topics())
+             if pattern.fullmatch(n) and not (exclude and n.startswith("__"))]
+    if not found and not getattr(args, "if_exists", False):
+        raise UnknownTopicOrPartitionError(f"Topic '{args.topic}' does not exist as expected (no topic's "
+                                           "name matches it; --topic is a regular expression)")
+    return found
+
+
+def _partition_reports(args: argparse.Namespace) -> bool:
+    return bool(args.under_replicated_partitions or args.unavailable_partitions
+                or args.under_min_isr_partitions or args.at_min_isr_partitions)
+
+
+def _partition_reported(args: argparse.Namespace, partition: PartitionDescription, min_isr: int) -> bool:
+    """Whether one of kafka-topics' partition reports asked for names ``partition``."""
+    isr = len(partition.isr)
+    return bool((args.under_replicated_partitions and isr < len(partition.replicas))
+                or (args.unavailable_partitions and partition.leader < 0)
+                or (args.under_min_isr_partitions and (partition.leader < 0 or isr < min_isr))
+                or (args.at_min_isr_partitions and isr == min_isr))
+
+
 def _describe(backend: TopicsBackend, args: argparse.Namespace, out: TextIO) -> None:
-    """``describe``, whole or one of kafka-topics' reports: partition lines only for the under-replicated
-    or unavailable partitions, topic lines only for topics with overrides."""
+    """``describe``, whole or kafka-topics' reports: partition lines only for the partitions a partition
+    report names, topic lines only for topics with overrides."""
+    partition_reports = _partition_reports(args)
     with _unless_missing(args.if_exists):
-        topics = [t for t in backend.describe(args.names or None)
+        names = _selected(backend, args)
+        if names == []:
+            return
+        topics = [t for t in backend.describe(names)
                   if not (args.exclude_internal and t.name.startswith("__"))]
         for topic in topics:
-            if args.under_replicated_partitions or args.unavailable_partitions:
-                wanted = tuple(p for p in topic.partitions if (
-                    len(p.isr) < len(p.replicas) if args.under_replicated_partitions else p.leader < 0))
+            if partition_reports:
+                min_isr = (backend.min_insync_replicas(topic.name)
+                           if args.under_min_isr_partitions or args.at_min_isr_partitions else 0)
+                wanted = tuple(p for p in topic.partitions if _partition_reported(args, p, min_isr))
                 lines = format_topic(dataclasses.replace(topic, partitions=wanted)).split("\n")
                 for line in lines[1:]:  # the partition lines only, as kafka-topics prints these reports
                     print(line, file=out)
@@ -476,26 +551,32 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 return EXIT_OK
             print(f"Created topic {args.name} with {count} partitions.", file=out)
         elif args.command == "list":
-            for name in backend.list_topics():
+            names = backend.list_topics() if args.topic is None else _selected(backend, args) or []
+            for name in names:
                 if not (args.exclude_internal and name.startswith("__")):
                     print(name, file=out)
         elif args.command == "describe":
             _describe(backend, args, out)
         elif args.command == "alter":
             with _unless_missing(args.if_exists):
-                backend.add_partitions(args.name, args.partitions)
-                print(f"Topic {args.name} now has {args.partitions} partitions.", file=out)
+                for name in _selected(backend, args) or ():
+                    backend.add_partitions(name, args.partitions)
+                    print(f"Topic {name} now has {args.partitions} partitions.", file=out)
         elif args.command == "delete-records":
             for topic, partition, offset in args.records:
                 low = backend.delete_records(topic, partition, offset)
                 print(f"Partition: {topic}-{partition}\tLow watermark: {low}", file=out)
         else:
             with _unless_missing(args.if_exists):
-                backend.delete(args.name)
-                print(f"Deleted topic {args.name}.", file=out)
+                for name in _selected(backend, args) or ():
+                    backend.delete(name)
+                    print(f"Deleted topic {name}.", file=out)
     except (ApplianceError, OSError) as exc:
         print(f"appliance topics {args.command}: {exc}", file=err)
         return EXIT_FAILED
+    except UsageError as exc:
+        print(f"appliance topics {args.command}: {exc}", file=err)
+        return EXIT_USAGE
     finally:
         backend.close()
     return EXIT_OK
@@ -513,10 +594,17 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE if exc.code else EXIT_OK
     try:
         check_connection_arguments(args)
-        if args.command == "alter":
+        if args.command in ("alter", "delete"):
             if (args.name is None) == (args.topic is None):
-                raise ValueError("give the topic once: NAME or --topic NAME")
-            args.name = args.name or args.topic
+                raise ValueError("give the topic once: NAME or --topic REGEX")
+        if args.command == "describe":
+            if args.topic is not None and args.names:
+                raise ValueError("give the topics once: NAME... or --topic REGEX")
+            if args.topics_with_overrides and _partition_reports(args):
+                raise ValueError("--topics-with-overrides cannot be used with the partition reports (as in "
+                                 "kafka-topics)")
+        if getattr(args, "topic", None) is not None and args.command != "delete-records":
+            topic_filter(args.topic)  # a bad pattern is bad arguments
         if args.command == "delete-records":
             args.records = _records_to_delete(args)
         if args.command == "create":
@@ -525,7 +613,7 @@ def main(argv: list[str]) -> int:
                                                                     args.replication_factor)):
                 if value is not None and value < 1:
                     raise ValueError(f"{flag} {value}: must be at least 1")
-    except (ValueError, ConfigError) as exc:
+    except (ValueError, ConfigError) as exc:  # (UsageError is a ValueError)
         print(f"appliance topics {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return run(args, sys.stdout, sys.stderr)

@@ -101,6 +101,7 @@ from ipc.state_page import StatePage
 from ipc.wakeup import Doorbell, Waiter
 from storage.batch_header import (
     HEADER_SIZE,
+    TIMESTAMP_TYPE_MASK,
     BatchHeader,
     check_batch,
     validate_batch,
@@ -119,7 +120,7 @@ from storage.producer_state import (
     OUT_OF_ORDER_SEQUENCE_NUMBER,
     ProducerStateManager,
 )
-from storage.timestamp_rules import limits_of, timestamp_out_of_range
+from storage.timestamp_rules import LOG_APPEND_TIME, apply_timestamp_rules, limits_of
 
 __all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec"]
 
@@ -194,6 +195,7 @@ class PartitionWriter:
         self.stats = RoundStats()
         self._max_message_bytes = spec.log_config.max_message_bytes
         self._timestamp_limits = limits_of(spec.log_config)  # CreateTime limits (None: nothing to check)
+        self._log_append_time = spec.log_config.message_timestamp_type == LOG_APPEND_TIME
         self._active_base = log.active_segment.base_offset
         self._resume = ResumeMap(log, spec.name)
         self._stopping = False
@@ -338,11 +340,14 @@ class PartitionWriter:
                 if isinstance(header, int) or lengths[i] > max_message_bytes:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
                     continue
-                if limits is not None and (late := timestamp_out_of_range(body, header, now_ms, limits)):
-                    code = ErrorCode.CORRUPT_MESSAGE if late.corrupt else ErrorCode.INVALID_TIMESTAMP
-                    results[i] = -code  # Kafka's answers; nothing of the batch is appended
-                    self._reject(ring, chunk.first_seq + i, code, late.reason)
-                    continue
+                if limits is not None or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's timestamp rules
+                    header, late = apply_timestamp_rules(body, header, now_ms, limits,
+                                                         log_append_time=self._log_append_time)
+                    if late is not None:
+                        code = ErrorCode.CORRUPT_MESSAGE if late.corrupt else ErrorCode.INVALID_TIMESTAMP
+                        results[i] = -code  # Kafka's answers; nothing of the batch is appended
+                        self._reject(ring, chunk.first_seq + i, code, late.reason)
+                        continue
                 verdict = state.check(header)
                 if verdict.code == NONE:
                     if full:  # the log directory cannot take writes (disk_space): nothing is appended
@@ -625,6 +630,7 @@ class PartitionWriter:
         self.log = log = Log.open(spec.directory, log_config, topic_partition=(spec.topic, spec.partition))
         self._max_message_bytes = log_config.max_message_bytes
         self._timestamp_limits = limits_of(log_config)
+        self._log_append_time = log_config.message_timestamp_type == LOG_APPEND_TIME
         self._active_base = log.active_segment.base_offset
         resumed = self._resume.records
         self._resume = ResumeMap(log, spec.name)

@@ -1,5 +1,6 @@
 """A leader's timestamp rules: LogAppendTime stamped on every leader append path (not by a follower), the
-time index and timestamp search by the append time, CreateTime limits as Kafka 3.6 folds them."""
+time index and timestamp search by the append time, CreateTime limits as Kafka 3.6 folds them, and a
+producer's batch marked LogAppendTime treated as Kafka's LogValidator treats it."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import numpy as np
 import pytest
 from batchgen import DEFAULT_TIMESTAMP_MS, build_batch
 
+from storage.batch_builder import build_batch as build_any_batch
 from storage.batch_header import parse_header, validate_batch, write_crc
 from storage.batch_reader import iter_records
+from storage.compression import COMPRESSION_GZIP, COMPRESSION_NONE
 from storage.log import Log
 from storage.log_config import LONG_MAX, LogConfig
 from storage.timestamp_rules import (
     TimestampLimits,
+    apply_timestamp_rules,
     effective_limits,
     limits_of,
     stamp_log_append_time,
@@ -137,3 +141,49 @@ def test_unreadable_records_under_a_good_crc_are_corrupt_not_late() -> None:
     limits = TimestampLimits(60, 40)
     refusal = timestamp_out_of_range(memoryview(batch), parse_header(batch), 1_000_000, limits)
     assert refusal is not None and refusal.corrupt and "cannot be read" in refusal.reason
+
+
+def _producer_stamped(compression: int, max_timestamp: int) -> bytearray:
+    """A producer's batch with the LogAppendTime bit set and ``max_timestamp``, records stamped 5 and 9."""
+    batch = bytearray(build_any_batch([b"a" * 50, b"b" * 50], timestamps=[5, 9], compression=compression))
+    stamp_log_append_time(memoryview(batch), 0, parse_header(batch), max_timestamp)
+    return batch
+
+
+@pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_GZIP], ids=["plain", "gzip"])
+def test_a_producer_log_append_time_batch_is_stored_as_createtime(compression: int) -> None:
+    batch = _producer_stamped(compression, 777)
+    before = bytes(batch)
+    verdict = apply_timestamp_rules(memoryview(batch), parse_header(batch), _now_ms(), None,
+                                    log_append_time=False)
+    assert verdict.refusal is None
+    stored = validate_batch(batch)  # the CRC was recomputed
+    assert verdict.header == stored
+    assert (stored.timestamp_type, stored.max_timestamp, stored.base_timestamp) == (0, 777, 5)
+    assert stored.attributes == parse_header(before).attributes & ~0x08  # compression bits kept
+    assert [r.timestamp for r in iter_records(bytes(batch))] == [5, 9]
+    changed = [i for i, (a, b) in enumerate(zip(before, batch, strict=True)) if a != b]
+    assert all(17 <= i < 23 for i in changed), changed  # only the CRC and the attributes
+
+
+def test_a_producer_log_append_time_batch_is_refused_where_kafka_refuses_it() -> None:
+    for batch, log_append_time in ((_producer_stamped(COMPRESSION_NONE, 777), True),  # a LogAppendTime topic
+                                   (_producer_stamped(COMPRESSION_NONE, -1), False)):  # no timestamp
+        before = bytes(batch)
+        verdict = apply_timestamp_rules(memoryview(batch), parse_header(batch), _now_ms(), None,
+                                        log_append_time=log_append_time)
+        assert verdict.refusal is not None and not verdict.refusal.corrupt
+        assert "must not set the LogAppendTime type" in verdict.refusal.reason
+        assert bytes(batch) == before
+
+
+def test_a_producer_log_append_time_batch_is_checked_by_its_max_timestamp() -> None:
+    now = _now_ms()
+    limits = TimestampLimits(60_000, 60_000)
+    within = _producer_stamped(COMPRESSION_NONE, now)  # its records' own stamps (5, 9) are far older
+    assert apply_timestamp_rules(memoryview(within), parse_header(within), now, limits,
+                                 log_append_time=False).refusal is None
+    late = _producer_stamped(COMPRESSION_NONE, now - 3_600_000)
+    verdict = apply_timestamp_rules(memoryview(late), parse_header(late), now, limits, log_append_time=False)
+    assert verdict.refusal is not None and f"timestamp {now - 3_600_000}" in verdict.refusal.reason
+    assert parse_header(late).timestamp_type == 1  # left as it came

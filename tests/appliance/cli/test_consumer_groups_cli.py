@@ -219,6 +219,8 @@ def test_reset_offsets_of_an_empty_group_and_a_consumer_resumes_there(
     at = datetime.fromtimestamp(timestamps[7] / 1000, UTC).isoformat()
     assert reset("--topic", "orders:0,2", "--to-datetime", at, "--execute") == {0: 7, 2: 7}
     assert reset("--topic", "orders", "--to-current") == {0: 7, 1: 10, 2: 7}
+    assert reset("--topic", "orders:1", "--by-duration", "P3650D") == {1: 0}  # a dry run: nothing changes
+    assert reset("--topic", "orders:1", "--by-duration", "PT0S") == {1: 10}  # no record since now: latest
     assert committed(appliance, "g-reset") == {0: 7, 1: 10, 2: 7}
 
     empty = groups(appliance, "--describe", "--group", "g-reset")
@@ -276,6 +278,8 @@ def test_errors_name_the_group_and_say_what_to_do(
         ["--list", "--describe"],
         ["--reset-offsets", "--group", "g", "--to-latest"],
         ["--reset-offsets", "--group", "g", "--all-topics", "--to-datetime", "yesterday"],
+        ["--reset-offsets", "--group", "g", "--all-topics", "--by-duration", "1h"],
+        ["--list", "--command-config", "/nonexistent/admin.properties"],
         ["--reset-offsets", "--group", "g", "--topic", "t:x", "--to-latest"],
         ["--delete-offsets", "--group", "g"],
     ):  # refused before any connection: in this process

@@ -140,8 +140,22 @@ def _refused(main: object, argv: list[str]) -> str:
          ["--replication-factor", "--alter"]),
         (topics.main, ["--list", "--partitions", "3"], ["--partitions", "--list"]),
         (topics.main, ["--create", "--partitions", "1"], ["--create", "--topic"]),
-        (topics.main, ["--describe", "--under-replicated-partitions", "--unavailable-partitions"],
-         ["--under-replicated-partitions", "--unavailable-partitions"]),
+        (topics.main, ["--describe", "--under-replicated-partitions", "--topics-with-overrides"],
+         ["--under-replicated-partitions", "--topics-with-overrides"]),
+        (topics.main, ["--describe", "--at-min-isr-partitions", "--topics-with-overrides"],
+         ["--at-min-isr-partitions", "--topics-with-overrides"]),
+        (topics.main, ["--list", "--under-min-isr-partitions"], ["--under-min-isr-partitions", "--list"]),
+        (topics.main, ["--list", "--topic", "a[b"], ["--topic", "a[b", "invalid regex"]),
+        (topics.main, ["--delete", "--topic", "t", "--data-dir", "/d", "--command-config", "/f"],
+         ["--command-config", "--data-dir"]),
+        (consume.main, ["--topic", "a", "--key-deserializer", "io.confluent.KafkaAvroDeserializer"],
+         ["--key-deserializer", "io.confluent.KafkaAvroDeserializer", "StringDeserializer"]),
+        (consume.main, ["--topic", "a", "--property",
+                        "value.deserializer=org.apache.kafka.common.serialization.LongDeserializer"],
+         ["value.deserializer", "LongDeserializer"]),
+        (produce.main, ["--topic", "a", "--property", "headers.delimiter=,", "--property",
+                        "headers.separator=,"], ["headers.delimiter", "headers.separator"]),
+        (produce.main, ["--topic", "a", "--property", "null.marker=\t"], ["null.marker", "key.separator"]),
         (topics.main, ["--delete", "--topic", "t", "--if-not-exists"], ["--if-not-exists", "--delete"]),
         (consume.main, ["--topic", "a", "--include", "a.*"], ["--topic", "--include"]),
         (consume.main, ["--topic", "a", "--offset", "5"], ["--offset", "--partition"]),
@@ -193,6 +207,12 @@ def _record(**fields: object) -> ConsumerRecord:
         ({"print.key": "true"}, {"value": None, "key": None}, b"null\tnull\n"),
         ({"print.key": "true", "print.headers": "true", "null.literal": "NULL"},
          {"value": None, "headers": (("h", None),)}, b"h:NULL\tsomeKey\tNULL\n"),
+        ({"print.key": "true", "print.headers": "true",
+          "key.deserializer": "org.apache.kafka.common.serialization.StringDeserializer",
+          "value.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+          "headers.deserializer": "org.apache.kafka.common.serialization.StringDeserializer"},
+         {"key": b"k\xff", "value": b"v\xff", "headers": (("h", b"\xfe"),)},
+         b"h:\xef\xbf\xbd\tk\xef\xbf\xbd\tv\xff\n"),
     ],
 )
 def test_the_default_formatter_writes_what_kafkas_writes(properties: dict[str, str],
@@ -204,3 +224,60 @@ def test_version_names_the_protocol() -> None:
     for argv in (["--version"], ["version"]):
         printed = ok(*argv)
         assert printed.startswith("appliance ") and "Produce(0): " in printed and "Fetch(1): " in printed
+
+
+def test_topic_regexes_min_isr_reports_and_the_admin_settings_file(appliance: Appliance,
+                                                                  tmp_path: Path) -> None:
+    b = ["--bootstrap-server", appliance.bootstrap]
+    for name in ("rx-a", "rx-b", "rxother"):
+        ok("topics", "--create", "--topic", name, *b)
+    assert ok("topics", "--list", "--topic", "rx-.*", *b) == "rx-a\nrx-b\n"
+    assert ok("topics", "--list", "--topic", "'rx-a, rxother'", *b) == "rx-a\nrxother\n"  # Kafka's spelling
+    ok("topics", "--alter", "--topic", "rx-.*", "--partitions", "2", *b)
+    described = ok("topics", "--describe", "--topic", "rx-.*", *b)
+    assert described.count("PartitionCount: 2") == 2 and "rxother" not in described
+    at_min = ok("topics", "--describe", "--topic", "rx-.*", "--at-min-isr-partitions", *b).splitlines()
+    assert len(at_min) == 4 and all(line.startswith("\tTopic: rx-") for line in at_min)  # ISR 1 = min 1
+    assert ok("topics", "--describe", "--under-min-isr-partitions", "--exclude-internal", *b) == ""
+    missing = tool("topics", "--describe", "--topic", "nomatch.*", *b)
+    assert missing.returncode == 1 and b"Topic 'nomatch.*' does not exist as expected" in missing.stderr
+    assert ok("topics", "--describe", "--topic", "nomatch.*", "--if-exists", *b) == ""
+    settings = tmp_path / "admin.properties"
+    settings.write_text(f"bootstrap.servers={appliance.bootstrap}\nclient.id=ops\nrequest.timeout.ms=20000\n")
+    assert "rx-a" in ok("topics", "--list", "--command-config", str(settings)).split()
+    assert "for topic rxother" in ok("configs", "--topic", "rxother", "--describe", "--command-config",
+                                     str(settings))
+    settings.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\n")
+    refused = _refused(topics.main, ["--list", "--command-config", str(settings), *b])
+    assert "security.protocol=SASL_SSL" in refused and "sasl.mechanism" in refused
+    assert str(settings) in refused
+    assert ok("topics", "--delete", "--topic", "rx-.*", *b) == "Deleted topic rx-a.\nDeleted topic rx-b.\n"
+    assert ok("topics", "--list", "--topic", "rx.*", *b) == "rxother\n"
+
+
+def test_console_producer_headers_null_marker_and_sync(appliance: Appliance) -> None:
+    b = ["--bootstrap-server", appliance.bootstrap]
+    ok("topics", "--create", "--topic", "headed", *b)
+    ok("produce", "--topic", "headed", *b, "--sync", "--property", "parse.headers=true", "--property",
+       "parse.key=true", "--property", "null.marker=NULL", "--property", "ignore.error=true",
+       stdin=b"h1:v1,h2:NULL\tk1\tval1\nNULL\tNULL\tval2\nh3:v3\tno key separator\n")
+    printed = ok("consume", "--topic", "headed", "--from-beginning", "--max-messages", "3", "--property",
+                 "print.headers=true", "--property", "print.key=true", "--property", "null.literal=<null>",
+                 "--property", "headers.separator=;", "--value-deserializer",
+                 "org.apache.kafka.common.serialization.StringDeserializer", *b)
+    assert printed == "h1:v1;h2:<null>\tk1\tval1\nNO_HEADERS\t<null>\tval2\nh3:v3\t<null>\tno key separator\n"
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": appliance.bootstrap, "group.id": "oracle"})
+    try:
+        consumer.assign([confluent_kafka.TopicPartition("headed", 0, confluent_kafka.OFFSET_BEGINNING)])
+        seen: list[confluent_kafka.Message] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 3 and time.monotonic() < deadline:
+            seen += consumer.consume(num_messages=3, timeout=0.5)
+    finally:
+        consumer.close()
+    assert [(m.headers(), m.key(), m.value()) for m in seen] == [
+        ([("h1", b"v1"), ("h2", None)], b"k1", b"val1"), (None, None, b"val2"),
+        ([("h3", b"v3")], None, b"no key separator")]
+    malformed = tool("produce", "--topic", "headed", *b, "--property", "parse.headers=true",
+                     stdin=b"h:v\tfine\nno delimiter\n")
+    assert malformed.returncode == 1 and b"line 2: no headers delimiter" in malformed.stderr

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.harness import REPO, Appliance
 
+from appliance.cli.line_reader import LineFormat, line_format
 from appliance.cli.main import _COMMANDS
 from appliance.cli.produce import MalformedLineError, _parser, producer_settings, read_records
 from appliance.client.partitioner import KeyPartitioner
@@ -45,11 +46,15 @@ class _Trickle(io.RawIOBase):
 Line = tuple[bytes, bytes | None]
 
 
+def _format(separator: bytes | None) -> LineFormat:
+    return line_format({}, None if separator is None else separator.decode())
+
+
 def _lines(data: bytes, separator: bytes | None = None, step: int | None = None) -> list[Line]:
     stream = _Trickle(data, step or max(len(data), 1))
     out: list[tuple[bytes, bytes | None]] = []
-    for values, keys in read_records(stream, separator):  # type: ignore[arg-type]
-        out += zip(values, keys or [None] * len(values), strict=True)
+    for parsed in read_records(stream, _format(separator)):  # type: ignore[arg-type]
+        out += zip(parsed.values, parsed.keys or [None] * len(parsed.values), strict=True)  # type: ignore[arg-type]
     return out
 
 
@@ -75,8 +80,8 @@ def test_a_line_without_the_separator_is_named_after_the_lines_before_it() -> No
     stream = _Trickle(b"k:v\nk:w\nnope\nk:x\n", 4)
     seen = []
     with pytest.raises(MalformedLineError, match=r"line 3: no key separator ':' in b'nope'"):
-        for values, _ in read_records(stream, b":"):  # type: ignore[arg-type]
-            seen += values
+        for parsed in read_records(stream, _format(b":")):  # type: ignore[arg-type]
+            seen += parsed.values
     assert seen == [b"v", b"w"], "the lines before the bad one were handed out"
 
 
@@ -93,23 +98,23 @@ def test_reader_matches_a_plain_split(lines: list[bytes], step: int, trailing_ne
 
 
 def test_settings_from_the_command_line(tmp_path: Path) -> None:
-    def parse(*argv: str) -> tuple[dict[str, object], bytes | None]:
+    def parse(*argv: str) -> tuple[dict[str, object], LineFormat]:
         return producer_settings(_parser().parse_args(["t", *argv]))
 
-    settings_, separator = parse("--property", "parse.key=true", "--data-dir", str(tmp_path))
-    assert separator == b"\t", "Kafka's default key.separator"
+    settings_, lines = parse("--property", "parse.key=true", "--data-dir", str(tmp_path))
+    assert lines.parse_key and lines.key_separator == b"\t", "Kafka's default key.separator"
     assert settings_["appliance.data.dir"] == str(tmp_path) and settings_["acks"] == "all"
-    settings_, separator = parse("--key-separator", "::", "--control-socket", "/s", "--acks", "0",
-                                 "--compression", "zstd", "--linger-ms", "7", "--producer-property",
-                                 "max.block.ms=10")
-    assert separator == b"::"
+    settings_, lines = parse("--key-separator", "::", "--control-socket", "/s", "--acks", "0",
+                             "--compression", "zstd", "--linger-ms", "7", "--producer-property",
+                             "max.block.ms=10")
+    assert lines.key_separator == b"::"
     assert settings_ == {"max.block.ms": "10", "acks": "0", "compression.type": "zstd", "linger.ms": 7,
                          "appliance.control.socket": "/s"}
     config = tmp_path / "a.toml"
     config.write_text(f'"log.dirs" = ["{tmp_path}/d"]\n')
     settings_, _ = parse("--config", str(config))
     assert settings_["appliance.control.socket"] == f"{tmp_path}/d/.appliance.sock"
-    with pytest.raises(ConfigError, match=r"parse\.key and key\.separator"):
+    with pytest.raises(ConfigError, match=r"print\.value: not a property of the console producer's line"):
         parse("--property", "print.value=true")
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse("--producer-property", "oops")
