@@ -356,8 +356,8 @@ def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _W
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
         i, omap.size, omap.seen, code = put_batches(
-            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.digests, omap.offsets,
-            omap.size, omap.grow_at, omap.entries, omap.seen)
+            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
+            omap.entries, omap.seen)
         if i > first:
             omap.end_offset = int(batches.last_offsets[i - 1]) + 1
         if code == 0:
@@ -376,7 +376,7 @@ def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _W
             continue
         data, start, end = _records(mapped, position, header, info.path)
         size, seen = put_records(data, start, end, header.records_count, header.base_offset, omap.table,
-                                 omap.digests, omap.offsets, omap.size, omap.entries, omap.seen)
+                                 omap.size, omap.entries, omap.seen)
         if size == MALFORMED_RECORDS:
             raise _malformed(info.path, position, header)
         omap.size, omap.seen = size, seen
@@ -486,7 +486,7 @@ class _Output:
 
 class _Selector:
     """Writes the cleaned form of segments' batches, in offset order across a pass's groups: ``seen``
-    follows the records the map read, so each record finds its entry in ``omap.entries``.  Uncompressed
+    follows the records the map read, so each record finds its key's slot in ``omap.entries``.  Uncompressed
     batches are selected and written in numba, a run at a time (``select_batches``, ``write_selected``);
     compressed ones one by one here."""
 
@@ -516,7 +516,7 @@ class _Selector:
         while first < len(positions):
             i, self.seen, code = select_batches(
                 mapped.array, positions, sizes, first, self.now_ms, omap.start_offset, omap.end_offset,
-                omap.table, omap.digests, omap.offsets, omap.entries, self.seen, *self.marks, self.results)
+                omap.table, omap.entries, self.seen, *self.marks, self.results)
             self._write_run(mapped, positions, sizes, first, i, out)
             if code == 0:
                 return
@@ -559,8 +559,8 @@ class _Selector:
         data, start, end = _records(mapped, position, header, path)
         selection = Selection(*select_records(
             data, start, end, count, header.base_offset, header.base_timestamp,
-            has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table, omap.digests,
-            omap.offsets, omap.entries, self.seen if read_by_map else -1, *self.marks, 0))
+            has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table,
+            omap.entries, self.seen if read_by_map else -1, *self.marks, 0))
         if selection.kept == MALFORMED_RECORDS:
             raise _malformed(path, position, header)
         if read_by_map:
