@@ -75,11 +75,12 @@ from storage.batch_rewrite import (
     write_header,
     write_selected,
 )
-from storage.batch_scan import WALK_CAPACITY, BatchArrays, check_crcs, describe, kernel_error, walk_batches
+from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
 from storage.clean_swap import cleaned_paths
 from storage.compression import compress
+from storage.crc32c_kernel import batch_crcs_ok
 from storage.errors import ConfigError, CorruptRecordError
 from storage.log_config import INT32_MAX, LogConfig
 from storage.log_dir import (
@@ -283,7 +284,7 @@ def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
     while True:
         count, stop, code = walk_batches(mapped.array, position, end, info.base_offset, expected, *arrays)
         batches = BatchArrays(*(a[:count].copy() for a in arrays))
-        valid = check_crcs(mapped.view, batches)
+        valid = batch_crcs_ok(mapped.array, batches.positions, batches.sizes)
         if valid < count:
             header = parse_header(mapped.view, int(batches.positions[valid]))
             raise CorruptRecordError(
