@@ -40,7 +40,7 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
-records than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
+offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
 compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
 before each write, and the batch positions and sizes the map pass found (up to ``_WALKS_KEPT_BYTES``), so
 the rewrite neither walks nor checks those segments again.  Segments are read through read-only mappings;

@@ -81,7 +81,6 @@ SLOT_WORDS: Final = 3  # a slot's uint64 words: the digest's two halves, the off
 ENTRY_BYTES: Final = 4
 LOAD_FACTOR: Final = 0.9  # Kafka's log.cleaner.io.buffer.load.factor
 _LAST_STEP: Final = 4  # the table before the last growth has max_slots // _LAST_STEP slots
-_GROWTH_BYTES_PER_SLOT: Final = SLOT_BYTES + SLOT_BYTES // _LAST_STEP  # a slot and its share of the old table
 BYTES_PER_ENTRY: Final = 34  # a key's share of the table and of its growth at LOAD_FACTOR (30 / 0.9 < 34)
 DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.dedupe.buffer.size
 MALFORMED_RECORDS: Final = -1  # a record's fields do not parse inside the records section
@@ -338,6 +337,16 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
     return positions.shape[0], size, seen, 0
 
 
+def _slots_for(capacity: int) -> int:
+    """The table's bound for ``capacity`` keys: load at most :data:`LOAD_FACTOR`, never full."""
+    return int(capacity / LOAD_FACTOR) + 1
+
+
+def _peak_table_bytes(max_slots: int) -> int:
+    """The tables alive at once at the last growth: the bound and the table before it."""
+    return (max_slots + max_slots // _LAST_STEP) * SLOT_BYTES
+
+
 class OffsetMap:
     """The arrays of the module docstring.
 
@@ -349,13 +358,15 @@ class OffsetMap:
     def __init__(self, dedupe_buffer_bytes: int, *, max_keys: int | None = None) -> None:
         limit = max(1, max_keys) if max_keys is not None else dedupe_buffer_bytes
         entries = min(limit, dedupe_buffer_bytes // 4 // ENTRY_BYTES)
-        max_slots = max(0, dedupe_buffer_bytes - entries * ENTRY_BYTES) // _GROWTH_BYTES_PER_SLOT
-        capacity = min(limit, int(max_slots * LOAD_FACTOR))
+        budget = dedupe_buffer_bytes - entries * ENTRY_BYTES
+        capacity = min(limit, budget // BYTES_PER_ENTRY)
+        while capacity >= 1 and _peak_table_bytes(_slots_for(capacity)) > budget:  # small maps: rounding
+            capacity -= 1
         if capacity < 1:
             raise ValueError(f"log.cleaner.dedupe.buffer.size {dedupe_buffer_bytes} holds no key "
                              f"({BYTES_PER_ENTRY} bytes per key)")
         self.capacity = capacity
-        self.max_slots = min(max_slots, int(capacity / LOAD_FACTOR) + 1)
+        self.max_slots = _slots_for(capacity)
         self.entries = np.empty(entries, dtype=np.int32)
         self.table = np.zeros(0, dtype=np.uint64)
         self.size = 0
@@ -372,7 +383,7 @@ class OffsetMap:
     def memory_bytes(self) -> int:
         """The bytes of the arrays at their bound: the table at ``max_slots`` and, while it grows to it, the
         one before."""
-        return self.entries.nbytes + (self.max_slots + self.max_slots // _LAST_STEP) * SLOT_BYTES
+        return self.entries.nbytes + _peak_table_bytes(self.max_slots)
 
     @property
     def room(self) -> int:
