@@ -10,7 +10,8 @@ pair's end, whether the cleaner was still in its pass when each "with" run ended
 against ``log.cleaner.dedupe.buffer.size``: its anonymous resident memory (``RssAnon``: heap and arrays,
 not the page cache of the segments it maps) read every 2 ms from ``/proc/PID/status`` during each "with"
 run, its peak less its value just before the pass (the growth the buffer bounds), and its value before any
-pass (numba's kernels not loaded yet); also ``VmHWM``, which counts file pages of mapped segments and the
+pass (numba's kernels not loaded yet); the peak of ``RssFile`` (pages of the files it maps) beside its idle
+value; also ``VmHWM``, which counts file pages of mapped segments and the
 pages shared with the supervisor it was forked from.  The throttle is the default (no limit) unless
 ``--override`` sets ``log.cleaner.io.max.bytes.per.second``.
 """
@@ -50,11 +51,13 @@ def _status_kib(pid: int, field: str) -> int:
 
 
 class _AnonPeak:
-    """The largest ``RssAnon`` of process ``pid``, read every 2 ms on a thread until :meth:`stop`."""
+    """The largest ``RssAnon`` of process ``pid``, read every 2 ms on a thread until :meth:`stop`; also the
+    largest ``RssFile`` (pages of mapped files) beside it."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.peak_kib = _status_kib(pid, "RssAnon")
+        self.file_peak_kib = _status_kib(pid, "RssFile")
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -62,6 +65,7 @@ class _AnonPeak:
     def _run(self) -> None:
         while not self._stopped.wait(0.002):
             self.peak_kib = max(self.peak_kib, _status_kib(self.pid, "RssAnon"))
+            self.file_peak_kib = max(self.file_peak_kib, _status_kib(self.pid, "RssFile"))
 
     def stop(self) -> int:
         self._stopped.set()
@@ -102,6 +106,8 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
         idle_anon_kib = _status_kib(cleaner, "RssAnon")
         anon_growth_kib: list[int] = []
         anon_peak_kib = idle_anon_kib
+        idle_file_kib = _status_kib(cleaner, "RssFile")
+        file_peak_kib = idle_file_kib
         loads: list[float] = []
         with_rates: list[float] = []
         without_rates: list[float] = []
@@ -128,6 +134,7 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
                     peak_kib = sampler.stop()
                 anon_growth_kib.append(peak_kib - before_kib)
                 anon_peak_kib = max(anon_peak_kib, peak_kib)
+                file_peak_kib = max(file_peak_kib, sampler.file_peak_kib)
             loads.append(os.getloadavg()[0])
         os.kill(cleaner, signal.SIGCONT)
         ratios = [w / wo for w, wo in zip(with_rates, without_rates, strict=True)]
@@ -142,6 +149,8 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
             "load_1min": [round(x, 1) for x in loads],
             "cleaner_rss_anon_idle_bytes": idle_anon_kib * 1024,
             "cleaner_rss_anon_peak_bytes": anon_peak_kib * 1024,
+            "cleaner_rss_file_idle_bytes": idle_file_kib * 1024,
+            "cleaner_rss_file_peak_bytes": file_peak_kib * 1024,
             "cleaner_rss_anon_growth_bytes": [k * 1024 for k in anon_growth_kib],
             "cleaner_idle_rss_bytes": idle_rss_kib * 1024,
             "cleaner_vm_hwm_bytes": _status_kib(cleaner, "VmHWM") * 1024,

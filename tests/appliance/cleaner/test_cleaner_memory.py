@@ -26,7 +26,7 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 MIB: Final = 1 << 20
-BUFFER_BYTES: Final = 2 * MIB  # log.cleaner.dedupe.buffer.size: about 47,000 keys a pass
+BUFFER_BYTES: Final = 2 * MIB  # log.cleaner.dedupe.buffer.size: about 46,000 keys a pass
 ALLOWANCE_BYTES: Final = 16 * MIB
 TOPIC = "compacted"
 KEYS_PER_HALF: Final = 40_000  # the first half of the records has these keys, the second half others
