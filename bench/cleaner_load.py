@@ -5,11 +5,15 @@ pair with ``--dirty-records`` keyed records of ``--keys`` keys (untimed), and a 
 run that ``send()`` produces ``--records`` records of ``--record-size`` bytes into (``bench.produce``).
 In each pair one run has the cleaner stopped (SIGSTOP: no CPU, no I/O) and one has it cleaning ``dirty``
 (SIGCONT, and the run starts once the cleaner's log says it began a pass); the order alternates from pair
-to pair.  The result: each run's records/s, the median ratio with / without, whether the cleaner was still
-in its pass when each "with" run ended, and the cleaner's peak resident memory (``VmHWM``, which counts
-the pages it shares with the supervisor it was forked from) beside its resident memory before any pass,
-against ``log.cleaner.dedupe.buffer.size``.  The throttle is the default (no limit) unless ``--override`` sets
-``log.cleaner.io.max.bytes.per.second``.
+to pair.  The result: each run's records/s, the median ratio with / without, the load average at each
+pair's end, whether the cleaner was still in its pass when each "with" run ended, and the cleaner's memory
+against ``log.cleaner.dedupe.buffer.size``: its anonymous resident memory (``RssAnon``: heap and arrays,
+not the page cache of the segments it maps) read every 2 ms from ``/proc/PID/status`` during each "with"
+run, its peak less its value just before the pass (the growth the buffer bounds), and its value before any
+pass (numba's kernels not loaded yet); the peak of ``RssFile`` (pages of the files it maps) beside its idle
+value; also ``VmHWM``, which counts file pages of mapped segments and the
+pages shared with the supervisor it was forked from.  The throttle is the default (no limit) unless
+``--override`` sets ``log.cleaner.io.max.bytes.per.second``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,29 @@ def _status_kib(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
+
+
+class _AnonPeak:
+    """The largest ``RssAnon`` of process ``pid``, read every 2 ms on a thread until :meth:`stop`; also the
+    largest ``RssFile`` (pages of mapped files) beside it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_kib = _status_kib(pid, "RssAnon")
+        self.file_peak_kib = _status_kib(pid, "RssFile")
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(0.002):
+            self.peak_kib = max(self.peak_kib, _status_kib(self.pid, "RssAnon"))
+            self.file_peak_kib = max(self.file_peak_kib, _status_kib(self.pid, "RssFile"))
+
+    def stop(self) -> int:
+        self._stopped.set()
+        self._thread.join()
+        return self.peak_kib
 
 
 def _fill(app: Appliance, records: int, keys: int, record_size: int, round_: int) -> None:
@@ -75,6 +103,12 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
                                      "min.cleanable.dirty.ratio": 0.01})
         cleaner = _cleaner_pid(app)
         idle_rss_kib = _status_kib(cleaner, "VmRSS")
+        idle_anon_kib = _status_kib(cleaner, "RssAnon")
+        anon_growth_kib: list[int] = []
+        anon_peak_kib = idle_anon_kib
+        idle_file_kib = _status_kib(cleaner, "RssFile")
+        file_peak_kib = idle_file_kib
+        loads: list[float] = []
         with_rates: list[float] = []
         without_rates: list[float] = []
         busy_throughout: list[bool] = []
@@ -86,13 +120,22 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
                     without_rates.append(_run(app, records, record_size))
                     continue
                 begun, finished = _passes(app)
+                before_kib = _status_kib(cleaner, "RssAnon")
+                sampler = _AnonPeak(cleaner)
                 os.kill(cleaner, signal.SIGCONT)
-                deadline = time.monotonic() + 30
-                while _passes(app)[0] == begun and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                with_rates.append(_run(app, records, record_size))
-                busy_throughout.append(_passes(app)[1] == finished)
-                os.kill(cleaner, signal.SIGSTOP)
+                try:
+                    deadline = time.monotonic() + 30
+                    while _passes(app)[0] == begun and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    with_rates.append(_run(app, records, record_size))
+                    busy_throughout.append(_passes(app)[1] == finished)
+                    os.kill(cleaner, signal.SIGSTOP)
+                finally:
+                    peak_kib = sampler.stop()
+                anon_growth_kib.append(peak_kib - before_kib)
+                anon_peak_kib = max(anon_peak_kib, peak_kib)
+                file_peak_kib = max(file_peak_kib, sampler.file_peak_kib)
+            loads.append(os.getloadavg()[0])
         os.kill(cleaner, signal.SIGCONT)
         ratios = [w / wo for w, wo in zip(with_rates, without_rates, strict=True)]
         return {
@@ -103,14 +146,23 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
             "ratio_median": round(statistics.median(ratios), 3),
             "ratios": [round(r, 3) for r in ratios],
             "cleaner_busy_throughout": busy_throughout,
+            "load_1min": [round(x, 1) for x in loads],
+            "cleaner_rss_anon_idle_bytes": idle_anon_kib * 1024,
+            "cleaner_rss_anon_peak_bytes": anon_peak_kib * 1024,
+            "cleaner_rss_file_idle_bytes": idle_file_kib * 1024,
+            "cleaner_rss_file_peak_bytes": file_peak_kib * 1024,
+            "cleaner_rss_anon_growth_bytes": [k * 1024 for k in anon_growth_kib],
             "cleaner_idle_rss_bytes": idle_rss_kib * 1024,
             "cleaner_vm_hwm_bytes": _status_kib(cleaner, "VmHWM") * 1024,
             "dedupe_buffer_bytes": _dedupe_buffer(overrides),
             "summary": (f"send() {record_size} B: {statistics.median(with_rates):,.0f} records/s with the "
                              f"cleaner cleaning, {statistics.median(without_rates):,.0f} without; median "
-                             f"ratio {statistics.median(ratios):.2f}; cleaner VmHWM "
+                             f"ratio {statistics.median(ratios):.2f}; cleaner RssAnon growth during a pass "
+                             f"{max(anon_growth_kib) / 1024:.1f} MiB at most (idle before any pass "
+                             f"{idle_anon_kib / 1024:.1f} MiB); VmHWM "
                              f"{_status_kib(cleaner, 'VmHWM') / 1024:.1f} MiB (idle RSS "
-                             f"{idle_rss_kib / 1024:.1f} MiB, pages shared with the supervisor included)"),
+                             f"{idle_rss_kib / 1024:.1f} MiB; file pages and pages shared with the "
+                             "supervisor included)"),
         }
     finally:
         app.close()

@@ -14,8 +14,8 @@ order, so that no Python runs per batch:
   no codec, base and max timestamp its max timestamp, so the producer's last sequence survives.
 
 A batch written anew needs its CRC-32C (``attributes`` to the end): the kernel lists where each lies and the
-caller computes them (:func:`fill_crcs`, the ``crc32c`` package).  Compressed batches are selected and
-rewritten by the caller (it decompresses and compresses): it uses :func:`write_header` and
+caller computes them, all in one call (:func:`fill_crcs`, ``storage.crc32c_kernel``).  Compressed batches
+are selected and rewritten by the caller (it decompresses and compresses): it uses :func:`write_header` and
 :func:`write_empty` for their headers.
 """
 
@@ -40,9 +40,9 @@ from storage.batch_header import (
     RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_FLAG_MASK,
-    write_crc,
 )
 from storage.batch_scan import read_be
+from storage.crc32c_kernel import fill_batch_crcs
 from storage.record_filter import COPY, DELETE_HORIZON_FLAG_MASK, DROP, write_kept
 
 __all__ = ["RECORD_SLACK_BYTES", "fill_crcs", "output_bound", "write_empty", "write_header", "write_selected"]
@@ -168,7 +168,6 @@ def write_selected(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
 
 
 def fill_crcs(out: np.ndarray, crc_spans: np.ndarray) -> None:
-    """Compute and store the CRC of each batch at ``crc_spans`` (``(start, end)`` rows) in ``out``."""
-    view = out.data
-    for start, end in crc_spans.tolist():
-        write_crc(view, start, end - start)
+    """Compute and store the CRC of each batch at ``crc_spans`` (``(start, end)`` rows) in ``out``
+    (``storage.crc32c_kernel``: one call for all of them)."""
+    fill_batch_crcs(out, crc_spans)

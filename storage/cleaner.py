@@ -34,11 +34,13 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
      log: it stays as a header with no records, as Kafka's ``RETAIN_EMPTY`` (codec none, base and max
      timestamp its max timestamp), so the producer's last sequence survives.
 
-   Then the group is swapped in (``Log.swap_cleaned``, ``storage.clean_swap``).
+   Then the group's ``.log`` is fsynced and the group swapped in (``Log.swap_cleaned``,
+   ``storage.clean_swap``) on a second thread, while the next group is written: the swaps keep their order
+   and only one is in flight, so the files on disk go through the same states as with one thread.
 5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
-records than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
+offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
 compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
 before each write, and the batch positions and sizes the map pass found (up to ``_WALKS_KEPT_BYTES``), so
 the rewrite neither walks nor checks those segments again.  Segments are read through read-only mappings;
@@ -48,6 +50,7 @@ the record kernels take a segment's uncompressed batches in one call (``put_batc
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import mmap
 import os
@@ -61,7 +64,6 @@ from storage.batch_header import (
     COMPRESSION_CODEC_MASK,
     HEADER_SIZE,
     PRODUCER_ID_OFFSET,
-    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
     parse_header,
@@ -75,11 +77,12 @@ from storage.batch_rewrite import (
     write_header,
     write_selected,
 )
-from storage.batch_scan import WALK_CAPACITY, BatchArrays, check_crcs, describe, kernel_error, walk_batches
+from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
 from storage.clean_swap import cleaned_paths
 from storage.compression import compress
+from storage.crc32c_kernel import batch_crcs_ok
 from storage.errors import ConfigError, CorruptRecordError
 from storage.log_config import INT32_MAX, LogConfig
 from storage.log_dir import (
@@ -199,7 +202,9 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     start = first_dirty_offset(log)
     dirty = _dirty_segments(closed, start, bound)
     if offset_map is None:
-        omap = OffsetMap(dedupe_buffer_bytes, max_keys=sum(_record_count(info) for info in dirty))
+        # the dirty section's offsets: at least its records, so at least its keys
+        omap = OffsetMap(dedupe_buffer_bytes,
+                         max_keys=sum(info.next_offset - max(info.base_offset, start) for info in dirty))
     else:
         omap = offset_map
     omap.clear(start)
@@ -219,11 +224,13 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     written = read = 0
     groups = _group_segments(to_clean, log.config)
     selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
-    for group in groups:
-        cleaned = _write_group(log.directory, group, selector, log.config, io_throttle)
-        log.swap_cleaned(cleaned.base_offset, cleaned.replaced)
-        read += sum(s.size_bytes for s in group)
-        written += cleaned.size_bytes
+    with _Swaps(log) as swaps:
+        for group in groups:
+            cleaned, fd = _write_group(log.directory, group, selector, log.config, io_throttle)
+            swaps.submit(cleaned, fd)
+            read += sum(s.size_bytes for s in group)
+            written += cleaned.size_bytes
+        swaps.finish()
     if CLEAN_FAULTS.armed:
         CLEAN_FAULTS.check("clean.checkpoint", log.directory)
     write_partition_checkpoint(log.directory, CLEANER_OFFSET_CHECKPOINT_FILE, log.topic_partition, end)
@@ -283,7 +290,7 @@ def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
     while True:
         count, stop, code = walk_batches(mapped.array, position, end, info.base_offset, expected, *arrays)
         batches = BatchArrays(*(a[:count].copy() for a in arrays))
-        valid = check_crcs(mapped.view, batches)
+        valid = batch_crcs_ok(mapped.array, batches.positions, batches.sizes)
         if valid < count:
             header = parse_header(mapped.view, int(batches.positions[valid]))
             raise CorruptRecordError(
@@ -356,8 +363,8 @@ def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _W
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
         i, omap.size, omap.seen, code = put_batches(
-            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.digests, omap.offsets,
-            omap.size, omap.grow_at, omap.entries, omap.seen)
+            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
+            omap.entries, omap.seen)
         if i > first:
             omap.end_offset = int(batches.last_offsets[i - 1]) + 1
         if code == 0:
@@ -376,7 +383,7 @@ def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _W
             continue
         data, start, end = _records(mapped, position, header, info.path)
         size, seen = put_records(data, start, end, header.records_count, header.base_offset, omap.table,
-                                 omap.digests, omap.offsets, omap.size, omap.entries, omap.seen)
+                                 omap.size, omap.entries, omap.seen)
         if size == MALFORMED_RECORDS:
             raise _malformed(info.path, position, header)
         omap.size, omap.seen = size, seen
@@ -420,20 +427,6 @@ def _producer_ids(array: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return _field(array, positions, PRODUCER_ID_OFFSET, ">i8")
 
 
-def _record_count(info: SegmentInfo) -> int:
-    """The records in the segment's batches (from their headers): more than it can hold keys."""
-    total = 0
-    with _mapped(info.path) as mapped:
-        arrays = tuple(np.empty(WALK_CAPACITY, np.int64) for _ in range(7))
-        position, end = 0, len(mapped.array)
-        while position < end:
-            count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
-            total += int(_field(mapped.array, arrays[0][:count], RECORDS_COUNT_OFFSET, ">i4").sum())
-            if code != 1:
-                break
-    return total
-
-
 # --- grouping and writing -----------------------------------------------------------------------------------
 def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[list[SegmentInfo]]:
     """Consecutive segments in groups within ``segment.bytes``, the index size and int32 relative offsets."""
@@ -475,18 +468,10 @@ class _Output:
         if CLEAN_FAULTS.armed:
             CLEAN_FAULTS.check("clean.write", self.path)
 
-    def close(self, *, fsync: bool) -> None:
-        try:
-            if fsync:
-                self.flush()
-                os.fsync(self.fd)
-        finally:
-            os.close(self.fd)
-
 
 class _Selector:
     """Writes the cleaned form of segments' batches, in offset order across a pass's groups: ``seen``
-    follows the records the map read, so each record finds its entry in ``omap.entries``.  Uncompressed
+    follows the records the map read, so each record finds its key's slot in ``omap.entries``.  Uncompressed
     batches are selected and written in numba, a run at a time (``select_batches``, ``write_selected``);
     compressed ones one by one here."""
 
@@ -516,7 +501,7 @@ class _Selector:
         while first < len(positions):
             i, self.seen, code = select_batches(
                 mapped.array, positions, sizes, first, self.now_ms, omap.start_offset, omap.end_offset,
-                omap.table, omap.digests, omap.offsets, omap.entries, self.seen, *self.marks, self.results)
+                omap.table, omap.entries, self.seen, *self.marks, self.results)
             self._write_run(mapped, positions, sizes, first, i, out)
             if code == 0:
                 return
@@ -559,8 +544,8 @@ class _Selector:
         data, start, end = _records(mapped, position, header, path)
         selection = Selection(*select_records(
             data, start, end, count, header.base_offset, header.base_timestamp,
-            has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table, omap.digests,
-            omap.offsets, omap.entries, self.seen if read_by_map else -1, *self.marks, 0))
+            has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table,
+            omap.entries, self.seen if read_by_map else -1, *self.marks, 0))
         if selection.kept == MALFORMED_RECORDS:
             raise _malformed(path, position, header)
         if read_by_map:
@@ -605,11 +590,12 @@ class _Selector:
 
 
 def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
-                 config: LogConfig, io_throttle: IoThrottle | None = None) -> CleanedSegment:
-    """Write the group's cleaned segment and its indexes aside; returns it."""
+                 config: LogConfig, io_throttle: IoThrottle | None = None) -> tuple[CleanedSegment, int]:
+    """Write the group's cleaned segment and its indexes aside; returns it and the open descriptor of its
+    ``.log``, not fsynced yet (:class:`_Swaps` fsyncs and closes it).  On an error nothing is left."""
     base = group[0].base_offset
-    log_path, index_path, time_index_path = cleaned_paths(directory, base)
-    out = _Output(log_path)
+    paths = cleaned_paths(directory, base)
+    out = _Output(paths[0])
     ok = False
     try:
         for info in group:
@@ -619,17 +605,65 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
                 out.flush()
             if io_throttle is not None:
                 io_throttle(info.size_bytes + out.size_bytes - written)
+        scan = _scan_segment(paths[0], base, index_interval_bytes=config.index_interval_bytes)
+        if scan.error is not None:  # the batches were checked as they were read and written: a bug, not data
+            raise CorruptRecordError(describe(paths[0], scan.error) + " (in a cleaned segment)")
+        indexes = IndexPaths(paths[1], paths[2], base).write_rebuilt(
+            scan, closed=True, max_bytes=config.segment_index_bytes)
+        indexes.offset_index.close()
+        indexes.time_index.close()
         ok = True
     finally:
-        out.close(fsync=ok)
         if not ok:
-            with contextlib.suppress(OSError):
-                os.unlink(log_path)
-    scan = _scan_segment(log_path, base, index_interval_bytes=config.index_interval_bytes)
-    if scan.error is not None:  # the batches were checked as they were read and written: a bug, not data
-        raise CorruptRecordError(describe(log_path, scan.error) + " (in a cleaned segment)")
-    indexes = IndexPaths(index_path, time_index_path, base).write_rebuilt(
-        scan, closed=True, max_bytes=config.segment_index_bytes)
-    indexes.offset_index.close()
-    indexes.time_index.close()
-    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes)
+            _discard(out.fd, paths)
+    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes), out.fd
+
+
+def _discard(fd: int, paths: Sequence[str]) -> None:
+    """Close a cleaned segment's ``.log`` descriptor and unlink its files."""
+    os.close(fd)
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+class _Swaps:
+    """The swaps of a pass, one after the other on one thread: a group's cleaned ``.log`` fsynced, closed and
+    swapped in (``swap_cleaned``) while the pass writes the next group, so the fsyncs' and the log owner's
+    waits overlap the next group's work.  At most one swap is in flight: :meth:`submit` waits for the one
+    before and raises its error (the group just written is then discarded).  Leaving the ``with`` block
+    waits for the one in flight."""
+
+    def __init__(self, log: CleanableLog) -> None:
+        self._log = log
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="clean-swap")
+        self._pending: concurrent.futures.Future[None] | None = None
+
+    def __enter__(self) -> _Swaps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+
+    def submit(self, cleaned: CleanedSegment, fd: int) -> None:
+        try:
+            self.finish()
+        except BaseException:
+            _discard(fd, cleaned_paths(self._log.directory, cleaned.base_offset))
+            raise
+        self._pending = self._pool.submit(self._swap, cleaned, fd)
+
+    def finish(self) -> None:
+        """Wait for the swap in flight; its error, if any, raised here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _swap(self, cleaned: CleanedSegment, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except BaseException:
+            _discard(fd, cleaned_paths(self._log.directory, cleaned.base_offset))
+            raise
+        os.close(fd)
+        self._log.swap_cleaned(cleaned.base_offset, cleaned.replaced)

@@ -1,40 +1,41 @@
-"""The cleaner's key -> latest offset map: an open-addressing hash table over dense key arrays, in numpy.
+"""The cleaner's key -> latest offset map: an open-addressing hash table of digests and offsets, in numpy.
 
 Theory of operation
 -------------------
 Compaction keeps, of every key, the record with the largest offset.  Before it rewrites segments the cleaner
 reads the *dirty* section of the log (what no clean has seen yet) and records, for every key there, the
 largest offset at which it appears.  Kafka's ``SkimpyOffsetMap`` does it in a fixed buffer of
-``log.cleaner.dedupe.buffer.size`` bytes, storing a 16-byte digest of each key (MD5) and an 8-byte offset;
-this map stores the same 24 bytes per key, and finds them through a small table:
+``log.cleaner.dedupe.buffer.size`` bytes, an open-addressing table whose slots hold a 16-byte digest of a key
+(MD5) and an 8-byte offset; this map has the same layout:
 
 * **the key digest** is MurmurHash3 x64 128 (:func:`key_hash`), computed in numba over the key's bytes
   where they lie (a mapped segment, or a decompressed records section).  Two keys collide only if all 128
   bits agree (about 2**-64 for a billion keys), and the map compares all 128;
-* **the keys** are dense arrays in the order keys were first seen: ``digests`` (two ``uint64`` words per
-  key) and ``offsets`` (``int64``, the latest offset).  A key's index there is its *entry*;
-* **the table** is ``slots`` ``uint64`` words: 0 for an empty slot, else ``entry + 1`` in the low 32 bits
-  and the digest's top 32 bits above them, so a probe reads the dense arrays only when those 32 bits agree.
-  A slot is found by linear probing from ``digest % slots`` (:func:`map_put`, :func:`map_find`: numba).
-  The map pass hashes a run of records first, asking the CPU for each key's slot
-  (``storage.prefetch``), and then puts them: a slot is a cache miss, and this way the misses of a run
-  overlap instead of following one another;
-  The table starts small and doubles (:meth:`OffsetMap.grow`, rebuilt from the dense arrays, so the old
-  table is dropped first) when it is half full, up to the slots that hold ``capacity`` keys at load 0.9
-  (Kafka's ``log.cleaner.io.buffer.load.factor``): a table about twice the keys stays in the CPU's caches;
-* **record entries**: the map pass also writes, for each record it reads, its key's entry (-1: no key) to
+* **the table** is ``slots`` slots of three ``uint64`` words, one after the other in a flat array: the
+  digest's two halves and the key's latest offset plus one (0: the slot is empty).  A key's home slot is
+  the digest's top 32 bits scaled to the table (``(h1 >> 32) * slots >> 32``), and a key is found by linear
+  probing from there (:func:`map_put`, :func:`map_find`: numba), so a lookup reads one slot (24 bytes,
+  rarely two cache lines) and compares the whole digest there.  The map pass hashes a run of records first,
+  asking the CPU for each key's slot (``storage.prefetch``), and then puts them: a slot is a cache miss,
+  and this way the misses of a run overlap instead of following one another;
+* **growth**: the table starts small and doubles when half full (:meth:`OffsetMap.grow`), each key moved
+  to the bigger table; the last step goes from a quarter of ``max_slots`` to ``max_slots``, the slots that
+  hold ``capacity`` keys at load 0.9 (Kafka's ``log.cleaner.io.buffer.load.factor``).  A table about twice
+  the keys stays in the CPU's caches;
+* **record entries**: the map pass also writes, for each record it reads, its key's slot (-1: no key) to
   ``entries``, in offset order, while there is room; the clean then decides whether a record survives by
-  comparing its offset with ``offsets[entry]`` instead of hashing and probing again.  Records past the room
-  are hashed again;
-* **the bound**: ``capacity * 24 + slots * 8 + len(entries) * 4 <= log.cleaner.dedupe.buffer.size``.
-  ``entries`` takes at most a quarter of the buffer, the keys the rest (:data:`BYTES_PER_ENTRY` each, with
-  their share of the table), fewer when the caller knows that fewer keys can come.  The caller fills the
-  map batch by batch and stops *before* a batch whose records could pass ``capacity``
+  comparing its offset with that slot's offset instead of hashing and probing again (a growth rewrites the
+  slots already written).  Records past the room are hashed again;
+* **the bound**: the arrays alive at once, ``max_slots * 24`` and, while the table grows to it, the
+  previous table (at most a quarter of that), and ``len(entries) * 4``, stay within
+  ``log.cleaner.dedupe.buffer.size``.  ``entries`` takes at most a quarter of the buffer, the keys the
+  rest (:data:`BYTES_PER_ENTRY` each), fewer when the caller knows that fewer keys can come.  The caller
+  fills the map batch by batch and stops *before* a batch whose records could pass ``capacity``
   (:attr:`OffsetMap.room`): the map then covers a prefix of the dirty section, ending on a batch boundary,
   and the clean runs in several passes.
 
-Nothing else is allocated per key or per record: the memory is those arrays, fixed when the map is made
-(the table's, growing to its bound).
+Nothing else is allocated per key or per record: the memory is those arrays (``entries`` fixed when the map
+is made, the table growing to its bound; pages of them never written are never resident).
 """
 
 from __future__ import annotations
@@ -63,20 +64,24 @@ __all__ = [
     "LOAD_FACTOR",
     "MALFORMED_RECORDS",
     "NO_KEY",
+    "SLOT_WORDS",
     "STOPPED",
     "OffsetMap",
+    "home_slot",
     "key_hash",
     "map_find",
     "map_put",
     "put_batches",
     "put_records",
+    "slot_offset",
 ]
 
-KEY_BYTES: Final = 24  # 16-byte key digest + 8-byte offset, as Kafka's SkimpyOffsetMap with MD5
-SLOT_BYTES: Final = 8
+SLOT_BYTES: Final = 24  # 16-byte key digest + 8-byte offset, as Kafka's SkimpyOffsetMap with MD5
+SLOT_WORDS: Final = 3  # a slot's uint64 words: the digest's two halves, the offset + 1
 ENTRY_BYTES: Final = 4
 LOAD_FACTOR: Final = 0.9  # Kafka's log.cleaner.io.buffer.load.factor
-BYTES_PER_ENTRY: Final = KEY_BYTES + 9  # a key and its share of a table at LOAD_FACTOR (8 / 0.9 < 9)
+_LAST_STEP: Final = 4  # the table before the last growth has max_slots // _LAST_STEP slots
+BYTES_PER_ENTRY: Final = 34  # a key's share of the table and of its growth at LOAD_FACTOR (30 / 0.9 < 34)
 DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.dedupe.buffer.size
 MALFORMED_RECORDS: Final = -1  # a record's fields do not parse inside the records section
 GROW: Final = -2  # put_batches: the next batch's keys could pass the table's growth point
@@ -85,7 +90,7 @@ NO_KEY: Final = -1  # entries[i] of a record without a key
 _MIN_SLOTS: Final = 1 << 12
 _RUN: Final = 256  # records hashed (their slots prefetched) before they are put
 _EMPTY = np.uint64(0)
-_LOW32 = np.uint64(0xFFFFFFFF)
+_ONE = np.uint64(1)
 _S32 = np.uint64(32)
 
 _C1 = np.uint64(0x87C37B91114253D5)
@@ -158,66 +163,87 @@ def key_hash(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.u
 
 
 @numba.njit(cache=True, inline="always")
-def map_find(table: np.ndarray, digests: np.ndarray, h1: np.uint64, h2: np.uint64) -> tuple[int, int]:
-    """``(slot, entry)`` of the key whose digest is ``(h1, h2)``; entry -1 and the empty slot where it would
+def home_slot(h1: np.uint64, slots: int) -> int:
+    """The slot where the probe for the digest whose first half is ``h1`` starts (its top 32 bits scaled to
+    ``slots``, which stays below 2**32)."""
+    return np.int64(((h1 >> _S32) * np.uint64(slots)) >> _S32)  # type: ignore[return-value]  # numba: int64
+
+
+@numba.njit(cache=True, inline="always")
+def map_find(table: np.ndarray, h1: np.uint64, h2: np.uint64) -> tuple[int, bool]:
+    """``(slot, found)``: the slot of the key whose digest is ``(h1, h2)``, or the empty slot where it would
     go when it is not there.  The table is never full, so an empty slot ends every probe."""
-    slots = table.shape[0]
-    tag = (h2 >> _S32) << _S32
-    slot: int = np.int64(h1 % np.uint64(slots))  # type: ignore[assignment]  # numba: an int64, never float
+    slots = table.shape[0] // SLOT_WORDS
+    slot = home_slot(h1, slots)
     while True:
-        word = table[slot]
-        if word == _EMPTY:
-            return slot, -1
-        if word & ~_LOW32 == tag:
-            entry: int = np.int64((word & _LOW32) - np.uint64(1))  # type: ignore[assignment]  # numba
-            if digests[entry, 0] == h1 and digests[entry, 1] == h2:
-                return slot, entry
+        at = SLOT_WORDS * slot
+        if table[at + 2] == _EMPTY:
+            return slot, False
+        if table[at] == h1 and table[at + 1] == h2:
+            return slot, True
         slot += 1
         if slot == slots:
             slot = 0
 
 
 @numba.njit(cache=True, inline="always")
-def map_put(table: np.ndarray, digests: np.ndarray, offsets: np.ndarray, size: int, h1: np.uint64,
-            h2: np.uint64, offset: int) -> int:
-    """Record ``offset`` for the key whose digest is ``(h1, h2)``; returns its entry, ``size`` when the key
-    is new (the caller counts it).  The dirty section is read in offset order, so ``offset`` replaces what
-    the key had.  The caller keeps ``size`` below the table's load bound and ``capacity``."""
-    slot, entry = map_find(table, digests, h1, h2)
-    if entry < 0:
-        entry = size
-        digests[entry, 0] = h1
-        digests[entry, 1] = h2
-        table[slot] = ((h2 >> _S32) << _S32) | np.uint64(entry + 1)
-    offsets[entry] = offset
-    return entry
+def slot_offset(table: np.ndarray, slot: int) -> int:
+    """The latest offset held in ``slot`` (-1: empty)."""
+    return np.int64(table[SLOT_WORDS * slot + 2]) - 1  # type: ignore[return-value]  # numba: an int64
+
+
+@numba.njit(cache=True, inline="always")
+def map_put(table: np.ndarray, h1: np.uint64, h2: np.uint64, offset: int) -> tuple[int, bool]:
+    """Record ``offset`` for the key whose digest is ``(h1, h2)``; returns ``(slot, new)``: ``new`` when the
+    key was not there (the caller counts it).  The dirty section is read in offset order, so ``offset``
+    replaces what the key had.  The caller keeps the keys below the table's load bound."""
+    slot, found = map_find(table, h1, h2)
+    at = SLOT_WORDS * slot
+    if not found:
+        table[at] = h1
+        table[at + 1] = h2
+    table[at + 2] = np.uint64(offset + 1)
+    return slot, not found
 
 
 @numba.njit(cache=True)
-def _find_key(table: np.ndarray, digests: np.ndarray, key: np.ndarray) -> int:
-    """The entry of ``key`` (its bytes), or -1: hashed and found in numba, where the digest stays uint64."""
+def _find_key(table: np.ndarray, key: np.ndarray) -> int:
+    """The latest offset of ``key`` (its bytes), or -1: hashed and found in numba, where the digest stays
+    uint64."""
     h1, h2 = key_hash(key, 0, key.shape[0])
-    return map_find(table, digests, h1, h2)[1]
+    slot, found = map_find(table, h1, h2)
+    return slot_offset(table, slot) if found else -1
 
 
 @numba.njit(cache=True)
-def _rebuild(table: np.ndarray, digests: np.ndarray, size: int) -> None:
-    """Put the first ``size`` keys of ``digests`` into the empty ``table``."""
-    for entry in range(size):
-        slot, _ = map_find(table, digests, digests[entry, 0], digests[entry, 1])
-        table[slot] = ((digests[entry, 1] >> _S32) << _S32) | np.uint64(entry + 1)
+def _move(old: np.ndarray, new: np.ndarray, entries: np.ndarray, seen: int) -> None:
+    """Put every key of the table ``old`` into the empty table ``new``, and rewrite the slots of the first
+    ``seen`` (at most ``len(entries)``) record entries to the keys' new slots.  ``old`` is dropped after:
+    each of its slots' third word is overwritten with the key's new slot on the way."""
+    for slot in range(old.shape[0] // SLOT_WORDS):
+        at = SLOT_WORDS * slot
+        if old[at + 2] == _EMPTY:
+            continue
+        moved, _ = map_find(new, old[at], old[at + 1])
+        to = SLOT_WORDS * moved
+        new[to] = old[at]
+        new[to + 1] = old[at + 1]
+        new[to + 2] = old[at + 2]
+        old[at + 2] = np.uint64(moved)
+    for n in range(min(seen, entries.shape[0])):
+        if entries[n] != NO_KEY:
+            entries[n] = np.int32(old[SLOT_WORDS * entries[n] + 2])
 
 
 @numba.njit(cache=True)
-def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, table: np.ndarray,
-             digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray, seen: int,
-             scratch: np.ndarray) -> tuple[int, int, int]:
+def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, table: np.ndarray, size: int,
+             entries: np.ndarray, seen: int, scratch: np.ndarray) -> tuple[int, int, int]:
     """:func:`put_records` for the next ``run`` (<= ``len(scratch)``) records from ``at``, in two steps:
     parse and hash them all, asking for each key's home slot (:func:`storage.prefetch.prefetch`), then put
     them in order, so the table's cache misses overlap.  ``scratch``: ``(run, 4)`` uint64 words (the
     digest's two, the offset, 1 if the record has a key).  Returns ``(keys, seen, position after the
     run)``, or ``MALFORMED_RECORDS`` as the keys."""
-    slots = np.uint64(table.shape[0])
+    slots = table.shape[0] // SLOT_WORDS
     for n in range(run):
         length, after = read_varint(data, at, end)
         if after < 0 or length <= 0 or after + length > end:
@@ -235,36 +261,36 @@ def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, ta
         scratch[n, 3] = key_length >= 0
         if key_length >= 0:
             h1, h2 = key_hash(data, p, key_length)
-            prefetch(table, np.int64(h1 % slots))
+            home = SLOT_WORDS * home_slot(h1, slots)
+            prefetch(table, home)
+            prefetch(table, home + 2)  # the slot's last word: on the next cache line for some slots
             scratch[n, 0] = h1
             scratch[n, 1] = h2
             scratch[n, 2] = np.uint64(base_offset + offset_delta)
         at = record_end
     room = entries.shape[0]
     for n in range(run):
-        entry = NO_KEY
+        slot = NO_KEY
         if scratch[n, 3]:
             offset: int = np.int64(scratch[n, 2])  # type: ignore[assignment]  # numba: an int64
-            entry = map_put(table, digests, offsets, size, scratch[n, 0], scratch[n, 1], offset)
-            if entry == size:
+            slot, new = map_put(table, scratch[n, 0], scratch[n, 1], offset)
+            if new:
                 size += 1
         if seen < room:
-            entries[seen] = entry
+            entries[seen] = slot
         seen += 1
     return size, seen, at
 
 
 @numba.njit(cache=True)
 def _put_section(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
-                 digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray, seen: int,
-                 scratch: np.ndarray) -> tuple[int, int]:
+                 size: int, entries: np.ndarray, seen: int, scratch: np.ndarray) -> tuple[int, int]:
     """:func:`put_records` with the caller's ``scratch`` (:func:`_put_run`), run after run."""
     at = start
     done = 0
     while done < count:
         run = min(scratch.shape[0], count - done)
-        size, seen, at = _put_run(data, at, end, run, base_offset, table, digests, offsets, size, entries,
-                                  seen, scratch)
+        size, seen, at = _put_run(data, at, end, run, base_offset, table, size, entries, seen, scratch)
         if size == MALFORMED_RECORDS:
             return MALFORMED_RECORDS, seen
         done += run
@@ -275,21 +301,18 @@ def _put_section(data: np.ndarray, start: int, end: int, count: int, base_offset
 
 @numba.njit(cache=True)
 def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
-                digests: np.ndarray, offsets: np.ndarray, size: int, entries: np.ndarray,
-                seen: int) -> tuple[int, int]:
+                size: int, entries: np.ndarray, seen: int) -> tuple[int, int]:
     """Put the key of each of the ``count`` records in ``data[start:end]`` (a batch's records section) with
-    its offset, and each record's entry in ``entries[seen...]`` while there is room; returns the keys in the
+    its offset, and each record's slot in ``entries[seen...]`` while there is room; returns the keys in the
     map and the records seen after them, or ``(MALFORMED_RECORDS, seen)``.  Records without a key are not
     put (the clean drops them)."""
     scratch = np.empty((_RUN, 4), np.uint64)
-    return _put_section(data, start, end, count, base_offset, table, digests, offsets, size, entries, seen,
-                        scratch)
+    return _put_section(data, start, end, count, base_offset, table, size, entries, seen, scratch)
 
 
 @numba.njit(cache=True)
 def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, table: np.ndarray,
-                digests: np.ndarray, offsets: np.ndarray, size: int, grow_at: int, entries: np.ndarray,
-                seen: int) -> tuple[int, int, int, int]:
+                size: int, grow_at: int, entries: np.ndarray, seen: int) -> tuple[int, int, int, int]:
     """Put the keys of the batches at ``positions[first:]`` of a segment (``data``: all of it), as
     :func:`put_records`, skipping control batches.  Returns ``(batch index, keys, records seen, code)``:
     code 0 when all were put; else the batch at the index was not: :data:`GROW` (its records could take
@@ -307,32 +330,43 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
             return i, size, seen, STOPPED
         base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
         put, after = _put_section(data, position + HEADER_SIZE, position + sizes[i], count, base_offset,
-                                  table, digests, offsets, size, entries, seen, scratch)
+                                  table, size, entries, seen, scratch)
         if put == MALFORMED_RECORDS:
             return i, size, seen, MALFORMED_RECORDS
         size, seen = put, after
     return positions.shape[0], size, seen, 0
 
 
+def _slots_for(capacity: int) -> int:
+    """The table's bound for ``capacity`` keys: load at most :data:`LOAD_FACTOR`, never full."""
+    return int(capacity / LOAD_FACTOR) + 1
+
+
+def _peak_table_bytes(max_slots: int) -> int:
+    """The tables alive at once at the last growth: the bound and the table before it."""
+    return (max_slots + max_slots // _LAST_STEP) * SLOT_BYTES
+
+
 class OffsetMap:
     """The arrays of the module docstring.
 
-    ``size`` counts the keys in it, ``seen`` the records the pass read (``entries`` holds the first
-    ``len(entries)`` of them); the map covers ``[start_offset, end_offset)``.  ``max_keys``: at most that
-    many keys (and records) will be put (the arrays are then smaller than the buffer allows).
+    ``size`` counts the keys in it, ``seen`` the records the pass read (``entries`` holds the slots of the
+    first ``len(entries)`` of them); the map covers ``[start_offset, end_offset)``.  ``max_keys``: at most
+    that many keys (and records) will be put (the arrays are then smaller than the buffer allows).
     """
 
     def __init__(self, dedupe_buffer_bytes: int, *, max_keys: int | None = None) -> None:
         limit = max(1, max_keys) if max_keys is not None else dedupe_buffer_bytes
         entries = min(limit, dedupe_buffer_bytes // 4 // ENTRY_BYTES)
-        capacity = min(limit, (dedupe_buffer_bytes - entries * ENTRY_BYTES) // BYTES_PER_ENTRY)
+        budget = dedupe_buffer_bytes - entries * ENTRY_BYTES
+        capacity = min(limit, budget // BYTES_PER_ENTRY)
+        while capacity >= 1 and _peak_table_bytes(_slots_for(capacity)) > budget:  # small maps: rounding
+            capacity -= 1
         if capacity < 1:
             raise ValueError(f"log.cleaner.dedupe.buffer.size {dedupe_buffer_bytes} holds no key "
                              f"({BYTES_PER_ENTRY} bytes per key)")
         self.capacity = capacity
-        self.max_slots = int(capacity / LOAD_FACTOR) + 1
-        self.digests = np.empty((capacity, 2), dtype=np.uint64)
-        self.offsets = np.empty(capacity, dtype=np.int64)
+        self.max_slots = _slots_for(capacity)
         self.entries = np.empty(entries, dtype=np.int32)
         self.table = np.zeros(0, dtype=np.uint64)
         self.size = 0
@@ -343,13 +377,13 @@ class OffsetMap:
 
     @property
     def slots(self) -> int:
-        return int(self.table.shape[0])
+        return int(self.table.shape[0]) // SLOT_WORDS
 
     @property
     def memory_bytes(self) -> int:
-        """The bytes of the arrays at their bound (the table at ``max_slots``)."""
-        return (self.digests.nbytes + self.offsets.nbytes + self.entries.nbytes
-                + self.max_slots * SLOT_BYTES)
+        """The bytes of the arrays at their bound: the table at ``max_slots`` and, while it grows to it, the
+        one before."""
+        return self.entries.nbytes + _peak_table_bytes(self.max_slots)
 
     @property
     def room(self) -> int:
@@ -362,23 +396,26 @@ class OffsetMap:
         return self.capacity if self.slots >= self.max_slots else self.slots // 2
 
     def clear(self, start_offset: int) -> None:
-        """Empty the map for a pass that starts at ``start_offset``: the smallest table."""
-        slots = self.max_slots
+        """Empty the map for a pass that starts at ``start_offset``: the smallest table (a quarter of
+        ``max_slots`` halved while it stays above the smallest size; ``max_slots`` for a small map)."""
+        slots = self.max_slots // _LAST_STEP
+        if slots < _MIN_SLOTS:
+            slots = self.max_slots
         while slots // 2 >= _MIN_SLOTS:
-            slots = (slots + 1) // 2
+            slots //= 2
         self.table = np.zeros(0, dtype=np.uint64)  # dropped before the new one is made
-        self.table = np.zeros(slots, dtype=np.uint64)
+        self.table = np.zeros(slots * SLOT_WORDS, dtype=np.uint64)
         self.size = self.seen = 0
         self.start_offset = self.end_offset = start_offset
 
     def grow(self) -> None:
-        """Double the table (up to ``max_slots``), rebuilt from the dense key arrays."""
-        slots = min(self.max_slots, 2 * self.slots)
-        self.table = np.zeros(0, dtype=np.uint64)
-        self.table = np.zeros(slots, dtype=np.uint64)
-        _rebuild(self.table, self.digests, self.size)
+        """Double the table, or take it from a quarter of ``max_slots`` to ``max_slots``: every key moved,
+        and the record entries written so far rewritten to the keys' new slots."""
+        slots = self.max_slots if 2 * self.slots > self.max_slots // _LAST_STEP else 2 * self.slots
+        old = self.table
+        self.table = np.zeros(slots * SLOT_WORDS, dtype=np.uint64)
+        _move(old, self.table, self.entries, self.seen)
 
     def latest_offset(self, key: bytes) -> int:
         """The latest offset recorded for ``key``, or -1 (tests, tools; the clean looks up in numba)."""
-        entry = _find_key(self.table, self.digests, np.frombuffer(key, dtype=np.uint8))
-        return -1 if entry < 0 else int(self.offsets[entry])
+        return int(_find_key(self.table, np.frombuffer(key, dtype=np.uint8)))

@@ -3,27 +3,28 @@
 Theory of operation
 -------------------
 ``appliance serve`` names :func:`child_spec` in ``appliance.server.children.EXTRA_CHILDREN``: with
-``log.cleaner.enable`` (the default) the supervisor forks the cleaner after the writers ("appliance:
-cleaner" in ``ps``), restarts it with the back-off of every child when it dies, and sends it SIGTERM at
-stop (it exits at once: whatever it was doing is abandoned, as after a SIGKILL).  It holds one control
-connection to the supervisor, and runs at nice :data:`NICENESS`: on a busy host the partition writers and
-the broker get the CPU first (Kafka's cleaner threads share one process with them; here the scheduler can
-tell them apart).  Its I/O goes in the idle class (``ioprio_set``, :func:`lower_io_priority`): where the
-disk's scheduler honours I/O priorities (BFQ) the writers' and the broker's reads and writes go first;
-with ``none`` or ``mq-deadline`` the setting is accepted and changes nothing.
+``log.cleaner.enable`` (the default) the supervisor forks the cleaner after the writers ("appliance: cleaner"
+in ``ps``), restarts it with the back-off of every child when it dies, and sends it SIGTERM at stop (it exits
+at once, once a swap in flight has been answered: whatever else it was doing is abandoned, as after a
+SIGKILL).  It holds one control connection to the supervisor, and runs at nice :data:`NICENESS`: on a busy
+host the partition writers and the broker get the CPU first (Kafka's cleaner threads share one process with
+them; here the scheduler can tell them apart).  Its I/O goes in the idle class (``ioprio_set``,
+:func:`lower_io_priority`): where the disk's scheduler honours I/O priorities (BFQ) the writers' and the
+broker's reads and writes go first; with ``none`` or ``mq-deadline`` the setting is accepted and changes
+nothing.
 
 Each round (:meth:`Cleaner.round`) reads the topic metadata file, lists every partition of a topic whose
 ``cleanup.policy`` holds ``compact`` that this node serves (``appliance.cleaner.log_view``), measures them
-(``appliance.cleaner.choice``) and cleans the one picked with ``storage.cleaner.clean_log``: the offset map
-in this process (at most ``log.cleaner.dedupe.buffer.size``), the cleaned groups written aside as
-``<base>.log.cleaned`` by this process, reads and writes throttled to
-``log.cleaner.io.max.bytes.per.second`` (``appliance.cleaner.throttle``).  **The swap is the log's owner's**:
-for each group the view's ``swap_cleaned`` sends the control op ``swap_cleaned`` and waits; the supervisor
+(``appliance.cleaner.choice``) and cleans the one picked with ``storage.cleaner.clean_log``: the offset map in
+this process (at most ``log.cleaner.dedupe.buffer.size``), the cleaned groups written aside as
+``<base>.log.cleaned`` by this process, reads and writes throttled to ``log.cleaner.io.max.bytes.per.second``
+(``appliance.cleaner.throttle``).  **The swap is the log's owner's**: for each group the view's
+``swap_cleaned`` (on the pass's swap thread) sends the control op ``swap_cleaned`` and waits; the supervisor
 has the partition's running writer swap it in (``Log.swap_cleaned``) or, with no writer running, swaps it
 itself holding the log's lock (``appliance.server.clean_handoff``).  A refused swap (a replaced segment
 deleted or changed meanwhile, a writer starting or stopping) ends the pass: this process unlinks its
-``.cleaned`` files and the log is measured again next round.  The ``cleaner-offset-checkpoint`` is written
-by this process only, after the pass's last swap.
+``.cleaned`` files and the log is measured again next round.  The ``cleaner-offset-checkpoint`` is written by
+this process only, after the pass's last swap.
 
 A round that cleaned something is followed at once by the next; else the cleaner sleeps
 ``log.cleaner.backoff.ms``, waking early when the topic metadata directory changes (a topic created,

@@ -18,7 +18,15 @@ from storage.cleaner import DELETE_HORIZON_FLAG_MASK, clean_log, first_dirty_off
 from storage.errors import ConfigError, CorruptRecordError
 from storage.log import Log
 from storage.log_config import LogConfig
-from storage.offset_map import BYTES_PER_ENTRY, OffsetMap, key_hash, map_find, map_put, put_batches
+from storage.offset_map import (
+    BYTES_PER_ENTRY,
+    OffsetMap,
+    key_hash,
+    map_find,
+    map_put,
+    put_batches,
+    slot_offset,
+)
 from storage.record_filter import RESULT_COLUMNS, RecordMarks, select_batches
 
 CONFIG = LogConfig(segment_bytes=600, index_interval_bytes=100)
@@ -89,9 +97,9 @@ def test_offset_map_keeps_the_latest_offset_and_its_bound() -> None:
     assert omap.capacity == 7 and omap.memory_bytes <= 10 * BYTES_PER_ENTRY
     data = np.frombuffer(b"k1k2", np.uint8)
     h = tuple(map(np.uint64, key_hash(data, 0, 2)))
-    assert map_put(omap.table, omap.digests, omap.offsets, 0, h[0], h[1], 5) == 0  # new: entry 0
-    assert map_put(omap.table, omap.digests, omap.offsets, 1, h[0], h[1], 9) == 0  # known: same entry
-    assert map_find(omap.table, omap.digests, h[0], h[1])[1] == 0 and omap.offsets[0] == 9
+    slot, new = map_put(omap.table, h[0], h[1], 5)
+    assert new and map_put(omap.table, h[0], h[1], 9) == (slot, False)  # known: the same slot, not new
+    assert map_find(omap.table, h[0], h[1]) == (slot, True) and slot_offset(omap.table, slot) == 9
     small = OffsetMap(1 << 20, max_keys=90)  # fewer keys to come: smaller arrays
     assert small.capacity == 90 and small.memory_bytes < 90 * (BYTES_PER_ENTRY + 4)
     assert omap.latest_offset(b"k1") == 9 and omap.latest_offset(b"k2") == -1
@@ -107,10 +115,30 @@ def test_offset_map_table_grows_to_its_bound_keeping_every_key() -> None:
         if omap.size == omap.grow_at:
             omap.grow()
         h1, h2 = map(np.uint64, key_hash(data, 10 * i, 10))
-        assert map_put(omap.table, omap.digests, omap.offsets, omap.size, h1, h2, 1000 + i) == omap.size
+        assert map_put(omap.table, h1, h2, 1000 + i)[1]  # a new key
         omap.size += 1
     assert omap.slots == omap.max_slots and omap.room == 0
     assert all(omap.latest_offset(b"key-%06d" % i) == 1000 + i for i in range(0, omap.capacity, 97))
+
+
+def test_a_map_that_grows_during_its_pass_keeps_each_records_slot(tmp_path: Path) -> None:
+    """9,000 keys in 15,000 records: the table grows while the map pass reads them, and the slots it wrote
+    for the records read before follow their keys to the bigger table (the clean keeps each key's last)."""
+    keys = [b"key-%05d" % ((i * 7919) % 9000) for i in range(15_000)]
+    batches = [build_batch([b"v%d" % i for i in range(n, n + 500)], keys[n : n + 500], timestamp_ms=1000)
+               for n in range(0, 15_000, 500)]
+    with Log.open(str(tmp_path / "grow-0"), LogConfig(segment_bytes=1 << 20)) as log:
+        for data in batches:
+            log.append(data, leader_epoch=0)
+        log.roll()
+        omap = OffsetMap(1 << 27, max_keys=15_000)
+        first_slots = omap.slots
+        result = clean_log(log, upper_bound=log.log_end_offset, offset_map=omap)
+        assert result.done and result.keys == 9000 and omap.slots > first_slots  # it grew
+        found = read_records(log.batches())
+    assert len(found) == 9000  # one record a key: its last
+    assert {key: offset for offset, (key, _) in found.items()} == {key: i for i, key in enumerate(keys)}
+    assert all(value == b"v%d" % offset for offset, (_, value) in found.items())
 
 
 def test_small_dedupe_buffer_cleans_in_passes_keeping_offsets(tmp_path: Path) -> None:
@@ -250,13 +278,12 @@ def test_write_selected_matches_its_python_twin(tmp_path: Path) -> None:
     omap = OffsetMap(1 << 16)
     omap.clear(0)
     index, omap.size, omap.seen, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table,
-                                                    omap.digests, omap.offsets, omap.size, omap.grow_at,
-                                                    omap.entries, 0)
+                                                    omap.size, omap.grow_at, omap.entries, 0)
     assert (index, code) == (len(batches), 0)
     marks = RecordMarks.make(64)
     results = np.empty((64, RESULT_COLUMNS), np.int64)
-    index, _, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 0, 9, omap.table, omap.digests,
-                                    omap.offsets, omap.entries, 0, *marks, results)
+    index, _, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 0, 9, omap.table,
+                                    omap.entries, 0, *marks, results)
     assert (index, code) == (len(batches), 0)
     producer_last = np.array([3], np.int64)  # the last offset of producer 7's last batch
     written = []

@@ -98,7 +98,7 @@ class CompactionMachine(RuleBasedStateMachine):
         upper = start + round((log.log_end_offset - start) * fraction)
         before = first_dirty_offset(log)
         result = clean_log(log, upper_bound=upper, now_ms=self.clock,
-                           dedupe_buffer_bytes=slots * BYTES_PER_ENTRY,
+                           dedupe_buffer_bytes=slots * BYTES_PER_ENTRY * 4 // 3,  # the records' slots: 1/4
                            delete_retention_ms=DELETE_RETENTION_MS)
         assert result.start_offset == before
         assert before <= result.end_offset <= max(before, min(upper, log.segments[-1].base_offset))
