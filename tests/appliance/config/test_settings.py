@@ -190,4 +190,4 @@ def test_the_families_keep_what_they_accept() -> None:
     options = parse_options({"KAFKA.BOOTSTRAP.SERVERS": "h:1", "failondataloss": "False",
                              "maxrecordspertrigger": "9"})
     assert options.bootstrap_servers == "h:1"
-    assert (options.fail_on_data_loss, options.max_records_per_trigger) == (False, 9)
+    assert (options.fail_on_data_loss, options.max_offsets_per_trigger) == (False, 9)  # the alias
