@@ -226,7 +226,11 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
     with _Swaps(log) as swaps:
         for group in groups:
-            cleaned, fd = _write_group(log.directory, group, selector, log.config, io_throttle)
+            try:
+                cleaned, fd = _write_group(log.directory, group, selector, log.config, io_throttle)
+            except BaseException:
+                swaps.finish()  # a failed swap unlinks every .cleaned file as it undoes: its error first
+                raise
             swaps.submit(cleaned, fd)
             read += sum(s.size_bytes for s in group)
             written += cleaned.size_bytes
