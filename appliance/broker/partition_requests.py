@@ -8,7 +8,8 @@ call that runs out answers REQUEST_TIMED_OUT and the change goes on in the super
 **CreatePartitions** checks what Kafka checks before asking: a topic named twice (INVALID_REQUEST), a name
 Kafka refuses (INVALID_TOPIC_EXCEPTION), an unknown topic (UNKNOWN_TOPIC_OR_PARTITION), a count not above
 the current one (INVALID_PARTITIONS), assignments that are not one per new partition of the topic's
-replication factor, or that name a node other than this one (INVALID_REPLICA_ASSIGNMENT, naming it).  The
+replication factor, that name a node that does not exist, or that leave out this node
+(INVALID_REPLICA_ASSIGNMENT, naming it: ``appliance.config.replica_assignment.check_new_partitions``).  The
 supervisor then adds the partitions all-or-nothing (``appliance.server.topic_admin``); ``validate_only``
 stops before that.  The broker's topic view is reloaded before the answer, so a Metadata sent after it
 lists the new partitions.
@@ -29,7 +30,8 @@ import logging
 
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext, Handler
-from appliance.broker.partitions import INTERNAL_TOPICS
+from appliance.broker.partitions import INTERNAL_TOPICS, listed_replicas
+from appliance.config.replica_assignment import AssignmentRefusal, check_new_partitions, known_nodes
 from appliance.config.server_config import check_topic_name
 from ipc.kafka import (
     ApiKey,
@@ -111,15 +113,12 @@ def _refusal(ctx: BrokerContext, topic: CreatePartitionsTopic, duplicated: bool)
     if len(topic.assignments) != added:
         return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {len(topic.assignments)} "
                 f"assignments for {added} new partitions; give one per new partition")  # fmt: skip
-    for index, assignment in enumerate(topic.assignments, start=meta.partitions):
-        nodes = assignment.broker_ids
-        if len(nodes) != meta.replication_factor or len(set(nodes)) != len(nodes):
-            return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r} partition {index}: replicas "
-                    f"{nodes}: expected {meta.replication_factor} distinct node ids")  # fmt: skip
-        unknown = [node for node in nodes if node != ctx.node_id]
-        if unknown:
-            return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r} partition {index}: node "
-                    f"{unknown[0]} is not a broker of this cluster (node.id {ctx.node_id} is)")  # fmt: skip
+    nodes = known_nodes(ctx.node_id, len(ctx.config.replica_dirs), listed_replicas(ctx.table))
+    checked = check_new_partitions(name, [a.broker_ids for a in topic.assignments],
+                                   first_partition=meta.partitions, node_id=ctx.node_id, nodes=nodes,
+                                   replication_factor=meta.replication_factor)  # fmt: skip
+    if isinstance(checked, AssignmentRefusal):
+        return checked.code, checked.message
     return None
 
 

@@ -133,16 +133,18 @@ class TopicChanges:
         return frozenset(self._creating)
 
     def begin_create(self, name: str, partitions: int, replication: int, configs: Mapping[str, Any],
-                     replicas: tuple[int, ...], done: Done, *, internal: bool = False) -> TopicMetadata:
+                     replicas: tuple[int, ...], done: Done, *, internal: bool = False,
+                     assignments: tuple[tuple[int, ...], ...] = ()) -> TopicMetadata:
         """Record a topic (step 1) and start its partitions from :meth:`step`; ``done`` is called when it
         is whole or rolled back.  TopicExistsError, ConfigError, OSError: nothing changed, no ``done``.
-        ``internal``: one of the appliance's own topics (its name may begin with ``__``)."""
+        ``internal``: one of the appliance's own topics (its name may begin with ``__``).  ``assignments``:
+        each partition's replicas (an explicit assignment), instead of ``replicas`` for all."""
         if self.supervisor.stopping:
             raise ApplianceError("the appliance is stopping")
         if name in self.store.deleting or name in self._rollbacks:
             self.finish_pending()
         topic = self.store.create_topic(name, partitions, replication, configs, replicas=replicas,
-                                        internal=internal)
+                                        assignments=assignments, internal=internal)
         delay_s = self.faults.delay_ms("create.slow") / 1000
         self._creating[name] = _Creating(topic, done, time.monotonic() + delay_s)
         return topic
