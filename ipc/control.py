@@ -534,10 +534,15 @@ class ControlClient:
         return dict(self.request(request)["configs"])
 
     def create_partitions(self, name: str, count: int, *, validate_only: bool = False,
+                          assignments: Sequence[Sequence[int]] | None = None,
                           timeout_s: float | None = None) -> TopicInfo:  # fmt: skip
         """Grow a topic to ``count`` partitions; returns once they are served.  ConfigError
-        (INVALID_PARTITIONS) unless ``count`` is larger than the current count."""
-        request = {"op": "create_partitions", "topic": name, "count": count, "validate_only": validate_only}
+        (INVALID_PARTITIONS) unless ``count`` is larger than the current count.  ``assignments``: each new
+        partition's replicas (INVALID_REPLICA_ASSIGNMENT unless one per new partition, naming this node)."""
+        request: dict[str, Any] = {"op": "create_partitions", "topic": name, "count": count,
+                                   "validate_only": validate_only}
+        if assignments is not None:
+            request["assignments"] = [list(nodes) for nodes in assignments]
         return TopicInfo.from_json(self.request(request, timeout_s=timeout_s)["topic"])
 
     def delete_records(self, name: str, partition: int, offset: int, *,

@@ -103,8 +103,10 @@ class Cluster(Protocol):
         UNKNOWN_TOPIC_OR_PARTITION, ..."""
         ...
 
-    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int) -> None:
-        """Grow a topic to ``count`` partitions, returning once they are served.  ClusterError:
+    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int,
+                          assignments: tuple[tuple[int, ...], ...] | None = None) -> None:  # fmt: skip
+        """Grow a topic to ``count`` partitions (``assignments``: each new one's replicas), returning once
+        they are served.  ClusterError:
         INVALID_PARTITIONS, UNKNOWN_TOPIC_OR_PARTITION, REQUEST_TIMED_OUT (it goes on), ..."""
         ...
 

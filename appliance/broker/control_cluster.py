@@ -302,11 +302,13 @@ class ControlCluster:
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
 
-    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int) -> None:
+    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int,
+                          assignments: tuple[tuple[int, ...], ...] | None = None) -> None:  # fmt: skip
         what, down = f"add partitions to topic {name!r}", ErrorCode.REQUEST_TIMED_OUT
         timeout_s = min(timeout_ms / 1000, REQUEST_TIMEOUT_S) if timeout_ms > 0 else REQUEST_TIMEOUT_S
         try:
             self._connected(what, down).create_partitions(name, count, validate_only=validate_only,
+                                                          assignments=assignments,
                                                           timeout_s=timeout_s)  # fmt: skip
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None

@@ -10,9 +10,10 @@ Kafka refuses (INVALID_TOPIC_EXCEPTION), an unknown topic (UNKNOWN_TOPIC_OR_PART
 the current one (INVALID_PARTITIONS), assignments that are not one per new partition of the topic's
 replication factor, that name a node that does not exist, or that leave out this node
 (INVALID_REPLICA_ASSIGNMENT, naming it: ``appliance.config.replica_assignment.check_new_partitions``).  The
-supervisor then adds the partitions all-or-nothing (``appliance.server.topic_admin``); ``validate_only``
-stops before that.  The broker's topic view is reloaded before the answer, so a Metadata sent after it
-lists the new partitions.
+supervisor then adds the partitions all-or-nothing, each new one with the replicas assigned to it (or
+partition 0's), and the replicas that an assignment names follow them (``appliance.server.topic_admin``);
+``validate_only`` stops before that.  The broker's topic view is reloaded before the answer, so a Metadata
+sent after it lists the new partitions.
 
 An internal topic (``__consumer_offsets``) gets no partitions (INVALID_TOPIC_EXCEPTION, a refusal of the
 appliance's own: Kafka lets an authorized admin do it, and breaks every group's partition mapping) and no
@@ -70,12 +71,15 @@ def create_partitions(
         result = CreatePartitionsTopicResult(name=topic.name, error_code=ErrorCode.NONE)
         results.append(result)
         refusal = _refusal(ctx, topic, counts[topic.name] > 1)
+        checked = None if refusal is not None else _assignments(ctx, topic)
+        if isinstance(checked, AssignmentRefusal):
+            refusal, checked = (checked.code, checked.message), None
         if refusal is not None:
             result.error_code, result.error_message = refusal
             continue
         try:
             ctx.cluster.create_partitions(topic.name, topic.count, validate_only=body.validate_only,
-                                          timeout_ms=body.timeout_ms)  # fmt: skip
+                                          timeout_ms=body.timeout_ms, assignments=checked)  # fmt: skip
         except ClusterError as e:
             log.info("CreatePartitions %r (count %d) refused: %s", topic.name, topic.count, e)
             result.error_code, result.error_message = e.code, str(e)
@@ -107,19 +111,24 @@ def _refusal(ctx: BrokerContext, topic: CreatePartitionsTopic, duplicated: bool)
     if topic.count <= meta.partitions:
         return (ErrorCode.INVALID_PARTITIONS, f"topic {name!r} has {meta.partitions} partitions; the new "
                 f"count must be larger, not {topic.count}")  # fmt: skip
+    if topic.assignments is not None and len(topic.assignments) != topic.count - meta.partitions:
+        return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {len(topic.assignments)} "
+                f"assignments for {topic.count - meta.partitions} new partitions; give one per new "
+                "partition")  # fmt: skip
+    return None
+
+
+def _assignments(ctx: BrokerContext,
+                 topic: CreatePartitionsTopic) -> tuple[tuple[int, ...], ...] | AssignmentRefusal | None:
+    """The new partitions' replicas an assignment asks for (None: no assignment), or why not
+    (``appliance.config.replica_assignment.check_new_partitions``)."""
+    meta = ctx.table.topics[topic.name]
     if topic.assignments is None:
         return None
-    added = topic.count - meta.partitions
-    if len(topic.assignments) != added:
-        return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {len(topic.assignments)} "
-                f"assignments for {added} new partitions; give one per new partition")  # fmt: skip
     nodes = known_nodes(ctx.node_id, len(ctx.config.replica_dirs), listed_replicas(ctx.table))
-    checked = check_new_partitions(name, [a.broker_ids for a in topic.assignments],
-                                   first_partition=meta.partitions, node_id=ctx.node_id, nodes=nodes,
-                                   replication_factor=meta.replication_factor)  # fmt: skip
-    if isinstance(checked, AssignmentRefusal):
-        return checked.code, checked.message
-    return None
+    return check_new_partitions(topic.name, [a.broker_ids for a in topic.assignments],
+                                first_partition=meta.partitions, node_id=ctx.node_id, nodes=nodes,
+                                replication_factor=meta.replication_factor)  # fmt: skip
 
 
 # -- DeleteRecords ---------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ highest leader epoch wins).  Start-up, in order::
     3. bind its control socket (appliance.control.socket: `status`, `replica_status`, `promote`)
     4. one fetcher thread per partition it already holds (the leader may be down: they wait for it)
     5. READY=1; then every REFRESH_INTERVAL_MS: ask the leaders' Metadata (a thread), add the topics that
-       appeared (recorded in its own topics.json first), drop the ones deleted, keep the last ISR seen
+       appeared and the partitions added to them (recorded in its own topics.json first), drop the topics
+       deleted, keep the last ISR seen
 
 A topic's own settings (CreateTopics configs, AlterConfigs) are recorded from the leader's DescribeConfigs
 (``appliance.follower.leaders``).  The followed logs of compacted topics are not cleaned here: an
@@ -302,6 +303,11 @@ class ReplicaNode:
         store = self._store
         assert store is not None
         local = store.topics.get(topic.name)
+        if local is not None and local.partitions < topic.partitions:  # CreatePartitions at the leader
+            added = tuple(topic.partition_replicas(p) for p in range(local.partitions, topic.partitions))
+            local = store.set_partition_count(topic.name, topic.partitions, added)
+            _log.info("replica %d: topic %s now has %d partitions, as at its leader (new ones' replicas %s)",
+                      self.node_id, topic.name, topic.partitions, [list(r) for r in added])
         if local is not None and local.partitions != topic.partitions:
             _log.error("replica %d: topic %s has %d partitions at the leader and %d here; not following "
                        "it (remove this replica's copy)", self.node_id, topic.name, topic.partitions,

@@ -230,15 +230,17 @@ class TopicChanges:
 
     # -- add partitions -----------------------------------------------------------------------------------
 
-    def add_partitions(self, name: str, count: int) -> TopicMetadata:
-        """Grow ``name`` to ``count`` partitions (module docstring, "Add partitions").  ConfigError or
-        OSError before the commit point (nothing changed); :class:`CreateRolledBack` after it."""
+    def add_partitions(self, name: str, count: int,
+                       assignments: tuple[tuple[int, ...], ...] = ()) -> TopicMetadata:  # fmt: skip
+        """Grow ``name`` to ``count`` partitions (module docstring, "Add partitions"); ``assignments``: each
+        new partition's replicas (else partition 0's).  ConfigError or OSError before the commit point
+        (nothing changed); :class:`CreateRolledBack` after it."""
         if self.supervisor.stopping:
             raise ApplianceError("the appliance is stopping")
         if name in self._creating:
             raise UnknownTopicOrPartitionError(f"topic {name!r} is still being created")
         old = self.store.get(name)
-        topic = self.store.set_partition_count(name, count)
+        topic = self.store.set_partition_count(name, count, assignments)
         try:
             self.faults.hit("partitions.recorded")
             for partition in range(old.partitions, count):

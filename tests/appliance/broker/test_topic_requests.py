@@ -23,6 +23,7 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     ConfigSource,
+    NewPartitions,
     NewTopic,
 )
 from support.kafka_appliance import Appliance, served_appliance
@@ -263,13 +264,19 @@ def test_an_assignment_of_different_replica_sets_per_partition_is_honoured(repli
     admin = AdminClient({"bootstrap.servers": replicated.bootstrap})
     assignment = [[0, 1], [2, 0], [0, 2]]  # partition 1 names node 2 first: its preferred leader
     create(admin, NewTopic("spread", 3, replica_assignment=assignment, config={"min.insync.replicas": "2"}))
+    # CreatePartitions records each new partition's replicas the same way; an unknown node changes nothing
+    unknown = NewPartitions("spread", 5, replica_assignment=[[1, 0], [0, 9]])
+    with pytest.raises(KafkaException, match="partition 4: node 9 does not exist"):
+        admin.create_partitions([unknown])["spread"].result(TIMEOUT_S)
+    admin.create_partitions([NewPartitions("spread", 5, replica_assignment=[[1, 0], [0, 2]])])[
+        "spread"].result(TIMEOUT_S)  # fmt: skip
     described = admin.list_topics("spread", timeout=TIMEOUT_S).topics["spread"]
     assert {p.id: (p.leader, list(p.replicas)) for p in described.partitions.values()} == {
-        0: (0, [0, 1]), 1: (0, [2, 0]), 2: (0, [0, 2])}  # fmt: skip
+        0: (0, [0, 1]), 1: (0, [2, 0]), 2: (0, [0, 2]), 3: (0, [1, 0]), 4: (0, [0, 2])}  # fmt: skip
 
     producer = Producer({"bootstrap.servers": replicated.bootstrap, "acks": "all", "linger.ms": 0})
     failures: list[object] = []
-    produced = {p: [b"p%d-%03d" % (p, i) for i in range(20)] for p in range(3)}
+    produced = {p: [b"p%d-%03d" % (p, i) for i in range(20)] for p in range(5)}
     for partition, batch in produced.items():
         for value in batch:
             producer.produce("spread", value, partition=partition,
@@ -277,7 +284,7 @@ def test_an_assignment_of_different_replica_sets_per_partition_is_honoured(repli
     assert producer.flush(TIMEOUT_S * 2) == 0
     assert failures == []  # acks=all with min.insync.replicas 2: each partition's own follower has them
 
-    expected = {1: {0}, 2: {1, 2}}
+    expected = {1: {0, 3}, 2: {1, 2, 4}}
     deadline = time.monotonic() + TIMEOUT_S * 2
     while time.monotonic() < deadline and not all(
             values(replica_dir(replicated, node) / f"spread-{p}") == produced[p]
@@ -288,7 +295,8 @@ def test_an_assignment_of_different_replica_sets_per_partition_is_honoured(repli
         for p in partitions:
             assert values(replica_dir(replicated, node) / f"spread-{p}") == produced[p], (node, p)
     described = admin.list_topics("spread", timeout=TIMEOUT_S).topics["spread"]
-    assert {p.id: sorted(p.isrs) for p in described.partitions.values()} == {0: [0, 1], 1: [0, 2], 2: [0, 2]}
+    assert {p.id: sorted(p.isrs) for p in described.partitions.values()} == {
+        0: [0, 1], 1: [0, 2], 2: [0, 2], 3: [0, 1], 4: [0, 2]}  # fmt: skip
     shown = describe(replicated, "spread")
     assert "Partition: 1\tLeader: 0\tReplicas: 2,0\tIsr: " in shown, shown
     assert describe(replicated, "spread", "--under-replicated-partitions") == "", "all caught up"
