@@ -280,6 +280,7 @@ class PartitionInfo:
     writer_restarts: int
     leader: int = 0  # the node leading it (this appliance's node.id)
     isr: tuple[int, ...] = ()  # in-sync replicas, leader first (a partition of factor 1: the leader)
+    replicas: tuple[int, ...] = ()  # its replicas in the order assigned; (): the topic's ``replicas``
     committed_high_watermark: int = -1  # replicated: the ISR's HW (acks=all); -1 not replicated
     followers: tuple[FollowerInfo, ...] = ()  # replicated: what the leader knows of each follower
     offline: str = ""  # why the partition cannot be served (damaged log, ...); empty: online
@@ -301,6 +302,7 @@ class PartitionInfo:
             writer_restarts=int(raw.get("writer_restarts", 0)),
             leader=int(raw.get("leader", 0)),
             isr=tuple(int(r) for r in raw.get("isr", ())),
+            replicas=tuple(int(r) for r in raw.get("replicas", ())),
             committed_high_watermark=int(raw.get("committed_high_watermark", -1)),
             followers=tuple(FollowerInfo.from_json(f) for f in raw.get("followers", ())),
             offline=str(raw.get("offline", "")),
@@ -532,10 +534,15 @@ class ControlClient:
         return dict(self.request(request)["configs"])
 
     def create_partitions(self, name: str, count: int, *, validate_only: bool = False,
+                          assignments: Sequence[Sequence[int]] | None = None,
                           timeout_s: float | None = None) -> TopicInfo:  # fmt: skip
         """Grow a topic to ``count`` partitions; returns once they are served.  ConfigError
-        (INVALID_PARTITIONS) unless ``count`` is larger than the current count."""
-        request = {"op": "create_partitions", "topic": name, "count": count, "validate_only": validate_only}
+        (INVALID_PARTITIONS) unless ``count`` is larger than the current count.  ``assignments``: each new
+        partition's replicas (INVALID_REPLICA_ASSIGNMENT unless one per new partition, naming this node)."""
+        request: dict[str, Any] = {"op": "create_partitions", "topic": name, "count": count,
+                                   "validate_only": validate_only}
+        if assignments is not None:
+            request["assignments"] = [list(nodes) for nodes in assignments]
         return TopicInfo.from_json(self.request(request, timeout_s=timeout_s)["topic"])
 
     def delete_records(self, name: str, partition: int, offset: int, *,

@@ -56,7 +56,9 @@ class TopicChange:
     partitions: int | None = None  # create: None is num.partitions
     replication_factor: int | None = None  # create: None is default.replication.factor
     configs: Mapping[str, object] = field(default_factory=dict)  # create: the topic's overrides
-    replicas: tuple[int, ...] | None = None  # create: an explicit assignment's replicas; None: assigned
+    replicas: tuple[int, ...] | None = None  # create: the replicas of every partition; None: assigned
+    # create: an explicit assignment, each partition's replicas (appliance.config.replica_assignment)
+    assignments: tuple[tuple[int, ...], ...] | None = None
     internal: bool = False  # create: the appliance's own topic (``__consumer_offsets``)
     done: bool = False
     error: ClusterError | None = None
@@ -101,8 +103,10 @@ class Cluster(Protocol):
         UNKNOWN_TOPIC_OR_PARTITION, ..."""
         ...
 
-    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int) -> None:
-        """Grow a topic to ``count`` partitions, returning once they are served.  ClusterError:
+    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int,
+                          assignments: tuple[tuple[int, ...], ...] | None = None) -> None:  # fmt: skip
+        """Grow a topic to ``count`` partitions (``assignments``: each new one's replicas), returning once
+        they are served.  ClusterError:
         INVALID_PARTITIONS, UNKNOWN_TOPIC_OR_PARTITION, REQUEST_TIMED_OUT (it goes on), ..."""
         ...
 

@@ -54,7 +54,8 @@ RECONNECT_MAX_S = 5.0  # ... doubling while attempts fail, up to this
 
 
 def topic_meta(info: TopicInfo) -> TopicMeta:
-    """The broker's view of a topic the supervisor described (replicas leader first, as it lists them)."""
+    """The broker's view of a topic the supervisor described: each partition's replicas as it lists them
+    (in the order assigned), its leader the one it names."""
     if info.error:
         try:
             code = ErrorCode[info.error]
@@ -62,7 +63,8 @@ def topic_meta(info: TopicInfo) -> TopicMeta:
             code = ErrorCode.UNKNOWN_SERVER_ERROR
         return TopicMeta(name=info.name, partitions=0, topic_id=info.topic_id, error=int(code),
                          error_message=info.message)
-    replicas = {p.partition: info.replicas for p in info.partitions} if len(info.replicas) > 1 else {}
+    replicas = {p.partition: p.replicas or info.replicas for p in info.partitions}
+    replicas = {p: nodes for p, nodes in replicas.items() if len(nodes) > 1}
     return TopicMeta(
         name=info.name,
         partitions=info.partition_count,
@@ -72,6 +74,7 @@ def topic_meta(info: TopicInfo) -> TopicMeta:
         directories={p.partition: p.directory for p in info.partitions},
         state_pages={p.partition: p.state_page for p in info.partitions},
         replicas=replicas,
+        leaders={p.partition: p.leader for p in info.partitions if p.partition in replicas},
         min_insync_replicas=info.min_insync_replicas,
         cleanup_policy=info.cleanup_policy,
         configs=dict(info.configs),
@@ -299,11 +302,13 @@ class ControlCluster:
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
 
-    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int) -> None:
+    def create_partitions(self, name: str, count: int, *, validate_only: bool, timeout_ms: int,
+                          assignments: tuple[tuple[int, ...], ...] | None = None) -> None:  # fmt: skip
         what, down = f"add partitions to topic {name!r}", ErrorCode.REQUEST_TIMED_OUT
         timeout_s = min(timeout_ms / 1000, REQUEST_TIMEOUT_S) if timeout_ms > 0 else REQUEST_TIMEOUT_S
         try:
             self._connected(what, down).create_partitions(name, count, validate_only=validate_only,
+                                                          assignments=assignments,
                                                           timeout_s=timeout_s)  # fmt: skip
         except ApplianceError as e:
             raise _as_cluster_error(e, what, down) from None
@@ -378,6 +383,8 @@ def _change_request(change: TopicChange) -> dict[str, Any]:
         request["configs"] = dict(change.configs)
     if change.replicas is not None:
         request["replicas"] = list(change.replicas)
+    if change.assignments is not None:
+        request["assignments"] = [list(r) for r in change.assignments]
     if change.internal:
         request["internal"] = True
     return request

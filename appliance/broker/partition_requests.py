@@ -8,10 +8,12 @@ call that runs out answers REQUEST_TIMED_OUT and the change goes on in the super
 **CreatePartitions** checks what Kafka checks before asking: a topic named twice (INVALID_REQUEST), a name
 Kafka refuses (INVALID_TOPIC_EXCEPTION), an unknown topic (UNKNOWN_TOPIC_OR_PARTITION), a count not above
 the current one (INVALID_PARTITIONS), assignments that are not one per new partition of the topic's
-replication factor, or that name a node other than this one (INVALID_REPLICA_ASSIGNMENT, naming it).  The
-supervisor then adds the partitions all-or-nothing (``appliance.server.topic_admin``); ``validate_only``
-stops before that.  The broker's topic view is reloaded before the answer, so a Metadata sent after it
-lists the new partitions.
+replication factor, that name a node that does not exist, or that leave out this node
+(INVALID_REPLICA_ASSIGNMENT, naming it: ``appliance.config.replica_assignment.check_new_partitions``).  The
+supervisor then adds the partitions all-or-nothing, each new one with the replicas assigned to it (or
+partition 0's), and the replicas that an assignment names follow them (``appliance.server.topic_admin``);
+``validate_only`` stops before that.  The broker's topic view is reloaded before the answer, so a Metadata
+sent after it lists the new partitions.
 
 An internal topic (``__consumer_offsets``) gets no partitions (INVALID_TOPIC_EXCEPTION, a refusal of the
 appliance's own: Kafka lets an authorized admin do it, and breaks every group's partition mapping) and no
@@ -29,7 +31,8 @@ import logging
 
 from appliance.broker.cluster import ClusterError
 from appliance.broker.handlers import BrokerContext, Handler
-from appliance.broker.partitions import INTERNAL_TOPICS
+from appliance.broker.partitions import INTERNAL_TOPICS, listed_replicas
+from appliance.config.replica_assignment import AssignmentRefusal, check_new_partitions, known_nodes
 from appliance.config.server_config import check_topic_name
 from ipc.kafka import (
     ApiKey,
@@ -68,12 +71,15 @@ def create_partitions(
         result = CreatePartitionsTopicResult(name=topic.name, error_code=ErrorCode.NONE)
         results.append(result)
         refusal = _refusal(ctx, topic, counts[topic.name] > 1)
+        checked = None if refusal is not None else _assignments(ctx, topic)
+        if isinstance(checked, AssignmentRefusal):
+            refusal, checked = (checked.code, checked.message), None
         if refusal is not None:
             result.error_code, result.error_message = refusal
             continue
         try:
             ctx.cluster.create_partitions(topic.name, topic.count, validate_only=body.validate_only,
-                                          timeout_ms=body.timeout_ms)  # fmt: skip
+                                          timeout_ms=body.timeout_ms, assignments=checked)  # fmt: skip
         except ClusterError as e:
             log.info("CreatePartitions %r (count %d) refused: %s", topic.name, topic.count, e)
             result.error_code, result.error_message = e.code, str(e)
@@ -105,22 +111,24 @@ def _refusal(ctx: BrokerContext, topic: CreatePartitionsTopic, duplicated: bool)
     if topic.count <= meta.partitions:
         return (ErrorCode.INVALID_PARTITIONS, f"topic {name!r} has {meta.partitions} partitions; the new "
                 f"count must be larger, not {topic.count}")  # fmt: skip
+    if topic.assignments is not None and len(topic.assignments) != topic.count - meta.partitions:
+        return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {len(topic.assignments)} "
+                f"assignments for {topic.count - meta.partitions} new partitions; give one per new "
+                "partition")  # fmt: skip
+    return None
+
+
+def _assignments(ctx: BrokerContext,
+                 topic: CreatePartitionsTopic) -> tuple[tuple[int, ...], ...] | AssignmentRefusal | None:
+    """The new partitions' replicas an assignment asks for (None: no assignment), or why not
+    (``appliance.config.replica_assignment.check_new_partitions``)."""
+    meta = ctx.table.topics[topic.name]
     if topic.assignments is None:
         return None
-    added = topic.count - meta.partitions
-    if len(topic.assignments) != added:
-        return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {len(topic.assignments)} "
-                f"assignments for {added} new partitions; give one per new partition")  # fmt: skip
-    for index, assignment in enumerate(topic.assignments, start=meta.partitions):
-        nodes = assignment.broker_ids
-        if len(nodes) != meta.replication_factor or len(set(nodes)) != len(nodes):
-            return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r} partition {index}: replicas "
-                    f"{nodes}: expected {meta.replication_factor} distinct node ids")  # fmt: skip
-        unknown = [node for node in nodes if node != ctx.node_id]
-        if unknown:
-            return (ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r} partition {index}: node "
-                    f"{unknown[0]} is not a broker of this cluster (node.id {ctx.node_id} is)")  # fmt: skip
-    return None
+    nodes = known_nodes(ctx.node_id, len(ctx.config.replica_dirs), listed_replicas(ctx.table))
+    return check_new_partitions(topic.name, [a.broker_ids for a in topic.assignments],
+                                first_partition=meta.partitions, node_id=ctx.node_id, nodes=nodes,
+                                replication_factor=meta.replication_factor)  # fmt: skip
 
 
 # -- DeleteRecords ---------------------------------------------------------------------------------------

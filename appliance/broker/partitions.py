@@ -44,7 +44,7 @@ from ipc.state_page import StatePage
 from storage.log_config import LogConfig
 from storage.log_reader import LogReader
 
-__all__ = ["INTERNAL_TOPICS", "PartitionHandle", "PartitionTable", "TopicMeta"]
+__all__ = ["INTERNAL_TOPICS", "PartitionHandle", "PartitionTable", "TopicMeta", "listed_replicas"]
 
 log = logging.getLogger("appliance.broker")
 
@@ -71,8 +71,11 @@ class TopicMeta:
     # named by ipc.shm.ShmNames
     directories: Mapping[int, str] = field(default_factory=dict)
     state_pages: Mapping[int, str] = field(default_factory=dict)
-    # partition -> replica node ids, leader first; a partition absent here is led by this node alone
+    # partition -> replica node ids in the order assigned (the first is Kafka's preferred leader); a
+    # partition absent here is held by this node alone
     replicas: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # partition -> the node leading it; absent: the first of its replicas
+    leaders: Mapping[int, int] = field(default_factory=dict)
     # partition -> in-sync replica node ids; absent: equal to replicas (the broker's replication layer knows
     # better for the partitions it leads: appliance.broker.replication)
     isr: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
@@ -84,6 +87,12 @@ class TopicMeta:
     # the supervisor could not describe the topic: the Kafka error code for it and why (0: none)
     error: int = 0
     error_message: str = ""
+
+
+def listed_replicas(table: PartitionTable) -> Iterator[tuple[int, ...]]:
+    """The replicas of every partition of every topic the table knows (the nodes that exist)."""
+    for meta in table.topics.values():
+        yield from meta.replicas.values()
 
 
 class PartitionHandle:
@@ -188,7 +197,8 @@ class PartitionTable:
         return topic.isr.get(partition, self.replicas(topic, partition))
 
     def leader(self, topic: TopicMeta, partition: int) -> int:
-        return self.replicas(topic, partition)[0]
+        leader = topic.leaders.get(partition)
+        return self.replicas(topic, partition)[0] if leader is None else leader
 
     def offline_reason(self, topic: str, partition: int) -> str | None:
         """Why the partition is offline (the supervisor did not open its damaged log), or None."""

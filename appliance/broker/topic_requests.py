@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from appliance.broker.cluster import TopicChange
 from appliance.broker.handlers import BrokerContext
-from appliance.broker.partitions import INTERNAL_TOPICS
+from appliance.broker.partitions import INTERNAL_TOPICS, listed_replicas
 from appliance.config.replica_assignment import (
     Assignment,
     AssignmentRefusal,
@@ -163,13 +163,14 @@ class TopicRequests:
         }
         partitions = None if topic.num_partitions == -1 else topic.num_partitions
         replication = None if topic.replication_factor == -1 else topic.replication_factor
-        replicas: tuple[int, ...] | None = None
+        assignments: tuple[tuple[int, ...], ...] | None = None
         if topic.assignments:
             assigned = self._assignment(topic)
             if isinstance(assigned, AssignmentRefusal):
+                log.info("CreateTopics %r refused: %s", name, assigned.message)
                 return assigned.code, assigned.message
-            partitions, replication, replicas = (assigned.partitions, assigned.replication_factor,
-                                                 assigned.replicas)  # fmt: skip
+            partitions, replication, assignments = (assigned.partitions, assigned.replication_factor,
+                                                    assigned.replicas)  # fmt: skip
         overrides: dict[str, object] = dict(configs)
         if partitions is not None:
             overrides["partitions"] = partitions
@@ -180,14 +181,13 @@ class TopicRequests:
         except ConfigError as e:
             return ErrorCode.INVALID_CONFIG, str(e)
         return TopicChange("create", name, timeout_ms, partitions=partitions, replication_factor=replication,
-                           configs=configs, replicas=replicas)  # fmt: skip
+                           configs=configs, assignments=assignments)  # fmt: skip
 
     def _assignment(self, topic: Any) -> Assignment | AssignmentRefusal:
         """The replicas a CreateTopics topic's explicit assignment asks for, or why they cannot be honoured
         (``appliance.config.replica_assignment``)."""
         config = self.ctx.config
-        listed = (replicas for meta in self.ctx.table.topics.values() for replicas in meta.replicas.values())
-        nodes = known_nodes(config.node_id, len(config.replica_dirs), listed)
+        nodes = known_nodes(config.node_id, len(config.replica_dirs), listed_replicas(self.ctx.table))
         pairs = [(a.partition_index, list(a.broker_ids)) for a in topic.assignments]
         return check_assignment(topic.name, pairs, num_partitions=topic.num_partitions,
                                 replication_factor=topic.replication_factor, node_id=config.node_id,

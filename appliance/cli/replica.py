@@ -170,7 +170,8 @@ def format_status(reply: Mapping[str, Any]) -> str:
             for p in topic["partitions"]:
                 lines.append(
                     f"Topic: {topic['name']}\tPartition: {p['partition']}\tLeader: {p.get('leader', 0)}\t"
-                    f"LeaderEpoch: {p['leader_epoch']}\tReplicas: {_ids(topic.get('replicas', []))}\t"
+                    f"LeaderEpoch: {p['leader_epoch']}\t"
+                    f"Replicas: {_ids(p.get('replicas') or topic.get('replicas', []))}\t"
                     f"Isr: {_ids(p.get('isr', []))}\tMinIsr: {topic.get('min_insync_replicas', 1)}\t"
                     f"LogEndOffset: {p['log_end_offset']}\tHighWatermark: {p['high_watermark']}\t"
                     f"CommittedHighWatermark: {p.get('committed_high_watermark', -1)}"

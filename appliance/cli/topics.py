@@ -215,7 +215,7 @@ def describe_local(topic: TopicInfo) -> TopicDescription:
                 partition=p.partition,
                 leader=-1 if p.offline else p.leader,
                 leader_epoch=p.leader_epoch,
-                replicas=topic.replicas or (p.leader,),
+                replicas=p.replicas or topic.replicas or (p.leader,),
                 isr=p.isr or (p.leader,),
                 log_start_offset=p.log_start_offset,
                 log_end_offset=p.log_end_offset,

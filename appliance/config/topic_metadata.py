@@ -15,7 +15,12 @@ writer).  It keeps it in one JSON file in the first log dir, ``<log.dirs[0]>/met
           "configs": {"retention.ms": 86400000},                  topic-level overrides given at creation
           "log_dirs": ["/srv/a", "/srv/b", "/srv/a"],             where each partition's directory lives
           "replicas": [0, 1, 2]                                   replicated topics: the node ids holding
-        }                                                         a copy (every partition alike)
+        },                                                        a copy (every partition alike)
+        "spread": {
+          ...,
+          "replication_factor": 2,
+          "assignments": [[0, 1], [2, 0], [0, 2]]                 or, when partitions differ: each
+        }                                                         partition's replicas, in the order given
       },
       "deleting": {"old": {...}}                                  topics whose deletion has not finished,
     }                                                             as under "topics" (optional)
@@ -25,10 +30,19 @@ learns of changes through the control socket.  A topic under ``"deleting"`` is g
 supervisor finishes removing it: ``appliance.server.topic_changes``); only the store reads that part
 (:func:`read_pending_deletes`).  A damaged file stops the start with
 :class:`~storage.errors.CorruptRecordError` naming the file and what is wrong: metadata is never guessed or
-reset silently (the logs would be orphaned). """
+reset silently (the logs would be orphaned).
+
+**Replicas per partition.**  A topic whose partitions all have the same replicas keeps the per-topic form
+(``"replicas"``, absent for a factor of 1), the only form files written before per-partition replica sets
+knew, so those load unchanged; a topic created with an explicit assignment whose partitions differ
+(``appliance.config.replica_assignment``) keeps ``"assignments"`` instead, one list per partition in the
+order the assignment gave it (its first node is Kafka's *preferred* leader, which need not be the node
+that leads it here).  :meth:`TopicMetadata.partition_replicas` answers for either form; :func:`with_replicas`
+builds a topic from per-partition lists, choosing the form. """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -51,6 +65,7 @@ __all__ = [
     "read_pending_deletes",
     "read_topics",
     "topics_path",
+    "with_replicas",
 ]
 
 
@@ -71,6 +86,21 @@ class TopicMetadata:
     configs: Mapping[str, Any] = field(default_factory=dict)  # overrides given at creation (Kafka names)
     log_dirs: tuple[str, ...] = ()  # the log dir of each partition
     replicas: tuple[int, ...] = ()  # node ids holding a copy (replication factor > 1); () for factor 1
+    # per partition, when partitions differ (then ``replicas`` is ()): its node ids in the order assigned
+    assignments: tuple[tuple[int, ...], ...] = ()
+
+    def partition_replicas(self, partition: int) -> tuple[int, ...]:
+        """The node ids holding ``partition`` in the order recorded (() for a factor of 1: this node)."""
+        if self.assignments:
+            return self.assignments[partition]
+        return self.replicas
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """Every node holding a copy of some partition, in order of first mention (() for factor 1)."""
+        if not self.assignments:
+            return self.replicas
+        return tuple(dict.fromkeys(node for replicas in self.assignments for node in replicas))
 
     def directory(self, partition: int) -> str:
         """The partition's log directory, ``<log dir>/<topic>-<partition>``."""
@@ -88,7 +118,18 @@ class TopicMetadata:
             "configs": dict(self.configs),
             "log_dirs": list(self.log_dirs),
             **({"replicas": list(self.replicas)} if self.replicas else {}),
+            **({"assignments": [list(r) for r in self.assignments]} if self.assignments else {}),
         }
+
+
+def with_replicas(topic: TopicMetadata, replicas: list[tuple[int, ...]]) -> TopicMetadata:
+    """``topic`` with ``replicas[p]`` the replicas of partition ``p`` (one list per partition): the
+    per-topic form when they are all the same (() for a factor of 1), else the per-partition form."""
+    if topic.replication_factor <= 1:
+        return dataclasses.replace(topic, replicas=(), assignments=())
+    if all(r == replicas[0] for r in replicas):
+        return dataclasses.replace(topic, replicas=replicas[0], assignments=())
+    return dataclasses.replace(topic, replicas=(), assignments=tuple(replicas))
 
 
 def assign_replicas(node_id: int, replication_factor: int) -> tuple[int, ...]:
@@ -154,8 +195,30 @@ def _parse_topic(path: Path, name: object, raw: object) -> TopicMetadata:
     ):
         raise _fail(path, f"topic {name!r}: replicas must list {replication} distinct node ids, "
                           f"got {replicas!r}")
+    assignments = _parse_assignments(path, name, raw.get("assignments", []), partitions, replication)
+    if assignments and replicas:
+        raise _fail(path, f"topic {name!r}: both replicas and assignments; expected one of them")
     return TopicMetadata(name, str(topic_id), partitions, replication, dict(configs),
-                         tuple(log_dirs), tuple(replicas))
+                         tuple(log_dirs), tuple(replicas), assignments)
+
+
+def _parse_assignments(path: Path, name: str, raw: object, partitions: int,
+                       replication: int) -> tuple[tuple[int, ...], ...]:  # fmt: skip
+    """The per-partition form (absent: ()): ``partitions`` lists of ``replication`` distinct node ids."""
+    if raw == []:
+        return ()
+    if not isinstance(raw, list) or len(raw) != partitions:
+        raise _fail(path, f"topic {name!r}: assignments must list the replicas of {partitions} partitions")
+    for index, nodes in enumerate(raw):
+        if (
+            not isinstance(nodes, list)
+            or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in nodes)
+            or len(set(nodes)) != len(nodes)
+            or len(nodes) != replication
+        ):
+            raise _fail(path, f"topic {name!r} partition {index}: replicas must list {replication} distinct "
+                              f"node ids, got {nodes!r}")  # fmt: skip
+    return tuple(tuple(nodes) for nodes in raw)
 
 
 def read_topics(path: str | os.PathLike[str]) -> dict[str, TopicMetadata]:

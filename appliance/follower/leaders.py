@@ -24,7 +24,8 @@ leader to this replica: it is listed among the unreachable ones with an INCONSIS
 The view is refreshed by the replica process every :data:`REFRESH_INTERVAL_MS` and, rate-limited to
 :data:`MIN_REFRESH_INTERVAL_MS`, whenever a fetcher asks for its leader again after an error
 (:meth:`LeaderDirectory.leader_for` is the fetchers' *leader source*).  It also gives the replica its
-topics (those whose replicas include its ``node.id``) and the last ISR its leader reported: what
+topics (those with a partition whose replicas include its ``node.id``: :class:`TopicView` keeps each
+partition's replicas) and the last ISR its leader reported: what
 ``appliance replicas promote`` decides on.
 
 **Topic settings.**  With a Metadata answer listing a topic it has no settings of, and at least every
@@ -100,8 +101,13 @@ class PartitionView:
 class TopicView:
     name: str
     partitions: int
-    replicas: tuple[int, ...]  # leader first, as the leader lists them
+    replicas: tuple[int, ...]  # every node holding some partition, in order of first mention
     configs: tuple[tuple[str, str], ...] | None = None  # the topic's own settings, sorted; None: unknown
+    # each partition's replicas as the leader lists them (in the order assigned); (): ``replicas`` for all
+    assignments: tuple[tuple[int, ...], ...] = ()
+
+    def partition_replicas(self, partition: int) -> tuple[int, ...]:
+        return self.assignments[partition] if self.assignments else self.replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,16 @@ class ClusterView:
     topics: dict[str, TopicView] = field(default_factory=dict)
     partitions: dict[tuple[str, int], PartitionView] = field(default_factory=dict)
     answered: tuple[str, ...] = ()  # the candidate addresses that answered
+
+
+def _topic_view(name: str, assigned: dict[int, tuple[int, ...]],
+                configs: tuple[tuple[str, str], ...] | None) -> TopicView:  # fmt: skip
+    """A topic from its partitions' replica lists (``assigned``: partition -> replicas)."""
+    ordered = [assigned.get(index, ()) for index in range(len(assigned))]
+    nodes = tuple(dict.fromkeys(node for replicas in ordered for node in replicas))
+    same = all(replicas == ordered[0] for replicas in ordered)
+    return TopicView(name, len(ordered), ordered[0] if same and ordered else nodes, configs,
+                     () if same else tuple(ordered))
 
 
 class LeaderDirectory:
@@ -199,7 +215,7 @@ class LeaderDirectory:
                 if t.error_code != ErrorCode.NONE:
                     continue
                 top_epoch = -1
-                replicas: tuple[int, ...] = ()
+                assigned = {p.partition_index: tuple(p.replica_nodes) for p in t.partitions}
                 for p in t.partitions:
                     if p.error_code != ErrorCode.NONE or p.leader_id not in brokers:
                         continue
@@ -212,13 +228,11 @@ class LeaderDirectory:
                         best[key] = PartitionView(t.name, p.partition_index, info, tuple(p.replica_nodes),
                                                   tuple(p.isr_nodes))
                     top_epoch = max(top_epoch, p.leader_epoch)
-                    replicas = tuple(p.replica_nodes)
                 if top_epoch < 0:
                     continue
                 previous = topics.get(t.name)
                 if previous is None or top_epoch > previous[0]:
-                    topics[t.name] = (top_epoch, TopicView(t.name, len(t.partitions), replicas,
-                                                           configs.get(t.name)))
+                    topics[t.name] = (top_epoch, _topic_view(t.name, assigned, configs.get(t.name)))
         if not answered:
             if self._silent_since_ms is None:
                 self._silent_since_ms = now

@@ -13,6 +13,10 @@ the leaders went silent (a replica stopped or cut off that long may have been dr
 With ``unclean`` it proceeds with a loud warning (:func:`unclean_warning`): records acknowledged by the old
 leader may be lost.
 
+A replica that holds only some partitions of a topic (an explicit assignment named it for those) is not
+promoted (:func:`refuse_partial_topics`): the ``appliance serve`` it becomes leads every partition of every
+topic it records, and would serve the others empty.
+
 Then, per partition, the fetcher stops and checkpoints its high watermark, and ``replica-state.json`` records
 this node as leader with the ISR it starts with (:func:`leadership`: the last ISR minus the old leader, plus
 itself; itself alone if unclean), and the process ``exec``\\s ``appliance serve`` on the same configuration
@@ -31,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from appliance.config.topic_metadata import TopicMetadata
 from appliance.follower.leaders import REFRESH_INTERVAL_MS, ClusterView, PartitionView
 from storage.errors import ApplianceError
 
@@ -41,6 +46,7 @@ __all__ = [
     "judge_sync",
     "leadership",
     "partitions_named",
+    "refuse_partial_topics",
     "refuse_while_a_leader_answers",
     "unclean_warning",
 ]
@@ -162,3 +168,15 @@ def leadership(verdict: SyncVerdict, node_id: int, *, log_epoch: int, fetched_ep
     else:
         isr = {node_id}
     return Leadership(epoch, tuple(sorted(isr)))
+
+
+def refuse_partial_topics(topics: Iterable[TopicMetadata], node_id: int) -> None:
+    """PromotionRefused if this replica holds some partitions of a topic and not the others (module doc)."""
+    for topic in topics:
+        missing = [p for p in range(topic.partitions) if node_id not in topic.partition_replicas(p)]
+        if topic.nodes and missing and len(missing) < topic.partitions:
+            raise PromotionRefused(
+                f"node {node_id} holds only some partitions of topic {topic.name!r} (not {missing}: their "
+                "replica assignment does not name it); as leader it would serve those empty. Promote a "
+                "replica that holds every partition, or restart the old leader"
+            )

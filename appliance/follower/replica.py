@@ -2,17 +2,21 @@
 
 Theory of operation
 -------------------
-A replica holds copies of the partitions of every replicated topic that lists its ``node.id``, in its own
-``log.dirs`` (another disk, or another host).  It has no writers, no shared memory and no Kafka listener:
-its only peer is the leader, reached through :class:`~appliance.follower.leaders.LeaderDirectory` (the
-addresses of ``appliance.replica.leader``; the highest leader epoch wins).  Start-up, in order::
+A replica holds copies of exactly the partitions of replicated topics whose replicas list its ``node.id``
+(a topic created with an explicit assignment may name it for some partitions only; it records the whole
+topic's metadata, with every partition's replicas, and has a log directory for its own partitions only),
+in its own ``log.dirs`` (another disk, or another host).  It has no writers, no shared memory and no
+Kafka listener: its only peer is the leader, reached through
+:class:`~appliance.follower.leaders.LeaderDirectory` (the addresses of ``appliance.replica.leader``; the
+highest leader epoch wins).  Start-up, in order::
 
     1. lock every log dir (.appliance.lock: no `appliance serve` on the same data), read the cluster secret
     2. open its topic metadata (<log.dirs[0]>/meta/topics.json, the same file `appliance serve` uses)
     3. bind its control socket (appliance.control.socket: `status`, `replica_status`, `promote`)
     4. one fetcher thread per partition it already holds (the leader may be down: they wait for it)
     5. READY=1; then every REFRESH_INTERVAL_MS: ask the leaders' Metadata (a thread), add the topics that
-       appeared (recorded in its own topics.json first), drop the ones deleted, keep the last ISR seen
+       appeared and the partitions added to them (recorded in its own topics.json first), drop the topics
+       deleted, keep the last ISR seen
 
 A topic's own settings (CreateTopics configs, AlterConfigs) are recorded from the leader's DescribeConfigs
 (``appliance.follower.leaders``).  The followed logs of compacted topics are not cleaned here: an
@@ -67,6 +71,7 @@ from appliance.follower.promotion import (
     judge_sync,
     leadership,
     partitions_named,
+    refuse_partial_topics,
     refuse_while_a_leader_answers,
     unclean_warning,
 )
@@ -193,8 +198,8 @@ class ReplicaNode:
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, "wakeup")
         self._bind_control_socket()
         for topic in self._store.topics.values():
-            if self.node_id in topic.replicas:
-                for partition in range(topic.partitions):
+            for partition in range(topic.partitions):
+                if self.node_id in topic.partition_replicas(partition):
                     self._follow(topic, partition)
         self._refresher = threading.Thread(target=self._refresh_loop, name="leader-directory", daemon=True)
         self._refresher.start()
@@ -282,7 +287,7 @@ class ReplicaNode:
             if self.node_id in topic.replicas:
                 self._guarded(f"following topic {topic.name}", functools.partial(self._hold, topic))
         for name, local in store.topics.items():
-            if self.node_id in local.replicas and name not in view.topics:
+            if self.node_id in local.nodes and name not in view.topics:
                 self._guarded(f"removing topic {name}", functools.partial(self._forget_topic, local))
 
     def _guarded(self, what: str, step: Callable[[], None]) -> None:
@@ -298,6 +303,11 @@ class ReplicaNode:
         store = self._store
         assert store is not None
         local = store.topics.get(topic.name)
+        if local is not None and local.partitions < topic.partitions:  # CreatePartitions at the leader
+            added = tuple(topic.partition_replicas(p) for p in range(local.partitions, topic.partitions))
+            local = store.set_partition_count(topic.name, topic.partitions, added)
+            _log.info("replica %d: topic %s now has %d partitions, as at its leader (new ones' replicas %s)",
+                      self.node_id, topic.name, topic.partitions, [list(r) for r in added])
         if local is not None and local.partitions != topic.partitions:
             _log.error("replica %d: topic %s has %d partitions at the leader and %d here; not following "
                        "it (remove this replica's copy)", self.node_id, topic.name, topic.partitions,
@@ -305,16 +315,20 @@ class ReplicaNode:
             return
         configs = self._leader_configs(topic)
         if local is None:
-            local = store.create_topic(topic.name, topic.partitions, len(topic.replicas), configs,
-                                       replicas=topic.replicas, internal=True)  # the leader's copy
-            _log.info("replica %d: now holding topic %s (%d partitions, replicas %s)", self.node_id,
-                      topic.name, topic.partitions, list(topic.replicas))
+            local = store.create_topic(topic.name, topic.partitions, len(topic.partition_replicas(0)),
+                                       configs, replicas=topic.partition_replicas(0),
+                                       assignments=topic.assignments, internal=True)  # the leader's copy
+            mine = [p for p in range(topic.partitions) if self.node_id in topic.partition_replicas(p)]
+            _log.info("replica %d: now holding topic %s (%d partitions, replicas %s; partitions %s here)",
+                      self.node_id, topic.name, topic.partitions,
+                      [list(topic.partition_replicas(p)) for p in range(topic.partitions)], mine)
         elif configs is not None and configs != dict(local.configs):
             local = store.set_configs(topic.name, configs)
             _log.info("replica %d: topic %s: settings %s, as its leader has them", self.node_id, topic.name,
                       configs)
         for partition in range(local.partitions):
-            if (local.name, partition) not in self._followed:
+            if (local.name, partition) not in self._followed and self.node_id in local.partition_replicas(
+                    partition):
                 self._follow(local, partition)
 
     def _leader_configs(self, topic: TopicView) -> dict[str, Any] | None:
@@ -471,6 +485,9 @@ class ReplicaNode:
         """Become the leader of every partition held (``appliance.follower.promotion``): the request is
         checked, then each partition's leadership is written, then the process ``exec``\\s a supervisor."""
         self._refuse_if_spawned()
+        store = self._store
+        assert store is not None
+        refuse_partial_topics(store.topics.values(), self.node_id)
         named = partitions_named(wanted, set(self._followed), self.node_id)
         directory = self._directory
         assert directory is not None

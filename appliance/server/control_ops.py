@@ -224,9 +224,12 @@ class ControlOps:
         replicas = self._replicas(message.get("replicas"), replication)
         if isinstance(replicas, str):
             return error_response(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {replicas}")
+        assignments = self._assignments(message.get("assignments"), partitions, replication)
+        if isinstance(assignments, str):
+            return error_response(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {assignments}")
         done = self._reply_later(connection, message)
         topic = self.changes.begin_create(name, partitions, replication, configs, replicas, done,
-                                          internal=internal)
+                                          internal=internal, assignments=assignments)
         if message.get("wait", True) is False:
             return ok_response(topic=self._topic_json(topic))
         return None  # answered by done() once every partition is served (topic_changes)
@@ -241,10 +244,28 @@ class ControlOps:
             return f"replicas {asked!r}: expected a list of node ids"
         if replication == 1 and asked in ([], [node_id]):
             return ()
-        if len(asked) != replication or len(set(asked)) != len(asked) or asked[0] != node_id:
+        if len(asked) != replication or len(set(asked)) != len(asked) or node_id not in asked:
             return (f"replicas {asked}: expected {replication} distinct node ids, this node ({node_id}) "
-                    "first")  # fmt: skip
+                    "among them")  # fmt: skip
         return tuple(asked)
+
+    def _assignments(self, asked: object, partitions: int,
+                     replication: int) -> tuple[tuple[int, ...], ...] | str:  # fmt: skip
+        """Each partition's replicas of an explicit assignment (checked by the broker:
+        ``appliance.config.replica_assignment``; checked again here for its shape), or () if none."""
+        if asked is None:
+            return ()
+        node_id = self.config.node_id
+        if not isinstance(asked, list) or len(asked) != partitions:
+            return f"assignments {asked!r}: expected the replicas of each of {partitions} partitions"
+        out = []
+        for index, nodes in enumerate(asked):
+            if (not isinstance(nodes, list) or len(nodes) != replication or len(set(nodes)) != len(nodes)
+                    or not all(isinstance(n, int) and n >= 0 for n in nodes) or node_id not in nodes):
+                return (f"partition {index}: replicas {nodes!r}: expected {replication} distinct node ids, "
+                        f"this node ({node_id}) among them")  # fmt: skip
+            out.append(tuple(nodes))
+        return tuple(out)
 
     def _create_topic(
         self, name: str, partitions: int, replication: int, configs: Mapping[str, Any]
@@ -483,12 +504,13 @@ class ControlOps:
                 partitions.append(self._unserved_json(topic, p, node))
             else:
                 partitions.append(self._partition_json(part, node, now_ms, replicated))
+            partitions[-1]["replicas"] = list(topic.partition_replicas(p) or (node,))
         effective = self.config.topic(topic.name, topic.configs)
         return {
             "name": topic.name,
             "topic_id": topic.topic_id,
             "replication_factor": topic.replication_factor,
-            "replicas": [node, *(r for r in topic.replicas if r != node)],
+            "replicas": [node, *(r for r in topic.nodes if r != node)],
             "min_insync_replicas": effective.min_insync_replicas,
             "configs": self._effective_overrides(topic),
             "max_message_bytes": effective.max_message_bytes,

@@ -15,9 +15,12 @@ configuration file on every start, so editing the file changes them.
 
 **Replicas.**  A topic with replication factor R > 1 is held by R nodes (``node.id``): the node that
 creates it and the R - 1 smallest other ids (:func:`assign_replicas`: node 0 creating a topic of factor 3
-assigns ``[0, 1, 2]``).  Every partition of the topic has the same replicas, and whichever of them runs
-``appliance serve`` on its copy leads them all; the others run ``appliance replica`` (or are replicas that
-``appliance serve`` spawns on its ``appliance.replica.dirs``, which take those same ids in order).  A
+assigns ``[0, 1, 2]``), every partition alike; or, given an explicit assignment (CreateTopics,
+CreatePartitions: ``appliance.config.replica_assignment``), each partition by the nodes assigned to it, which
+always include the creating node.  Whichever node runs ``appliance serve`` on its copy leads every partition
+it holds; the others run ``appliance replica`` (or are replicas that ``appliance serve`` spawns on its
+``appliance.replica.dirs``, which take the ids after its own in order) and copy the partitions that name
+them.  A
 replica keeps the same file in its own first log dir, copied from the leader's metadata, so it can be
 promoted.  ``replicas`` is absent for a topic of factor 1 (held by whichever node serves it).
 
@@ -55,6 +58,7 @@ from appliance.config.topic_metadata import (
     read_pending_deletes,
     read_topics,
     topics_path,
+    with_replicas,
 )
 from appliance.server.faults import ControlFaults
 from appliance.server.meta_reserve import MetaReserve
@@ -137,12 +141,15 @@ class MetadataStore:
         configs: Mapping[str, Any] | None = None,
         *,
         replicas: tuple[int, ...] = (),
+        assignments: tuple[tuple[int, ...], ...] = (),
         topic_id: str | None = None,
         internal: bool = False,
     ) -> TopicMetadata:
         """Record a new topic and place its partitions; the caller has validated ``configs``.
 
         ``replicas`` lists the node ids holding a copy (replication factor > 1; :func:`assign_replicas`);
+        ``assignments`` instead lists them per partition (an explicit assignment; recorded in the per-topic
+        form when every partition has the same);
         ``topic_id`` keeps an id given elsewhere (a replica copying its leader's topic), else a new UUID.
         ``internal``: the name may begin with ``__`` (``check_new_topic_name``: the appliance's own topics,
         or a replica's copy of its leader's topics).
@@ -172,9 +179,13 @@ class MetadataStore:
             raise ConfigError(f"topic {name!r}: {partitions} partitions, expected 1..{MAX_PARTITIONS}")
         if replication_factor < 1:
             raise ConfigError(f"topic {name!r}: replication factor {replication_factor}, expected >= 1")
-        if replicas and (len(replicas) != replication_factor or len(set(replicas)) != len(replicas)):
-            raise ConfigError(f"topic {name!r}: replicas {list(replicas)} for replication factor "
-                              f"{replication_factor}: expected that many distinct node ids")
+        per_partition = list(assignments) or [tuple(replicas)] * partitions
+        if len(per_partition) != partitions:
+            raise ConfigError(f"topic {name!r}: {len(per_partition)} assignments for {partitions} partitions")
+        for nodes in per_partition:
+            if nodes and (len(nodes) != replication_factor or len(set(nodes)) != len(nodes)):
+                raise ConfigError(f"topic {name!r}: replicas {list(nodes)} for replication factor "
+                                  f"{replication_factor}: expected that many distinct node ids")
         load = self._partitions_per_dir()
         placement = []
         for _ in range(partitions):
@@ -185,6 +196,8 @@ class MetadataStore:
             name, topic_id or str(uuid.uuid4()), partitions, replication_factor, dict(configs or {}),
             tuple(placement), tuple(replicas),
         )
+        if assignments:
+            topic = with_replicas(topic, per_partition)
         self._topics[name] = topic
         try:
             self._save()
@@ -198,20 +211,30 @@ class MetadataStore:
         nothing changed.  UnknownTopicOrPartitionError if there is no such topic."""
         return self._replace(self.get(name), configs=dict(configs))
 
-    def set_partition_count(self, name: str, partitions: int) -> TopicMetadata:
+    def set_partition_count(self, name: str, partitions: int,
+                            assignments: tuple[tuple[int, ...], ...] = ()) -> TopicMetadata:  # fmt: skip
         """Give the topic ``partitions`` partitions (CreatePartitions, or its roll-back to the old count):
-        new ones are placed like a new topic's, removed ones forgotten.  If the write fails, nothing
-        changed.  ConfigError outside 1..MAX_PARTITIONS."""
+        new ones are placed like a new topic's, removed ones forgotten.  ``assignments``: the replicas of
+        each new partition (an explicit assignment; the caller checked them), else those of partition 0.
+        If the write fails, nothing changed.  ConfigError outside 1..MAX_PARTITIONS."""
         topic = self.get(name)
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigError(f"topic {name!r}: {partitions} partitions, expected 1..{MAX_PARTITIONS}")
+        added = max(0, partitions - topic.partitions)
+        if assignments and len(assignments) != added:
+            raise ConfigError(f"topic {name!r}: {len(assignments)} assignments for {added} new partitions")
+        replicas = [topic.partition_replicas(p) for p in range(min(partitions, topic.partitions))]
+        replicas += list(assignments) or [topic.partition_replicas(0)] * added
         placement = list(topic.log_dirs[:partitions])
         load = self._partitions_per_dir()
         for _ in range(topic.partitions, partitions):
             chosen = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
             load[chosen] += 1
             placement.append(chosen)
-        return self._replace(topic, partitions=partitions, log_dirs=tuple(placement))
+        resized = dataclasses.replace(topic, partitions=partitions, log_dirs=tuple(placement))
+        resized = with_replicas(resized, replicas)
+        return self._replace(topic, partitions=partitions, log_dirs=tuple(placement),
+                             replicas=resized.replicas, assignments=resized.assignments)
 
     def _replace(self, topic: TopicMetadata, **changes: Any) -> TopicMetadata:
         changed = dataclasses.replace(topic, **changes)
@@ -291,15 +314,7 @@ class MetadataStore:
                     dirs[partition] = min(self.log_dirs, key=lambda d: (load[d], self.log_dirs.index(d)))
                 changed = True
             if changed:
-                self._topics[name] = TopicMetadata(
-                    name,
-                    topic.topic_id,
-                    topic.partitions,
-                    topic.replication_factor,
-                    topic.configs,
-                    tuple(dirs),
-                    topic.replicas,
-                )
+                self._topics[name] = dataclasses.replace(topic, log_dirs=tuple(dirs))
         return changed
 
     def _save(self) -> None:

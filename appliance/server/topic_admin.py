@@ -141,13 +141,30 @@ class TopicAdmin:
         if not isinstance(count, int) or isinstance(count, bool) or count <= topic.partitions:
             return error_response(ErrorCode.INVALID_PARTITIONS, f"topic {name!r} has {topic.partitions} "
                                   f"partitions; the new count must be larger, not {count!r}")  # fmt: skip
-        if topic.replication_factor > 1:
-            return error_response(ErrorCode.INVALID_REQUEST, f"topic {name!r} is replicated (factor "
-                                  f"{topic.replication_factor}); partitions can be added to topics of "
-                                  "replication factor 1 only, for now")  # fmt: skip
+        assignments = self._new_assignments(message.get("assignments"), topic, count)
+        if isinstance(assignments, str):
+            return error_response(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"topic {name!r}: {assignments}")
         if message.get("validate_only"):
             return topic  # as it is: it would be given count partitions
-        return self.changes.add_partitions(name, count)
+        return self.changes.add_partitions(name, count, assignments)
+
+    def _new_assignments(self, asked: object, topic: TopicMetadata,
+                         count: int) -> tuple[tuple[int, ...], ...] | str:  # fmt: skip
+        """The new partitions' replicas of an explicit assignment (checked by the broker:
+        ``appliance.config.replica_assignment``; checked again here for its shape), or () if none."""
+        if asked is None:
+            return ()
+        node_id, factor, added = self.config.node_id, topic.replication_factor, count - topic.partitions
+        if not isinstance(asked, list) or len(asked) != added:
+            return f"assignments {asked!r}: expected the replicas of each of the {added} new partitions"
+        out = []
+        for index, nodes in enumerate(asked, start=topic.partitions):
+            if (not isinstance(nodes, list) or len(nodes) != factor or len(set(nodes)) != len(nodes)
+                    or not all(isinstance(n, int) and n >= 0 for n in nodes) or node_id not in nodes):
+                return (f"partition {index}: replicas {nodes!r}: expected {factor} distinct node ids, this "
+                        f"node ({node_id}) among them")  # fmt: skip
+            out.append(tuple(nodes))
+        return tuple(out) if factor > 1 else ()
 
     # -- records ------------------------------------------------------------------------------------------
 

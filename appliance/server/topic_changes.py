@@ -133,16 +133,18 @@ class TopicChanges:
         return frozenset(self._creating)
 
     def begin_create(self, name: str, partitions: int, replication: int, configs: Mapping[str, Any],
-                     replicas: tuple[int, ...], done: Done, *, internal: bool = False) -> TopicMetadata:
+                     replicas: tuple[int, ...], done: Done, *, internal: bool = False,
+                     assignments: tuple[tuple[int, ...], ...] = ()) -> TopicMetadata:
         """Record a topic (step 1) and start its partitions from :meth:`step`; ``done`` is called when it
         is whole or rolled back.  TopicExistsError, ConfigError, OSError: nothing changed, no ``done``.
-        ``internal``: one of the appliance's own topics (its name may begin with ``__``)."""
+        ``internal``: one of the appliance's own topics (its name may begin with ``__``).  ``assignments``:
+        each partition's replicas (an explicit assignment), instead of ``replicas`` for all."""
         if self.supervisor.stopping:
             raise ApplianceError("the appliance is stopping")
         if name in self.store.deleting or name in self._rollbacks:
             self.finish_pending()
         topic = self.store.create_topic(name, partitions, replication, configs, replicas=replicas,
-                                        internal=internal)
+                                        assignments=assignments, internal=internal)
         delay_s = self.faults.delay_ms("create.slow") / 1000
         self._creating[name] = _Creating(topic, done, time.monotonic() + delay_s)
         return topic
@@ -228,15 +230,17 @@ class TopicChanges:
 
     # -- add partitions -----------------------------------------------------------------------------------
 
-    def add_partitions(self, name: str, count: int) -> TopicMetadata:
-        """Grow ``name`` to ``count`` partitions (module docstring, "Add partitions").  ConfigError or
-        OSError before the commit point (nothing changed); :class:`CreateRolledBack` after it."""
+    def add_partitions(self, name: str, count: int,
+                       assignments: tuple[tuple[int, ...], ...] = ()) -> TopicMetadata:  # fmt: skip
+        """Grow ``name`` to ``count`` partitions (module docstring, "Add partitions"); ``assignments``: each
+        new partition's replicas (else partition 0's).  ConfigError or OSError before the commit point
+        (nothing changed); :class:`CreateRolledBack` after it."""
         if self.supervisor.stopping:
             raise ApplianceError("the appliance is stopping")
         if name in self._creating:
             raise UnknownTopicOrPartitionError(f"topic {name!r} is still being created")
         old = self.store.get(name)
-        topic = self.store.set_partition_count(name, count)
+        topic = self.store.set_partition_count(name, count, assignments)
         try:
             self.faults.hit("partitions.recorded")
             for partition in range(old.partitions, count):

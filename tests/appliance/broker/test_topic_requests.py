@@ -2,22 +2,28 @@
 round-trips through CreateTopics (and IncrementalAlterConfigs) and DescribeConfigs or is refused with its
 reason; a wrong type is
 INVALID_CONFIG naming the key and creates nothing; explicit replica assignments are honoured where the
-appliance can keep them and refused with INVALID_REPLICA_ASSIGNMENT (or INVALID_REQUEST) naming why."""
+appliance can keep them -- each partition's own replica set, held by the replicas of
+``appliance.replica.dirs`` that it names, acks=all counting those -- and refused with
+INVALID_REPLICA_ASSIGNMENT (or INVALID_REQUEST) naming why, changing nothing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     ConfigSource,
+    NewPartitions,
     NewTopic,
 )
 from support.kafka_appliance import Appliance, served_appliance
@@ -25,6 +31,8 @@ from support.kafka_appliance import Appliance, served_appliance
 from appliance.config.topic_configs import CATALOG, Behaviour
 from ipc.control import ControlClient, ControlError
 from ipc.kafka.admin_messages import ConfigType
+from storage.batch_reader import iter_records
+from storage.log_reader import LogReader
 
 TIMEOUT_S = 15
 
@@ -228,36 +236,108 @@ def test_kafka_python_creates_with_an_assignment_and_counts_must_be_minus_one(ap
 
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Appliance]:
-    """An appliance running one replica of its own (node 1, in another directory)."""
+    """An appliance running two replicas of its own (nodes 1 and 2, each in its own directory)."""
     tmp = tmp_path_factory.mktemp("assigned-replicas")
-    yield from served_appliance(tmp, {}, f'"appliance.replica.dirs" = ["{tmp / "replica1"}"]')
+    dirs = ", ".join(f'"{tmp / f"replica{n}"}"' for n in (1, 2))
+    settings = f'"appliance.replica.dirs" = [{dirs}]\n"replica.fetch.backoff.ms" = 50'
+    yield from served_appliance(tmp, {}, settings)
 
 
-def test_an_assignment_naming_a_local_replica_is_honoured_and_others_refused(replicated: Appliance) -> None:
+def replica_dir(appliance: Appliance, node: int) -> Path:
+    return appliance.data_dir.parent / f"replica{node}"
+
+
+def held(directory: Path, topic: str) -> set[int]:
+    """The partitions of ``topic`` that have a log directory in ``directory``."""
+    return {int(d.name.rsplit("-", 1)[1]) for d in directory.glob(f"{topic}-*") if d.is_dir()}
+
+
+def values(directory: Path) -> list[bytes]:
+    """Every record value of a partition's log, in offset order (none: no log yet)."""
+    if not directory.is_dir():
+        return []
+    with LogReader(str(directory)) as reader:
+        return [r.value or b"" for batch in reader.batches() for r in iter_records(batch)]
+
+
+def test_an_assignment_of_different_replica_sets_per_partition_is_honoured(replicated: Appliance) -> None:
     admin = AdminClient({"bootstrap.servers": replicated.bootstrap})
-    create(admin, assigned("pair", [[0, 1], [0, 1]]))
-    described = admin.list_topics("pair", timeout=TIMEOUT_S).topics["pair"]
-    assert {p.id: list(p.replicas) for p in described.partitions.values()} == {0: [0, 1], 1: [0, 1]}
-    replica_dir = replicated.data_dir.parent / "replica1"
-    deadline = time.monotonic() + TIMEOUT_S  # node 1 learns its topics from Metadata every 500 ms
-    while not all((replica_dir / f"pair-{p}").is_dir() for p in (0, 1)) and time.monotonic() < deadline:
+    assignment = [[0, 1], [2, 0], [0, 2]]  # partition 1 names node 2 first: its preferred leader
+    create(admin, NewTopic("spread", 3, replica_assignment=assignment, config={"min.insync.replicas": "2"}))
+    # CreatePartitions records each new partition's replicas the same way; an unknown node changes nothing
+    unknown = NewPartitions("spread", 5, replica_assignment=[[1, 0], [0, 9]])
+    with pytest.raises(KafkaException, match="partition 4: node 9 does not exist"):
+        admin.create_partitions([unknown])["spread"].result(TIMEOUT_S)
+    admin.create_partitions([NewPartitions("spread", 5, replica_assignment=[[1, 0], [0, 2]])])[
+        "spread"].result(TIMEOUT_S)  # fmt: skip
+    described = admin.list_topics("spread", timeout=TIMEOUT_S).topics["spread"]
+    assert {p.id: (p.leader, list(p.replicas)) for p in described.partitions.values()} == {
+        0: (0, [0, 1]), 1: (0, [2, 0]), 2: (0, [0, 2]), 3: (0, [1, 0]), 4: (0, [0, 2])}  # fmt: skip
+
+    producer = Producer({"bootstrap.servers": replicated.bootstrap, "acks": "all", "linger.ms": 0})
+    failures: list[object] = []
+    produced = {p: [b"p%d-%03d" % (p, i) for i in range(20)] for p in range(5)}
+    for partition, batch in produced.items():
+        for value in batch:
+            producer.produce("spread", value, partition=partition,
+                             on_delivery=lambda err, _msg: failures.append(err) if err else None)
+    assert producer.flush(TIMEOUT_S * 2) == 0
+    assert failures == []  # acks=all with min.insync.replicas 2: each partition's own follower has them
+
+    expected = {1: {0, 3}, 2: {1, 2, 4}}
+    deadline = time.monotonic() + TIMEOUT_S * 2
+    while time.monotonic() < deadline and not all(
+            values(replica_dir(replicated, node) / f"spread-{p}") == produced[p]
+            for node, partitions in expected.items() for p in partitions):  # fmt: skip
         time.sleep(0.1)
-    assert all((replica_dir / f"pair-{p}").is_dir() for p in (0, 1)), "node 1 does not hold the topic"
-    code, message = refused(admin, assigned("led-by-1", [[1, 0]]))
-    assert code == "INVALID_REPLICA_ASSIGNMENT" and "node 0 leads every partition" in message, message
-    code, message = refused(admin, assigned("mixed", [[0, 1], [0]]))
-    assert code == "INVALID_REPLICA_ASSIGNMENT", message
-    code, message = refused(admin, assigned("far", [[0, 2]]))
-    assert code == "INVALID_REPLICA_ASSIGNMENT" and "node 2 does not exist (the nodes are 0, 1)" in message
-    assert not {"led-by-1", "mixed", "far"} & topic_names(admin)
+    for node, partitions in expected.items():
+        assert held(replica_dir(replicated, node), "spread") == partitions, node
+        for p in partitions:
+            assert values(replica_dir(replicated, node) / f"spread-{p}") == produced[p], (node, p)
+    described = admin.list_topics("spread", timeout=TIMEOUT_S).topics["spread"]
+    assert {p.id: sorted(p.isrs) for p in described.partitions.values()} == {
+        0: [0, 1], 1: [0, 2], 2: [0, 2], 3: [0, 1], 4: [0, 2]}  # fmt: skip
+    shown = describe(replicated, "spread")
+    assert "Partition: 1\tLeader: 0\tReplicas: 2,0\tIsr: " in shown, shown
+    assert describe(replicated, "spread", "--under-replicated-partitions") == "", "all caught up"
+
+
+def describe(appliance: Appliance, *args: str) -> str:
+    """``appliance topics describe ARGS`` over the broker: its output."""
+    done = subprocess.run([sys.executable, "-m", "appliance.cli", "topics", "describe", *args,
+                           "--bootstrap-server", appliance.bootstrap], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done
+    return done.stdout
 
 
 @pytest.mark.parametrize(
-    "replicas", [[1, 0], [0, 0], [0], "0,1"], ids=["other-first", "twice", "too-few", "not-a-list"]
+    ("assignment", "said"),
+    [
+        ([[0, 1], [0, 7]], "partition 1: node 7 does not exist (the nodes are 0, 1, 2)"),
+        ([[0, 1], [1, 2]], "partition 1: replicas [1, 2] do not name node 0"),
+        ([[0, 1], [0]], "every partition needs the same replication factor"),
+    ],
+    ids=["unknown-node", "without-this-node", "unequal-lengths"],
+)
+def test_an_assignment_with_replicas_that_cannot_hold_it_changes_nothing(
+    replicated: Appliance, assignment: list[list[int]], said: str
+) -> None:
+    admin = AdminClient({"bootstrap.servers": replicated.bootstrap})
+    code, message = refused(admin, assigned("misplaced", assignment))
+    assert code == "INVALID_REPLICA_ASSIGNMENT" and said in message, message
+    assert "misplaced" not in topic_names(admin)
+    time.sleep(0.6)  # a replica would have learnt of the topic by now (it asks every 500 ms)
+    for directory in (replicated.data_dir, replica_dir(replicated, 1), replica_dir(replicated, 2)):
+        assert held(directory, "misplaced") == set(), directory
+
+
+@pytest.mark.parametrize(
+    "replicas", [[1, 2], [0, 0], [0], "0,1"], ids=["without-this-node", "twice", "too-few", "not-a-list"]
 )
 def test_the_supervisor_refuses_replicas_it_cannot_record(replicated: Appliance, replicas: object) -> None:
     """The supervisor checks the replicas a create carries again (a client of the control socket other than
-    the broker): this node first, distinct, as many as the replication factor."""
+    the broker): this node among them, distinct, as many as the replication factor."""
     with ControlClient.connect(replicated.data_dir / ".appliance.sock") as client:
         with pytest.raises(ControlError, match=r"replicas") as raised:
             client.request({"op": "create_topic", "topic": "raw-replicas", "replication_factor": 2,

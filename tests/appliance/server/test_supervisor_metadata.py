@@ -45,6 +45,38 @@ def test_a_compacted_topic_stored_by_an_earlier_version_is_compacted_now(
     assert load_config().topic("kept", read_topics(store.path)["kept"].configs).cleanup_policy == policy
 
 
+def test_a_per_topic_replica_list_written_before_per_partition_sets_still_loads(tmp_path: Path) -> None:
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    old = {"version": 1, "topics": {"kept": {
+        "topic_id": str(uuid.uuid4()), "partitions": 2, "replication_factor": 3, "configs": {},
+        "log_dirs": [str(tmp_path)] * 2, "replicas": [0, 1, 2]}}}  # fmt: skip
+    (meta / "topics.json").write_text(json.dumps(old))
+    kept = MetadataStore.open([str(tmp_path)]).get("kept")
+    assert [kept.partition_replicas(p) for p in range(2)] == [(0, 1, 2), (0, 1, 2)]
+    assert kept.nodes == (0, 1, 2) and kept.assignments == ()
+    assert json.loads((meta / "topics.json").read_text()) == old  # opened, not rewritten
+
+
+def test_replicas_per_partition_are_kept_in_the_order_given(tmp_path: Path) -> None:
+    store = MetadataStore.open([str(tmp_path)])
+    spread = store.create_topic("spread", 3, 2, assignments=((0, 1), (2, 0), (0, 2)))
+    alike = store.create_topic("alike", 2, 2, assignments=((0, 1), (0, 1)))
+    assert [spread.partition_replicas(p) for p in range(3)] == [(0, 1), (2, 0), (0, 2)]
+    assert spread.nodes == (0, 1, 2)
+    assert alike.replicas == (0, 1) and alike.assignments == ()  # the per-topic form when all are alike
+    raw = json.loads(store.path.read_text())["topics"]
+    assert raw["spread"]["assignments"] == [[0, 1], [2, 0], [0, 2]] and "replicas" not in raw["spread"]
+    assert raw["alike"]["replicas"] == [0, 1] and "assignments" not in raw["alike"]
+    assert MetadataStore.open([str(tmp_path)]).topics == store.topics
+    grown = store.set_partition_count("alike", 4, assignments=((1, 0), (0, 1)))
+    assert [grown.partition_replicas(p) for p in range(4)] == [(0, 1), (0, 1), (1, 0), (0, 1)]
+    assert store.set_partition_count("alike", 2).replicas == (0, 1)  # the roll-back: alike again
+    with pytest.raises(ConfigError, match="replicas \\[0, 0\\]"):
+        store.create_topic("bad", 2, 2, assignments=((0, 1), (0, 0)))
+    assert "bad" not in MetadataStore.open([str(tmp_path)])
+
+
 def test_delete_forgets_the_topic(tmp_path: Path) -> None:
     store = MetadataStore.open([str(tmp_path)])
     store.create_topic("t", 1, 1)
@@ -127,6 +159,12 @@ def test_every_truncation_of_the_file_is_refused_never_guessed(tmp_path: Path) -
         (lambda d: d["topics"]["orders"].update(log_dirs=["/a"]), "must list 2"),
         (lambda d: d["topics"]["orders"].update(configs=[1]), "configs"),
         (lambda d: d["topics"].update(orders=[]), "expected an object"),
+        (lambda d: d["topics"]["orders"].update(replication_factor=2, assignments=[[0, 1]]),
+         "assignments must list the replicas of 2 partitions"),
+        (lambda d: d["topics"]["orders"].update(replication_factor=2, assignments=[[0, 1], [1, 1]]),
+         "partition 1: replicas must list 2 distinct"),
+        (lambda d: d["topics"]["orders"].update(replication_factor=2, replicas=[0, 1],
+                                                assignments=[[0, 1], [1, 0]]), "both replicas and"),
     ],
 )
 def test_damaged_content_is_refused_with_the_file_and_the_reason(tmp_path: Path, change: object,
