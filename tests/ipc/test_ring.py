@@ -652,8 +652,8 @@ def test_naps_stop_after_a_park_that_timed_out_until_a_park_finds_work() -> None
     """A waiter in slices (a flush behind a stalled writer) naps in its first slice only."""
     with ring_pair() as (_, _, names):
         doorbell = Doorbell.open(names.doorbell)
-        waiter = Waiter(doorbell, spin_iterations=0, nap_s=50e-6, nap_for_s=0.002)
-        flag = memoryview(bytearray(8)).cast("q")
+        waiter = Waiter(doorbell, spin_iterations=0, nap_s=50e-6, nap_for_s=0.05)  # naps long enough to
+        flag = memoryview(bytearray(8)).cast("q")  # be seen on a loaded machine, within a park of 0.2 s
         looks = 0
 
         def nothing() -> bool:
@@ -664,7 +664,7 @@ def test_naps_stop_after_a_park_that_timed_out_until_a_park_finds_work() -> None
         def counted_park(ready: Callable[[], bool]) -> int:
             nonlocal looks
             looks = 0
-            waiter.park([(flag, 0)], ready, 0.005)
+            waiter.park([(flag, 0)], ready, 0.2)
             return looks
 
         assert counted_park(nothing) >= 3, "naps: a look after each, then the two of the sleep"
