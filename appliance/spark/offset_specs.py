@@ -141,19 +141,8 @@ def parse_time_ms(text: str, name: str) -> int:
     return int(int(match.group(1)) * _TIME_UNITS.get(match.group(2), 1))
 
 
-def _json(text: str, name: str, example: str) -> dict[str, object]:
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{_WHERE} {name}: {text!r} is not valid JSON ({exc.msg} at line {exc.lineno} "
-                          f"column {exc.colno}); expected e.g. {example}") from None
-    if not isinstance(parsed, dict) or not parsed:
-        raise ConfigError(f"{_WHERE} {name}: expected a JSON object of topics, e.g. {example}, got {text!r}")
-    return parsed
-
-
-def _partition_map(text: str, name: str, example: str, words: str,
-                   check: Callable[[str, str, str, object], int]) -> dict[str, dict[int, int]]:
+def _json(text: str, name: str, example: str, words: str = "") -> dict[str, object]:
+    """The option's JSON object of topics (``words``: what else the option accepts, for the message)."""
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -161,6 +150,12 @@ def _partition_map(text: str, name: str, example: str, words: str,
                           f"{exc.lineno} column {exc.colno}); expected e.g. {example}") from None
     if not isinstance(parsed, dict) or not parsed:
         raise ConfigError(f"{_WHERE} {name}: expected a JSON object of topics, e.g. {example}, got {text!r}")
+    return parsed
+
+
+def _partition_map(text: str, name: str, example: str, words: str,
+                   check: Callable[[str, str, str, object], int]) -> dict[str, dict[int, int]]:
+    parsed = _json(text, name, example, words)
     out: dict[str, dict[int, int]] = {}
     for topic, partitions in parsed.items():
         if not isinstance(partitions, dict):

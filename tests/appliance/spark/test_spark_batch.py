@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from support.spark_planning import planning_error
 
 from appliance.client.consumer import Consumer
 from appliance.client.producer import Producer
@@ -87,15 +88,6 @@ def test_zstd_batches_read_back_and_spark_writes_back(spark: Any, appliance: Any
     with pytest.raises(Exception, match=r"mode\('overwrite'\) cannot be honoured"):
         (frame.select("value").write.format("appliance").option("bootstrap.servers", appliance.bootstrap)
          .option("topic", "write-out").mode("overwrite").save())
-
-
-def planning_error(action: Any) -> str:
-    """The message Spark raises on the driver for a query the data source refuses while planning."""
-    with pytest.raises(Exception) as caught:
-        action()
-    message = str(caught.value)
-    assert "stage failure" not in message and "Task " not in message, message  # not from an executor
-    return message
 
 
 def test_bad_input_is_refused_at_planning_time(spark: Any, appliance: Any) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.spark_planning import planning_error
 
 from appliance.client.consumer import Consumer
 from appliance.client.producer import Producer
@@ -42,15 +43,6 @@ def produce(appliance: Any, topic: str, partitions: int, count: int, tag: str) -
                 out.append((topic, partition, int(placed.offsets[i]), None if key is None else key.decode(),
                             values[i].decode(), tuple((k, v) for k, v in headers[i])))
     return out
-
-
-def planning_error(action: Any) -> str:
-    """The message Spark raises on the driver for a query the data source refuses while planning."""
-    with pytest.raises(Exception) as caught:
-        action()
-    message = str(caught.value)
-    assert "stage failure" not in message and "Task " not in message, message  # not from an executor
-    return message
 
 
 def test_a_batch_job_written_for_spark_kafka_source_reads_the_same_rows(spark: Any, appliance: Any) -> None:
