@@ -44,8 +44,9 @@ from typing import Any
 
 import numba
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
+
+from storage.llvm_arrays import element_pointer
 
 __all__ = [
     "full_fence",
@@ -106,12 +107,8 @@ def _load_acquire_intrinsic(typingctx: Any, array: Any, index: Any) -> Any:
     sig = array.dtype(array, index)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array_type = signature.args[0]
-        array_struct = context.make_array(array_type)(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(
-            context, builder, array_type, array_struct, [args[1]], wraparound=False
-        )
-        return builder.load_atomic(pointer, ordering="acquire", align=array_type.dtype.bitwidth // 8)
+        pointer = element_pointer(context, builder, signature, args)
+        return builder.load_atomic(pointer, ordering="acquire", align=signature.args[0].dtype.bitwidth // 8)
 
     return sig, codegen
 
@@ -121,13 +118,9 @@ def _store_release_intrinsic(typingctx: Any, array: Any, index: Any, value: Any)
     sig = types.void(array, index, value)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array_type = signature.args[0]
-        array_struct = context.make_array(array_type)(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(
-            context, builder, array_type, array_struct, [args[1]], wraparound=False
-        )
-        stored = context.cast(builder, args[2], signature.args[2], array_type.dtype)
-        builder.store_atomic(stored, pointer, ordering="release", align=array_type.dtype.bitwidth // 8)
+        pointer = element_pointer(context, builder, signature, args)
+        stored = context.cast(builder, args[2], signature.args[2], signature.args[0].dtype)
+        builder.store_atomic(stored, pointer, ordering="release", align=signature.args[0].dtype.bitwidth // 8)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -26,6 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from storage.batch_header import ATTRIBUTES_OFFSET, CRC_OFFSET
+from storage.llvm_arrays import element_pointer
 
 __all__ = ["batch_crcs_ok", "crc32c", "crc32c_by_table", "fill_batch_crcs", "has_crc_instruction"]
 
@@ -64,10 +65,7 @@ def _load64(typingctx: Any, array: Any, index: Any) -> Any:
     sig = types.uint64(array, index)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array_type = signature.args[0]
-        array_struct = context.make_array(array_type)(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(context, builder, array_type, array_struct, [args[1]],
-                                           wraparound=False)
+        pointer = element_pointer(context, builder, signature, args)
         word_pointer = builder.bitcast(pointer, ir.IntType(64).as_pointer())
         return builder.load(word_pointer, align=1)
 

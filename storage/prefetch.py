@@ -16,6 +16,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from storage.llvm_arrays import element_pointer
+
 __all__ = ["prefetch"]
 
 _READ = 0  # llvm.prefetch's rw argument: a read
@@ -32,10 +34,7 @@ def _prefetch_intrinsic(typingctx: Any, array: Any, index: Any) -> Any:
     sig = types.void(array, index)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array_type = signature.args[0]
-        array_struct = context.make_array(array_type)(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(context, builder, array_type, array_struct, [args[1]],
-                                           wraparound=False)
+        pointer = element_pointer(context, builder, signature, args)
         byte_pointer = ir.IntType(8).as_pointer()
         int32 = ir.IntType(32)
         function_type = ir.FunctionType(ir.VoidType(), [byte_pointer, int32, int32, int32])
