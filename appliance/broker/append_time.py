@@ -14,7 +14,9 @@ timestamp-type bit set, its ``maxTimestamp``; else -1 (a topic altered meanwhile
 
 Which topics are LogAppendTime: :class:`AppendTimeTopics` resolves a topic's effective
 ``message.timestamp.type`` (its overrides over the server's ``log.message.timestamp.type``) once per
-metadata picture of the topic: a refreshed picture (after an AlterConfigs, say) is resolved again.
+metadata picture of the topic: a refreshed picture (after an AlterConfigs, say) is resolved again.  The
+cache holds at most :data:`_CACHED_TOPICS` topics and starts over when full, so deleted topics' pictures do
+not pile up in a long-lived broker.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = ["NO_APPEND_TIME", "AppendTimeTopics", "stamped_append_time"]
 
 NO_APPEND_TIME: Final = -1  # Kafka's answer for a CreateTime topic (RecordBatch.NO_TIMESTAMP)
 _LOG_APPEND_TIME: Final = "LogAppendTime"
+_CACHED_TOPICS: Final = 4096
 
 log = logging.getLogger("appliance.broker")
 
@@ -61,6 +64,8 @@ class AppendTimeTopics:
                         "carry log_append_time_ms -1", topic, e)
             kind = ""
         stamped = kind == _LOG_APPEND_TIME
+        if len(self._known) >= _CACHED_TOPICS and topic not in self._known:
+            self._known.clear()
         self._known[topic] = (meta, stamped)
         return stamped
 
