@@ -189,7 +189,9 @@ class GroupRequests:
         if header.api_key == ApiKey.OFFSET_DELETE:
             return self.offsets_topic.delete_offsets(slot, header, c.plan_offset_delete(body, self._known))
         now_ms = self._clock_ms()
-        commit = c.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000))
+        if any(t.name not in self.ctx.table.topics for t in body.topics):
+            self.ctx.refresh_topics(soon=True)  # a topic created since the broker last asked
+        commit = c.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000), self._known)
         return self.offsets_topic.append(slot, header, commit)
 
     def _known(self, topic: str, partition: int) -> bool:

@@ -12,7 +12,8 @@ group with no members, is accepted; one from an unknown member is UNKNOWN_MEMBER
 generation ILLEGAL_GENERATION, and nothing of it is stored.  As in Kafka, a member may commit for its
 generation while the group prepares the next rebalance (an eager consumer commits as its partitions are
 revoked), but not between its JoinGroup answer and its assignment (CompletingRebalance:
-REBALANCE_IN_PROGRESS).
+REBALANCE_IN_PROGRESS).  A partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION (Kafka's check
+against its metadata, before the group's), and nothing of it is stored.
 
 Group ids are validated as Kafka validates them: an empty group id is INVALID_GROUP_ID (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetDelete); OffsetFetch, DescribeGroups and DeleteGroups
@@ -226,12 +227,14 @@ class GroupCoordinator:
             return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
         return error
 
-    def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int,
-                    wall_ms: int) -> CommitPlan:
+    def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int, wall_ms: int,
+                    known: Callable[[str, int], bool] | None = None) -> CommitPlan:
         """Check a commit without storing it: the response (its refused partitions answered, the accepted
         ones NONE for now) and the accepted entries, stamped ``wall_ms`` (the commit timestamp Kafka
-        records).  The caller writes them to ``__consumer_offsets`` and then :meth:`apply` them, or answers
-        the accepted partitions with the append's error (nothing stored)."""
+        records).  ``known(topic, partition)``: the partition exists (None: every one does); one that does
+        not is UNKNOWN_TOPIC_OR_PARTITION, before any check of the group, as in Kafka.  The caller writes
+        the entries to ``__consumer_offsets`` and then :meth:`apply` them, or answers the accepted
+        partitions with the append's error (nothing stored)."""
         error = self.commit_error(body, api_version, now_ms)
         topics = []
         accepted: list[tuple[str, int, CommittedOffset]] = []
@@ -239,7 +242,9 @@ class GroupCoordinator:
             parts = []
             for p in t.partitions:
                 code = error
-                if code is None:
+                if known is not None and not known(t.name, p.partition_index):
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif code is None:
                     code = self.offsets.check(t.name, p.partition_index, p.committed_metadata)
                     if code == ErrorCode.NONE:
                         entry = CommittedOffset(p.committed_offset, p.committed_leader_epoch,
