@@ -247,7 +247,8 @@ class GroupRequests:
     def _leave(self, header: RequestHeader, body: LeaveGroupRequest, now_ms: int) -> tuple[Any, list[Answer]]:
         members: list[tuple[str, str | None]] = [(body.member_id, None)] if header.api_version < 3 else [
             (m.member_id, m.group_instance_id) for m in body.members]
-        response, released = self.coordinator.leave(body.group_id, members, now_ms)
+        response, released = self.coordinator.leave(body.group_id, members, now_ms,
+                                                     batch=header.api_version >= 3)
         return response, self._stored(_answers(released))
 
     def _describe(self, body: DescribeGroupsRequest) -> DescribeGroupsResponse:

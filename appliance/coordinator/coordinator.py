@@ -170,23 +170,25 @@ class GroupCoordinator:
                                                                            group_instance_id)
         return HeartbeatResponse(error_code=error)
 
-    def leave(self, group_id: str, members: list[tuple[str, str | None]], now_ms: int,
-              ) -> tuple[LeaveGroupResponse, list[Completion]]:
-        """LeaveGroup for one member (v0-2) or several (v3), each ``(member id, group.instance.id)``: the
-        response and the answers it releases."""
+    def leave(self, group_id: str, members: list[tuple[str, str | None]], now_ms: int, *,
+              batch: bool = False) -> tuple[LeaveGroupResponse, list[Completion]]:
+        """LeaveGroup for one member (v0-2) or several (v3+, ``batch``), each ``(member id,
+        group.instance.id)``: the response and the answers it releases.  As in Kafka, a v0-2 answer carries
+        its member's error at the top; a v3+ answer only the group's (INVALID_GROUP_ID), each member's error
+        in its own entry."""
         group = self._member_group(group_id)
         if group == ErrorCode.INVALID_GROUP_ID:
             return LeaveGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[]), []
-        if isinstance(group, ErrorCode):
-            results = [MemberResponse(m, i, group) for m, i in members]
-            return LeaveGroupResponse(error_code=group, members=results), []
+        if isinstance(group, Group) and group.state == GroupState.DEAD:  # being deleted: retriable
+            return LeaveGroupResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, members=[]), []
         released: list[Completion] = []
         results = []
         for member_id, instance_id in members:
-            error, out = group.leave(member_id, now_ms, instance_id)
+            error, out = (group, []) if isinstance(group, ErrorCode) else group.leave(member_id, now_ms,
+                                                                                     instance_id)
             results.append(MemberResponse(member_id, instance_id, error))
             released += out
-        top = results[0].error_code if len(results) == 1 else ErrorCode.NONE
+        top = results[0].error_code if len(results) == 1 and not batch else ErrorCode.NONE
         return LeaveGroupResponse(error_code=top, members=results), released
 
     def tick(self, now_ms: int) -> list[Completion]:

@@ -30,6 +30,8 @@ from ipc.kafka import (
     ErrorCode,
     JoinGroupRequest,
     JoinGroupRequestProtocol,
+    LeaveGroupRequest,
+    MemberIdentity,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
@@ -296,6 +298,27 @@ def test_commits_to_partitions_that_do_not_exist_are_refused_as_kafka_refuses_th
         stored = client.call(ApiKey.OFFSET_FETCH, 5, fetch).topics
         assert [(t.name, [(p.partition_index, p.committed_offset) for p in t.partitions])
                 for t in stored] == [("one", [(0, 3)])]
+    finally:
+        client.close()
+
+
+def test_leave_group_v3_answers_each_member_and_no_top_level_error(appliance: Appliance) -> None:
+    client = wire_client(appliance)
+    try:
+        join = JoinGroupRequest(group_id="g-no-members", session_timeout_ms=10_000,
+                                rebalance_timeout_ms=10_000, member_id="", protocol_type="consumer",
+                                protocols=[JoinGroupRequestProtocol("range", b"")])
+        required = _loaded_call(client, ApiKey.JOIN_GROUP, 4, join)  # the group exists, a member id pending
+        assert required.error_code == ErrorCode.MEMBER_ID_REQUIRED
+        nobody = [MemberIdentity("nobody", None)]
+        for group in ("g-no-members", "g-never-seen"):
+            leave = LeaveGroupRequest(group_id=group, member_id="", members=nobody)
+            answer = _loaded_call(client, ApiKey.LEAVE_GROUP, 3, leave)
+            assert answer.error_code == ErrorCode.NONE  # Kafka's v3+: the group's error only
+            assert [(m.member_id, m.error_code) for m in answer.members] == [
+                ("nobody", ErrorCode.UNKNOWN_MEMBER_ID)]
+            old = LeaveGroupRequest(group_id=group, member_id="nobody", members=[])
+            assert client.call(ApiKey.LEAVE_GROUP, 2, old).error_code == ErrorCode.UNKNOWN_MEMBER_ID
     finally:
         client.close()
 
