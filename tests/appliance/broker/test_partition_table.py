@@ -1,5 +1,7 @@
-"""The broker's partition table (``appliance.broker.partitions``): which partitions it answers for as their
-leader, as the supervisor's metadata changes, on a real partition directory and state page."""
+"""The broker's partition table (``appliance.broker.partitions``) and its replica bookkeeping
+(``appliance.broker.replication``) as the supervisor's metadata changes: which partitions it answers for as
+their leader, and the ``min.insync.replicas`` acks=all writes are judged by; on a real partition directory
+and state page."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from appliance.broker.partitions import PartitionTable, TopicMeta
+from appliance.broker.replication import LeaderReplication
 from ipc.kafka import ErrorCode
 from ipc.shm import ShmNames, unlink_shared_memory
 from ipc.state_page import StatePage
@@ -50,3 +53,24 @@ def test_a_partition_whose_leadership_moved_away_is_answered_not_leader(table: P
     table.update({TOPIC: led_here})  # led here again: a fresh handle
     again, code = table.lookup(TOPIC, 0)
     assert code == ErrorCode.NONE and again is not None and again is not handle
+
+
+def test_an_altered_min_insync_replicas_judges_the_next_acks_all_append(table: PartitionTable) -> None:
+    meta = TopicMeta(TOPIC, 1, replication_factor=2, replicas={0: (NODE, 2)}, leaders={0: NODE})
+    table.update({TOPIC: meta})
+    replication = LeaderReplication(table, NODE, replica_lag_time_max_ms=30_000,
+                                    min_insync_replicas=lambda m: m.min_insync_replicas)
+    try:
+        replication.sync()
+        handle, _ = table.lookup(TOPIC, 0)
+        assert handle is not None
+        assert replication.append_error(handle, -1) == ErrorCode.NONE  # ISR {1, 2}, min.insync 1
+
+        table.update({TOPIC: dataclasses.replace(meta, min_insync_replicas=3)})  # an AlterConfigs
+        replication.sync()
+
+        assert replication.append_error(handle, -1) == ErrorCode.NOT_ENOUGH_REPLICAS
+        assert replication.append_error(handle, 1) == ErrorCode.NONE
+        assert handle.page.min_insync_replicas == 3  # what the writer and `appliance replica` read
+    finally:
+        replication.close()
