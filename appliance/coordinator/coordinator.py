@@ -174,8 +174,8 @@ class GroupCoordinator:
               batch: bool = False) -> tuple[LeaveGroupResponse, list[Completion]]:
         """LeaveGroup for one member (v0-2) or several (v3+, ``batch``), each ``(member id,
         group.instance.id)``: the response and the answers it releases.  As in Kafka, a v0-2 answer carries
-        its member's error at the top; a v3+ answer only the group's (INVALID_GROUP_ID), each member's error
-        in its own entry."""
+        its member's error at the top; a v3+ answer only the group's (INVALID_GROUP_ID, or
+        COORDINATOR_NOT_AVAILABLE while it is being deleted), each member's error in its own entry."""
         group = self._member_group(group_id)
         if group == ErrorCode.INVALID_GROUP_ID:
             return LeaveGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[]), []
