@@ -129,6 +129,8 @@ class GroupCoordinator:
         self.offsets = offsets if offsets is not None else OffsetStore()
         self.groups: dict[str, Group] = {}
         self._new_member_id = new_member_id
+        # (group, topic, partition) -> commits planned and not yet applied or discarded (being written)
+        self._pending_commits: dict[tuple[str, str, int], int] = {}
 
     def _group(self, group_id: str, *, create: bool = False) -> Group | None:
         group = self.groups.get(group_id)
@@ -254,12 +256,27 @@ class GroupCoordinator:
                         accepted.append((t.name, p.partition_index, entry))
                 parts.append(OffsetCommitResponsePartition(p.partition_index, code))
             topics.append(OffsetCommitResponseTopic(t.name, parts))
+        for topic, partition, _ in accepted:
+            key = (body.group_id, topic, partition)
+            self._pending_commits[key] = self._pending_commits.get(key, 0) + 1
         return CommitPlan(body.group_id, OffsetCommitResponse(topics=topics), accepted)
 
     def apply(self, plan: CommitPlan) -> None:
         """Store a planned commit whose records are in ``__consumer_offsets``."""
         for topic, partition, entry in plan.accepted:
             self.offsets.put(plan.group_id, topic, partition, entry)
+        self.discard(plan)
+
+    def discard(self, plan: CommitPlan) -> None:
+        """A planned commit is applied, or could not be written: it is no longer pending (an expiry may
+        take its partitions again)."""
+        for topic, partition, _ in plan.accepted:
+            key = (plan.group_id, topic, partition)
+            left = self._pending_commits.get(key, 0) - 1
+            if left > 0:
+                self._pending_commits[key] = left
+            else:
+                self._pending_commits.pop(key, None)
 
     def commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> OffsetCommitResponse:
         """Check and store a commit at once (no log behind it: tests of the state machine)."""
@@ -312,8 +329,12 @@ class GroupCoordinator:
         """The offsets past their retention (Kafka 2.1+, KIP-211): every offset of a group Empty for
         ``retention_ms`` (counted from when it emptied: its last group metadata record); for a group that
         never had members, each offset not committed again for ``retention_ms``.  A group with members
-        keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka."""
+        keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka.  A partition with a
+        commit being written is left for the next check, and its group stays (Kafka's
+        ``pendingOffsetCommits``): the tombstone would follow that commit in the log and delete it."""
         plans = []
+        pending = self._pending_commits
+        pending_groups = {g for g, _, _ in pending}
         for group_id in sorted(set(self.offsets.groups()) | set(self.groups)):
             group = self.groups.get(group_id)
             if group is not None and (group.state != GroupState.EMPTY or group.members or group.pending):
@@ -322,8 +343,10 @@ class GroupCoordinator:
             committed = [(t, p, c) for t, parts in self.offsets.commits.get(group_id, {}).items()
                          for p, c in parts.items()]
             expired = [(t, p) for t, p, c in committed
-                       if wall_ms - (since if since >= 0 else c.commit_timestamp_ms) >= retention_ms]
-            remove = group is not None and group.generation_id > 0 and len(expired) == len(committed)
+                       if wall_ms - (since if since >= 0 else c.commit_timestamp_ms) >= retention_ms
+                       and (group_id, t, p) not in pending]
+            remove = (group is not None and group.generation_id > 0 and len(expired) == len(committed)
+                      and group_id not in pending_groups)
             if expired or remove:
                 if remove and group is not None:
                     group.begin_deletion()
