@@ -13,11 +13,12 @@ Two rules, one per ``message.timestamp.type``:
 * **CreateTime**: the producer's timestamps stay, but a record whose timestamp is more than
   ``message.timestamp.before.max.ms`` before the broker's clock or more than
   ``message.timestamp.after.max.ms`` after it makes the whole batch refused (Kafka's INVALID_TIMESTAMP;
-  nothing of it is appended).  :func:`effective_limits` folds in the older
-  ``message.timestamp.difference.max.ms`` as Kafka 3.6 does: each of before/after left at its default
-  takes the difference's value.  :func:`timestamp_out_of_range` checks a batch; with both limits at their
-  default (the usual case) it reads nothing, otherwise it reads the header and, where the header's first
-  and max timestamps do not settle it, every record (decompressing a compressed batch).
+  nothing of it is appended); a record without a timestamp (-1) is not checked, as in Kafka.
+  :func:`effective_limits` folds in the older ``message.timestamp.difference.max.ms`` as Kafka 3.6
+  does: each of before/after left at its default takes the difference's value.
+  :func:`timestamp_out_of_range` checks a batch; with both limits at their default (the usual case) it
+  reads nothing, otherwise it reads the header and, where the header's first and max timestamps do not
+  settle it, every record (decompressing a compressed batch).
 
 A producer's batch that arrives with the LogAppendTime bit already set follows Kafka's ``LogValidator``
 (:func:`apply_timestamp_rules`).  Kafka reads every record of such a batch as having the batch's
@@ -149,11 +150,11 @@ def timestamp_out_of_range(view: memoryview, header: BatchHeader, now_ms: int,
     high = now_ms + limits.after_max_ms
     if header.max_timestamp > high:
         return _describe(header.max_timestamp, "its max timestamp", low, high, limits)
-    if header.base_timestamp < low:
+    if header.base_timestamp != NO_TIMESTAMP and header.base_timestamp < low:
         return _describe(header.base_timestamp, "its first record", low, high, limits)
     try:
         for index, record in enumerate(iter_records(view, 0, where="produced batch", verify_crc=False)):
-            if not low <= record.timestamp <= high:
+            if record.timestamp != NO_TIMESTAMP and not low <= record.timestamp <= high:
                 return _describe(record.timestamp, f"record {index} of the batch", low, high, limits)
     except CorruptRecordError as exc:
         return TimestampRefusal(f"its records cannot be read to check their timestamps: {exc}", corrupt=True)

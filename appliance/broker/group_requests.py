@@ -189,7 +189,9 @@ class GroupRequests:
         if header.api_key == ApiKey.OFFSET_DELETE:
             return self.offsets_topic.delete_offsets(slot, header, c.plan_offset_delete(body, self._known))
         now_ms = self._clock_ms()
-        commit = c.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000))
+        if any(t.name not in self.ctx.table.topics for t in body.topics):
+            self.ctx.refresh_topics(soon=True)  # a topic created since the broker last asked
+        commit = c.plan_commit(body, header.api_version, now_ms, int(time.time() * 1000), self._known)
         return self.offsets_topic.append(slot, header, commit)
 
     def _known(self, topic: str, partition: int) -> bool:
@@ -245,7 +247,8 @@ class GroupRequests:
     def _leave(self, header: RequestHeader, body: LeaveGroupRequest, now_ms: int) -> tuple[Any, list[Answer]]:
         members: list[tuple[str, str | None]] = [(body.member_id, None)] if header.api_version < 3 else [
             (m.member_id, m.group_instance_id) for m in body.members]
-        response, released = self.coordinator.leave(body.group_id, members, now_ms)
+        response, released = self.coordinator.leave(body.group_id, members, now_ms,
+                                                     batch=header.api_version >= 3)
         return response, self._stored(_answers(released))
 
     def _describe(self, body: DescribeGroupsRequest) -> DescribeGroupsResponse:

@@ -34,7 +34,7 @@ again).
 
 **Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
 tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
-request waits for it.
+request waits for it.  A partition whose commit is being written is left to the next check.
 
 **Deleting.**  DeleteGroups and OffsetDelete are written the same way, as tombstones (a key with a null
 value) of the offsets they delete, and answered once acknowledged; at load a tombstone deletes, so a
@@ -440,6 +440,7 @@ class OffsetsTopic:
         if error == ErrorCode.NONE:
             self.coordinator.apply(plan)
             return plan.response
+        self.coordinator.discard(plan)
         accepted = {(t, p) for t, p, _ in plan.accepted}
         for topic in plan.response.topics:
             for part in topic.partitions:

@@ -168,7 +168,8 @@ class PartitionTable:
 
     def update(self, topics: Mapping[str, TopicMeta]) -> None:
         """Take the new topic list, topic by topic (module docstring); handles of topics that are gone (or
-        were re-created) are closed."""
+        were re-created), and of partitions now led by another node or gone offline, are closed: the next
+        request for such a partition is answered as :meth:`lookup` finds it."""
         merged = {}
         for name, fresh in topics.items():
             known = self.topics.get(name)
@@ -185,6 +186,7 @@ class PartitionTable:
                 or partition >= new.partitions
                 or (old is not None and old.topic_id != new.topic_id)
                 or partition in new.offline
+                or self.leader(new, partition) != self.node_id
             ):
                 handle.close()
                 del self._handles[key]

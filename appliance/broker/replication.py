@@ -11,7 +11,7 @@ here: their writer publishes HW = LEO itself (``WriterSpec.publish_high_watermar
 **What the broker calls** (one thread, the broker loop; ``now_ms`` is :func:`ipc.state_page.monotonic_ms`):
 
 * :meth:`LeaderReplication.sync` after every metadata reload: states for new replicated partitions, none
-  for partitions gone;
+  for partitions gone, and each kept one's ``min.insync.replicas`` as the topic now has it (AlterConfigs);
 * :meth:`FollowerLink.fetched` for each partition of a follower Fetch, before reading: KIP-320 fencing
   (``check_current_leader_epoch``), then ``follower_fetched`` (the follower's LEO, the ISR, the HW);
   errors are answered per partition (NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, FENCED_LEADER_EPOCH...);
@@ -140,8 +140,21 @@ class LeaderReplication:
         for key, rp in list(self._partitions.items()):
             if rp.handle.closed:  # the topic was deleted (and maybe created again): start over
                 self._drop(key, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            else:
+                self._follow_min_insync(rp, self.table.topics[key[0]])
         for key in wanted - set(self._partitions):
             self._start(*key)
+
+    def _follow_min_insync(self, rp: ReplicatedPartition, meta: TopicMeta) -> None:
+        """Take the topic's ``min.insync.replicas`` as it is now (an AlterConfigs changes it): the next
+        acks=all append, and the acknowledgements waiting, are judged by it."""
+        wanted = self._min_insync(meta)
+        if wanted == rp.state.min_insync_replicas:
+            return
+        log.info("partition %s: min.insync.replicas %d (was %d)", rp.name, wanted,
+                 rp.state.min_insync_replicas)
+        rp.state.min_insync_replicas = wanted
+        rp.handle.page.min_insync_replicas = wanted
 
     def get(self, handle: PartitionHandle) -> ReplicatedPartition | None:
         """The replicated partition behind ``handle`` (None: not replicated, or not ready yet)."""

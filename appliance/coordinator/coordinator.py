@@ -12,7 +12,8 @@ group with no members, is accepted; one from an unknown member is UNKNOWN_MEMBER
 generation ILLEGAL_GENERATION, and nothing of it is stored.  As in Kafka, a member may commit for its
 generation while the group prepares the next rebalance (an eager consumer commits as its partitions are
 revoked), but not between its JoinGroup answer and its assignment (CompletingRebalance:
-REBALANCE_IN_PROGRESS).
+REBALANCE_IN_PROGRESS).  A partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION (Kafka's check
+against its metadata, before the group's), and nothing of it is stored.
 
 Group ids are validated as Kafka validates them: an empty group id is INVALID_GROUP_ID (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetDelete); OffsetFetch, DescribeGroups and DeleteGroups
@@ -128,6 +129,8 @@ class GroupCoordinator:
         self.offsets = offsets if offsets is not None else OffsetStore()
         self.groups: dict[str, Group] = {}
         self._new_member_id = new_member_id
+        # (group, topic, partition) -> commits planned and not yet applied or discarded (being written)
+        self._pending_commits: dict[tuple[str, str, int], int] = {}
 
     def _group(self, group_id: str, *, create: bool = False) -> Group | None:
         group = self.groups.get(group_id)
@@ -169,23 +172,25 @@ class GroupCoordinator:
                                                                            group_instance_id)
         return HeartbeatResponse(error_code=error)
 
-    def leave(self, group_id: str, members: list[tuple[str, str | None]], now_ms: int,
-              ) -> tuple[LeaveGroupResponse, list[Completion]]:
-        """LeaveGroup for one member (v0-2) or several (v3), each ``(member id, group.instance.id)``: the
-        response and the answers it releases."""
+    def leave(self, group_id: str, members: list[tuple[str, str | None]], now_ms: int, *,
+              batch: bool = False) -> tuple[LeaveGroupResponse, list[Completion]]:
+        """LeaveGroup for one member (v0-2) or several (v3+, ``batch``), each ``(member id,
+        group.instance.id)``: the response and the answers it releases.  As in Kafka, a v0-2 answer carries
+        its member's error at the top; a v3+ answer only the group's (INVALID_GROUP_ID, or
+        COORDINATOR_NOT_AVAILABLE while it is being deleted), each member's error in its own entry."""
         group = self._member_group(group_id)
         if group == ErrorCode.INVALID_GROUP_ID:
             return LeaveGroupResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[]), []
-        if isinstance(group, ErrorCode):
-            results = [MemberResponse(m, i, group) for m, i in members]
-            return LeaveGroupResponse(error_code=group, members=results), []
+        if isinstance(group, Group) and group.state == GroupState.DEAD:  # being deleted: retriable
+            return LeaveGroupResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, members=[]), []
         released: list[Completion] = []
         results = []
         for member_id, instance_id in members:
-            error, out = group.leave(member_id, now_ms, instance_id)
+            error, out = (group, []) if isinstance(group, ErrorCode) else group.leave(member_id, now_ms,
+                                                                                     instance_id)
             results.append(MemberResponse(member_id, instance_id, error))
             released += out
-        top = results[0].error_code if len(results) == 1 else ErrorCode.NONE
+        top = results[0].error_code if len(results) == 1 and not batch else ErrorCode.NONE
         return LeaveGroupResponse(error_code=top, members=results), released
 
     def tick(self, now_ms: int) -> list[Completion]:
@@ -226,12 +231,14 @@ class GroupCoordinator:
             return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
         return error
 
-    def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int,
-                    wall_ms: int) -> CommitPlan:
+    def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int, wall_ms: int,
+                    known: Callable[[str, int], bool] | None = None) -> CommitPlan:
         """Check a commit without storing it: the response (its refused partitions answered, the accepted
         ones NONE for now) and the accepted entries, stamped ``wall_ms`` (the commit timestamp Kafka
-        records).  The caller writes them to ``__consumer_offsets`` and then :meth:`apply` them, or answers
-        the accepted partitions with the append's error (nothing stored)."""
+        records).  ``known(topic, partition)``: the partition exists (None: every one does); one that does
+        not is UNKNOWN_TOPIC_OR_PARTITION, before any check of the group, as in Kafka.  The caller writes
+        the entries to ``__consumer_offsets`` and then :meth:`apply` them, or answers the accepted
+        partitions with the append's error (nothing stored)."""
         error = self.commit_error(body, api_version, now_ms)
         topics = []
         accepted: list[tuple[str, int, CommittedOffset]] = []
@@ -239,7 +246,9 @@ class GroupCoordinator:
             parts = []
             for p in t.partitions:
                 code = error
-                if code is None:
+                if known is not None and not known(t.name, p.partition_index):
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif code is None:
                     code = self.offsets.check(t.name, p.partition_index, p.committed_metadata)
                     if code == ErrorCode.NONE:
                         entry = CommittedOffset(p.committed_offset, p.committed_leader_epoch,
@@ -247,12 +256,27 @@ class GroupCoordinator:
                         accepted.append((t.name, p.partition_index, entry))
                 parts.append(OffsetCommitResponsePartition(p.partition_index, code))
             topics.append(OffsetCommitResponseTopic(t.name, parts))
+        for topic, partition, _ in accepted:
+            key = (body.group_id, topic, partition)
+            self._pending_commits[key] = self._pending_commits.get(key, 0) + 1
         return CommitPlan(body.group_id, OffsetCommitResponse(topics=topics), accepted)
 
     def apply(self, plan: CommitPlan) -> None:
         """Store a planned commit whose records are in ``__consumer_offsets``."""
         for topic, partition, entry in plan.accepted:
             self.offsets.put(plan.group_id, topic, partition, entry)
+        self.discard(plan)
+
+    def discard(self, plan: CommitPlan) -> None:
+        """A planned commit is applied, or could not be written: it is no longer pending (an expiry may
+        take its partitions again)."""
+        for topic, partition, _ in plan.accepted:
+            key = (plan.group_id, topic, partition)
+            left = self._pending_commits.get(key, 0) - 1
+            if left > 0:
+                self._pending_commits[key] = left
+            else:
+                self._pending_commits.pop(key, None)
 
     def commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> OffsetCommitResponse:
         """Check and store a commit at once (no log behind it: tests of the state machine)."""
@@ -305,8 +329,12 @@ class GroupCoordinator:
         """The offsets past their retention (Kafka 2.1+, KIP-211): every offset of a group Empty for
         ``retention_ms`` (counted from when it emptied: its last group metadata record); for a group that
         never had members, each offset not committed again for ``retention_ms``.  A group with members
-        keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka."""
+        keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka.  A partition with a
+        commit being written is left for the next check, and its group stays (Kafka's
+        ``pendingOffsetCommits``): the tombstone would follow that commit in the log and delete it."""
         plans = []
+        pending = self._pending_commits
+        pending_groups = {g for g, _, _ in pending}
         for group_id in sorted(set(self.offsets.groups()) | set(self.groups)):
             group = self.groups.get(group_id)
             if group is not None and (group.state != GroupState.EMPTY or group.members or group.pending):
@@ -315,8 +343,10 @@ class GroupCoordinator:
             committed = [(t, p, c) for t, parts in self.offsets.commits.get(group_id, {}).items()
                          for p, c in parts.items()]
             expired = [(t, p) for t, p, c in committed
-                       if wall_ms - (since if since >= 0 else c.commit_timestamp_ms) >= retention_ms]
-            remove = group is not None and group.generation_id > 0 and len(expired) == len(committed)
+                       if wall_ms - (since if since >= 0 else c.commit_timestamp_ms) >= retention_ms
+                       and (group_id, t, p) not in pending]
+            remove = (group is not None and group.generation_id > 0 and len(expired) == len(committed)
+                      and group_id not in pending_groups)
             if expired or remove:
                 if remove and group is not None:
                     group.begin_deletion()

@@ -121,6 +121,9 @@ def test_limits_fold_the_difference_as_kafka_3_6() -> None:
         ([1_000_000 + 41], "max timestamp"),
         ([1_000_000 - 61], "first record"),
         ([1_000_000, 1_000_000 - 61, 1_000_000], "record 1"),  # only a record tells
+        ([-1, -1], None),  # no timestamp: Kafka's LogValidator checks none
+        ([1_000_000, -1], None),
+        ([-1, 1_000_000 - 61], "record 1"),
     ],
 )
 def test_createtime_limits_name_the_record(stamps: list[int], refused_because: str | None) -> None:

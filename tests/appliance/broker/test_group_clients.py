@@ -30,6 +30,8 @@ from ipc.kafka import (
     ErrorCode,
     JoinGroupRequest,
     JoinGroupRequestProtocol,
+    LeaveGroupRequest,
+    MemberIdentity,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
@@ -263,6 +265,62 @@ def test_bad_group_requests_get_kafkas_errors_and_change_nothing(appliance: Appl
         assert "Traceback" not in appliance.log_text()
     finally:
         member.close()
+
+
+def _loaded_call(client: WireClient, api_key: ApiKey, version: int, body: Any) -> Any:
+    """``body``'s answer once the coordinator has its group loaded (retriable errors are retried)."""
+    retriable = {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+    deadline = time.monotonic() + 30
+    while True:
+        answer = client.call(api_key, version, body)
+        codes = {answer.error_code} if hasattr(answer, "error_code") else {
+            p.error_code for t in answer.topics for p in t.partitions}
+        if not codes & retriable or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.1)
+
+
+def test_commits_to_partitions_that_do_not_exist_are_refused_as_kafka_refuses_them(
+        appliance: Appliance) -> None:
+    client = wire_client(appliance)
+    try:
+        def part(index: int) -> OffsetCommitRequestPartition:
+            return OffsetCommitRequestPartition(partition_index=index, committed_offset=3,
+                                                committed_metadata=None)
+        commit = OffsetCommitRequest(group_id="g-nowhere", generation_id_or_member_epoch=-1, member_id="",
+                                     topics=[OffsetCommitRequestTopic("one", [part(0), part(PARTITIONS)]),
+                                             OffsetCommitRequestTopic("no-such-topic", [part(0)])])
+        answer = _loaded_call(client, ApiKey.OFFSET_COMMIT, 7, commit)
+        codes = [[p.error_code for p in t.partitions] for t in answer.topics]
+        assert codes == [[ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION],
+                         [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]]
+        fetch = OffsetFetchRequest("g-nowhere", None)  # every committed partition of the group
+        stored = client.call(ApiKey.OFFSET_FETCH, 5, fetch).topics
+        assert [(t.name, [(p.partition_index, p.committed_offset) for p in t.partitions])
+                for t in stored] == [("one", [(0, 3)])]
+    finally:
+        client.close()
+
+
+def test_leave_group_v3_answers_each_member_and_no_top_level_error(appliance: Appliance) -> None:
+    client = wire_client(appliance)
+    try:
+        join = JoinGroupRequest(group_id="g-no-members", session_timeout_ms=10_000,
+                                rebalance_timeout_ms=10_000, member_id="", protocol_type="consumer",
+                                protocols=[JoinGroupRequestProtocol("range", b"")])
+        required = _loaded_call(client, ApiKey.JOIN_GROUP, 4, join)  # the group exists, a member id pending
+        assert required.error_code == ErrorCode.MEMBER_ID_REQUIRED
+        nobody = [MemberIdentity("nobody", None)]
+        for group in ("g-no-members", "g-never-seen"):
+            leave = LeaveGroupRequest(group_id=group, member_id="", members=nobody)
+            answer = _loaded_call(client, ApiKey.LEAVE_GROUP, 3, leave)
+            assert answer.error_code == ErrorCode.NONE  # Kafka's v3+: the group's error only
+            assert [(m.member_id, m.error_code) for m in answer.members] == [
+                ("nobody", ErrorCode.UNKNOWN_MEMBER_ID)]
+            old = LeaveGroupRequest(group_id=group, member_id="nobody", members=[])
+            assert client.call(ApiKey.LEAVE_GROUP, 2, old).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    finally:
+        client.close()
 
 
 def test_a_static_member_restarted_in_its_session_gets_its_partitions_back_without_a_rebalance(

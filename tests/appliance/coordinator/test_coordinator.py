@@ -211,3 +211,32 @@ def test_a_full_group_refuses_new_members_and_keeps_its_own() -> None:
     (refused,) = c.join("g", args, "j", 0)
     assert refused.response.error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
     assert list(c.groups["g"].members) == [member] and c.groups["g"].state == GroupState.STABLE
+
+
+def test_a_commit_being_written_is_not_expired_under_it() -> None:
+    """Kafka's pendingOffsetCommits: the expiry's tombstone would land after the commit and delete it."""
+    c = coordinator()
+    commit_at(c, "simple", 0, 1_000)
+    commit_at(c, "simple", 1, 1_000)
+    body = OffsetCommitRequest(group_id="simple", generation_id_or_member_epoch=-1, member_id="", topics=[
+        OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 9, -1, -1, "")])])
+    fresh = c.plan_commit(body, 7, 0, 1_000 + RETENTION_MS)  # being written to __consumer_offsets
+    (plan,) = c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS)
+    assert plan.tombstones == [("t", 1)]  # partition 0 waits for the next check
+    c.apply(fresh)
+    c.finish_expiry(plan, written=True)
+    committed = c.offsets.get("simple", "t", 0)
+    assert committed is not None and committed.offset == 9
+    assert c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS) == []  # its new commit is recent
+
+
+def test_a_commit_that_could_not_be_written_no_longer_holds_back_the_expiry() -> None:
+    c = coordinator()
+    commit_at(c, "simple", 0, 1_000)
+    body = OffsetCommitRequest(group_id="simple", generation_id_or_member_epoch=-1, member_id="", topics=[
+        OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 9, -1, -1, "")])])
+    failed = c.plan_commit(body, 7, 0, 1_000 + RETENTION_MS)
+    assert c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS) == []
+    c.discard(failed)  # its append failed: answered with the error, nothing stored
+    (plan,) = c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS)
+    assert plan.tombstones == [("t", 0)]
