@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ipc.control_nowait import OwedReplies, Reply
 from ipc.control_protocol import (
     MAX_LINE_BYTES,
     ControlError,
@@ -48,6 +49,7 @@ __all__ = [
     "FollowerInfo",
     "LineDecoder",
     "PartitionInfo",
+    "Reply",
     "TopicInfo",
     "encode",
     "error_response",
@@ -63,7 +65,8 @@ DEFAULT_TIMEOUT_S: Final = 30.0
 
 
 class ControlClient:
-    """A connection to the supervisor's control socket; one request at a time (thread-safe).
+    """A connection to the supervisor's control socket; one blocking request at a time (thread-safe), and
+    any number of non-blocking ones (:meth:`send`, :meth:`read`: ``ipc.control_nowait``).
 
     Keep it open while you produce: closing it (or exiting) detaches every ring attached through it.
     """
@@ -77,6 +80,7 @@ class ControlClient:
         self._lock = threading.Lock()
         self._last_id = 0
         self.late_replies = 0  # replies that came after their request timed out, dropped
+        self._nowait = OwedReplies()  # non-blocking requests sent, replies waiting for delivery
 
     @classmethod
     def connect(cls, path: str | os.PathLike[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> ControlClient:
@@ -244,6 +248,76 @@ class ControlClient:
         measured, ``uss_age_s`` ago; ``memory=True``: measured now, milliseconds per child)."""
         return self.request({"op": "status", "memory": True} if memory else {"op": "status"})
 
+    # -- the non-blocking mode (ipc.control_nowait) --------------------------------------------------------
+
+    def send(self, message: Mapping[str, Any], on_reply: Reply) -> int:
+        """Send one request without waiting for its reply; :meth:`read` hands the reply (or the
+        ControlError it stands for) to ``on_reply`` later.  Returns the request's id.  A request is one
+        short line: the write is a blocking ``sendall`` bounded by the client's timeout.  ControlError
+        (BROKER_NOT_AVAILABLE) if the connection is closed or breaks now (``on_reply`` is then not called)."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise ControlError(f"control connection to {self.path} is closed",
+                                   ErrorCode.BROKER_NOT_AVAILABLE.name, int(ErrorCode.BROKER_NOT_AVAILABLE))
+            self._last_id += 1
+            request_id = self._last_id
+            try:
+                sock.settimeout(max(self.timeout_s, 0.001))
+                sock.sendall(encode({**message, "id": request_id}))
+            except OSError as exc:  # a timeout too: the supervisor is not reading its socket
+                self._close_locked()
+                raise ControlError(f"control connection to {self.path} broke sending {message.get('op')!r}: "
+                                   f"{exc or type(exc).__name__}", ErrorCode.BROKER_NOT_AVAILABLE.name,
+                                   int(ErrorCode.BROKER_NOT_AVAILABLE)) from None  # fmt: skip
+            self._nowait.owe(request_id, on_reply)
+        return request_id
+
+    def forget(self, request_id: int) -> None:
+        """Stop waiting for a non-blocking request's reply: it is dropped when it comes."""
+        with self._lock:
+            self._nowait.forget(request_id)
+
+    @property
+    def owed(self) -> int:
+        """Non-blocking requests sent and not answered yet."""
+        return len(self._nowait)
+
+    @property
+    def arrived(self) -> int:
+        """Replies to non-blocking requests already read, waiting for :meth:`read` to deliver them."""
+        return self._nowait.arrived
+
+    def read(self) -> int:
+        """Take what arrived on the socket without blocking and hand each non-blocking request's reply to its
+        callback (also those a blocking call read meanwhile); returns how many were delivered.  A lost
+        connection closes the client and answers every request owed with ControlError
+        (BROKER_NOT_AVAILABLE)."""
+        with self._lock:
+            sock = self._sock
+            if sock is not None:
+                sock.settimeout(0.0)  # a socket with a timeout waits for data even with MSG_DONTWAIT
+            while sock is not None:
+                try:
+                    data = sock.recv(1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    self._close_locked()
+                    break
+                if not data:
+                    self._close_locked()
+                    break
+                try:
+                    replies = self._decoder.feed(data)
+                except ProtocolError:
+                    self._close_locked()
+                    break
+                for reply in replies:
+                    if not self._nowait.take(reply):
+                        self.late_replies += 1  # no blocking call is waiting now: a late reply
+        return self._nowait.deliver()
+
     # -- plumbing ------------------------------------------------------------------------------------------
 
     def request(self, message: Mapping[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
@@ -295,7 +369,8 @@ class ControlClient:
                 reply = self._pending.pop(0)
                 if reply.get("id", request_id) == request_id:
                     return reply
-                self.late_replies += 1
+                if not self._nowait.take(reply):  # else a non-blocking request's: read() delivers it
+                    self.late_replies += 1
             left_s = deadline_s - time.monotonic()
             if left_s <= 0:
                 raise TimeoutError
@@ -329,6 +404,10 @@ class ControlClient:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+            code = ErrorCode.BROKER_NOT_AVAILABLE
+            self._nowait.fail_all(ControlError(
+                f"control connection to {self.path} closed before the supervisor answered; the operation "
+                "may have completed", code.name, int(code)))  # fmt: skip
 
     def __enter__(self) -> ControlClient:
         return self
