@@ -51,10 +51,12 @@ __all__ = [
     "PartitionInfo",
     "Reply",
     "TopicInfo",
+    "attachment",
     "encode",
     "error_response",
     "ok_response",
     "raise_for_error",
+    "topic_info",
 ]
 
 

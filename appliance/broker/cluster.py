@@ -155,6 +155,11 @@ class Cluster(Protocol):
         :meth:`poll` (or at once, all errors, if the owner cannot be reached)."""
         ...
 
+    def topics_later(self, on_reply: Callable[[Mapping[str, TopicMeta] | ApplianceError], None]) -> None:
+        """:meth:`topics` without waiting: ``on_reply`` gets the topic list or the error, from :meth:`poll`
+        (or at once, if the owner cannot be reached)."""
+        ...
+
     def detach_later(self, rings: Sequence[str]) -> None:
         """:meth:`detach_many` without waiting for the answer."""
         ...

@@ -42,7 +42,15 @@ from appliance.broker.cluster import ClusterError, TopicChange
 from appliance.broker.control_channel import ControlChannel
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import Config
-from ipc.control import Attachment, ControlClient, ControlError, TopicInfo, attachment, raise_for_error
+from ipc.control import (
+    Attachment,
+    ControlClient,
+    ControlError,
+    TopicInfo,
+    attachment,
+    raise_for_error,
+    topic_info,
+)
 from ipc.kafka import ErrorCode
 from storage.errors import ApplianceError, RequestTimeoutError
 
@@ -382,6 +390,27 @@ class ControlCluster:
                                              answered)  # fmt: skip
         except ApplianceError as e:
             on_reply([_as_cluster_error(e, what, down)] * len(pairs))
+
+    def topics_later(self, on_reply: Callable[[Mapping[str, TopicMeta] | ApplianceError], None]) -> None:
+        """:meth:`topics` without waiting: ``on_reply`` gets the topic list or the error, from :meth:`poll`
+        (at once if the request cannot be sent)."""
+        down = ErrorCode.REQUEST_TIMED_OUT
+
+        def answered(reply: dict[str, Any] | ControlError) -> None:
+            if isinstance(reply, ControlError):
+                on_reply(_as_cluster_error(reply, "metadata", down))
+                return
+            try:
+                infos = [topic_info(raw) for raw in reply["topics"]]
+            except (KeyError, TypeError) as e:
+                on_reply(ClusterError(f"metadata: unreadable reply ({e!r})", ErrorCode.UNKNOWN_SERVER_ERROR))
+                return
+            on_reply({info.name: topic_meta(info) for info in infos})
+
+        try:
+            self._connected("metadata", down).send({"op": "metadata"}, answered)
+        except ApplianceError as e:
+            on_reply(_as_cluster_error(e, "metadata", down))
 
     def detach_later(self, rings: Sequence[str]) -> None:
         """:meth:`detach_many` without waiting: a refusal is logged when its reply comes."""

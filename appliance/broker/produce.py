@@ -586,9 +586,10 @@ class Produce:
         self._check_session()
         if self._answered:
             self._settle()
-        for attaching in {id(a): a for a in self._attaching.values()}.values():
-            if now_ms >= attaching.deadline_ms:
-                self._abandon(attaching)
+        if self._attaching:
+            for attaching in {id(a): a for a in self._attaching.values()}.values():
+                if now_ms >= attaching.deadline_ms:
+                    self._abandon(attaching)
         if self.ctx.replication is not None:
             for token, code in self.ctx.replication.take_completed():
                 batch = token

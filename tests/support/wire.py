@@ -146,6 +146,9 @@ class StaticCluster:
     def detach_later(self, rings: Any) -> None:
         pass
 
+    def topics_later(self, on_reply: Any) -> None:
+        on_reply(self.topics())
+
     def detach(self, ring: str) -> None:
         pass
 
