@@ -316,8 +316,7 @@ class ControlClient:
                     self._close_locked()
                     break
                 for reply in replies:
-                    if not self._nowait.take(reply):
-                        self.late_replies += 1  # no blocking call is waiting now: a late reply
+                    self._sort_one(reply)  # no blocking call is waiting now
         return self._nowait.deliver()
 
     # -- plumbing ------------------------------------------------------------------------------------------
@@ -370,9 +369,9 @@ class ControlClient:
             while self._pending:
                 reply = self._pending.pop(0)
                 if reply.get("id", request_id) == request_id:
+                    self._sort_pending()
                     return reply
-                if not self._nowait.take(reply):  # else a non-blocking request's: read() delivers it
-                    self.late_replies += 1
+                self._sort_one(reply)
             left_s = deadline_s - time.monotonic()
             if left_s <= 0:
                 raise TimeoutError
@@ -386,6 +385,18 @@ class ControlClient:
                     int(ErrorCode.BROKER_NOT_AVAILABLE),
                 )
             self._pending += self._decoder.feed(data)
+
+    def _sort_pending(self) -> None:
+        """The replies read after a blocking call's own: each is a non-blocking request's (queued for
+        :meth:`read`) or a late one; none can be a later blocking call's, which is not sent yet."""
+        pending, self._pending = self._pending, []
+        for reply in pending:
+            self._sort_one(reply)
+
+    def _sort_one(self, reply: dict[str, Any]) -> None:
+        """Queue a non-blocking request's reply for :meth:`read`; count any other as late (dropped)."""
+        if not self._nowait.take(reply):
+            self.late_replies += 1
 
     def fileno(self) -> int:
         """The socket's descriptor (readable with EOF when the supervisor stops)."""
