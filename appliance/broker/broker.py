@@ -12,7 +12,8 @@ rings (``appliance.broker.produce``), and asks the supervisor about topics and p
 happens in the kernel (``sendfile``), so the broker's Python only decides *what* to send.  One epoll loop
 over non-blocking sockets keeps that decision cheap: no thread switches, no locks, no asyncio task objects
 per request.  Nothing in the loop blocks except short control-socket calls to the supervisor (producer ids,
-metadata refreshes, growing a ring), which are rare.  Creating and deleting topics can take the supervisor
+the topic list when a request needs it now, growing a ring: docs/architecture.md lists them), which are
+rare.  Creating and deleting topics can take the supervisor
 seconds: those requests are held (``appliance.broker.topic_requests``) and their answers read from the loop;
 so are the Produce requests whose partitions' rings are being attached (``appliance.broker.produce``).
 
