@@ -26,12 +26,15 @@ Ops (fields; the reply's fields):
                                                                 offsets, writer pid and unique memory)
 ``create_topic``     ``topic``; ``partitions``,                 ``topic`` (as in ``metadata``), once every
                      ``replication_factor``, ``configs``,       partition is served; with ``"wait": false``
-                     ``wait``, ``internal`` opt.                once recorded (partitions start after)
+                     ``replicas`` (the topic's nodes),          once recorded (partitions start after)
+                     ``assignments`` (each partition's
+                     replicas), ``wait``, ``internal`` opt.
 ``delete_topic``     ``topic``                                  (nothing)
 ``alter_topic_       ``topic``; ``set`` (settings), ``delete``  ``configs``: the topic's overrides after
 configs``            (names), ``replace``, ``validate_only``    (``appliance.server.topic_admin``)
-``create_partitions`` ``topic``, ``count``; ``validate_only``   ``topic`` (as in ``metadata``), once the new
-                                                                partitions are served
+``create_partitions`` ``topic``, ``count``; ``validate_only``,  ``topic`` (as in ``metadata``), once the new
+                     ``assignments`` (each new partition's      partitions are served
+                     replicas) opt.
 ``delete_records``   ``topic``, ``partition``, ``offset``       ``low_watermark``: the new log start offset,
                                                                 once the partition's writer moved it
 ``swap_cleaned``     ``topic``, ``partition``, ``base_offset``, (nothing), once the cleaned segment is
