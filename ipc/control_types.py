@@ -1,7 +1,7 @@
 """What the supervisor's control replies become for a client: the topics, partitions and followers of a
-``metadata`` reply, and a ring ``attach`` gives (``ipc.control`` is the protocol and the client that reads
-them; ``ipc.control_server`` the side that writes them).  Each is read from the reply's JSON by its
-``from_json``; a topic that cannot be read is listed as failed, the others stand (:func:`topic_info`).
+``metadata`` reply, and a ring ``attach`` gives (``ipc.control_protocol`` is the protocol, ``ipc.control`` the
+client that reads them; ``ipc.control_server`` the side that writes them).  Each is read from the reply's JSON
+by its ``from_json``; a topic that cannot be read is listed as failed, the others stand (:func:`topic_info`).
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ class Attachment:
 
 
 def attachment(topic: str, partition: int, reply: Mapping[str, Any]) -> Attachment:
+    """The ring an ``attach`` reply (or one ``attach_many`` result) describes."""
     return Attachment(
         topic=topic,
         partition=partition,

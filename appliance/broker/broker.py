@@ -12,8 +12,10 @@ rings (``appliance.broker.produce``), and asks the supervisor about topics and p
 happens in the kernel (``sendfile``), so the broker's Python only decides *what* to send.  One epoll loop
 over non-blocking sockets keeps that decision cheap: no thread switches, no locks, no asyncio task objects
 per request.  Nothing in the loop blocks except short control-socket calls to the supervisor (producer ids,
-metadata refreshes, attaching rings), which are rare.  Creating and deleting topics can take the supervisor
-seconds: those requests are held (``appliance.broker.topic_requests``) and their answers read from the loop.
+the topic list when a request needs it now, growing a ring: docs/architecture.md lists them), which are
+rare.  Creating and deleting topics can take the supervisor
+seconds: those requests are held (``appliance.broker.topic_requests``) and their answers read from the loop;
+so are the Produce requests whose partitions' rings are being attached (``appliance.broker.produce``).
 
 **A turn of the loop.**  ``select`` returns ready sockets: a listener accepts new connections; a connection
 is read (one ``recv``), its complete frames are handled in order while it may handle more (see
@@ -26,12 +28,14 @@ releases them or when the coordinator's timer is due (``appliance.broker.group_r
 no longer than that timer.
 
 **Waiting for the supervisor.**  Topic changes go to the supervisor over a control connection of their own
-(``appliance.broker.control_cluster``) whose socket is in the selector (``Cluster.selectable``, swapped when
-it is reopened): when it is readable, or when the cluster's timer is due (reopening a lost connection with
-back-off), the loop calls ``Cluster.poll``, which finishes the changes answered; then the held topic requests
-whose changes are all answered, or whose ``timeout_ms`` ran out, are answered.  Their connections are parked
-meanwhile (nothing behind such a request is handled, as Kafka mutes a connection with a request in
-progress); every other connection is served.
+(``appliance.broker.control_cluster``), ring attaches and detaches over the first one without waiting; the
+sockets with replies owed are in the selector (``Cluster.selectables``, swapped when reopened): when one is
+readable, or when the cluster's timer is due (reopening a lost connection with back-off, or replies a
+blocking call read meanwhile), the loop calls ``Cluster.poll``, which finishes the changes answered and hands
+the attach answers to the produce service (used in the same turn: held batches are published, in order);
+then the held topic requests whose changes are all answered, or whose ``timeout_ms`` ran out, are answered.
+Their connections are parked meanwhile (nothing behind such a request is handled, as Kafka mutes a
+connection with a request in progress); every other connection is served.
 
 **Waking on the writers' news.**  The offsets a held request waits for live in the partition state pages,
 written by the partition writers (and, for replicated partitions, by this loop).  The supervisor hands every
@@ -172,7 +176,7 @@ class Broker:
         self.fetches = FetchWaiters()
         self.topic_requests = TopicRequests(self.ctx)
         self.groups = GroupRequests(self.ctx, self.produce)
-        self._control_watched: Any = None  # the cluster's selectable now in the selector
+        self._control_watched: tuple[Any, ...] = ()  # the cluster's selectables now in the selector
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, Connection] = {}
         self._scratch = memoryview(bytearray(1 << 20))
@@ -267,15 +271,18 @@ class Broker:
         self._writers_watched = interested
 
     def _watch_control(self) -> None:
-        """Keep the cluster's socket (answers to topic changes) in the selector, swapped after a reconnect."""
-        current = self.ctx.cluster.selectable()
-        if current is self._control_watched:
+        """Keep the cluster's sockets (answers to topic changes, to ring attaches) in the selector, swapped
+        after a reconnect."""
+        current = self.ctx.cluster.selectables()
+        if current == self._control_watched:
             return
-        if self._control_watched is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(self._control_watched)  # closed: found by identity
-        if current is not None:
-            self._selector.register(current, selectors.EVENT_READ, _CONTROL)
+        for gone in self._control_watched:
+            if not any(gone is now for now in current):
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(gone)  # closed: found by identity
+        for new in current:
+            if not any(new is was for was in self._control_watched):
+                self._selector.register(new, selectors.EVENT_READ, _CONTROL)
         self._control_watched = current
 
     def _control_timeout_s(self, now_s: float) -> float | None:
@@ -318,6 +325,7 @@ class Broker:
                     os.read(self._wake_r, 4096)
         if self.listeners.paused:
             self.listeners.resume_due()
+        self._poll_control(control)  # before the produce poll: a ring attached now is used this turn
         self.replication.tick()
         if self.fetches.waiting:
             self._poll_fetches()
@@ -329,7 +337,6 @@ class Broker:
                 else:
                     self._finish_held(owner, header, body)
         self.produce.tick(time.monotonic() * 1000)
-        self._poll_control(control)
         group_ms = self.groups.next_deadline_ms()
         if group_ms is not None and group_ms <= time.monotonic() * 1000:
             for slot, header, body in self.groups.tick():

@@ -11,19 +11,20 @@ for the client (``error_message`` fields) and for the log.
 
 **Changes answered later.**  Creating a topic of a thousand partitions takes the owner seconds, and the
 broker serves every other client meanwhile: a :class:`TopicChange` is *submitted* (:meth:`Cluster.submit`)
-and finished when the owner's answer arrives.  The broker puts :meth:`Cluster.selectable` in its selector
-(readable: answers arrived) and calls :meth:`Cluster.poll` when it is readable or at
-:meth:`Cluster.next_timer_s`; ``poll`` finishes the changes answered.  A change the broker stops waiting
+and finished when the owner's answer arrives; ring attaches and detaches are sent the same way
+(:meth:`Cluster.attach_later`, :meth:`Cluster.detach_later`).  The broker puts :meth:`Cluster.selectables`
+in its selector (readable: answers arrived) and calls :meth:`Cluster.poll` when one is readable or at
+:meth:`Cluster.next_timer_s`; ``poll`` finishes the changes answered and hands attach answers to their
+callbacks.  A change the broker stops waiting
 for (its request's ``timeout_ms`` ran out) is withdrawn (:meth:`Cluster.withdraw`): its late answer is
 dropped.
 """
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from appliance.broker.partitions import TopicMeta
 from ipc.kafka import ErrorCode
@@ -148,9 +149,25 @@ class Cluster(Protocol):
         """Stop waiting for ``change`` (its request timed out): its answer, when it comes, is dropped."""
         ...
 
-    def selectable(self) -> socket.socket | None:
-        """What to put in the broker's selector: readable when answers to submitted changes arrive (None:
-        nothing now).  A new object after each reconnection: the broker swaps its registration."""
+    def attach_later(self, partitions: Sequence[tuple[str, int]], *, ahead: Sequence[tuple[str, int]] = (),
+                     on_reply: Callable[[list[Attachment | ClusterError]], None]) -> None:  # fmt: skip
+        """:meth:`attach_many` without waiting: ``on_reply`` gets per partition its Attachment or error, from
+        :meth:`poll` (or at once, all errors, if the owner cannot be reached)."""
+        ...
+
+    def topics_later(self, on_reply: Callable[[Mapping[str, TopicMeta] | ApplianceError], None]) -> None:
+        """:meth:`topics` without waiting: ``on_reply`` gets the topic list or the error, from :meth:`poll`
+        (or at once, if the owner cannot be reached)."""
+        ...
+
+    def detach_later(self, rings: Sequence[str]) -> None:
+        """:meth:`detach_many` without waiting for the answer."""
+        ...
+
+    def selectables(self) -> tuple[Any, ...]:
+        """What to put in the broker's selector: readable when answers to submitted changes or to calls made
+        without waiting arrive (empty: nothing now).  New objects after each reconnection: the broker swaps
+        its registrations."""
         ...
 
     def poll(self, now_s: float) -> None:

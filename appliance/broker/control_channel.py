@@ -13,7 +13,7 @@ connection, which never waits:
    its sockets all the time, so the write is a blocking ``sendall`` bounded by :data:`SEND_TIMEOUT_S`; a
    write that cannot finish in that time means the supervisor is wedged and counts as a lost connection.
 2. The socket is in the broker's selector.  When it is readable, :meth:`ControlChannel.read` takes what
-   arrived (``MSG_DONTWAIT``: never blocks), splits it into replies (``ipc.control.LineDecoder``) and hands
+   arrived (a non-blocking read), splits it into replies (``ipc.control.LineDecoder``) and hands
    each reply to the callback of its id.  A reply whose id nobody waits for any more (the broker stopped
    waiting: :meth:`ControlChannel.forget`) is dropped and counted in :attr:`ControlChannel.late_replies`.
 3. A lost connection (end of file, a reset, a line that is not a reply) closes the channel and answers
@@ -91,6 +91,7 @@ class ControlChannel:
             self._fail_all("the channel is closed")
             return request_id
         try:
+            self.sock.settimeout(SEND_TIMEOUT_S)
             self.sock.sendall(encode({**message, "id": request_id}))
         except OSError as e:  # a timeout too: the supervisor is not reading its socket
             self._fail_all(f"sending {message.get('op')!r}: {e or type(e).__name__}")
@@ -106,7 +107,8 @@ class ControlChannel:
         if sock is None:
             return
         try:
-            data = sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+            sock.settimeout(0.0)  # a socket with a timeout waits for data even with MSG_DONTWAIT
+            data = sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:

@@ -4,10 +4,14 @@ Two connections per broker process.  The first, a blocking :class:`~ipc.control.
 start, is also the broker's *producer session*: the rings the broker attaches for Produce requests
 (``appliance.broker.produce``) belong to it, so if the broker dies the supervisor has the writers drain what
 the broker published and unlinks the rings -- nothing published is lost, nothing unpublished is appended.
-Its calls are blocking round trips on a Unix socket, made on cold paths only (metadata refresh, producer
-ids, attaching rings: the first Produce to many partitions attaches all their rings in one ``attach_many``),
-each waiting at most :data:`REQUEST_TIMEOUT_S`; one that runs out of time answers REQUEST_TIMED_OUT and its
-late reply is dropped by request id (``ipc.control``), so the connection stays usable.
+Attaching and detaching rings goes over it without waiting (:meth:`ControlCluster.attach_later`,
+:meth:`ControlCluster.detach_later`: the client's non-blocking mode, ``ipc.control_nowait``): its socket is
+in the broker's selector while a reply is owed, and :meth:`ControlCluster.poll` hands the replies that came
+to their callbacks (the first Produce to many partitions attaches all their rings in one ``attach_many``).
+Its other calls are blocking round trips on a Unix socket, made on cold paths only (metadata refresh,
+producer ids, growing a ring), each waiting at most :data:`REQUEST_TIMEOUT_S`; one that runs out of time
+answers REQUEST_TIMED_OUT and its late reply is dropped by request id (``ipc.control``), so the connection
+stays usable.
 
 The second, a :class:`~appliance.broker.control_channel.ControlChannel`, carries topic creations and
 deletions (:meth:`ControlCluster.submit`), which can take the supervisor seconds: nothing waits for them;
@@ -38,7 +42,15 @@ from appliance.broker.cluster import ClusterError, TopicChange
 from appliance.broker.control_channel import ControlChannel
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import Config
-from ipc.control import Attachment, ControlClient, ControlError, TopicInfo
+from ipc.control import (
+    Attachment,
+    ControlClient,
+    ControlError,
+    TopicInfo,
+    attachment,
+    raise_for_error,
+    topic_info,
+)
 from ipc.kafka import ErrorCode
 from storage.errors import ApplianceError, RequestTimeoutError
 
@@ -174,6 +186,7 @@ class ControlCluster:
             log.warning("cannot reconnect to the supervisor (%s); trying again in %.1f s", e,
                         (backoff.retry_at_s or now_s) - now_s)  # fmt: skip
             return False
+        self.client.read()  # the old connection's owed calls learn it was lost
         self.client = client
         self.session += 1
         backoff.back()
@@ -230,12 +243,20 @@ class ControlCluster:
         if request_id is not None and self.channel is not None:
             self.channel.forget(request_id)
 
-    def selectable(self) -> socket.socket | None:
+    def selectables(self) -> tuple[socket.socket | ControlClient, ...]:
+        """The second connection's socket, and the first while a reply to a non-blocking call is owed."""
         channel = self.channel
-        return None if channel is None else channel.sock
+        found: list[socket.socket | ControlClient] = []
+        if channel is not None and channel.sock is not None:
+            found.append(channel.sock)
+        if self.client.owed and not self.client.closed:
+            found.append(self.client)
+        return tuple(found)
 
     def poll(self, now_s: float) -> None:
-        """Read the second connection's replies; reopen a lost connection when due (module docstring)."""
+        """Read both connections' replies; reopen a lost connection when due (module docstring)."""
+        if self.client.owed or self.client.arrived:
+            self.client.read()
         if self.channel is not None:
             self.channel.read()
             self._note_lost_channel(now_s)
@@ -249,6 +270,8 @@ class ControlCluster:
     def next_timer_s(self) -> float | None:
         """When a lost connection is to be reopened (0: now, it was just found lost); None: none is lost."""
         due = []
+        if self.client.arrived:
+            due.append(0.0)  # replies a blocking call read: deliver them now
         if self.client.closed and self._reconnect is not None:
             due.append(self._client_backoff.retry_at_s or 0.0)
         if self.channel is not None and self.channel.closed:
@@ -348,6 +371,61 @@ class ControlCluster:
         return [r if isinstance(r, Attachment) else _as_cluster_error(r, f"attach a ring to {t}-{p}", down)
                 for (t, p), r in zip(partitions, results, strict=True)]  # fmt: skip
 
+    def attach_later(self, partitions: Sequence[tuple[str, int]], *, ahead: Sequence[tuple[str, int]] = (),
+                     on_reply: Callable[[list[Attachment | ClusterError]], None]) -> None:  # fmt: skip
+        """:meth:`attach_many` without waiting: ``on_reply`` gets, per partition, its Attachment or error,
+        from :meth:`poll` (at once if the request cannot be sent: every partition gets the error)."""
+        what, down = f"attach rings to {len(partitions)} partitions", ErrorCode.LEADER_NOT_AVAILABLE
+        pairs = list(partitions)
+
+        def answered(reply: dict[str, Any] | ControlError) -> None:
+            if isinstance(reply, ControlError):
+                on_reply([_as_cluster_error(reply, what, down)] * len(pairs))
+                return
+            on_reply(_attach_results(pairs, reply, down))
+
+        try:
+            self._connected(what, down).send({"op": "attach_many", "partitions": [[t, p] for t, p in pairs],
+                                              "producer_id": -1, "ahead": [[t, p] for t, p in ahead]},
+                                             answered)  # fmt: skip
+        except ApplianceError as e:
+            on_reply([_as_cluster_error(e, what, down)] * len(pairs))
+
+    def topics_later(self, on_reply: Callable[[Mapping[str, TopicMeta] | ApplianceError], None]) -> None:
+        """:meth:`topics` without waiting: ``on_reply`` gets the topic list or the error, from :meth:`poll`
+        (at once if the request cannot be sent)."""
+        down = ErrorCode.REQUEST_TIMED_OUT
+
+        def answered(reply: dict[str, Any] | ControlError) -> None:
+            if isinstance(reply, ControlError):
+                on_reply(_as_cluster_error(reply, "metadata", down))
+                return
+            try:
+                infos = [topic_info(raw) for raw in reply["topics"]]
+            except (KeyError, TypeError) as e:
+                on_reply(ClusterError(f"metadata: unreadable reply ({e!r})", ErrorCode.UNKNOWN_SERVER_ERROR))
+                return
+            on_reply({info.name: topic_meta(info) for info in infos})
+
+        try:
+            self._connected("metadata", down).send({"op": "metadata"}, answered)
+        except ApplianceError as e:
+            on_reply(_as_cluster_error(e, "metadata", down))
+
+    def detach_later(self, rings: Sequence[str]) -> None:
+        """:meth:`detach_many` without waiting: a refusal is logged when its reply comes."""
+        what, down = f"detach {len(rings)} rings", ErrorCode.LEADER_NOT_AVAILABLE
+        names = list(rings)
+
+        def answered(reply: dict[str, Any] | ControlError) -> None:
+            if isinstance(reply, ControlError):
+                log.warning("detach rings %s: %s", ", ".join(names), reply)
+
+        try:
+            self._connected(what, down).send({"op": "detach_many", "rings": names}, answered)
+        except ApplianceError as e:
+            log.warning("detach rings %s: %s", ", ".join(names), e)
+
     def detach(self, ring: str) -> None:
         what, down = f"detach ring {ring}", ErrorCode.LEADER_NOT_AVAILABLE
         try:
@@ -388,6 +466,27 @@ def _change_request(change: TopicChange) -> dict[str, Any]:
     if change.internal:
         request["internal"] = True
     return request
+
+
+def _attach_results(pairs: list[tuple[str, int]], reply: Mapping[str, Any],
+                    down: ErrorCode) -> list[Attachment | ClusterError]:  # fmt: skip
+    """Per partition of an ``attach_many`` reply, its Attachment or the error refusing it."""
+    results: list[Attachment | ClusterError] = []
+    raw_results = reply.get("results")
+    if not isinstance(raw_results, list) or len(raw_results) != len(pairs):
+        error = ClusterError(f"an attach_many reply without one result per partition: {reply!r:.200}",
+                             ErrorCode.UNKNOWN_SERVER_ERROR)  # fmt: skip
+        return [error] * len(pairs)
+    for (topic, partition), raw in zip(pairs, raw_results, strict=True):
+        try:
+            raise_for_error(raw)
+            results.append(attachment(topic, partition, raw))
+        except ControlError as e:
+            results.append(_as_cluster_error(e, f"attach a ring to {topic}-{partition}", down))
+        except (KeyError, TypeError, ValueError) as e:
+            results.append(ClusterError(f"attach a ring to {topic}-{partition}: unreadable reply ({e!r})",
+                                        ErrorCode.UNKNOWN_SERVER_ERROR))  # fmt: skip
+    return results
 
 
 def _described(reply: Mapping[str, Any]) -> TopicMeta | None:

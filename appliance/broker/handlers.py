@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,7 @@ MAX_TIMESTAMP = -3  # ListOffsets v7+: the record with the largest timestamp
 METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
 PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere) ...
 PERIODIC_REFRESH_SHARE = 0.05  # ... but a periodic refresh takes at most this share of the broker's time
+REFRESH_ANSWER_TIMEOUT_MS = 5000  # a periodic refresh not answered in this long is asked again
 FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
 
 
@@ -105,6 +106,8 @@ class BrokerContext:
     auto_creating: dict[str, TopicChange] = field(default_factory=dict)
     _refreshed_at: float = -1e18
     _reload_ms: float = 0.0  # what the last reload took (thousands of partitions: a large answer to parse)
+    _refreshing: bool = False  # a periodic refresh is on its way (refresh_if_stale)
+    _generation: int = 0  # counts the table's changes: a refresh answer older than one is dropped
     _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
 
     def log_failure(self, what: str, why: str) -> None:
@@ -127,27 +130,53 @@ class BrokerContext:
 
     def refresh_if_stale(self) -> None:
         """Refresh if the topic list is older than :data:`PERIODIC_REFRESH_MS`, or than the last reload's
-        time over :data:`PERIODIC_REFRESH_SHARE` when that is longer (called as requests come)."""
+        time over :data:`PERIODIC_REFRESH_SHARE` when that is longer (called as requests come).
+
+        The broker's loop does not wait for it: the request is sent (``Cluster.topics_later``) and the list
+        taken when the answer comes, unless the table changed meanwhile (a blocking reload, a topic the
+        broker created): that answer may be older, and is dropped."""
+        now_ms = time.monotonic() * 1000
+        if self._refreshing and now_ms - self._refreshed_at < REFRESH_ANSWER_TIMEOUT_MS:
+            return
         period_ms = max(PERIODIC_REFRESH_MS, self._reload_ms / PERIODIC_REFRESH_SHARE)
-        if time.monotonic() * 1000 - self._refreshed_at >= period_ms:
-            self.reload_topics()
+        if now_ms - self._refreshed_at < period_ms:
+            return
+        self._refreshed_at = now_ms
+        self._refreshing = True
+        generation = self._generation
+
+        def answered(topics: Mapping[str, TopicMeta] | ApplianceError) -> None:
+            self._refreshing = False
+            if isinstance(topics, ApplianceError):
+                log.warning("cannot refresh topic metadata from the supervisor: %s", topics)
+                return
+            if generation != self._generation:
+                return  # the table changed since it was asked: this answer may be older
+            self._take_topics(topics, now_ms)
+
+        self.cluster.topics_later(answered)
+
+    def _take_topics(self, topics: Mapping[str, TopicMeta], started_ms: float) -> None:
+        self._generation += 1
+        self.table.update(topics)
+        self._reload_ms = time.monotonic() * 1000 - started_ms
+        if self.replication is not None:
+            self.replication.sync()
 
     def reload_topics(self) -> None:
-        """Ask the metadata owner for the topic list now (after we changed it)."""
+        """Ask the metadata owner for the topic list now and wait for it (after we changed it)."""
         self._refreshed_at = started_ms = time.monotonic() * 1000
         try:
             topics = self.cluster.topics()
         except ApplianceError as e:
             log.warning("cannot refresh topic metadata from the supervisor: %s", e)
             return
-        self.table.update(topics)
-        self._reload_ms = time.monotonic() * 1000 - started_ms
-        if self.replication is not None:
-            self.replication.sync()
+        self._take_topics(topics, started_ms)
 
     def add_topic(self, meta: TopicMeta) -> None:
         """Take one topic the metadata owner just described (a creation's answer) without asking for the
         whole list."""
+        self._generation += 1
         self.table.update({**self.table.topics, meta.name: meta})
         if self.replication is not None:
             self.replication.sync()

@@ -32,14 +32,23 @@ closes the connection so that the client notices and refreshes its metadata.  A 
 within the request's ``timeout_ms`` gets REQUEST_TIMED_OUT (the batch may still be appended: the outcome is
 unknown, as Kafka says; idempotent producers retry safely).
 
-The broker attaches one ring per partition it produces to, lazily, through its control connection (so the
-rings die with the broker process).  A Produce that needs rings attaches, in one ``attach_many`` round
-trip, those of its partitions and of more partitions of the topic, the ones that follow: clients spread
-records over all partitions and often send one partition per request, so a topic's first records pay one
-round trip per :data:`ATTACH_AHEAD` partitions, not one per partition.  At most :data:`MAX_UNUSED_AHEAD`
-rings attached ahead and not used yet are held at any time; they start no writer until a batch is published
-into them (``ipc.control``, "Lifetime of a ring").  A ring starts at ``appliance.ring.initial.bytes``
-and grows with the traffic (``ipc.ring_publisher``, "Growing").
+**Attaching.**  The broker attaches one ring per partition it produces to, lazily, through its control
+connection (so the rings die with the broker process).  A Produce that needs rings asks, in one
+``attach_many`` request sent without waiting (``Cluster.attach_later``), for those of its partitions and of
+more partitions of the topic, the ones that follow: clients spread records over all partitions and often
+send one partition per request, so a topic's first records pay one round trip per :data:`ATTACH_AHEAD`
+partitions, not one per partition.  Meanwhile the request is held and its batches wait for the attach
+(``_Batch.attaching``; a later request to the same partition waits for the same one); the broker's loop
+serves everything else.  When the answer comes (:meth:`Produce.poll`, first thing) the rings are opened and
+the waiting batches published in the order their requests came.  A batch whose ring does not come within its
+request's ``timeout_ms`` gets REQUEST_TIMED_OUT (nothing was appended); an attach with no answer within the
+control timeout (``REQUEST_TIMEOUT_S``) is given up, and a later batch asks again.  A ring that comes when
+no batch waits for it any more (they timed out, or the attach was given up) is detached at once, so that no
+ring stays attached and unused; a refused attach answers its batches with the refusal.
+
+At most :data:`MAX_UNUSED_AHEAD` rings attached ahead and not used yet are held at any time; they start no
+writer until a batch is published into them (``ipc.control``, "Lifetime of a ring").  A ring starts at
+``appliance.ring.initial.bytes`` and grows with the traffic (``ipc.ring_publisher``, "Growing").
 
 **Memory follows the data in flight.**  The broker holds a partition's ring only while the partition has
 had produce traffic within ``appliance.ring.idle.ms``: on a timer of the broker's loop (:meth:`Produce.tick`,
@@ -64,6 +73,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from appliance.broker.append_time import AppendTimeTopics, stamped_append_time
 from appliance.broker.cluster import ClusterError
+from appliance.broker.control_cluster import REQUEST_TIMEOUT_S
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.partitions import INTERNAL_TOPICS, PartitionHandle
 from ipc.kafka import (
@@ -155,6 +165,25 @@ class _Batch:
     acked: bool = False  # the writer answered
     committing: bool = False  # acks=-1 on a replicated partition: waiting for the committed high watermark
     done: bool = False  # the answer is final (acked, and for acks=-1 the high watermark passed it)
+    attaching: _Attaching | None = None  # the attach its partition's ring waits for (module docstring)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.topic, self.handle.partition
+
+
+@dataclass(eq=False, slots=True)
+class _Attaching:
+    """One ``attach_many`` sent to the supervisor and not used yet: the partitions batches wait for
+    (``own``) and those attached ahead; its answer, per partition, once it came."""
+
+    handles: dict[tuple[str, int], PartitionHandle]
+    own: set[tuple[str, int]]
+    deadline_ms: float  # given up after this (the control timeout): its late answer's rings are detached
+    results: list[Attachment | ClusterError] | None = None  # the answer, in the order of ``handles``
+    errors: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # per partition refused
+    answered: bool = False  # the answer was used: rings opened (or detached), errors known
+    abandoned: bool = False  # no answer by ``deadline_ms``
 
 
 @dataclass(eq=False, slots=True)
@@ -182,10 +211,13 @@ class Produce:
         self._unused: set[tuple[str, int]] = set()  # rings attached ahead that no batch used yet
         self._next_check_ms: float | None = None  # when tick() next looks for idle rings
         self._append_time_topics = AppendTimeTopics(ctx.config)
+        self._attaching: dict[tuple[str, int], _Attaching] = {}  # partitions whose ring is being attached
+        self._answered: list[_Attaching] = []  # attaches whose answer came, to be used by poll
 
     @property
     def pending(self) -> int:
-        return len(self._held)
+        """Requests held, and attach answers not used yet."""
+        return len(self._held) + len(self._answered)
 
     # -- a new request ------------------------------------------------------------------------------------
 
@@ -215,13 +247,14 @@ class Produce:
                     answer.error_message = message
                     errors.append(f"{topic.name}-{part.index}: {ErrorCode(code).name} {message or ''}")
             held.answers.append((topic.name, answers))
-        if acks == 0 and errors:
-            for batch in held.batches:  # what was valid is still appended, as Kafka does
-                self._publish(batch)
-            return ProduceOutcome(close_reason=f"acks=0 produce failed: {'; '.join(errors)}")
         self._attach_missing(held.batches)
         for batch in held.batches:
             self._publish(batch)
+        if acks == 0 and errors:  # what was valid is still appended, as Kafka does
+            held.batches = [b for b in held.batches if not b.published and not b.done]
+            if held.batches:
+                self._held.append(held)  # nobody reads the answer: its connection is closed
+            return ProduceOutcome(close_reason=f"acks=0 produce failed: {'; '.join(errors)}")
         if acks == 0:
             held.batches = [b for b in held.batches if not b.published]
             if not held.batches:
@@ -330,42 +363,89 @@ class Produce:
                                  detach=False)  # fmt: skip
 
     def _attach_missing(self, batches: list[_Batch]) -> None:
-        """Attach, in one round trip, a ring to each partition of ``batches`` that has none, and to up to
-        :data:`ATTACH_AHEAD` more partitions of their topics, those that follow the requested ones.
+        """Ask the supervisor, without waiting, for a ring to each partition of ``batches`` that has none and
+        is not being attached already, and to up to :data:`ATTACH_AHEAD` more partitions of their topics,
+        those that follow the requested ones: one ``attach_many`` (module docstring, "Attaching").
 
         A producer spreads its records over a topic's partitions and many clients (librdkafka among them)
         send one partition per Produce request: attaching ahead lets the next requests find their rings.
-        The batches' own partitions get the error when theirs fails; the others are attached again when a
-        batch needs them.
-        """
+        Each batch without a ring waits for the attach of its partition (``_Batch.attaching``)."""
         self._check_session()
-        own: dict[tuple[str, int], _Batch] = {}
+        own: dict[tuple[str, int], PartitionHandle] = {}
         for batch in batches:
             key = (batch.topic, batch.handle.partition)
-            if not batch.done and key not in own and not self._attached(key, batch.handle):
-                own[key] = batch
+            if batch.done or key in own or self._attached(key, batch.handle):
+                continue
+            pending = self._attaching.get(key)
+            if pending is not None and time.monotonic() * 1000 >= pending.deadline_ms:
+                self._abandon(pending)
+                pending = None
+            if pending is not None and pending.handles[key] is batch.handle:
+                batch.attaching = pending  # joins the attach on its way
+            else:
+                own[key] = batch.handle
         if not own:
             return
-        wanted: dict[tuple[str, int], PartitionHandle] = {key: b.handle for key, b in own.items()}
+        now_ms = time.monotonic() * 1000
+        wanted = dict(own)
         for topic in {key[0] for key in own}:
             self._ahead(topic, max(p for t, p in own if t == topic) + 1, wanted)
-        if len(wanted) < 2:
-            return  # one: _publisher attaches it
         for key in wanted:
             if key in self._publishers:  # the topic was deleted (and maybe created again)
                 self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
-        try:
-            results = self.ctx.cluster.attach_many(list(wanted), ahead=[k for k in wanted if k not in own])
-        except ClusterError as e:
-            for batch in own.values():
-                self._answer(batch, e.code, str(e))
-            return
-        for (key, handle), result in zip(wanted.items(), results, strict=True):
-            error = self._open_ring(key, handle, result)
-            if error is not None and key in own:
-                self._answer(own[key], *error)
-            elif error is None and key not in own:
-                self._unused.add(key)
+        attaching = _Attaching(wanted, set(own), now_ms + REQUEST_TIMEOUT_S * 1000)
+        for key in wanted:
+            self._attaching[key] = attaching
+        for batch in batches:
+            if batch.key in own and not batch.done:
+                batch.attaching = attaching
+
+        def answered(results: list[Attachment | ClusterError]) -> None:
+            attaching.results = results
+            self._answered.append(attaching)  # used by poll(), never in the middle of other work
+
+        ahead = [k for k in wanted if k not in own]
+        self.ctx.cluster.attach_later(list(wanted), ahead=ahead, on_reply=answered)
+
+    def _abandon(self, attaching: _Attaching) -> None:
+        """Stop waiting for an attach (no answer within the control timeout): its batches time out, new
+        batches attach again, and its rings, when the answer comes, are detached."""
+        attaching.abandoned = True
+        for key in attaching.handles:
+            if self._attaching.get(key) is attaching:
+                del self._attaching[key]
+
+    def _settle(self) -> None:
+        """Use the attach answers that came: open the rings batches wait for (or attached ahead), note the
+        refusals; detach the rings nobody waits for any more (their batches timed out, or the attach was
+        abandoned), so that no ring stays attached and unused."""
+        answered, self._answered = self._answered, []
+        for attaching in answered:
+            for key in attaching.handles:
+                if self._attaching.get(key) is attaching:
+                    del self._attaching[key]
+            waiting = {b.key for held in self._held for b in held.batches
+                       if b.attaching is attaching and not b.done}  # fmt: skip
+            unwanted: list[str] = []
+            results = attaching.results or []
+            for (key, handle), result in zip(attaching.handles.items(), results, strict=True):
+                if isinstance(result, ClusterError):
+                    attaching.errors[key] = (result.code, str(result))
+                elif attaching.abandoned or handle.closed or (key in attaching.own and key not in waiting) \
+                        or self._attached(key, handle):
+                    unwanted.append(result.names.ring)
+                else:
+                    error = self._open_ring(key, handle, result)
+                    if error is not None:
+                        attaching.errors[key] = error
+                        unwanted.append(result.names.ring)
+                    elif key not in waiting:
+                        self._unused.add(key)
+            attaching.answered = True
+            if unwanted:
+                log.info("produce: %d ring(s) attached after their requests gave up; detaching them: %s",
+                         len(unwanted), ", ".join(unwanted))  # fmt: skip
+                self.ctx.cluster.detach_later(unwanted)
 
     def _ahead(self, topic: str, first: int, wanted: dict[tuple[str, int], PartitionHandle]) -> None:
         """Add to ``wanted`` up to :data:`ATTACH_AHEAD` partitions of ``topic`` led here without a ring,
@@ -378,7 +458,7 @@ class Produce:
             if ahead >= ATTACH_AHEAD:
                 return
             key = (topic, (first + i) % count)
-            if key in wanted:
+            if key in wanted or key in self._attaching:
                 continue
             handle, _ = self.ctx.table.lookup(*key)
             if handle is not None and not handle.closed and not self._attached(key, handle):
@@ -390,7 +470,7 @@ class Produce:
 
     def _open_ring(
         self, key: tuple[str, int], handle: PartitionHandle, result: Attachment | ClusterError
-    ) -> tuple[ErrorCode, str] | None:
+    ) -> tuple[int, str] | None:
         """Open the ring of one ``attach_many`` result; the error code and message if there is none."""
         if isinstance(result, ClusterError):
             return result.code, str(result)
@@ -422,6 +502,8 @@ class Produce:
             self._next_check_ms = now_ms + self._idle_ms
 
     def _publisher(self, batch: _Batch) -> RingPublisher[_Batch] | None:
+        """The ring of the batch's partition; None while it is being attached (or the attach was refused:
+        the batch is answered with the refusal)."""
         key = (batch.topic, batch.handle.partition)
         publisher = self._publishers.get(key)
         if publisher is not None:
@@ -429,19 +511,15 @@ class Produce:
                 return publisher
             # the topic was deleted (and maybe created again): that ring's writer is gone
             self._drop_publisher(key[0], key[1], RuntimeError("the topic was deleted"))
-        try:
-            attachment = self.ctx.cluster.attach(batch.topic, batch.handle.partition)
-            publisher = RingPublisher.attach(attachment.names, topic=key[0], partition=key[1],
-                                             max_block_ms=0, growth=self._growth(key, attachment))
-        except ClusterError as e:
-            self._answer(batch, e.code, str(e))
+        attaching = batch.attaching
+        if attaching is not None and not attaching.answered:
+            return None  # its attach is on its way
+        batch.attaching = None
+        if attaching is not None and key in attaching.errors:
+            self._answer(batch, *attaching.errors[key])
             return None
-        except (ApplianceError, OSError, ValueError) as e:
-            log.error("produce to %s-%d: cannot attach a ring: %s", batch.topic, batch.handle.partition, e)
-            self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer is not reachable")
-            return None
-        self._hold(key, batch.handle, publisher)
-        return publisher
+        self._attach_missing([batch])  # none yet, or dropped since (a failed ring, a new session)
+        return None
 
     def _publish(self, batch: _Batch) -> None:
         """Publish into the ring now if there is room; else leave it for a later poll."""
@@ -490,12 +568,8 @@ class Produce:
             self._answer(batch, ErrorCode.NOT_LEADER_OR_FOLLOWER, "the partition's writer failed the ring")
         name = publisher.name
         publisher.close()
-        if not detach:
-            return
-        try:
-            self.ctx.cluster.detach(name)
-        except ClusterError as e:
-            log.warning("detach ring %s: %s", name, e)
+        if detach:
+            self.ctx.cluster.detach_later([name])
 
     @staticmethod
     def _answer(batch: _Batch, code: int, message: str | None = None) -> None:
@@ -507,8 +581,15 @@ class Produce:
     # -- progress -----------------------------------------------------------------------------------------
 
     def poll(self, now_ms: float) -> list[tuple[object, RequestHeader, ProduceResponse | None]]:
-        """Read acks, publish batches that waited for ring space, and return the requests now answered."""
+        """Use the attach answers that came, read acks, publish batches that waited for their ring or for
+        ring space, and return the requests now answered."""
         self._check_session()
+        if self._answered:
+            self._settle()
+        if self._attaching:
+            for attaching in {id(a): a for a in self._attaching.values()}.values():
+                if now_ms >= attaching.deadline_ms:
+                    self._abandon(attaching)
         if self.ctx.replication is not None:
             for token, code in self.ctx.replication.take_completed():
                 batch = token
@@ -554,6 +635,15 @@ class Produce:
                 continue
             if not batch.published:
                 self._publish(batch)
+                attaching = batch.attaching
+                if not batch.done and attaching is not None and not attaching.answered:
+                    if attaching.abandoned or now_ms >= held.deadline_ms:
+                        self._answer(batch, ErrorCode.REQUEST_TIMED_OUT, (
+                            f"produce to {batch.topic}-{batch.handle.partition}: the supervisor did not hand "
+                            "over the partition's ring in time; nothing was appended: retry"))
+                        continue
+                    complete = False
+                    continue
             if batch.acked and not batch.done and not batch.committing:
                 last_offset = batch.answer.base_offset + batch.last_offset_delta
                 if held.acks != -1 or batch.handle.closed:
@@ -613,11 +703,8 @@ class Produce:
         # a little late, so that rings falling idle one after another go in one detach_many
         slack_ms = min(IDLE_CHECK_SLACK_MS, self._idle_ms / 4)
         self._next_check_ms = None if next_ms is None else next_ms + slack_ms
-        if idle:  # one round trip for all of them: the loop does not wait on the supervisor per ring
-            try:
-                self.ctx.cluster.detach_many(idle)
-            except ClusterError as e:
-                log.warning("detach %d idle rings: %s", len(idle), e)
+        if idle:  # one request for all of them, not waited for
+            self.ctx.cluster.detach_later(idle)
 
     def _response(self, held: _Held) -> ProduceResponse:
         return ProduceResponse(
@@ -634,3 +721,5 @@ class Produce:
         self._last_used_ms.clear()
         self._unused.clear()
         self._next_check_ms = None
+        self._attaching.clear()
+        self._answered.clear()

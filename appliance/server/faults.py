@@ -12,9 +12,10 @@ path a real failure takes.  A point that has fired its count is spent: a retry t
 
 Some points are not errors. A *delay* point, ``NAME:MS``, makes the next operation of its kind slow by ``MS``
 milliseconds without blocking the supervisor (:meth:`ControlFaults.delay_ms`; the operation waits in the
-supervisor's loop), once. ``attach.slow:MS`` holds the reply to the next ``attach`` or ``attach_many`` for MS
-milliseconds (the rings are attached at once; only the answer waits, in the supervisor's loop, which serves
-everything else meanwhile: a supervisor too busy to answer soon), once; ``create.slow_reply:MS`` holds the
+supervisor's loop), once (a point listed again delays the operation after, by its own ``MS``).
+``attach.slow:MS`` holds the reply to the next ``attach`` or ``attach_many`` for MS milliseconds (the rings
+are attached at once; only the answer waits, in the supervisor's loop, which serves everything else
+meanwhile: a supervisor too busy to answer soon), once; ``create.slow_reply:MS`` holds the
 same way the reply to the next ``create_topic`` answered at once (``"wait": false``, as the broker creates
 ``__consumer_offsets``). ``create.drop_connection`` closes the control connection a ``create_topic`` request
 came on, without a reply and before anything changes (a lost broker-supervisor connection), once or COUNT
@@ -89,7 +90,7 @@ class ControlFaults:
 
     def __init__(self, armed: Iterable[str] = ()) -> None:
         self._remaining: dict[str, int] = {}
-        self._delays_ms: dict[str, int] = {}
+        self._delays_ms: dict[str, list[int]] = {}  # per point, the delays of its next operations in order
         for entry in armed:
             name, _, count = entry.partition(":")
             if name not in FAULT_POINTS:
@@ -100,7 +101,7 @@ class ControlFaults:
             except ValueError:
                 raise ConfigError(f"appliance.test.faults: {entry!r}: expected NAME or NAME:COUNT") from None
             if name in DELAY_POINTS:
-                self._delays_ms[name] = times
+                self._delays_ms.setdefault(name, []).append(times)
                 continue
             self._remaining[name] = self._remaining.get(name, 0) + times
         if self._remaining or self._delays_ms:
@@ -124,8 +125,9 @@ class ControlFaults:
         return True
 
     def delay_ms(self, point: str) -> int:
-        """The delay armed at ``point`` (0 if none); a delay is used once."""
-        return self._delays_ms.pop(point, 0)
+        """The next delay armed at ``point`` (0 if none); each delay listed is used once, in order."""
+        delays = self._delays_ms.get(point)
+        return delays.pop(0) if delays else 0
 
 
 def writer_fault_point(armed: Iterable[str], directory: str) -> Callable[[str], None] | None:

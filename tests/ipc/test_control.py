@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -313,3 +315,111 @@ def test_connecting_where_no_appliance_listens_says_what_to_do(tmp_path: Path) -
     with pytest.raises(ControlError, match=r"no appliance is listening.*appliance serve") as info:
         ControlClient.connect(tmp_path / "nothing.sock")
     assert info.value.error == "BROKER_NOT_AVAILABLE"
+
+
+# -- the non-blocking mode (ipc.control_nowait) ------------------------------------------------------------
+
+
+def _read_until(client: ControlClient, delivered: list[Any], count: int) -> None:
+    """Call ``client.read()`` as an event loop would, when its socket is readable, until ``count`` replies
+    were delivered (or 5 s passed)."""
+    deadline = time.monotonic() + 5
+    while len(delivered) < count:
+        left_s = deadline - time.monotonic()
+        assert left_s > 0, f"{len(delivered)} of {count} replies delivered"
+        select.select([client], [], [], left_s)
+        client.read()
+
+
+def _holding_server(path: str, held_op: str, reply_first: bool) -> threading.Thread:
+    """A one-connection server that holds its reply to ``held_op`` and sends it in the same write as its
+    reply to the next request (``reply_first``: after it, else before it)."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        listener.close()
+        decoder = LineDecoder()
+        held: list[dict[str, Any]] = []
+        with conn:
+            while data := conn.recv(65536):
+                for request in decoder.feed(data):
+                    if request["op"] == held_op:
+                        held.append(request)
+                        continue
+                    own = [encode({"ok": True, "op": request["op"], "id": request["id"]})]
+                    late = [encode({"ok": True, "op": r["op"], "id": r["id"]}) for r in held]
+                    held.clear()
+                    conn.sendall(b"".join(own + late if reply_first else late + own))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_non_blocking_requests_are_answered_by_id_in_any_order(server: Callable[[Script], str]) -> None:
+    def script(request: dict[str, Any]) -> dict[str, Any]:
+        if request["op"] == "attach_many":
+            return error_response(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no topic 'nope'")
+        return ok_response(op=request["op"])
+
+    delivered: list[tuple[str, Any]] = []
+    with ControlClient.connect(server(script), timeout_s=2) as client:
+        first = client.send({"op": "metadata"}, lambda reply: delivered.append(("metadata", reply)))
+        second = client.send({"op": "attach_many"}, lambda reply: delivered.append(("attach_many", reply)))
+        assert second == first + 1
+        assert client.owed == 2
+        _read_until(client, delivered, 2)
+        assert client.owed == 0
+        assert client.status()["ok"] is True, "a blocking call on the same connection still works"
+    replies = dict(delivered)
+    assert replies["metadata"] == {"ok": True, "op": "metadata", "id": first}
+    assert isinstance(replies["attach_many"], UnknownTopicOrPartitionError)
+    assert isinstance(replies["attach_many"], ControlError)
+
+
+@pytest.mark.parametrize("reply_first", [True, False], ids=["own-reply-first", "held-reply-first"])
+def test_a_reply_read_by_a_blocking_call_is_delivered_by_the_next_read(tmp_path: Path,
+                                                                        reply_first: bool) -> None:
+    path = str(tmp_path / "held.sock")
+    thread = _holding_server(path, "attach_many", reply_first)
+    delivered: list[Any] = []
+    try:
+        with ControlClient.connect(path, timeout_s=2) as client:
+            request_id = client.send({"op": "attach_many"}, delivered.append)
+            assert client.status()["op"] == "status"  # its read took the held reply too
+            assert (client.owed, client.arrived, delivered) == (0, 1, []), "delivered only by read()"
+            assert client.read() == 1
+            assert delivered == [{"ok": True, "op": "attach_many", "id": request_id}]
+            assert client.late_replies == 0
+    finally:
+        thread.join(2)
+
+
+def test_a_lost_connection_answers_every_owed_request(server: Callable[[Script], str]) -> None:
+    delivered: list[Any] = []
+    client = ControlClient.connect(server(lambda request: None), timeout_s=2)  # closes without a reply
+    client.send({"op": "attach_many"}, delivered.append)
+    _read_until(client, delivered, 1)
+    assert isinstance(delivered[0], ControlError)
+    assert delivered[0].error == "BROKER_NOT_AVAILABLE"
+    assert "may have completed" in str(delivered[0])
+    assert client.closed
+    with pytest.raises(ControlError, match="is closed") as info:
+        client.send({"op": "attach_many"}, delivered.append)
+    assert info.value.error == "BROKER_NOT_AVAILABLE"
+
+
+def test_a_forgotten_request_has_its_reply_dropped(server: Callable[[Script], str]) -> None:
+    delivered: list[Any] = []
+    with ControlClient.connect(server(lambda request: ok_response()), timeout_s=2) as client:
+        client.forget(client.send({"op": "detach_many"}, delivered.append))
+        assert client.owed == 0
+        deadline = time.monotonic() + 5
+        while client.late_replies == 0:
+            assert time.monotonic() < deadline, "the reply never came"
+            select.select([client], [], [], 0.1)
+            client.read()
+        assert delivered == []

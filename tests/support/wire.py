@@ -122,8 +122,8 @@ class StaticCluster:
     def withdraw(self, change: TopicChange) -> None:
         pass
 
-    def selectable(self) -> None:
-        return None
+    def selectables(self) -> tuple[()]:
+        return ()
 
     def poll(self, now_s: float) -> None:
         pass
@@ -139,6 +139,15 @@ class StaticCluster:
 
     def attach_many(self, partitions: Any, *, ahead: Any = ()) -> list[Any]:
         return [ClusterError("no writer in this test", ErrorCode.NOT_LEADER_OR_FOLLOWER) for _ in partitions]
+
+    def attach_later(self, partitions: Any, *, ahead: Any = (), on_reply: Any) -> None:
+        on_reply(self.attach_many(partitions, ahead=ahead))
+
+    def detach_later(self, rings: Any) -> None:
+        pass
+
+    def topics_later(self, on_reply: Any) -> None:
+        on_reply(self.topics())
 
     def detach(self, ring: str) -> None:
         pass

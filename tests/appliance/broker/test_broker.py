@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.wire import WireClient, offsets_in, start_broker
+from support.wire import WireClient, answers, offsets_in, produce, start_broker
 
 from appliance.broker.partitions import TopicMeta
 from appliance.config.server_config import Config, config_from_mapping
@@ -315,6 +315,20 @@ def test_fetch_sizes_follow_kip_74(standalone: Standalone) -> None:
         client.call(ApiKey.FETCH, 11, fetch_request(0, partition_max_bytes=2000)).responses[0].partitions[0]
     )
     assert offsets_in(part.records) == list(range(10))  # a second batch would pass 2000 bytes
+
+
+def test_a_produce_whose_ring_attach_is_refused_gets_the_refusal(standalone: Standalone) -> None:
+    """This broker's metadata owner refuses every ring (``support.wire.StaticCluster``): the Produce, held
+    while the attach was on its way, is answered with the refusal, and the connection stays usable."""
+    client = standalone.client()
+    request = produce(1, (TOPIC, 0, build_batch([b"a"])), (TOPIC, 1, build_batch([b"b"])))
+    response = client.call(ApiKey.PRODUCE, 8, request)
+    assert answers(response) == {(TOPIC, 0): (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1),
+                                 (TOPIC, 1): (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1)}  # fmt: skip
+    assert "no writer in this test" in (response.responses[0].partition_responses[0].error_message or "")
+    again = client.call(ApiKey.PRODUCE, 8, produce(1, (TOPIC, 0, build_batch([b"c"]))))
+    assert answers(again) == {(TOPIC, 0): (ErrorCode.NOT_LEADER_OR_FOLLOWER, -1)}  # asked again, refused
+    assert standalone.logs[0].log_end_offset == 0
 
 
 def test_fetch_errors_are_per_partition_as_kafka_reports_them(standalone: Standalone) -> None:
