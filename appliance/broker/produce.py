@@ -5,13 +5,10 @@ Theory of operation
 There is one path into a log: a partition writer draining rings.  A Produce request therefore does not write
 anything itself.  For each partition in the request the broker
 
-1. checks what Kafka checks before an append: the partition exists and is served here; the records are
-   exactly one RecordBatch v2 (Produce v3+ allows no more, and magic 0/1 is refused) whose magic, length and
-   CRC are right (``storage.batch_header.validate_batch``); it is not larger than the topic's
-   ``max.message.bytes``; it is not transactional (transactions are not implemented); to a compacted topic
-   (``cleanup.policy`` contains ``compact``) every record has a key, else INVALID_RECORD with Produce v8's
-   ``record_errors`` naming the keyless records' batch indexes (``storage.record_checks``); for ``acks=-1``
-   the partition has at least ``min.insync.replicas`` in-sync replicas;
+1. checks what Kafka checks before an append: the partition exists and is served here; the batch is one
+   valid RecordBatch v2 within ``max.message.bytes``, not transactional, every record keyed on a compacted
+   topic (``appliance.broker.produce_checks``); for ``acks=-1`` the partition has at least
+   ``min.insync.replicas`` in-sync replicas (the topic's current value, an AlterConfigs included);
 2. publishes the batch bytes, unchanged, into its ring to that partition's writer
    (:class:`ipc.ring_publisher.RingPublisher`, the same code local producers use), which dedups
    idempotent batches, stamps offsets, appends and acknowledges with the base offset or an error code;
@@ -76,8 +73,8 @@ from appliance.broker.cluster import ClusterError
 from appliance.broker.control_cluster import REQUEST_TIMEOUT_S
 from appliance.broker.handlers import BrokerContext
 from appliance.broker.partitions import INTERNAL_TOPICS, PartitionHandle
+from appliance.broker.produce_checks import check_batch
 from ipc.kafka import (
-    BatchIndexAndErrorMessage,
     ErrorCode,
     PartitionProduceResponse,
     ProduceRequest,
@@ -88,15 +85,7 @@ from ipc.kafka import (
 from ipc.ring import RingFailedError
 from ipc.ring_publisher import RingGrowth, RingPublisher
 from ipc.state_page import monotonic_ms
-from storage.batch_header import (
-    LOG_OVERHEAD,
-    MAGIC,
-    MAGIC_OFFSET,
-    TRANSACTIONAL_FLAG_MASK,
-    validate_batch,
-)
-from storage.errors import ApplianceError, BackPressureError, ConfigError, CorruptRecordError
-from storage.record_checks import keyless_records, refusal, requires_keys
+from storage.errors import ApplianceError, BackPressureError, CorruptRecordError
 
 if TYPE_CHECKING:
     from ipc.control import Attachment
@@ -204,7 +193,6 @@ class Produce:
         self._publishers: dict[tuple[str, int], RingPublisher[_Batch]] = {}
         self._served_by: dict[tuple[str, int], PartitionHandle] = {}  # the topic incarnation of each ring
         self._held: list[_Held] = []
-        self._min_isr: dict[str, int] = {}
         self._session = ctx.cluster.session  # the control session the rings belong to
         self._idle_ms = float(getattr(ctx.config, "ring_idle_ms", 30_000))
         self._last_used_ms: dict[tuple[str, int], float] = {}  # when a batch last went into each ring
@@ -284,41 +272,15 @@ class Produce:
         if records is None or len(records) == 0:
             return ErrorCode.INVALID_RECORD, "no records"
         records = memoryview(records)
-        if len(records) > MAGIC_OFFSET and records[MAGIC_OFFSET] != MAGIC:
-            return (
-                ErrorCode.INVALID_RECORD,
-                f"record batch magic {records[MAGIC_OFFSET]}: only v2 is accepted",
-            )
-        where = f"produce to {topic}-{index}"
-        try:
-            header = validate_batch(records, 0, where=where)
-        except CorruptRecordError as e:
-            return ErrorCode.CORRUPT_MESSAGE, str(e)
-        size = header.batch_length + LOG_OVERHEAD
-        if size != len(records):
-            return ErrorCode.INVALID_RECORD, (
-                f"{where}: {len(records)} bytes of records, the first batch has {size}: a Produce request "
-                "carries exactly one record batch per partition"
-            )
         meta = self.ctx.table.topics.get(topic)
         limit = meta.max_message_bytes if meta is not None else self.ctx.config.max_message_bytes
-        if size > limit:
-            return (
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"{where}: batch of {size} bytes, max.message.bytes is {limit}",
-            )
-        if header.attributes & TRANSACTIONAL_FLAG_MASK:
-            return ErrorCode.INVALID_RECORD, f"{where}: transactional batches are not supported"
-        if meta is not None and requires_keys(meta.cleanup_policy):
-            try:
-                keyless = keyless_records(records, where=where)
-            except CorruptRecordError as e:
-                return ErrorCode.CORRUPT_MESSAGE, str(e)
-            if keyless.size:
-                refused = refusal(f"{topic}-{index}", keyless)
-                pairs = zip(refused.indexes, refused.record_messages, strict=True)
-                answer.record_errors = [BatchIndexAndErrorMessage(i, m) for i, m in pairs]
-                return ErrorCode.INVALID_RECORD, refused.message
+        checked = check_batch(records, topic, index, max_message_bytes=limit,
+                              cleanup_policy=meta.cleanup_policy if meta is not None else ("delete",))
+        if checked.header is None:
+            if checked.record_errors is not None:
+                answer.record_errors = checked.record_errors
+            return checked.code, checked.message
+        where = f"produce to {topic}-{index}"
         replicated = self.ctx.replication.get(handle) if self.ctx.replication is not None else None
         if request.acks == -1 and replicated is not None:
             if replicated.state.append_error(-1) != ErrorCode.NONE:
@@ -330,25 +292,15 @@ class Produce:
                 )
         elif request.acks == -1 and meta is not None:
             isr_count = len(self.ctx.table.isr(meta, index))
-            needed = self._min_insync(topic)
+            needed = meta.min_insync_replicas  # the supervisor's current value (an AlterConfigs included)
             if isr_count < needed:
                 return (
                     ErrorCode.NOT_ENOUGH_REPLICAS,
                     f"{where}: {isr_count} in-sync replicas, min.insync.replicas {needed}",
                 )
-        held.batches.append(_Batch(held, topic, handle, records, header.last_offset_delta, answer,
+        held.batches.append(_Batch(held, topic, handle, records, checked.header.last_offset_delta, answer,
                                    self._append_time_topics.stamped(topic, meta)))
         return ErrorCode.NONE, None
-
-    def _min_insync(self, topic: str) -> int:
-        found = self._min_isr.get(topic)
-        if found is None:
-            try:
-                found = self.ctx.config.topic(topic).min_insync_replicas
-            except ConfigError:
-                found = self.ctx.config.min_insync_replicas
-            self._min_isr[topic] = found
-        return found
 
     # -- rings --------------------------------------------------------------------------------------------
 

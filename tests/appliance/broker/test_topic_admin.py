@@ -326,3 +326,24 @@ def test_topics_alter_and_delete_records_commands(
     assert watermarks(appliance, "altered") == (7, 10)
     shrunk = cli("topics", "alter", "altered", "--partitions", "2", *server)
     assert shrunk.returncode == 1 and "must be larger" in shrunk.stderr, shrunk.stderr
+
+
+def test_a_raised_min_insync_replicas_refuses_the_next_acks_all_produce(
+        appliance: Appliance, admin: AdminClient) -> None:
+    """min.insync.replicas altered above the topic's replicas: Kafka answers acks=all NOT_ENOUGH_REPLICAS
+    from then on (acks=1 still appends)."""
+    create(admin, "min-isr")
+
+    def deliver(acks: str) -> str | None:
+        outcome: list[str | None] = []
+        producer = Producer({"bootstrap.servers": appliance.bootstrap, "acks": acks, "retries": 0,
+                             "message.timeout.ms": 10_000, "enable.idempotence": False})
+        producer.produce("min-isr", b"v", on_delivery=lambda error, _: outcome.append(
+            None if error is None else error.name()))
+        producer.flush(TIMEOUT_S)
+        return outcome[0]
+
+    assert deliver("all") is None
+    incremental(admin, "min-isr", ConfigEntry("min.insync.replicas", "2", incremental_operation=SET))
+    assert deliver("all") == "NOT_ENOUGH_REPLICAS"
+    assert deliver("1") is None
