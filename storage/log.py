@@ -48,7 +48,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Final
 
 from storage.append_plan import (
     BATCH_LENGTH_FIELD,
@@ -81,6 +80,7 @@ from storage.errors import (
     is_disk_full,
 )
 from storage.flusher import RolledSegmentFlusher
+from storage.list_offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, offset_for_timestamp
 from storage.log_config import LONG_MAX, LogConfig
 from storage.log_dir import (
     CLEAN_SHUTDOWN_FILE,
@@ -98,7 +98,6 @@ from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
 from storage.timestamp_rules import LOG_APPEND_TIME, stamp_log_append_time
-from storage.timestamp_search import MAX_TIMESTAMP, record_at_or_after, record_of_max_timestamp
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -108,9 +107,6 @@ __all__ = [
     "OffsetAndTimestamp",
     "SegmentInfo",
 ]
-
-EARLIEST_TIMESTAMP: Final = -2  # ListOffsets: the log start offset
-LATEST_TIMESTAMP: Final = -1  # ListOffsets: the log end offset
 
 _new_tuple = tuple.__new__  # NamedTuple construction without its keyword handling (hot path)
 _time_ns = time.time_ns
@@ -613,21 +609,10 @@ class Log:
             offset = piece.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:
-        """ListOffsets: the offset and timestamp of the first record (at or after the log start offset) whose
-        timestamp is >= ``timestamp_ms``, or None (``storage.timestamp_search``).
-
-        ``EARLIEST_TIMESTAMP`` (-2) and ``LATEST_TIMESTAMP`` (-1) give the log start and end offsets
-        (timestamp -1); ``MAX_TIMESTAMP`` (-3) the first record holding the largest timestamp.
+        """ListOffsets: the offset and timestamp ``timestamp_ms`` names, or None (``storage.list_offsets``).
         """
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return OffsetAndTimestamp(self._log_start_offset, -1)
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return OffsetAndTimestamp(self.log_end_offset, -1)
-        if timestamp_ms == MAX_TIMESTAMP:
-            return record_of_max_timestamp(self._segments, log_start_offset=self._log_start_offset,
-                                           verify=False)
-        return record_at_or_after(self._segments, timestamp_ms, log_start_offset=self._log_start_offset,
-                                  verify=False)
+        return offset_for_timestamp(self._segments, timestamp_ms, log_start_offset=self._log_start_offset,
+                                    log_end_offset=self.log_end_offset)
 
     # --- truncation, retention ------------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
