@@ -71,6 +71,7 @@ from storage.batch_header import LOG_OVERHEAD, BatchHeader, check_batch
 from storage.batch_scan import BatchArrays
 from storage.checkpoints import LeaderEpochCache
 from storage.clean_shutdown import CleanStop, write_clean_stop
+from storage.clean_swap import SwapGroup
 from storage.errors import (
     InvalidRecordError,
     KafkaStorageError,
@@ -688,12 +689,12 @@ class Log:
             self._epochs.truncate_from_start(start)
         self._segment_list.remove_first(count)
 
-    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None:
-        """Swap the segment a clean wrote aside at ``base_offset`` in for the closed segments ``replaced``
-        (``storage.cleaner``; the renames and their recovery: ``storage.clean_swap``)."""
+    def swap_cleaned(self, groups: Sequence[SwapGroup]) -> None:
+        """Swap each group's cleaned segment (``storage.cleaner``) in for its closed segments, in one swap
+        (the renames and their recovery: ``storage.clean_swap``)."""
         self._check_writable()
         self._flusher.drain()
-        self._segment_list.swap_cleaned(base_offset, replaced)
+        self._segment_list.swap_cleaned(groups)
 
     # --- checkpoints ----------------------------------------------------------------------------------------
     def _write_offset_checkpoint(self, name: str, offset: int) -> None:

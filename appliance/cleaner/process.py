@@ -18,9 +18,10 @@ Each round (:meth:`Cleaner.round`) reads the topic metadata file, lists every pa
 (``appliance.cleaner.choice``) and cleans the one picked with ``storage.cleaner.clean_log``: the offset map in
 this process (at most ``log.cleaner.dedupe.buffer.size``), the cleaned groups written aside as
 ``<base>.log.cleaned`` by this process, reads and writes throttled to ``log.cleaner.io.max.bytes.per.second``
-(``appliance.cleaner.throttle``).  **The swap is the log's owner's**: for each group the view's
-``swap_cleaned`` (on the pass's swap thread) sends the control op ``swap_cleaned`` and waits; the supervisor
-has the partition's running writer swap it in (``Log.swap_cleaned``) or, with no writer running, swaps it
+(``appliance.cleaner.throttle``).  **The swap is the log's owner's**: for the groups of a pass (all of them,
+or those gathered up to ``segment.bytes``: ``storage.clean_pass_swaps``) the view's ``swap_cleaned`` (on the
+pass's swap thread) sends the control op ``swap_cleaned`` and waits; the supervisor has the partition's
+running writer swap them in, in one swap (``Log.swap_cleaned``) or, with no writer running, swaps them
 itself holding the log's lock (``appliance.server.clean_handoff``).  A refused swap (a replaced segment
 deleted or changed meanwhile, a writer starting or stopping) ends the pass: this process unlinks its
 ``.cleaned`` files and the log is measured again next round.  The ``cleaner-offset-checkpoint`` is written by
@@ -45,9 +46,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
 from types import FrameType
-from typing import Final
+from typing import Any, Final
 
 from appliance.cleaner.choice import Dirt, dirtiest
 from appliance.cleaner.log_view import LogView, list_view
@@ -201,16 +201,17 @@ class Cleaner:
     def _view(self, target: _Target) -> LogView | None:
         try:
             return list_view(target.directory, target.log_config, target.topic_partition, target.page,
-                             lambda base, replaced, sizes: self._swap(target, base, replaced, sizes))
+                             lambda groups: self._swap(target, groups))
         except FileNotFoundError:
             return None  # changed while listed: next round
 
-    def _swap(self, target: _Target, base_offset: int, replaced: Sequence[int], sizes: Sequence[int]) -> None:
+    def _swap(self, target: _Target, groups: list[list[Any]]) -> None:
         try:
-            self._control.swap_cleaned(target.topic_partition[0], target.topic_partition[1], base_offset,
-                                       list(replaced), list(sizes), timeout_s=_SWAP_TIMEOUT_S)
+            self._control.swap_cleaned(target.topic_partition[0], target.topic_partition[1], groups,
+                                       timeout_s=_SWAP_TIMEOUT_S)
         except ApplianceError as exc:
-            raise CleanRefusedError(f"the swap of the segment cleaned at {base_offset} was refused: {exc}") \
+            bases = [group[0] for group in groups]
+            raise CleanRefusedError(f"the swap of the segments cleaned at {bases} was refused: {exc}") \
                 from None
 
     def _sleep(self, seconds: float) -> None:
