@@ -190,13 +190,13 @@ class ControlClient:
         request = {"op": "delete_records", "topic": name, "partition": partition, "offset": offset}
         return int(self.request(request, timeout_s=timeout_s)["low_watermark"])
 
-    def swap_cleaned(self, name: str, partition: int, base_offset: int, replaced: list[int], sizes: list[int],
-                     *, timeout_s: float | None = None) -> None:  # fmt: skip
-        """Have the partition's log owner swap the segment the cleaner wrote aside at ``base_offset``
-        (``<base>.log.cleaned``) in for the closed segments ``replaced`` of ``sizes`` bytes (the cleaner
-        process: ``appliance.server.clean_handoff``)."""
-        self.request({"op": "swap_cleaned", "topic": name, "partition": partition, "base_offset": base_offset,
-                      "replaced": replaced, "sizes": sizes}, timeout_s=timeout_s)
+    def swap_cleaned(self, name: str, partition: int, groups: list[list[Any]], *,
+                     timeout_s: float | None = None) -> None:
+        """Have the partition's log owner swap, in one swap, each group's segment the cleaner wrote aside
+        (``groups``: ``[base_offset, replaced, sizes]``, ``<base>.log.cleaned`` in for the closed segments
+        ``replaced`` of ``sizes`` bytes; the cleaner process: ``appliance.server.clean_handoff``)."""
+        self.request({"op": "swap_cleaned", "topic": name, "partition": partition, "groups": groups},
+                     timeout_s=timeout_s)
 
     def init_producer_id(self) -> tuple[int, int]:
         """A new idempotent producer id and its epoch (0): unique for the life of this data dir."""

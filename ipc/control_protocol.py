@@ -37,8 +37,9 @@ configs``            (names), ``replace``, ``validate_only``    (``appliance.ser
                      replicas) opt.
 ``delete_records``   ``topic``, ``partition``, ``offset``       ``low_watermark``: the new log start offset,
                                                                 once the partition's writer moved it
-``swap_cleaned``     ``topic``, ``partition``, ``base_offset``, (nothing), once the cleaned segment is
-                     ``replaced``, ``sizes`` (the cleaner)      swapped in by the log's owner
+``swap_cleaned``     ``topic``, ``partition``, ``groups``: a    (nothing), once the cleaned segments are
+                     list of [``base_offset``, ``replaced``,    swapped in, in one swap, by the log's
+                     ``sizes``] (the cleaner)                   owner
 ``init_producer_id`` (none)                                     ``producer_id``, ``producer_epoch``
 ``attach``           ``topic``, ``partition``, ``producer_id``, ring, semaphore and state page names, sizes
                      ``ring_bytes`` (opt.: the capacity wanted) (``ring_bytes``, ``ring_bytes_max``)

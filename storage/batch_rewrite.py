@@ -127,7 +127,7 @@ def output_bound(sizes: np.ndarray, first: int, stop: int, results: np.ndarray) 
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def write_selected(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
                    results: np.ndarray, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                    delta_ends: np.ndarray, deltas: np.ndarray, horizon_ms: int, producer_last: np.ndarray,

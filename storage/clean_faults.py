@@ -12,10 +12,14 @@ step: the next ``Log.open`` recovers).
 The points (:data:`FAULT_POINTS`), in the order a clean meets them:
 
 ``clean.write``      while writing ``<base>.log.cleaned``, after its first part
-``clean.cleaned``    the cleaned segment and its indexes are written (``*.cleaned``), nothing renamed yet
-``clean.deleted``    the replaced segments' files are renamed ``*.deleted``
-``clean.indexes``    the cleaned indexes are renamed ``*.swap``, the cleaned ``.log`` not yet (uncommitted)
-``clean.swap``       ``<base>.log.swap`` exists: the swap is committed
+``clean.cleaned``    the swap's cleaned segments and their indexes are written (``*.cleaned``), nothing
+                     renamed yet
+``clean.deleted``    every group's replaced segments' files are renamed ``*.deleted``
+``clean.indexes``    once a group: its cleaned indexes are renamed ``*.swap``, its cleaned ``.log`` not yet
+                     (that group uncommitted; the groups before it committed, those after it not)
+``clean.swap``       once a group: its ``<base>.log.swap`` exists: that group is committed, the groups
+                     after it not yet (``after=k`` lands between the k-th and the next group's commit)
+``clean.committed``  every group of the swap is committed and the directory fsynced
 ``clean.unlinked``   the ``*.deleted`` files are unlinked
 ``clean.installed``  the swap files are renamed into place
 ``clean.checkpoint`` before ``cleaner-offset-checkpoint`` is written
@@ -33,7 +37,7 @@ from typing import Final
 __all__ = ["CLEAN_FAULTS", "FAULT_POINTS", "CleanFaults"]
 
 FAULT_POINTS: Final = ("clean.write", "clean.cleaned", "clean.deleted", "clean.indexes", "clean.swap",
-                       "clean.unlinked", "clean.installed", "clean.checkpoint")
+                       "clean.committed", "clean.unlinked", "clean.installed", "clean.checkpoint")
 ACTIONS: Final = frozenset({"error", "kill"})
 
 

@@ -34,9 +34,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
      log: it stays as a header with no records, as Kafka's ``RETAIN_EMPTY`` (codec none, base and max
      timestamp its max timestamp), so the producer's last sequence survives.
 
-   Then the group's ``.log`` is fsynced and the group swapped in (``Log.swap_cleaned``,
-   ``storage.clean_swap``) on a second thread, while the next group is written: the swaps keep their order
-   and only one is in flight, so the files on disk go through the same states as with one thread.
+   Then the group's ``.log`` is fsynced on a second thread while the next group is written.  The groups are
+   swapped in together (``Log.swap_cleaned``, ``storage.clean_swap``: one set of directory fsyncs for all of
+   them) at the end of the pass, or earlier, on that thread, once the cleaned files held aside add up to
+   ``segment.bytes`` or :data:`_SWAP_GROUPS` groups (``storage.clean_pass_swaps``): the disk holds at most
+   that much more than the log.
 5. **The checkpoint**: ``cleaner-offset-checkpoint`` gets the map's end, the new first dirty offset.
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
@@ -50,7 +52,6 @@ the record kernels take a segment's uncompressed batches in one call (``put_batc
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import mmap
 import os
@@ -80,7 +81,8 @@ from storage.batch_rewrite import (
 from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
-from storage.clean_swap import cleaned_paths
+from storage.clean_pass_swaps import PassSwaps
+from storage.clean_swap import SwapGroup, cleaned_paths
 from storage.compression import compress
 from storage.crc32c_kernel import batch_crcs_ok
 from storage.errors import ConfigError, CorruptRecordError
@@ -132,6 +134,7 @@ _OUT_CHUNK_BYTES: Final = 4 << 20
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
 _WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
 _NO_PRODUCER: Final = -1
+_SWAP_GROUPS: Final = 64  # groups swapped in together at most (also: their cleaned bytes up to segment.bytes)
 
 
 class CleanedSegment(NamedTuple):
@@ -176,7 +179,7 @@ class CleanableLog(Protocol):
     def log_end_offset(self) -> int: ...
     @property
     def segments(self) -> list[SegmentInfo]: ...
-    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None: ...
+    def swap_cleaned(self, groups: Sequence[SwapGroup]) -> None: ...
 
 
 def first_dirty_offset(log: CleanableLog) -> int:
@@ -224,16 +227,17 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     written = read = 0
     groups = _group_segments(to_clean, log.config)
     selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
-    with _Swaps(log) as swaps:
+    with PassSwaps(log, _SWAP_GROUPS) as swaps:
         for group in groups:
             try:
                 cleaned, fd = _write_group(log.directory, group, selector, log.config, io_throttle)
             except BaseException:
-                swaps.finish()  # a failed swap unlinks every .cleaned file as it undoes: its error first
+                swaps.abandon()  # a failed swap unlinks every .cleaned file as it undoes: its error first
                 raise
-            swaps.submit(cleaned, fd)
+            swaps.submit(SwapGroup(cleaned.base_offset, cleaned.replaced), cleaned.size_bytes, fd)
             read += sum(s.size_bytes for s in group)
             written += cleaned.size_bytes
+        swaps.commit()
         swaps.finish()
     if CLEAN_FAULTS.armed:
         CLEAN_FAULTS.check("clean.checkpoint", log.directory)
@@ -596,7 +600,7 @@ class _Selector:
 def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
                  config: LogConfig, io_throttle: IoThrottle | None = None) -> tuple[CleanedSegment, int]:
     """Write the group's cleaned segment and its indexes aside; returns it and the open descriptor of its
-    ``.log``, not fsynced yet (:class:`_Swaps` fsyncs and closes it).  On an error nothing is left."""
+    ``.log``, not fsynced yet (``PassSwaps`` fsyncs and closes it).  On an error nothing is left."""
     base = group[0].base_offset
     paths = cleaned_paths(directory, base)
     out = _Output(paths[0])
@@ -629,45 +633,3 @@ def _discard(fd: int, paths: Sequence[str]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
             os.unlink(path)
-
-
-class _Swaps:
-    """The swaps of a pass, one after the other on one thread: a group's cleaned ``.log`` fsynced, closed and
-    swapped in (``swap_cleaned``) while the pass writes the next group, so the fsyncs' and the log owner's
-    waits overlap the next group's work.  At most one swap is in flight: :meth:`submit` waits for the one
-    before and raises its error (the group just written is then discarded).  Leaving the ``with`` block
-    waits for the one in flight."""
-
-    def __init__(self, log: CleanableLog) -> None:
-        self._log = log
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="clean-swap")
-        self._pending: concurrent.futures.Future[None] | None = None
-
-    def __enter__(self) -> _Swaps:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True)
-
-    def submit(self, cleaned: CleanedSegment, fd: int) -> None:
-        try:
-            self.finish()
-        except BaseException:
-            _discard(fd, cleaned_paths(self._log.directory, cleaned.base_offset))
-            raise
-        self._pending = self._pool.submit(self._swap, cleaned, fd)
-
-    def finish(self) -> None:
-        """Wait for the swap in flight; its error, if any, raised here."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def _swap(self, cleaned: CleanedSegment, fd: int) -> None:
-        try:
-            os.fsync(fd)
-        except BaseException:
-            _discard(fd, cleaned_paths(self._log.directory, cleaned.base_offset))
-            raise
-        os.close(fd)
-        self._log.swap_cleaned(cleaned.base_offset, cleaned.replaced)

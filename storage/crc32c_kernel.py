@@ -155,7 +155,7 @@ def _stored_crc(data: np.ndarray, position: int) -> np.uint64:
             | (np.uint64(data[at + 2]) << np.uint64(8)) | np.uint64(data[at + 3]))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def batch_crcs_ok(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> int:
     """The number of leading batches (at ``positions``, ``sizes`` bytes long) whose stored CRC matches."""
     for i in range(positions.shape[0]):
@@ -166,7 +166,7 @@ def batch_crcs_ok(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray) ->
     return positions.shape[0]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def fill_batch_crcs(out: np.ndarray, spans: np.ndarray) -> None:
     """Compute and store the CRC of each batch at ``spans`` (``(start, end)`` rows) in ``out``."""
     for i in range(spans.shape[0]):

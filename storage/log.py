@@ -48,7 +48,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Final
 
 from storage.append_plan import (
     BATCH_LENGTH_FIELD,
@@ -72,6 +71,7 @@ from storage.batch_header import LOG_OVERHEAD, BatchHeader, check_batch
 from storage.batch_scan import BatchArrays
 from storage.checkpoints import LeaderEpochCache
 from storage.clean_shutdown import CleanStop, write_clean_stop
+from storage.clean_swap import SwapGroup
 from storage.errors import (
     InvalidRecordError,
     KafkaStorageError,
@@ -81,6 +81,7 @@ from storage.errors import (
     is_disk_full,
 )
 from storage.flusher import RolledSegmentFlusher
+from storage.list_offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, offset_for_timestamp
 from storage.log_config import LONG_MAX, LogConfig
 from storage.log_dir import (
     CLEAN_SHUTDOWN_FILE,
@@ -98,7 +99,6 @@ from storage.segment import LogSegment, OffsetAndTimestamp
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
 from storage.timestamp_rules import LOG_APPEND_TIME, stamp_log_append_time
-from storage.timestamp_search import MAX_TIMESTAMP, record_at_or_after, record_of_max_timestamp
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -108,9 +108,6 @@ __all__ = [
     "OffsetAndTimestamp",
     "SegmentInfo",
 ]
-
-EARLIEST_TIMESTAMP: Final = -2  # ListOffsets: the log start offset
-LATEST_TIMESTAMP: Final = -1  # ListOffsets: the log end offset
 
 _new_tuple = tuple.__new__  # NamedTuple construction without its keyword handling (hot path)
 _time_ns = time.time_ns
@@ -613,21 +610,10 @@ class Log:
             offset = piece.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> OffsetAndTimestamp | None:
-        """ListOffsets: the offset and timestamp of the first record (at or after the log start offset) whose
-        timestamp is >= ``timestamp_ms``, or None (``storage.timestamp_search``).
-
-        ``EARLIEST_TIMESTAMP`` (-2) and ``LATEST_TIMESTAMP`` (-1) give the log start and end offsets
-        (timestamp -1); ``MAX_TIMESTAMP`` (-3) the first record holding the largest timestamp.
+        """ListOffsets: the offset and timestamp ``timestamp_ms`` names, or None (``storage.list_offsets``).
         """
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return OffsetAndTimestamp(self._log_start_offset, -1)
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return OffsetAndTimestamp(self.log_end_offset, -1)
-        if timestamp_ms == MAX_TIMESTAMP:
-            return record_of_max_timestamp(self._segments, log_start_offset=self._log_start_offset,
-                                           verify=False)
-        return record_at_or_after(self._segments, timestamp_ms, log_start_offset=self._log_start_offset,
-                                  verify=False)
+        return offset_for_timestamp(self._segments, timestamp_ms, log_start_offset=self._log_start_offset,
+                                    log_end_offset=self.log_end_offset)
 
     # --- truncation, retention ------------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
@@ -703,12 +689,12 @@ class Log:
             self._epochs.truncate_from_start(start)
         self._segment_list.remove_first(count)
 
-    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None:
-        """Swap the segment a clean wrote aside at ``base_offset`` in for the closed segments ``replaced``
-        (``storage.cleaner``; the renames and their recovery: ``storage.clean_swap``)."""
+    def swap_cleaned(self, groups: Sequence[SwapGroup]) -> None:
+        """Swap each group's cleaned segment (``storage.cleaner``) in for its closed segments, in one swap
+        (the renames and their recovery: ``storage.clean_swap``)."""
         self._check_writable()
         self._flusher.drain()
-        self._segment_list.swap_cleaned(base_offset, replaced)
+        self._segment_list.swap_cleaned(groups)
 
     # --- checkpoints ----------------------------------------------------------------------------------------
     def _write_offset_checkpoint(self, name: str, offset: int) -> None:

@@ -299,7 +299,7 @@ def _put_section(data: np.ndarray, start: int, end: int, count: int, base_offset
     return size, seen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
                 size: int, entries: np.ndarray, seen: int) -> tuple[int, int]:
     """Put the key of each of the ``count`` records in ``data[start:end]`` (a batch's records section) with
@@ -310,7 +310,7 @@ def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset:
     return _put_section(data, start, end, count, base_offset, table, size, entries, seen, scratch)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, table: np.ndarray,
                 size: int, grow_at: int, entries: np.ndarray, seen: int) -> tuple[int, int, int, int]:
     """Put the keys of the batches at ``positions[first:]`` of a segment (``data``: all of it), as

@@ -107,7 +107,7 @@ def _latest(data: np.ndarray, key_at: int, key_length: int, table: np.ndarray, e
     return slot_offset(table, slot) if found else -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def select_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int,
                    base_timestamp: int, drop_tombstones: bool, map_end: int, table: np.ndarray,
                    entries: np.ndarray, seen: int, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -175,7 +175,7 @@ def batch_action(kept: int, count: int, tombstones: int, has_horizon: bool) -> i
     return REWRITE
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, now_ms: int,
                    map_start: int, map_end: int, table: np.ndarray, entries: np.ndarray, seen: int,
                    keep: np.ndarray, starts: np.ndarray, ends: np.ndarray, delta_ends: np.ndarray,
@@ -233,7 +233,7 @@ def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
     return positions.shape[0], seen, 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def write_kept(data: np.ndarray, first: int, count: int, keep: np.ndarray, starts: np.ndarray,
                ends: np.ndarray, delta_ends: np.ndarray, deltas: np.ndarray, rebase_ms: int, out: np.ndarray,
                at: int) -> int:

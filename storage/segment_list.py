@@ -19,8 +19,8 @@ one place the list changes:
   the one holding it is reopened and cut; :meth:`~SegmentList.reset` deletes them all and starts over;
 * **retention** (:meth:`~SegmentList.remove_first`): the oldest segments leave the list, then their files
   are deleted;
-* **a clean's swap** (:meth:`~SegmentList.swap_cleaned`): a group of closed segments is replaced by the one
-  segment a clean wrote aside (``storage.clean_swap``).
+* **a clean's swap** (:meth:`~SegmentList.swap_cleaned`): groups of closed segments are each replaced by the
+  one segment a clean wrote aside for it (``storage.clean_swap``).
 
 Reads go through :meth:`~SegmentList.read`, from the segment holding the offset on (timestamps:
 ``storage.timestamp_search`` over ``segments``).
@@ -38,7 +38,7 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from storage.clean_swap import finish_interrupted_swap, swap_in
+from storage.clean_swap import SwapGroup, finish_interrupted_swap, swap_in
 from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LogConfig
 from storage.retention import RetentionCandidate, segments_to_delete
@@ -190,26 +190,30 @@ class SegmentList:
                       segment.log_path, segment.size_bytes, segment.base_offset, segment.next_offset - 1)
             segment.delete()
 
-    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None:
-        """Replace the closed segments whose base offsets are ``replaced`` by the segment a clean wrote aside
-        at ``base_offset`` (``storage.clean_swap.swap_in``), then load it.  A step that fails is finished or
-        undone on the spot (``finish_interrupted_swap``) and raised; the list then holds what the directory
-        holds."""
-        i = bisect.bisect_left(self.bases, base_offset)
-        j = i + len(replaced)
-        if self.bases[i:j] != list(replaced) or replaced[0] != base_offset or j >= len(self.segments):
-            raise ValueError(f"partition {self.name}: segments {list(replaced)} are not consecutive closed "
-                             f"segments of the log (it has {self.bases})")
-        first = self.segments[i]
+    def swap_cleaned(self, groups: Sequence[SwapGroup]) -> None:
+        """Replace each group's closed segments (``replaced``) by the segment a clean wrote aside at its
+        ``base_offset`` (``storage.clean_swap.swap_in``, all groups in one swap), then load them.  A step that
+        fails is finished or undone on the spot, group by group (``finish_interrupted_swap``) and raised; the
+        list then holds what the directory holds."""
+        spans = []
+        for base_offset, replaced in groups:
+            i = bisect.bisect_left(self.bases, base_offset)
+            j = i + len(replaced)
+            if self.bases[i:j] != list(replaced) or replaced[0] != base_offset or j >= len(self.segments):
+                raise ValueError(f"partition {self.name}: segments {list(replaced)} are not consecutive "
+                                 f"closed segments of the log (it has {self.bases})")
+            spans.append((i, j))
+        firsts = [self.segments[i] for i, _ in spans]
         try:
-            swap_in(self.directory, base_offset, replaced)
+            swap_in(self.directory, groups)
         except OSError:
             finish_interrupted_swap(self.directory)
-            if os.stat(first.log_path).st_ino == os.fstat(first.read_fd).st_ino:
-                raise  # undone: the old segments are in place
-            self._adopt_cleaned(i, j)
+            for (i, j), first in reversed(list(zip(spans, firsts, strict=True))):
+                if os.stat(first.log_path).st_ino != os.fstat(first.read_fd).st_ino:  # that group committed
+                    self._adopt_cleaned(i, j)
             raise
-        self._adopt_cleaned(i, j)
+        for i, j in reversed(spans):  # from the last: the earlier groups' positions stay as they were
+            self._adopt_cleaned(i, j)
 
     def _adopt_cleaned(self, i: int, j: int) -> None:
         base_offset = self.bases[i]

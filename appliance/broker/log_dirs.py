@@ -11,7 +11,8 @@ compaction.
 A clean swaps segments with renames (``storage.clean_swap``); Kafka's segment map changes in one step, so
 its size is the old segments' until the swap commits and the new one's after.  The listing says which:
 before the commit (no ``<base>.log.swap``) the replaced segments, renamed ``.log.deleted``, are still the
-log and are counted; from the commit on the ``.log.swap`` file is, and the ``.deleted`` ones are not.  A
+log and are counted; from the commit on the ``.log.swap`` file is, and the ``.deleted`` ones are not (a swap
+of several groups commits group by group: ``storage.clean_swap.log_files_now`` applies its rule).  A
 ``.cleaned`` file (a clean's output not swapped in yet) is never counted.
 
 Two callers, one rule:
@@ -58,17 +59,14 @@ def partition_size_bytes(directory: str) -> int:
     or renamed between the listing and its ``stat`` (retention, a swap) counts 0.
     """
     # (storage.segment loads numba: imported here, not for every CLI command that imports this module)
-    from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
-    from storage.segment import LOG_SUFFIX, parse_segment_name
+    from storage.clean_swap import log_files_now
 
     with os.scandir(directory) as listing:
         entries = list(listing)
-    swap, deleted = LOG_SUFFIX + SWAP_SUFFIX, LOG_SUFFIX + DELETED_SUFFIX
-    committed = any(parse_segment_name(e.name, swap) is not None for e in entries)
-    counted = (LOG_SUFFIX, swap if committed else deleted)
+    counted = set(log_files_now([e.name for e in entries]))
     total = 0
     for entry in entries:
-        if all(parse_segment_name(entry.name, suffix) is None for suffix in counted):
+        if entry.name not in counted:
             continue
         try:
             total += entry.stat(follow_symlinks=False).st_size

@@ -10,8 +10,9 @@ state page:
   modification time (when its last batch was appended: what ``min.compaction.lag.ms`` and
   ``max.compaction.lag.ms`` measure here); the last one is the active segment;
 * ``log_start_offset`` and ``log_end_offset``: the state page's (their writers publish them);
-* ``swap_cleaned``: the ``Swap`` callable given, which asks the supervisor to have the owner swap
-  (``appliance.server.clean_handoff``), with the sizes of the replaced segments as listed, so a segment
+* ``swap_cleaned``: the ``Swap`` callable given, which asks the supervisor to have the owner swap the
+  pass's groups (``appliance.server.clean_handoff``), with the sizes of the replaced segments as listed, so a
+  segment
   deleted or replaced since (retention, DeleteRecords) refuses the swap instead of losing data.
 
 :func:`list_view` returns None while a swap is in flight in the directory (``*.deleted`` or ``*.swap``
@@ -23,9 +24,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ipc.state_page import StatePage
-from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
+from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX, SwapGroup
 from storage.log_config import LogConfig
 from storage.log_dir import segment_base_offsets
 from storage.segment import LOG_SUFFIX, segment_path
@@ -33,8 +35,8 @@ from storage.segment_list import SegmentInfo
 
 __all__ = ["LogView", "Swap", "list_view"]
 
-# (base offset, replaced base offsets, their sizes as listed) -> None, or raises CleanRefused
-Swap = Callable[[int, Sequence[int], Sequence[int]], None]
+# groups, each [base offset, replaced base offsets, their sizes as listed] -> None, or raises CleanRefused
+Swap = Callable[[list[list[Any]]], None]
 
 
 @dataclass
@@ -50,9 +52,9 @@ class LogView:
     segments: list[SegmentInfo]
     swap: Swap
 
-    def swap_cleaned(self, base_offset: int, replaced: Sequence[int]) -> None:
+    def swap_cleaned(self, groups: Sequence[SwapGroup]) -> None:
         sizes = {s.base_offset: s.size_bytes for s in self.segments}
-        self.swap(base_offset, list(replaced), [sizes[b] for b in replaced])
+        self.swap([[base, list(replaced), [sizes[b] for b in replaced]] for base, replaced in groups])
 
     @property
     def size_bytes(self) -> int:

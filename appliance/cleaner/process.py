@@ -6,21 +6,26 @@ Theory of operation
 ``log.cleaner.enable`` (the default) the supervisor forks the cleaner after the writers ("appliance: cleaner"
 in ``ps``), restarts it with the back-off of every child when it dies, and sends it SIGTERM at stop (it exits
 at once, once a swap in flight has been answered: whatever else it was doing is abandoned, as after a
-SIGKILL).  It holds one control connection to the supervisor, and runs at nice :data:`NICENESS`: on a busy
-host the partition writers and the broker get the CPU first (Kafka's cleaner threads share one process with
-them; here the scheduler can tell them apart).  Its I/O goes in the idle class (``ioprio_set``,
-:func:`lower_io_priority`): where the disk's scheduler honours I/O priorities (BFQ) the writers' and the
-broker's reads and writes go first; with ``none`` or ``mq-deadline`` the setting is accepted and changes
-nothing.
+SIGKILL).  It holds one control connection to the supervisor, and runs at nice ``appliance.cleaner.nice``
+(default 10; Kafka's cleaner threads share one process with the rest of the broker, which the scheduler
+cannot tell apart, so Kafka has no such setting): on a busy host the partition writers and the broker get
+the CPU first, the cleaner still its share (a nice 10 process gets about a tenth of a core a nice 0 one
+competes for, nice 19 about a seventieth), never none: ``SCHED_IDLE`` would run it only when a core is idle,
+so under a steady load ``max.compaction.lag.ms`` could not be kept.  For the same reason its I/O goes in
+the best-effort class at its lowest level (``ioprio_set``, :func:`lower_io_priority`), not the idle class,
+which a disk busy with the writers' I/O would starve: where the disk's scheduler honours I/O priorities
+(BFQ) the writers' and the broker's reads and writes go first; with ``none`` or ``mq-deadline`` the setting
+is accepted and changes nothing.  At nice 0 both stay as they were.
 
 Each round (:meth:`Cleaner.round`) reads the topic metadata file, lists every partition of a topic whose
 ``cleanup.policy`` holds ``compact`` that this node serves (``appliance.cleaner.log_view``), measures them
 (``appliance.cleaner.choice``) and cleans the one picked with ``storage.cleaner.clean_log``: the offset map in
 this process (at most ``log.cleaner.dedupe.buffer.size``), the cleaned groups written aside as
 ``<base>.log.cleaned`` by this process, reads and writes throttled to ``log.cleaner.io.max.bytes.per.second``
-(``appliance.cleaner.throttle``).  **The swap is the log's owner's**: for each group the view's
-``swap_cleaned`` (on the pass's swap thread) sends the control op ``swap_cleaned`` and waits; the supervisor
-has the partition's running writer swap it in (``Log.swap_cleaned``) or, with no writer running, swaps it
+(``appliance.cleaner.throttle``).  **The swap is the log's owner's**: for the groups of a pass (all of them,
+or those gathered up to ``segment.bytes``: ``storage.clean_pass_swaps``) the view's ``swap_cleaned`` (on the
+pass's swap thread) sends the control op ``swap_cleaned`` and waits; the supervisor has the partition's
+running writer swap them in, in one swap (``Log.swap_cleaned``) or, with no writer running, swaps them
 itself holding the log's lock (``appliance.server.clean_handoff``).  A refused swap (a replaced segment
 deleted or changed meanwhile, a writer starting or stopping) ends the pass: this process unlinks its
 ``.cleaned`` files and the log is measured again next round.  The ``cleaner-offset-checkpoint`` is written by
@@ -45,9 +50,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
 from types import FrameType
-from typing import Final
+from typing import Any, Final
 
 from appliance.cleaner.choice import Dirt, dirtiest
 from appliance.cleaner.log_view import LogView, list_view
@@ -74,11 +78,11 @@ __all__ = [
 ]
 
 _SWAP_TIMEOUT_S: Final = 60.0
-NICENESS: Final = 10  # the cleaner is background work: the writers and the broker come first for the CPU
 _WAKE_CHECK_S: Final = 0.5  # how often a sleeping cleaner looks at the metadata file
 _SYS_IOPRIO_SET: Final = 251  # x86-64 Linux
 _IOPRIO_WHO_PROCESS: Final = 1
-_IOPRIO_CLASS_IDLE: Final = 3
+_IOPRIO_CLASS_BEST_EFFORT: Final = 2
+_IOPRIO_LOWEST_LEVEL: Final = 7
 _IOPRIO_CLASS_SHIFT: Final = 13
 
 _log = logging.getLogger("appliance.cleaner")
@@ -201,16 +205,17 @@ class Cleaner:
     def _view(self, target: _Target) -> LogView | None:
         try:
             return list_view(target.directory, target.log_config, target.topic_partition, target.page,
-                             lambda base, replaced, sizes: self._swap(target, base, replaced, sizes))
+                             lambda groups: self._swap(target, groups))
         except FileNotFoundError:
             return None  # changed while listed: next round
 
-    def _swap(self, target: _Target, base_offset: int, replaced: Sequence[int], sizes: Sequence[int]) -> None:
+    def _swap(self, target: _Target, groups: list[list[Any]]) -> None:
         try:
-            self._control.swap_cleaned(target.topic_partition[0], target.topic_partition[1], base_offset,
-                                       list(replaced), list(sizes), timeout_s=_SWAP_TIMEOUT_S)
+            self._control.swap_cleaned(target.topic_partition[0], target.topic_partition[1], groups,
+                                       timeout_s=_SWAP_TIMEOUT_S)
         except ApplianceError as exc:
-            raise CleanRefusedError(f"the swap of the segment cleaned at {base_offset} was refused: {exc}") \
+            bases = [group[0] for group in groups]
+            raise CleanRefusedError(f"the swap of the segments cleaned at {bases} was refused: {exc}") \
                 from None
 
     def _sleep(self, seconds: float) -> None:
@@ -274,10 +279,11 @@ def unlink_cleaned(directory: str) -> None:
 
 
 def lower_io_priority() -> bool:
-    """Put this process's I/O in the idle class (``ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE)``);
-    False, and a warning, when the kernel refuses."""
+    """Put this process's I/O in the best-effort class at its lowest level (``ioprio_set(IOPRIO_WHO_PROCESS,
+    0, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, 7))``); False, and a warning, when the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, 0, _IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT) == 0:
+    value = _IOPRIO_CLASS_BEST_EFFORT << _IOPRIO_CLASS_SHIFT | _IOPRIO_LOWEST_LEVEL
+    if libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, 0, value) == 0:
         return True
     _log.warning("cleaner: its I/O priority stays as it was: ioprio_set failed: %s",
                  os.strerror(ctypes.get_errno()))
@@ -291,8 +297,9 @@ def cleaner_child(context: ChildContext) -> int:
         raise _Stop
 
     signal.signal(signal.SIGTERM, on_term)
-    os.nice(NICENESS)
-    lower_io_priority()
+    if context.config.cleaner_nice > 0:
+        os.nice(context.config.cleaner_nice)
+        lower_io_priority()
     cleaner = Cleaner(context.config, context.shm_names, context.metadata_path, context.connect())
     _log.info("cleaner: started (dedupe buffer %d bytes, backoff %d ms)",
               context.config.cleaner_dedupe_buffer_size, context.config.cleaner_backoff_ms)

@@ -232,6 +232,7 @@ class Config:
     control_socket: str
     unix_listener: str | None
     writer_idle_ms: int  # -1: resident writers (appliance.server.writer_demand)
+    cleaner_nice: int  # appliance.cleaner.nice
     shutdown_timeout_ms: int
     log_level: str
     replica_dirs: tuple[str, ...]

@@ -338,6 +338,9 @@ SETTINGS: Final = SettingTable((
        "Unix socket where local producers attach; default: <first log dir>/.appliance.sock"),
     _s("appliance.unix.listener", "unix_listener", DERIVED, _derivable(_optional_path),
        "the broker's Unix socket (Kafka protocol); default: <first log dir>/.broker.sock; \"\" disables it"),
+    _s("appliance.cleaner.nice", "cleaner_nice", 10, integer(0, 19),
+       "niceness of the cleaner process (0-19): the higher, the more CPU the writers and the broker get "
+       "first; its I/O goes best-effort at the lowest level whenever it is above 0"),
     _s("appliance.writer.idle.ms", "writer_idle_ms", 60_000, integer(-1, INT_MAX),
        "a partition's writer exits after this long with no producer ring attached; -1: writers always run"),
     _s("appliance.shutdown.timeout.ms", "shutdown_timeout_ms", 30_000, integer(0, INT_MAX),

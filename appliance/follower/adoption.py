@@ -60,7 +60,7 @@ from replicas.leader_connection import LeaderConnection
 from replicas.log_guard import LogGuard, PassStopped
 from replicas.segment_match import Adoption, SegmentDigest, checksum_file, plan_adoptions
 from storage.batch_header import BATCH_LENGTH_OFFSET, HEADER_SIZE, LAST_OFFSET_DELTA_OFFSET, LOG_OVERHEAD
-from storage.clean_swap import cleaned_paths
+from storage.clean_swap import SwapGroup, cleaned_paths
 from storage.errors import ApplianceError, ProtocolError, RequestTimeoutError, describe_os_error
 from storage.log import Log
 
@@ -298,7 +298,7 @@ class Adopter:
                                          adoption.replaced, sizes, lambda b: size_of[b])
             if refused is None:
                 try:
-                    log.swap_cleaned(base, adoption.replaced)
+                    log.swap_cleaned([SwapGroup(base, tuple(adoption.replaced))])
                 except (OSError, ApplianceError) as e:  # finished or undone on the spot by the log
                     refused = f"swapping in the leader's segment {base}: {_describe(e)}"
         if refused is not None:

@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 A log has one writer.  The cleaner process (``appliance.cleaner``) reads closed segments and writes each
 cleaned group aside as ``<base>.log.cleaned`` (and its indexes); it never renames or deletes a segment.
-For each group it sends the control op ``swap_cleaned`` (``topic``, ``partition``, ``base_offset``,
-``replaced``: the base offsets of the closed segments it replaces, ``sizes``: their sizes as the cleaner
-read them) and waits.  :func:`swap_cleaned` (the supervisor) gives the swap to whoever owns the log now:
+For the groups of a pass it sends the control op ``swap_cleaned`` (``topic``, ``partition``, ``groups``: one
+``[base_offset, replaced, sizes]`` a group, ``replaced`` the base offsets of the closed segments it replaces,
+``sizes`` their sizes as the cleaner read them) and waits; the groups are swapped in one swap.
+:func:`swap_cleaned` (the supervisor) gives the swap to whoever owns the log now:
 
 * **a writer runs** (and is not stopping): the writer command ``{"op": "swap_cleaned", ...}``
   (``Partition.ask_writer``); the writer checks the replaced segments are still its closed segments with
@@ -19,7 +20,8 @@ read them) and waits.  :func:`swap_cleaned` (the supervisor) gives the swap to w
   its files and measures the log again next round.
 
 Either way the swap is ``storage.clean_swap.swap_in`` (renames, each step fsynced; a SIGKILL at any step is
-finished or undone by the log's next open), after the same check: the replaced segments are consecutive,
+finished or undone, group by group, by the log's next open), after the same check, for every group (one
+group refused refuses them all, nothing renamed): the replaced segments are consecutive,
 closed (the active segment is never replaced), of the sizes the cleaner read (else retention,
 DeleteRecords or a truncation changed the log meanwhile: refused, nothing renamed), and the cleaned file
 exists.  A refusal is ``KAFKA_STORAGE_ERROR`` naming the partition and the segment; nothing changed.
@@ -36,7 +38,7 @@ from appliance.server.partitions import Partition
 from appliance.server.writer_admin import check_replaced
 from ipc.control import error_response, ok_response
 from ipc.kafka.errors import ErrorCode
-from storage.clean_swap import finish_interrupted_swap, swap_in
+from storage.clean_swap import SwapGroup, finish_interrupted_swap, swap_in
 from storage.errors import LogLockedError, describe_os_error
 from storage.log_dir import lock_log_directory, segment_base_offsets, unlock_log_directory
 from storage.segment import LOG_SUFFIX, segment_path
@@ -51,49 +53,59 @@ Reply = Callable[[dict[str, Any]], None]
 def swap_cleaned(part: Partition, message: Mapping[str, Any], reply: Reply) -> dict[str, Any] | None:
     """The control op ``swap_cleaned`` for ``part``: the reply now, or None (``reply`` is called when the
     partition's writer answered)."""
-    base, replaced, sizes = message["base_offset"], message["replaced"], message["sizes"]
-    if (not isinstance(base, int) or not isinstance(replaced, list) or not isinstance(sizes, list)
-            or not all(isinstance(v, int) for v in (*replaced, *sizes)) or len(replaced) != len(sizes)
-            or not replaced):  # fmt: skip
-        return error_response(ErrorCode.INVALID_REQUEST, f"swap_cleaned of {part.name}: base_offset, "
-                              "replaced and sizes must be an offset and two lists of integers")  # fmt: skip
+    groups = message.get("groups")
+    if not isinstance(groups, list) or not groups or not all(_well_formed(group) for group in groups):
+        return error_response(ErrorCode.INVALID_REQUEST, f"swap_cleaned of {part.name}: groups must be a "
+                              "list of [base_offset, replaced, sizes]: an offset and two lists of "
+                              "integers")  # fmt: skip
     if part.offline:
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR,
                               f"partition {part.name} is offline: {part.offline}")
     child = part.writer
     if child.channel is not None and not child.stopping:
-        part.ask_writer({"op": "swap_cleaned", "base_offset": base, "replaced": replaced, "sizes": sizes},
-                        lambda answer: reply(_answer(answer)))  # fmt: skip
+        part.ask_writer({"op": "swap_cleaned", "groups": groups}, lambda answer: reply(_answer(answer)))
         return None
     if child.pid or child.stopping or child.restart_at_s is not None:
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {part.name}: its writer is starting "
                               "or stopping; the cleaner tries again later")  # fmt: skip
-    return _swap_here(part.spec.directory, part.name, base, replaced, sizes)
+    return _swap_here(part.spec.directory, part.name, groups)
 
 
-def _swap_here(directory: str, name: str, base: int, replaced: list[int], sizes: list[int]) -> dict[str, Any]:
+def _well_formed(group: object) -> bool:
+    """Whether ``group`` is ``[base_offset, replaced, sizes]``: an offset, two equally long lists of ints."""
+    if not isinstance(group, list) or len(group) != 3:
+        return False
+    base, replaced, sizes = group
+    return (isinstance(base, int) and isinstance(replaced, list) and isinstance(sizes, list)
+            and bool(replaced) and len(replaced) == len(sizes)
+            and all(isinstance(v, int) for v in (*replaced, *sizes)))
+
+
+def _swap_here(directory: str, name: str, groups: list[list[Any]]) -> dict[str, Any]:
     try:
         lock_fd = lock_log_directory(directory, name)
     except LogLockedError as exc:
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"{exc}; the cleaner tries again later")
     try:
         bases = segment_base_offsets(os.listdir(directory))
-        refused = check_replaced(directory, bases, name, base, replaced, sizes,
-                                 lambda b: os.stat(segment_path(directory, b, LOG_SUFFIX)).st_size)
-        if refused is not None:
-            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, refused)
+        for base, replaced, sizes in groups:
+            refused = check_replaced(directory, bases, name, base, replaced, sizes,
+                                     lambda b: os.stat(segment_path(directory, b, LOG_SUFFIX)).st_size)
+            if refused is not None:
+                return error_response(ErrorCode.KAFKA_STORAGE_ERROR, refused)
         try:
-            swap_in(directory, base, replaced)
+            swap_in(directory, [SwapGroup(base, tuple(replaced)) for base, replaced, _ in groups])
         except OSError as exc:
             finish_interrupted_swap(directory)
-            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {name}: swapping in the segment "
-                                  f"cleaned at {base}: {describe_os_error(exc)}")  # fmt: skip
+            return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {name}: swapping in the "
+                                  f"segments cleaned at {[g[0] for g in groups]}: "
+                                  f"{describe_os_error(exc)}")  # fmt: skip
     except OSError as exc:
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {name}: {describe_os_error(exc)}")
     finally:
         unlock_log_directory(lock_fd)
-    _log.info("partition %s: swapped in a cleaned segment at %d for segments %s (no writer running)", name,
-              base, replaced)
+    _log.info("partition %s: swapped in cleaned segments (base offset, replaced segments) %s (no writer "
+              "running)", name, [(g[0], g[1]) for g in groups])
     return ok_response()
 
 

@@ -611,8 +611,7 @@ class PartitionWriter:
             reply = delete_records(self.log, self.state_page, self.name, int(command["offset"]))
             self._send({"op": "records_deleted", "id": command.get("id"), **reply})
         elif op == "swap_cleaned":
-            reply = swap_cleaned(self.log, self.name, int(command["base_offset"]), list(command["replaced"]),
-                                 list(command["sizes"]))
+            reply = swap_cleaned(self.log, self.name, list(command["groups"]))
             self._send({"op": "cleaned_swapped", "id": command.get("id"), **reply})
         else:
             _log.error("writer %s: unknown command %r ignored", self.name, command)

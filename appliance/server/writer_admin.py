@@ -3,9 +3,9 @@
 * DeleteRecords: the log start offset moved forward, published in the state page.  The supervisor sends
   ``{"op": "delete_records", "offset": N}`` (the broker's DeleteRecords, ``appliance topics
   delete-records``); the reply's fields go back as ``{"op": "records_deleted", ...}``.
-* A cleaned segment swapped in: ``{"op": "swap_cleaned", "base_offset": B, "replaced": [...], "sizes":
-  [...]}`` (the cleaner process wrote it aside: ``appliance.server.clean_handoff``); the reply's fields go
-  back as ``{"op": "cleaned_swapped", ...}``.
+* Cleaned segments swapped in, in one swap: ``{"op": "swap_cleaned", "groups": [[B, [replaced...],
+  [sizes...]], ...]}`` (the cleaner process wrote them aside: ``appliance.server.clean_handoff``); the
+  reply's fields go back as ``{"op": "cleaned_swapped", ...}``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from ipc.kafka.errors import ErrorCode
 from ipc.state_page import StatePage
-from storage.clean_swap import cleaned_paths
+from storage.clean_swap import SwapGroup, cleaned_paths
 from storage.errors import ApplianceError, describe_os_error
 from storage.log import Log
 
@@ -47,21 +47,23 @@ def delete_records(log: Log, page: StatePage, name: str, offset: int) -> dict[st
     return {"ok": True, "low_watermark": start}
 
 
-def swap_cleaned(log: Log, name: str, base_offset: int, replaced: list[int],
-                 sizes: list[int]) -> dict[str, Any]:
-    """Swap the segment cleaned at ``base_offset`` in for ``replaced`` (``Log.swap_cleaned``) if they are
-    still closed segments of ``log`` of ``sizes`` bytes; the reply's fields (or why it was refused)."""
+def swap_cleaned(log: Log, name: str, groups: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """Swap each group's segment, cleaned at ``base_offset``, in for ``replaced`` (``groups``: ``[base_offset,
+    replaced, sizes]``), in one swap (``Log.swap_cleaned``), if they all are still closed segments of ``log``
+    of ``sizes`` bytes; the reply's fields (or why it was refused)."""
     infos = {s.base_offset: s for s in log.segments}
-    refused = check_replaced(log.directory, list(infos), name, base_offset, replaced, sizes,
-                             lambda base: infos[base].size_bytes)
-    if refused is not None:
-        return {"ok": False, "error": ErrorCode.KAFKA_STORAGE_ERROR.name, "message": refused}
+    for base_offset, replaced, sizes in groups:
+        refused = check_replaced(log.directory, list(infos), name, int(base_offset), list(replaced),
+                                 list(sizes), lambda base: infos[base].size_bytes)
+        if refused is not None:
+            return {"ok": False, "error": ErrorCode.KAFKA_STORAGE_ERROR.name, "message": refused}
     try:
-        log.swap_cleaned(base_offset, replaced)
+        log.swap_cleaned([SwapGroup(int(g[0]), tuple(g[1])) for g in groups])
     except (OSError, ValueError, ApplianceError) as exc:  # a full log dir refuses it: KafkaStorageError
         why = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
         return {"ok": False, "error": ErrorCode.KAFKA_STORAGE_ERROR.name,
-                "message": f"partition {name}: swapping in the segment cleaned at {base_offset}: {why}"}
+                "message": f"partition {name}: swapping in the segments cleaned at {[g[0] for g in groups]}: "
+                           f"{why}"}  # fmt: skip
     return {"ok": True}
 
 

@@ -13,8 +13,8 @@ JSON lines (``ipc.control.encode``) each way::
                            {"op": "delete_records", "id": N, "offset": O}   DeleteRecords: move the
                                                             log start offset to O (at most the high
                                                             watermark), publish it
-                           {"op": "swap_cleaned", "id": N, "base_offset": B, "replaced": [...],
-                            "sizes": [...]}                 swap a segment the cleaner wrote aside in
+                           {"op": "swap_cleaned", "id": N, "groups": [[B, [replaced...], [sizes...]],
+                            ...]}                           swap the segments the cleaner wrote aside in
     writer -> supervisor   {"op": "detached", "ring": ...}  the ring may be unlinked now
                            {"op": "timers_done"}            after run_timers
                            {"op": "records_deleted", "id": N, "ok": B, "low_watermark": L, ...}

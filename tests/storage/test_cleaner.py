@@ -223,7 +223,7 @@ def test_a_batch_larger_than_the_map_is_a_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("point", ["clean.write", "clean.cleaned", "clean.deleted", "clean.indexes",
-                                   "clean.swap", "clean.unlinked"])
+                                   "clean.swap", "clean.committed", "clean.unlinked"])
 def test_a_failed_step_leaves_a_log_that_reads_the_same(tmp_path: Path, point: str) -> None:
     batches = [build_batch([f"v{i}".encode()], [b"k%d" % (i % 3)], timestamp_ms=1000 + i) for i in range(30)]
     log = _log(tmp_path, batches)

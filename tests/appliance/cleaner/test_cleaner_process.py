@@ -1,6 +1,7 @@
 """The cleaner as a process of ``appliance serve``: a compacted topic produced to with confluent-kafka
 gets its closed segments rewritten (each key's latest value at its original offset, tombstones gone after
-``delete.retention.ms``; the cleaner's I/O in the idle class), the cleaner sleeping
+``delete.retention.ms``; the cleaner at ``appliance.cleaner.nice``, its I/O best-effort at the lowest level),
+the cleaner sleeping
 ``log.cleaner.backoff.ms`` (ten minutes here) wakes when the topic's settings are altered, and
 ``log.cleaner.enable=false`` runs no cleaner and keeps every record."""
 
@@ -34,15 +35,16 @@ COMPACT = {"cleanup.policy": "compact", "segment.bytes": "16384", "min.cleanable
            "delete.retention.ms": "0"}
 Latest = dict[bytes, tuple[int, bytes | None]]  # key -> (offset, value) of its last record
 _SYS_IOPRIO_GET = 252  # x86-64 Linux
-_IOPRIO_CLASS_IDLE = 3
+_IOPRIO_CLASS_BEST_EFFORT = 2
+_IOPRIO_LOWEST_LEVEL = 7
 
 
-def _io_class(pid: int) -> int:
-    """The I/O scheduling class of process ``pid`` (``ioprio_get``; what ``ionice -p`` prints)."""
+def _io_priority(pid: int) -> tuple[int, int]:
+    """The I/O scheduling class and level of process ``pid`` (``ioprio_get``; what ``ionice -p`` prints)."""
     libc = ctypes.CDLL(None, use_errno=True)
     value = libc.syscall(_SYS_IOPRIO_GET, 1, pid)  # IOPRIO_WHO_PROCESS
     assert value >= 0, os.strerror(ctypes.get_errno())
-    return int(value) >> 13
+    return int(value) >> 13, int(value) & 0xFF
 
 
 class Running:
@@ -146,7 +148,9 @@ def test_a_compacted_topic_is_cleaned_by_the_cleaner_process(running: Running) -
     titles = [_title(pid) for pid in app.children()]
     assert "appliance: cleaner" in titles, titles
     cleaner = next(pid for pid in app.children() if _title(pid) == "appliance: cleaner")
-    assert _io_class(cleaner) == _IOPRIO_CLASS_IDLE  # its reads and writes come after everyone else's
+    # the default appliance.cleaner.nice: CPU and reads and writes after the writers' and the broker's
+    assert os.getpriority(os.PRIO_PROCESS, cleaner) == 10
+    assert _io_priority(cleaner) == (_IOPRIO_CLASS_BEST_EFFORT, _IOPRIO_LOWEST_LEVEL)
     running.create(TOPIC, COMPACT)  # the cleaner wakes for it, finds nothing to clean and sleeps 10 min
     oracle = running.produce(range(30), tombstones=range(5))
     produced = max(offset for offset, _ in oracle.values()) + 1

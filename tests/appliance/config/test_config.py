@@ -557,8 +557,11 @@ def test_the_cleaners_settings_have_kafkas_names_and_defaults(tmp_path: pathlib.
     loaded = load_config(write(tmp_path / "c.toml", text))
     assert loaded.topic("t").min_cleanable_dirty_ratio == 0.2
     assert loaded.topic("t", {"delete.retention.ms": 7}).delete_retention_ms == 7
+    assert config.cleaner_nice == 10  # appliance.cleaner.nice: not Kafka's (docs/configuration.md)
+    assert load_config(write(tmp_path / "c.toml", '"appliance.cleaner.nice" = 19\n')).cleaner_nice == 19
     for bad in ('"log.cleaner.threads" = 2', '"log.cleaner.io.max.bytes.per.second" = 0',
-                '"min.cleanable.dirty.ratio" = 1.5'):
+                '"min.cleanable.dirty.ratio" = 1.5', '"appliance.cleaner.nice" = 20',
+                '"appliance.cleaner.nice" = -1'):
         with pytest.raises(ConfigError, match=bad.split('"')[1]):
             load_config(write(tmp_path / "c.toml", bad + "\n"))
 
