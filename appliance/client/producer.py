@@ -77,6 +77,7 @@ from appliance.client.accumulator import (
     BulkHandle,
     BulkMetadata,
     Callback,
+    CallbackQueue,
     ColumnBatch,
     Header,
     ProducerBatch,
@@ -157,6 +158,7 @@ class Producer:
         self._route: Route = route
         self._lock = threading.RLock()
         self._token = AppendToken()  # who may append to or seal open batches (see AppendToken)
+        self._completions = CallbackQueue()  # runs the callbacks of completed batches, batch by batch
         self._topics: dict[str, _Topic] = {}
         self._all_topics: dict[str, _Topic] = {}  # kept after close (for error messages)
         self._lingering: dict[PartitionQueue, None] = {}  # open batch has records: oldest first
@@ -292,7 +294,8 @@ class Producer:
         return state
 
     def _new_batch(self, topic: _Topic, partition: int) -> ProducerBatch:
-        return ProducerBatch(self._waiter, topic.name, partition, topic.batch_room)
+        return ProducerBatch(self._waiter, topic.name, partition, topic.batch_room,
+                             completions=self._completions)
 
     def _first_record(self, part: PartitionQueue, batch: ProducerBatch) -> None:
         """A batch gets its first record: start its linger clock, make sure the timer thread will seal it
@@ -439,7 +442,7 @@ class Producer:
                 self._seal(part)
             where = slice(start, stop) if indexes is None else indexes[start:stop]
             batch = ColumnBatch(self._waiter, state.name, part_index, slice_columns(columns, start, stop),
-                                where, bound, now_ms, bulk)
+                                where, bound, now_ms, bulk, completions=self._completions)
             bulk.add(batch)
             part.sealed.append(batch)
             self._sender.pending(part)

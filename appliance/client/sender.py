@@ -437,7 +437,7 @@ class Sender:
         :class:`~appliance.client.accumulator.BatchWaiter`.  RequestTimeoutError after ``timeout`` seconds.
         Takes the producer's lock for each step; waits without it."""
         deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
-        pending = [batch for batch in batches if batch.state != DONE]
+        pending = [batch for batch in batches if not batch.settled]  # (without the lock: callbacks ran)
         while pending:
             with self._lock:
                 pending = self._advance(pending, deadline_ns)
@@ -458,7 +458,9 @@ class Sender:
 
     def _advance(self, pending: list[ProducerBatch], deadline_ns: int | None) -> list[ProducerBatch]:
         """One step of a wait, with the lock held: seal the batches still open, publish what their
-        partitions can take, fail what expired; the batches not done yet."""
+        partitions can take, fail what expired; the batches not done yet.  (Under the lock a batch that is
+        DONE has had its callbacks run, or they wait in the producer's CallbackQueue behind a callback this
+        very thread is running: waiting for them would wait for itself.)"""
         for batch in pending:
             if batch.state == OPEN:
                 part = self._partition_of(batch)
