@@ -46,6 +46,13 @@ appended again.  After a non-retriable error the batches behind the failed one a
 again in order (``appliance.client.partition_queue``).  A writer restart needs nothing from the producer:
 the ring outlives the writer, and the new writer reads the unacknowledged frames again.
 
+**Callbacks** run once per record, when its batch is acknowledged or failed, on whichever thread collected
+the answer (the caller's, or the sender's timer thread), under the producer's lock: keep them short; a
+callback may send.  As in Kafka, the callbacks of records sent to one partition run in send order (also when
+a callback sends, calls ``get`` or ``flush``, which collect acks: those batches' callbacks run after the
+running batch's), those of different partitions in no particular order, and a handle is done, ``get``
+returns and ``flush`` returns only after the record's callback ran (``accumulator.CallbackQueue``).
+
 **Back-pressure and time-outs.**  A full ring (the writer is slower, stopped, or gone; over TCP, every
 in-flight slot taken) blocks ``send`` for up to ``max.block.ms``, then raises :class:`BackPressureError`;
 the record that raised was not accepted, the ones before it were.  A batch not acknowledged within

@@ -26,7 +26,10 @@ flight had its acks collected within the last millisecond and nothing waits: the
 ms (a partition the caller stops publishing to is collected at that look), since every wake-up of a thread
 costs CPU (docs/performance.md).  The thread never touches a batch while the caller's thread does (it
 holds the producer's lock, and the append token to seal) and never sleeps on a ring semaphore.  A callback
-runs on whichever thread collected its ack: keep it short.  Waits (:meth:`Sender.await_batches`: ``get``,
+runs on whichever thread collected its ack: keep it short.  Both threads collect under the producer's lock
+and complete each partition's batches in publish order, and the callbacks go through the producer's
+``accumulator.CallbackQueue`` (a batch at a time, never nested), so each partition's callbacks run in send
+order whichever thread runs them.  Waits (:meth:`Sender.await_batches`: ``get``,
 ``flush``) nap, then park on the oldest in-flight frame's channel (a ring's semaphore, a socket's
 ``select``) outside the lock, then collect under the lock.
 
