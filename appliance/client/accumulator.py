@@ -24,6 +24,19 @@ Life of a batch (``state``)::
                                                                                                    │
                          DONE  <── ack: base offset, or an error (then ``error``) ─────────────────┘
 
+**Completion and callbacks** (Kafka's guarantees, which hold whichever thread collects an ack).  A batch is
+completed exactly once (:meth:`ProducerBatch.complete`: a second answer for a done batch changes nothing):
+it becomes DONE at once, for the producer's bookkeeping, and its callbacks run through the producer's
+:class:`CallbackQueue`, which runs whole batches one after another in the order they completed.  The
+producer completes batches under its lock, each partition's in publish order, so the callbacks of records
+sent to one partition run in send order: also when a callback causes more completions on its own thread
+(it sends with ``linger.ms=0``, calls ``get`` or ``flush``: the acks that collects complete their batches
+at once, but their callbacks wait in the queue until the running batch's callbacks returned).  Callbacks of
+different partitions keep no order between them.  A handle resolves -- ``done()``, ``get()``, and so
+``flush()`` -- only once its batch's callbacks ran (``settled``): Kafka's future completes after them.  From
+within a callback, ``get`` of a record whose callbacks wait behind the running one returns once it is
+acknowledged (waiting for them there would wait for itself).
+
 ("linger.ms passed" seals a batch only once its partition can take it: an in-flight slot free, nothing
 queued ahead; until then records keep joining it.  See ``appliance.client.sender``.)
 
@@ -38,6 +51,7 @@ This module knows nothing of the producer itself.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -61,6 +75,7 @@ __all__ = [
     "BatchWaiter",
     "BulkHandle",
     "BulkMetadata",
+    "CallbackQueue",
     "ColumnBatch",
     "ProducerBatch",
     "RecordHandle",
@@ -192,14 +207,47 @@ class AppendToken:
         self.free.append(None)
 
 
+class CallbackQueue:
+    """Runs completed batches' callbacks one batch after another, in the order the batches completed.
+
+    :meth:`run` is called (with the producer's lock held, so by one thread at a time) by every batch that
+    completes.  When no batch's callbacks are running it runs them at once; when they are -- a callback
+    caused the completion (it sent and so collected acks, or waited with ``get``/``flush``) -- the batch
+    waits in the queue and the loop already running runs its callbacks after the running batch's.  So a
+    later batch's callbacks never run in the middle of an earlier one's.  One queue per producer."""
+
+    __slots__ = ("_queue", "_running")
+
+    def __init__(self) -> None:
+        self._queue: deque[ProducerBatch] = deque()
+        self._running = False
+
+    def run(self, batch: ProducerBatch) -> None:
+        queue = self._queue
+        queue.append(batch)
+        if self._running:
+            return  # (a callback's doing: the loop below, further up this thread's stack, runs it)
+        self._running = True
+        try:
+            while queue:
+                queue.popleft().settle()
+        finally:
+            self._running = False  # (an exception out of a callback, e.g. KeyboardInterrupt: the batches
+            # still queued run with the next completion)
+
+
 class ProducerBatch:
-    """Records for one partition from the first append to the ack.  See the module docstring."""
+    """Records for one partition from the first append to the ack.  See the module docstring.
+
+    ``completions``: the producer's :class:`CallbackQueue` (None: a queue of the batch's own, for batches
+    made outside a producer)."""
 
     __slots__ = (
         "attempts",
         "base_offset",
         "base_sequence",
         "callbacks",
+        "completions",
         "created_ns",
         "error",
         "extra_bytes",
@@ -213,6 +261,7 @@ class ProducerBatch:
         "record_errors",
         "refused_code",
         "room_bytes",
+        "settled",
         "size_bytes",
         "state",
         "timestamp_ms",
@@ -222,8 +271,10 @@ class ProducerBatch:
         "waiter",
     )
 
-    def __init__(self, waiter: BatchWaiter, topic: str, partition: int, size_bytes: int) -> None:
+    def __init__(self, waiter: BatchWaiter, topic: str, partition: int, size_bytes: int, *,
+                 completions: CallbackQueue | None = None) -> None:
         self.waiter = waiter  # how a handle waits for this batch (the producer's sender)
+        self.completions = completions if completions is not None else CallbackQueue()
         self.topic = topic
         self.partition = partition
         self.values: list[bytes | None] = []  # every record's value, in order
@@ -245,6 +296,7 @@ class ProducerBatch:
         self.first_append_ns = 0  # monotonic ns of the first record (linger.ms counts from it)
         self.timestamp_ms = 0  # CreateTime of records sent without a timestamp (the first append's clock)
         self.state = OPEN
+        self.settled = False  # DONE and its callbacks ran: handles resolve
         self.base_sequence = -1
         self.base_offset = -1
         self.error: ApplianceError | None = None
@@ -358,10 +410,14 @@ class ProducerBatch:
 
     def complete(self, base_offset: int, error: ApplianceError | None,
                  record_errors: Mapping[int, ApplianceError] | None = None) -> None:
-        """The writer answered (or the producer gave up): resolve every handle, run the callbacks.
+        """The writer answered (or the producer gave up): the batch is DONE; its callbacks run through the
+        producer's :class:`CallbackQueue` (now, or after those already running), then handles resolve.  A
+        batch already done stays as it was (a batch completes once).
 
         ``record_errors`` (with ``error``): the batch was refused for the sake of these records (by index),
         each with its own error; the others fail with ``error`` (Kafka's KIP-467 record errors)."""
+        if self.state == DONE:
+            return
         self.base_offset = base_offset
         self.error = error
         self.record_errors = record_errors if error is not None else None
@@ -369,8 +425,18 @@ class ProducerBatch:
         self.plan_cache = None  # the records are in the log now (or never will be): free them
         self.keys = self.headers = None
         self.values = _CountOnly(len(self.values))  # type: ignore[assignment]
+        self.completions.run(self)
+
+    def settle(self) -> None:
+        """Run the callbacks of a done batch (its :class:`CallbackQueue` calls this), then resolve its
+        handles."""
+        self.run_callbacks()
+        self.settled = True
+
+    def run_callbacks(self) -> None:
         if self.callbacks:
             callbacks, self.callbacks = self.callbacks, None
+            error = self.error
             for index, callback in callbacks:
                 _call(callback, self.error_of(index), None if error else self.metadata(index))
 
@@ -396,8 +462,8 @@ class ColumnBatch(ProducerBatch):
 
     def __init__(self, waiter: BatchWaiter, topic: str, partition: int, columns: RecordColumns,
                  indexes: np.ndarray | slice, encoded_bound: int, timestamp_ms: int,
-                 bulk: BulkHandle) -> None:
-        super().__init__(waiter, topic, partition, 0)
+                 bulk: BulkHandle, *, completions: CallbackQueue | None = None) -> None:
+        super().__init__(waiter, topic, partition, 0, completions=completions)
         self._columns = columns
         self.indexes = indexes
         self.encoded_bound = encoded_bound  # records section bytes, at most (before compression)
@@ -418,10 +484,9 @@ class ColumnBatch(ProducerBatch):
     def column_timestamps(self) -> np.ndarray | None:
         return self._columns.timestamps
 
-    def complete(self, base_offset: int, error: ApplianceError | None,
-                 record_errors: Mapping[int, ApplianceError] | None = None) -> None:
-        super().complete(base_offset, error, record_errors)
-        self.bulk.batch_done(error)
+    def run_callbacks(self) -> None:
+        super().run_callbacks()
+        self.bulk.batch_done(self.error)
 
 
 class _CountOnly:
@@ -460,7 +525,7 @@ class RecordHandle:
         lingers); return where it went.  Raises the delivery error, or RequestTimeoutError after ``timeout``
         seconds (the record may still be delivered later)."""
         batch = self._batch
-        if batch.state != DONE:
+        if not batch.settled:
             batch.waiter([batch], timeout)
         error = batch.error_of(self._index)
         if error is not None:
@@ -468,8 +533,9 @@ class RecordHandle:
         return batch.metadata(self._index)
 
     def done(self) -> bool:
-        """True once the record is acknowledged or failed (never waits, never publishes)."""
-        return self._batch.state == DONE
+        """True once the record is acknowledged or failed and its batch's callbacks ran (never waits,
+        never publishes)."""
+        return self._batch.settled
 
     def exception(self) -> ApplianceError | None:
         """The delivery error of a done record, else None."""
@@ -500,12 +566,14 @@ class BulkHandle:
         self._pending += 1
 
     def batch_done(self, error: ApplianceError | None) -> None:
+        """One of the batches is done (its callbacks run now): the last one runs the callback, and only
+        then is the whole lot done."""
         if error is not None and self.error is None:
             self.error = error
-        self._pending -= 1
-        if self._pending == 0 and self._callback is not None:
+        if self._pending == 1 and self._callback is not None:
             callback, self._callback = self._callback, None
             _call(callback, self.error, None if self.error else self.metadata())
+        self._pending -= 1
 
     def finish_empty(self) -> None:
         """No records at all: done at once."""

@@ -161,10 +161,7 @@ class PartitionQueue:
         with KAFKA_STORAGE_ERROR and sent again is left to its answer (:meth:`acknowledged` fails it with
         the storage error if it is refused again) for as long again."""
         limit_ns = delivery_timeout_ms * 1_000_000
-        waiting: list[ProducerBatch] = list(self.sealed) + [b for b in self.answered if b.state != DONE]
-        if self.channel is not None:
-            waiting += [batch for _, batch in self.channel.in_flight]
-        for batch in waiting:
+        for batch in self._in_send_order():
             if batch.state == DONE or now_ns - batch.created_ns <= limit_ns:
                 continue
             if (batch.state == PUBLISHED and batch.refused_code == KAFKA_STORAGE_ERROR
@@ -197,10 +194,20 @@ class PartitionQueue:
 
     def abandon(self, error: RequestTimeoutError) -> None:
         """Fail everything not acknowledged (the producer closes; the caller closes the channel)."""
-        pending: list[ProducerBatch] = [self.open] if self.open.values else []
-        pending += list(self.sealed) + self.answered
+        pending = self._in_send_order()
+        if self.open.values:
+            pending.append(self.open)
         if self.channel is not None:
-            pending += self.channel.abandon_in_flight()
+            self.channel.abandon_in_flight()
         for batch in pending:
             if batch.state != DONE:
                 batch.complete(-1, error)
+
+    def _in_send_order(self) -> list[ProducerBatch]:
+        """The batches sealed and not done, oldest first (so that they complete, and their callbacks run,
+        in send order): those answered with an error while recovering, those in flight, those queued."""
+        batches = [batch for batch in self.answered if batch.state != DONE]
+        if self.channel is not None:
+            batches += [batch for _, batch in self.channel.in_flight]
+        batches += self.sealed
+        return batches

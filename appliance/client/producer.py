@@ -46,6 +46,13 @@ appended again.  After a non-retriable error the batches behind the failed one a
 again in order (``appliance.client.partition_queue``).  A writer restart needs nothing from the producer:
 the ring outlives the writer, and the new writer reads the unacknowledged frames again.
 
+**Callbacks** run once per record, when its batch is acknowledged or failed, on whichever thread collected
+the answer (the caller's, or the sender's timer thread), under the producer's lock: keep them short; a
+callback may send.  As in Kafka, the callbacks of records sent to one partition run in send order (also when
+a callback sends, calls ``get`` or ``flush``, which collect acks: those batches' callbacks run after the
+running batch's), those of different partitions in no particular order, and a handle is done, ``get``
+returns and ``flush`` returns only after the record's callback ran (``accumulator.CallbackQueue``).
+
 **Back-pressure and time-outs.**  A full ring (the writer is slower, stopped, or gone; over TCP, every
 in-flight slot taken) blocks ``send`` for up to ``max.block.ms``, then raises :class:`BackPressureError`;
 the record that raised was not accepted, the ones before it were.  A batch not acknowledged within
@@ -77,6 +84,7 @@ from appliance.client.accumulator import (
     BulkHandle,
     BulkMetadata,
     Callback,
+    CallbackQueue,
     ColumnBatch,
     Header,
     ProducerBatch,
@@ -157,6 +165,7 @@ class Producer:
         self._route: Route = route
         self._lock = threading.RLock()
         self._token = AppendToken()  # who may append to or seal open batches (see AppendToken)
+        self._completions = CallbackQueue()  # runs the callbacks of completed batches, batch by batch
         self._topics: dict[str, _Topic] = {}
         self._all_topics: dict[str, _Topic] = {}  # kept after close (for error messages)
         self._lingering: dict[PartitionQueue, None] = {}  # open batch has records: oldest first
@@ -292,7 +301,8 @@ class Producer:
         return state
 
     def _new_batch(self, topic: _Topic, partition: int) -> ProducerBatch:
-        return ProducerBatch(self._waiter, topic.name, partition, topic.batch_room)
+        return ProducerBatch(self._waiter, topic.name, partition, topic.batch_room,
+                             completions=self._completions)
 
     def _first_record(self, part: PartitionQueue, batch: ProducerBatch) -> None:
         """A batch gets its first record: start its linger clock, make sure the timer thread will seal it
@@ -439,7 +449,7 @@ class Producer:
                 self._seal(part)
             where = slice(start, stop) if indexes is None else indexes[start:stop]
             batch = ColumnBatch(self._waiter, state.name, part_index, slice_columns(columns, start, stop),
-                                where, bound, now_ms, bulk)
+                                where, bound, now_ms, bulk, completions=self._completions)
             bulk.add(batch)
             part.sealed.append(batch)
             self._sender.pending(part)

@@ -26,7 +26,10 @@ flight had its acks collected within the last millisecond and nothing waits: the
 ms (a partition the caller stops publishing to is collected at that look), since every wake-up of a thread
 costs CPU (docs/performance.md).  The thread never touches a batch while the caller's thread does (it
 holds the producer's lock, and the append token to seal) and never sleeps on a ring semaphore.  A callback
-runs on whichever thread collected its ack: keep it short.  Waits (:meth:`Sender.await_batches`: ``get``,
+runs on whichever thread collected its ack: keep it short.  Both threads collect under the producer's lock
+and complete each partition's batches in publish order, and the callbacks go through the producer's
+``accumulator.CallbackQueue`` (a batch at a time, never nested), so each partition's callbacks run in send
+order whichever thread runs them.  Waits (:meth:`Sender.await_batches`: ``get``,
 ``flush``) nap, then park on the oldest in-flight frame's channel (a ring's semaphore, a socket's
 ``select``) outside the lock, then collect under the lock.
 
@@ -437,7 +440,7 @@ class Sender:
         :class:`~appliance.client.accumulator.BatchWaiter`.  RequestTimeoutError after ``timeout`` seconds.
         Takes the producer's lock for each step; waits without it."""
         deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
-        pending = [batch for batch in batches if batch.state != DONE]
+        pending = [batch for batch in batches if not batch.settled]  # (without the lock: callbacks ran)
         while pending:
             with self._lock:
                 pending = self._advance(pending, deadline_ns)
@@ -458,7 +461,9 @@ class Sender:
 
     def _advance(self, pending: list[ProducerBatch], deadline_ns: int | None) -> list[ProducerBatch]:
         """One step of a wait, with the lock held: seal the batches still open, publish what their
-        partitions can take, fail what expired; the batches not done yet."""
+        partitions can take, fail what expired; the batches not done yet.  (Under the lock a batch that is
+        DONE has had its callbacks run, or they wait in the producer's CallbackQueue behind a callback this
+        very thread is running: waiting for them would wait for itself.)"""
         for batch in pending:
             if batch.state == OPEN:
                 part = self._partition_of(batch)

@@ -64,20 +64,85 @@ def test_linger_zero_publishes_on_the_callers_thread(appliance: Appliance) -> No
 def test_after_a_steady_linger_zero_stream_stops_every_callback_runs_without_further_calls(
         appliance: Appliance) -> None:
     """While the caller publishes (and so collects acks) itself, the timer thread looks only every 10 ms;
-    once the caller stops, the last acks are still collected and their callbacks run, with no further
-    call."""
-    done: list[int] = []
-    last = threading.Event()
+    once the caller stops, the last acks are still collected and every callback runs exactly once, each
+    partition's in send order, with no further call.  (Callbacks of different partitions keep no order
+    between them, as in Kafka: the last record's callback may run before the other partition's last ones.)"""
+    done: list[tuple[int, int]] = []  # (record, partition) in the order the callbacks ran
     producer = make_producer(appliance, linger_ms=0)
     try:
         count = 3000
         for i in range(count):
             producer.send("linger", b"steady %d" % i,
-                          callback=lambda error, meta, i=i: (done.append(i), i == count - 1 and last.set()))
+                          callback=lambda error, meta, i=i: done.append((i, meta.partition)))
             if i % 20 == 19:
                 time.sleep(0.0002)  # bursts, like a paced sender
-        assert last.wait(10), f"{len(done)} of {count} callbacks ran"
-        assert sorted(done) == list(range(count))
+        deadline = time.monotonic() + 10
+        while len(done) < count and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert sorted(i for i, _ in done) == list(range(count)), f"{len(done)} callbacks for {count} records"
+        for partition in (0, 1):
+            ran = [i for i, p in done if p == partition]
+            assert ran == sorted(ran), f"partition {partition}: callbacks out of send order"
+    finally:
+        producer.close()
+
+
+def test_get_done_and_flush_wait_for_callbacks_running_on_another_thread(appliance: Appliance) -> None:
+    """A record's handle resolves once its batch's callbacks ran (Kafka completes a Future after them):
+    while another thread runs a slow callback, the handle is not done, and get() and flush() on other
+    threads return only after the callback returned."""
+    running, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow(error: Any, meta: Any) -> None:
+        running.set()
+        release.wait(10)
+        ran.append("callback")
+
+    producer = make_producer(appliance, linger_ms=0)
+    seen: list[tuple[str, list[str]]] = []
+    handles: list[Any] = []
+    sender = threading.Thread(target=lambda: handles.append(producer.send("one", b"slow", callback=slow)))
+    try:
+        sender.start()  # the callback runs on this thread (an ack collected by send) or the timer thread
+        assert running.wait(10), "the ack was collected and the callback started"
+        while not handles:
+            time.sleep(0.001)
+        handle = handles[0]
+        waiters = [threading.Thread(target=lambda: (handle.get(10), seen.append(("get", list(ran))))),
+                   threading.Thread(target=lambda: (producer.flush(10), seen.append(("flush", list(ran)))))]
+        for waiter in waiters:
+            waiter.start()
+        done_while_running = handle.done()
+        time.sleep(0.05)  # time for a get() or flush() that does not wait to return
+        release.set()
+        for thread in [sender, *waiters]:
+            thread.join(20)
+        assert not done_while_running, "done() before the callback ran"
+        assert sorted(seen) == [("flush", ["callback"]), ("get", ["callback"])], seen
+        assert handle.done()
+    finally:
+        release.set()
+        producer.close()
+
+
+def test_callbacks_keep_send_order_when_a_callback_waits_for_a_later_record(appliance: Appliance) -> None:
+    """Callbacks of one partition run in send order even when one of them sends a record and waits for it
+    (its get() collects that record's ack on the callback's thread): the later record's callback runs
+    after the callbacks of the batch in progress, not in the middle of them."""
+    order: list[str] = []
+    producer = make_producer(appliance, linger_ms=60_000)
+    try:
+        def first(error: Any, meta: Any) -> None:
+            order.append("a0")
+            later = producer.send("one", b"c", callback=lambda error, meta: order.append("c"))
+            assert later.get(10).offset >= 0  # acknowledged; its callback waits for a0's batch
+            order.append("a0 returns")
+
+        producer.send("one", b"a0", callback=first)
+        producer.send("one", b"a1", callback=lambda error, meta: order.append("a1"))
+        producer.flush(10)
+        assert order == ["a0", "a0 returns", "a1", "c"]
     finally:
         producer.close()
 

@@ -4,13 +4,14 @@ the batches behind it, against a simple oracle (a list of record counts)."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.client.accumulator import DONE, SEALED, ProducerBatch
+from appliance.client.accumulator import DONE, SEALED, CallbackQueue, ProducerBatch
 from appliance.client.partition_queue import SEQUENCE_MODULUS, PartitionQueue
 from storage.errors import InvalidRecordError, NotEnoughReplicasError, RequestTimeoutError
 
@@ -139,3 +140,43 @@ def test_a_first_error_that_is_not_behind_another_is_final(code: int) -> None:
     (a,) = _published(queue, [2])
     _answer(queue, a, -code)
     assert a.state == DONE and isinstance(a.error, InvalidRecordError)
+
+
+class _Channel:
+    """What PartitionQueue reads of a channel: the batches in flight, oldest first."""
+
+    def __init__(self, batches: list[ProducerBatch]) -> None:
+        self.in_flight = deque(enumerate(batches))
+
+    def abandon_in_flight(self) -> list[ProducerBatch]:
+        batches = [batch for _, batch in self.in_flight]
+        self.in_flight.clear()
+        return batches
+
+
+@pytest.mark.parametrize("how", ["close", "delivery.timeout.ms"])
+def test_batches_given_up_complete_in_send_order(how: str) -> None:
+    """Closing, or delivery.timeout.ms running out for all of them, fails a partition's batches oldest
+    first -- answered with an error while recovering, in flight, queued, open -- so their callbacks run in
+    send order."""
+    completions = CallbackQueue()
+    ran: list[int] = []
+
+    def made(number: int) -> ProducerBatch:
+        batch = ProducerBatch(None, "t", 0, 1 << 20, completions=completions)  # type: ignore[arg-type]
+        batch.append(b"r%d" % number, None, None, None, lambda error, meta, number=number: ran.append(number))
+        batch.state = SEALED
+        return batch
+
+    queue = PartitionQueue("t", 0, made(5))
+    refused, in_flight, also_in_flight, queued = (made(n) for n in range(1, 5))
+    queue.answered.append(refused)  # answered with a retriable error, waiting for the others' answers
+    queue.recovering = True
+    queue.channel = _Channel([in_flight, also_in_flight])  # type: ignore[assignment]
+    queue.sealed.append(queued)
+    if how == "close":
+        queue.abandon(RequestTimeoutError("closed"))
+        assert ran == [1, 2, 3, 4, 5]
+    else:
+        queue.expire(time.monotonic_ns() + 10_000 * 1_000_000, delivery_timeout_ms=5_000)
+        assert ran == [1, 2, 3, 4]
