@@ -37,6 +37,7 @@ LONG_UNITS = (
     "tests/appliance/cli/test_topics_cli.py",
     "tests/appliance/cli/test_produce_cli.py",
     "tests/appliance/broker/test_group_offsets_durable.py",
+    "tests/appliance/follower/test_replica_process.py",
     "tests/appliance/server/test_writer_idle.py",
 )
 
