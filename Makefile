@@ -32,8 +32,9 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Modules are handed to the two workers in collection order, the longest first (tests/conftest.py).
 test: install lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The fault campaigns at their long size (dozens to hundreds of kills each; tests/support/campaign.py).
 soak: install

@@ -136,21 +136,30 @@ class Appliance:
             time.sleep(0.01)
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.kill_tree()
-        elif self.process is not None and _group_alive(self.process.pid):
+        """Kill what is left of the tree, then remove its shared memory and directories (each step also
+        when an earlier one failed: a tree that would not die still leaves nothing of its own behind)."""
+        try:
+            if self.process is not None and self.process.poll() is None:
+                self.kill_tree()
+            elif self.process is not None and _group_alive(self.process.pid):
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
             try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        reclaim(self.names.instance)
-        (SHM_DIR / f"la-{self.names.instance}.lock").unlink(missing_ok=True)
-        self.notify.shutdown(socket.SHUT_RDWR)
-        self.notify.close()
-        self._listener.join(2)
-        shutil.rmtree(self._notify_dir, ignore_errors=True)
-        if self.owns_cwd:
-            shutil.rmtree(self.cwd, ignore_errors=True)
+                reclaim(self.names.instance)
+                (SHM_DIR / f"la-{self.names.instance}.lock").unlink(missing_ok=True)
+            finally:
+                try:
+                    self.notify.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # closed already (close called twice)
+                self.notify.close()
+                self._listener.join(2)
+                shutil.rmtree(self._notify_dir, ignore_errors=True)
+                if self.owns_cwd:
+                    shutil.rmtree(self.cwd, ignore_errors=True)
 
     # -- looking at it --------------------------------------------------------------------------------------
 

@@ -59,11 +59,12 @@ class Running:
 def running(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Running]:
     overrides = getattr(request, "param", ())
     app = Running(Path(tmp_path_factory.mktemp("control", numbered=True)), *overrides)
-    app.app.start()
     try:
+        app.app.start()
         yield app
-    finally:
         app.app.stop()
+    finally:
+        app.app.close()  # kills what is left, removes shared memory and the notify socket's directory
 
 
 def wait_until(what: str, condition: object, timeout_s: float = 30.0) -> None:

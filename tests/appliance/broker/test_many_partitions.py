@@ -79,11 +79,12 @@ class Served:
 @pytest.fixture
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     served = Served(Path(tmp_path_factory.mktemp("many", numbered=True)))
-    served.app.start()
     try:
+        served.app.start()
         yield served
-    finally:
         served.app.stop()
+    finally:
+        served.app.close()  # kills what is left, removes shared memory and the notify socket's directory
 
 
 def produce_confluent(bootstrap: str, topic: str, values: dict[int, bytes]) -> None:

@@ -109,7 +109,7 @@ ranges = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10**6), st.integer
                   unique_by=lambda r: r[0])
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 @given(ranges, st.none() | st.integers(1, 40), st.integers(1, 3000))
 def test_offset_ranges_cut_into_tasks_cover_each_offset_once(spans: list[tuple[int, int, int]],
                                                              min_partitions: int | None, limit: int) -> None:
@@ -126,7 +126,7 @@ def test_offset_ranges_cut_into_tasks_cover_each_offset_once(spans: list[tuple[i
         assert len(tasks) >= min(min_partitions, total)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.tuples(st.sampled_from("ab"), st.integers(0, 5)), st.integers(0, 10**6),
                        max_size=8), st.integers(0, 10**6))
 def test_admission_shares_sum_to_the_limit(waiting: dict[tuple[str, int], int], limit: int) -> None:
