@@ -65,8 +65,8 @@ def app() -> Iterator[tuple[Appliance, str]]:
     port = free_port()
     server = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", "log.cleaner.backoff.ms=100",
                        f"log.cleaner.dedupe.buffer.size={BUFFER_BYTES}")  # fmt: skip
-    server.start()
     try:
+        server.start()
         yield server, f"127.0.0.1:{port}"
         assert server.stop() == 0, server.log()
     finally:
