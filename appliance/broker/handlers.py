@@ -108,6 +108,7 @@ class BrokerContext:
     _reload_ms: float = 0.0  # what the last reload took (thousands of partitions: a large answer to parse)
     _refreshing: bool = False  # a periodic refresh is on its way (refresh_if_stale)
     _generation: int = 0  # counts the table's changes: a refresh answer older than one is dropped
+    _refresh_generation: int = -1  # the table's generation when the periodic refresh on its way was asked
     _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
 
     def log_failure(self, what: str, why: str) -> None:
@@ -122,9 +123,13 @@ class BrokerContext:
 
     def refresh_topics(self, *, soon: bool = False) -> None:
         """Ask the metadata owner for the topic list unless it was asked in the last
-        :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do not know)."""
+        :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do not know) and its
+        answer is in the table: while a periodic refresh's answer is on its way, the table may be older than
+        that ask, so the list is asked now (that answer then drops the periodic one)."""
         now = time.monotonic() * 1000
-        if now - self._refreshed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS):
+        recent = now - self._refreshed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS)
+        periodic_pending = self._refreshing and self._generation == self._refresh_generation
+        if recent and not periodic_pending:
             return
         self.reload_topics()
 
@@ -143,7 +148,7 @@ class BrokerContext:
             return
         self._refreshed_at = now_ms
         self._refreshing = True
-        generation = self._generation
+        self._refresh_generation = generation = self._generation
 
         def answered(topics: Mapping[str, TopicMeta] | ApplianceError) -> None:
             self._refreshing = False

@@ -37,7 +37,7 @@ WRITER_KILLS = rounds(3, 30)
 
 _ZYGOTE = textwrap.dedent(
     """
-    import os, random, signal, sys, time
+    import os, random, select, signal, sys, time
     from appliance.client.producer import Producer
     from ipc.ring import warm_up
     from storage.batch_builder import build_batch
@@ -47,7 +47,7 @@ _ZYGOTE = textwrap.dedent(
     socket_path, count, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rng = random.Random(seed)
 
-    def victim(n):
+    def victim(n, started):
         settings = {"appliance.control.socket": socket_path, "linger.ms": rng.choice([0, 1, 5]),
                     "batch.size": rng.choice([512, 4096, 65536]), "acks": rng.choice(["all", "1", "0"])}
         producer = Producer(settings)
@@ -56,6 +56,8 @@ _ZYGOTE = textwrap.dedent(
             size = rng.randrange(0, 300)
             producer.send("crash", b"victim-%d-%d-%d|" % (n, i, size) + bytes([i % 251]) * size,
                           key=None if i % 3 else b"k%d" % n)
+            if i == 0:
+                os.write(started, b"s")  # sending: the zygote's kill delay counts from here
             i += 1
             if i % 50 == 0:
                 time.sleep(0.001)  # a few thousand records per victim: enough batches, a log quick to check
@@ -63,14 +65,22 @@ _ZYGOTE = textwrap.dedent(
                 producer.flush()
 
     for n in range(count):
-        # a third die while starting (connect, producer id, metadata, ring attach), the rest while sending
-        delay = rng.uniform(0, 0.02) if rng.random() < 0.3 else rng.uniform(0.02, 0.1)
+        # a third die while starting (connect, producer id, metadata, ring attach), the rest while sending:
+        # their delay counts from their first send, however long a loaded machine makes the start
+        starting = rng.random() < 0.3
+        delay = rng.uniform(0, 0.02) if starting else rng.uniform(0.0, 0.08)
+        started, signal_started = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
-                victim(n)
+                os.close(started)
+                victim(n, signal_started)
             finally:
                 os._exit(1)
+        os.close(signal_started)
+        if not starting:
+            select.select([started], [], [], 10)
+        os.close(started)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

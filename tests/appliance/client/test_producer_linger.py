@@ -99,16 +99,13 @@ def test_get_done_and_flush_wait_for_callbacks_running_on_another_thread(applian
         release.wait(10)
         ran.append("callback")
 
-    producer = make_producer(appliance, linger_ms=0)
+    producer = make_producer(appliance, linger_ms=60_000)
     seen: list[tuple[str, list[str]]] = []
-    handles: list[Any] = []
-    sender = threading.Thread(target=lambda: handles.append(producer.send("one", b"slow", callback=slow)))
+    handle = producer.send("one", b"slow", callback=slow)  # held by linger.ms: nothing to collect yet
+    sender = threading.Thread(target=producer.flush, args=(20,))
     try:
-        sender.start()  # the callback runs on this thread (an ack collected by send) or the timer thread
+        sender.start()  # publishes; the callback runs on this thread (its wait collects the ack) or the timer
         assert running.wait(10), "the ack was collected and the callback started"
-        while not handles:
-            time.sleep(0.001)
-        handle = handles[0]
         waiters = [threading.Thread(target=lambda: (handle.get(10), seen.append(("get", list(ran))))),
                    threading.Thread(target=lambda: (producer.flush(10), seen.append(("flush", list(ran)))))]
         for waiter in waiters:
