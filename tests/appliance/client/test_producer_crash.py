@@ -32,7 +32,7 @@ from support.harness import REPO, Appliance
 from appliance.client.producer import Producer
 from storage.batch_reader import Record, iter_records
 
-VICTIMS = rounds(200, 2000)
+VICTIMS = rounds(100, 2000)
 WRITER_KILLS = rounds(3, 30)
 
 _ZYGOTE = textwrap.dedent(

@@ -33,7 +33,7 @@ from storage.batch_header import parse_header
 warm_up()
 build_batch([b"warm"])  # the builder's kernels are loaded before any fork
 
-VICTIMS = rounds(200, 2000)
+VICTIMS = rounds(100, 2000)
 
 
 @pytest.fixture
