@@ -89,6 +89,8 @@ def test_key_hash_is_murmur3_x64_128() -> None:
     data = np.random.default_rng(3).integers(0, 256, 300, dtype=np.uint8)
     for length in range(0, 40):
         assert tuple(map(int, key_hash(data, 5, length))) == _murmur3_x64_128(bytes(data[5 : 5 + length]))
+        at = 300 - length  # a key that ends the array: its last words cannot be read eight bytes at a time
+        assert tuple(map(int, key_hash(data, at, length))) == _murmur3_x64_128(bytes(data[at:]))
     assert len({key_hash(data, 0, n) for n in range(300)}) == 300
 
 
