@@ -143,6 +143,24 @@ def test_a_map_that_grows_during_its_pass_keeps_each_records_slot(tmp_path: Path
     assert all(value == b"v%d" % offset for offset, (_, value) in found.items())
 
 
+def test_records_past_the_latest_offset_bitmap_are_looked_up(tmp_path: Path) -> None:
+    """A pass whose offsets outnumber its bitmap's bits (a small buffer, few keys, many records): the
+    records past the bits are decided by looking their keys up, and each key still keeps its last."""
+    keys = [b"k%d" % (i % 5) for i in range(1000)]
+    batches = [build_batch([b"v%d" % i for i in range(n, n + 2)], keys[n : n + 2], timestamp_ms=1000)
+               for n in range(0, 1000, 2)]  # 2 records a batch: 5 keys + 2 stay within the map's 7
+    with Log.open(str(tmp_path / "bits-0"), LogConfig(segment_bytes=1 << 20)) as log:
+        for data in batches:
+            log.append(data, leader_epoch=0)
+        log.roll()
+        omap = OffsetMap(10 * BYTES_PER_ENTRY)
+        assert omap.bitmap_words * 64 < 1000
+        result = clean_log(log, upper_bound=log.log_end_offset, offset_map=omap)
+        found = read_records(log.batches())
+    assert result.done
+    assert found == {offset: (b"k%d" % (offset % 5), b"v%d" % offset) for offset in range(995, 1000)}
+
+
 def test_small_dedupe_buffer_cleans_in_passes_keeping_offsets(tmp_path: Path) -> None:
     keys = [[f"k{i % 30}".encode(), f"k{(i + 3) % 30}".encode()] for i in range(40)]
     batches = [build_batch([f"v{i}".encode()] * 2, keys[i], timestamp_ms=1000 + i) for i in range(40)]
@@ -279,13 +297,14 @@ def test_write_selected_matches_its_python_twin(tmp_path: Path) -> None:
     mapped_bytes = np.frombuffer(Path(segment.path).read_bytes()[: int(sizes.sum())], np.uint8)
     omap = OffsetMap(1 << 16)
     omap.clear(0)
-    index, omap.size, omap.seen, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table,
-                                                    omap.size, omap.grow_at, omap.entries, 0)
+    index, omap.size, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table, omap.size,
+                                         omap.grow_at)
     assert (index, code) == (len(batches), 0)
+    omap.mark_latest()
     marks = RecordMarks.make(64)
     results = np.empty((64, RESULT_COLUMNS), np.int64)
-    index, _, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 0, 9, omap.table,
-                                    omap.entries, 0, *marks, results)
+    index, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 9, omap.table, omap.latest_bits,
+                                 0, *marks, results)
     assert (index, code) == (len(batches), 0)
     producer_last = np.array([3], np.int64)  # the last offset of producer 7's last batch
     written = []
