@@ -139,10 +139,10 @@ def _word(data: np.ndarray, at: int, count: int) -> np.uint64:
     (:func:`storage.llvm_arrays.load_word`) where the CPU is little-endian and eight bytes from ``at`` lie
     inside ``data`` (the bytes past ``count`` masked off), else a byte at a time."""
     if _LITTLE_ENDIAN and at + 8 <= data.shape[0]:
-        value = load_word(data, at)  # type: ignore[call-arg]  # numba: typing context
+        value: np.uint64 = load_word(data, at)  # type: ignore[call-arg]  # numba: typing context
         if count < 8:
             value &= (_ONE << np.uint64(8 * count)) - _ONE
-        return value  # type: ignore[no-any-return]  # numba: a uint64
+        return value
     return _word_by_bytes(data, at, count)
 
 
