@@ -123,9 +123,9 @@ def test_offset_map_table_grows_to_its_bound_keeping_every_key() -> None:
     assert all(omap.latest_offset(b"key-%06d" % i) == 1000 + i for i in range(0, omap.capacity, 97))
 
 
-def test_a_map_that_grows_during_its_pass_keeps_each_records_slot(tmp_path: Path) -> None:
-    """9,000 keys in 15,000 records: the table grows while the map pass reads them, and the slots it wrote
-    for the records read before follow their keys to the bigger table (the clean keeps each key's last)."""
+def test_a_map_that_grows_during_its_pass_keeps_each_keys_last(tmp_path: Path) -> None:
+    """9,000 keys in 15,000 records: the table grows while the map pass reads them, every key moving to
+    the bigger table with its latest offset (the clean keeps each key's last)."""
     keys = [b"key-%05d" % ((i * 7919) % 9000) for i in range(15_000)]
     batches = [build_batch([b"v%d" % i for i in range(n, n + 500)], keys[n : n + 500], timestamp_ms=1000)
                for n in range(0, 15_000, 500)]
