@@ -14,7 +14,8 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    checked first, and a corrupt batch stops the pass before anything changed (``CorruptRecordError``
    naming the file, the position and the offsets).  When the next batch's records might not fit the map
    (``log.cleaner.dedupe.buffer.size`` at load 0.9) the map stops there: its ``end_offset`` is where this
-   pass ends, and the rest is the next pass's (``CleanResult.done`` is False).
+   pass ends, and the rest is the next pass's (``CleanResult.done`` is False).  Then one walk of the map's
+   table marks every key's latest offset in a bitmap over the pass's offsets (``OffsetMap.mark_latest``).
 3. **The groups**: every closed segment below the map's end, from the first, is rewritten, in groups of
    consecutive segments whose sizes add up to at most ``segment.bytes``, whose indexes would fit
    ``segment.index.bytes`` and whose offsets fit int32 relative offsets (Kafka's ``groupSegmentsBySize``).
@@ -218,6 +219,7 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
             io_throttle(info.size_bytes)
         if not fitted:
             break
+    omap.mark_latest()
     end = omap.end_offset
     done = not dirty or end >= dirty[-1].next_offset
     if end <= start:
@@ -370,9 +372,8 @@ def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _W
     walks.keep(info, len(mapped.array), batches)
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
-        i, omap.size, omap.seen, code = put_batches(
-            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
-            omap.entries, omap.seen)
+        i, omap.size, code = put_batches(
+            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at)
         if i > first:
             omap.end_offset = int(batches.last_offsets[i - 1]) + 1
         if code == 0:
@@ -390,11 +391,10 @@ def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _W
             first = i
             continue
         data, start, end = _records(mapped, position, header, info.path)
-        size, seen = put_records(data, start, end, header.records_count, header.base_offset, omap.table,
-                                 omap.size, omap.entries, omap.seen)
+        size = put_records(data, start, end, header.records_count, header.base_offset, omap.table, omap.size)
         if size == MALFORMED_RECORDS:
             raise _malformed(info.path, position, header)
-        omap.size, omap.seen = size, seen
+        omap.size = size
         omap.end_offset = header.last_offset + 1
         first = i + 1
 
@@ -478,10 +478,10 @@ class _Output:
 
 
 class _Selector:
-    """Writes the cleaned form of segments' batches, in offset order across a pass's groups: ``seen``
-    follows the records the map read, so each record finds its key's slot in ``omap.entries``.  Uncompressed
-    batches are selected and written in numba, a run at a time (``select_batches``, ``write_selected``);
-    compressed ones one by one here."""
+    """Writes the cleaned form of segments' batches, in offset order across a pass's groups: a record the
+    map read is its key's latest iff its bit is set in ``omap.latest_bits`` (older ones are looked up).
+    Uncompressed batches are selected and written in numba, a run at a time (``select_batches``,
+    ``write_selected``); compressed ones one by one here."""
 
     def __init__(self, omap: OffsetMap, last_batches: dict[int, int], now_ms: int,
                  delete_retention_ms: int, walks: _Walks) -> None:
@@ -490,7 +490,6 @@ class _Selector:
         self.producer_last = np.array(sorted(last_batches.values()), dtype=np.int64)
         self.now_ms = now_ms
         self.horizon_ms = now_ms + delete_retention_ms
-        self.seen = 0
         self.marks = RecordMarks.make(_MARKS)
         self.results = np.empty((_MARKS, RESULT_COLUMNS), np.int64)
         self.crc_spans = np.empty((_MARKS, 2), np.int64)
@@ -507,9 +506,9 @@ class _Selector:
         omap = self.omap
         first = 0
         while first < len(positions):
-            i, self.seen, code = select_batches(
-                mapped.array, positions, sizes, first, self.now_ms, omap.start_offset, omap.end_offset,
-                omap.table, omap.entries, self.seen, *self.marks, self.results)
+            i, code = select_batches(
+                mapped.array, positions, sizes, first, self.now_ms, omap.end_offset, omap.table,
+                omap.latest_bits, omap.start_offset, *self.marks, self.results)
             self._write_run(mapped, positions, sizes, first, i, out)
             if code == 0:
                 return
@@ -548,16 +547,13 @@ class _Selector:
         if not self.marks.fits(count):
             self.marks = RecordMarks.make(max(count, 2 * len(self.marks.keep)))
         has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
-        read_by_map = header.last_offset >= omap.start_offset
         data, start, end = _records(mapped, position, header, path)
         selection = Selection(*select_records(
             data, start, end, count, header.base_offset, header.base_timestamp,
             has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table,
-            omap.entries, self.seen if read_by_map else -1, *self.marks, 0))
+            omap.latest_bits, omap.start_offset, *self.marks, 0))
         if selection.kept == MALFORMED_RECORDS:
             raise _malformed(path, position, header)
-        if read_by_map:
-            self.seen += count
         self.keyless += selection.keyless
         action = batch_action(selection.kept, count, selection.tombstones, has_horizon)
         if action == COPY:

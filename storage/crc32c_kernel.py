@@ -26,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from storage.batch_header import ATTRIBUTES_OFFSET, CRC_OFFSET
-from storage.llvm_arrays import element_pointer
+from storage.llvm_arrays import load_word
 
 __all__ = ["batch_crcs_ok", "crc32c", "crc32c_by_table", "fill_batch_crcs", "has_crc_instruction"]
 
@@ -57,19 +57,6 @@ def _table() -> np.ndarray:
 
 
 _TABLE: Final = _table()
-
-
-@intrinsic
-def _load64(typingctx: Any, array: Any, index: Any) -> Any:
-    """``array[index:index + 8]`` (a ``uint8`` array) as a little-endian ``uint64``: one unaligned load."""
-    sig = types.uint64(array, index)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        pointer = element_pointer(context, builder, signature, args)
-        word_pointer = builder.bitcast(pointer, ir.IntType(64).as_pointer())
-        return builder.load(word_pointer, align=1)
-
-    return sig, codegen
 
 
 @intrinsic
@@ -111,7 +98,7 @@ def _update_overload(crc: Any, data: Any, start: Any, end: Any) -> Any:
         def hardware(crc: Any, data: Any, start: Any, end: Any) -> Any:  # pragma: no cover - compiled
             at = start
             while at + 8 <= end:
-                crc = _crc_step64(crc, _load64(data, at))  # type: ignore[call-arg]  # numba: typing context
+                crc = _crc_step64(crc, load_word(data, at))  # type: ignore[call-arg]  # numba: typing context
                 at += 8
             while at < end:
                 crc = _crc_step8(crc, data[at])  # type: ignore[call-arg]  # numba: typing context

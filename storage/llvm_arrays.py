@@ -2,16 +2,20 @@
 
 The kernels that reach below numba (a prefetch hint, an unaligned 8-byte load, an acquire load or release
 store) all start from the same place: the LLVM pointer to ``array[index]`` of a 1-d array argument, without
-negative-index wrap-around.  :func:`element_pointer` gives it from an intrinsic's ``codegen`` arguments.
+negative-index wrap-around.  :func:`element_pointer` gives it from an intrinsic's ``codegen`` arguments;
+:func:`load_word` is the unaligned 8-byte load itself (the CPU's byte order: little-endian on x86-64).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
-__all__ = ["element_pointer"]
+__all__ = ["element_pointer", "load_word"]
 
 
 def element_pointer(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -19,3 +23,17 @@ def element_pointer(context: Any, builder: Any, signature: Any, args: Any) -> An
     array_type = signature.args[0]
     array_struct = context.make_array(array_type)(context, builder, args[0])
     return cgutils.get_item_pointer(context, builder, array_type, array_struct, [args[1]], wraparound=False)
+
+
+@intrinsic
+def load_word(typingctx: Any, array: Any, index: Any) -> Any:
+    """``array[index:index + 8]`` (a ``uint8`` array) as a ``uint64`` in the CPU's byte order: one
+    unaligned load, no bounds check (the caller keeps ``index + 8`` inside the array)."""
+    sig = types.uint64(array, index)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = element_pointer(context, builder, signature, args)
+        word_pointer = builder.bitcast(pointer, ir.IntType(64).as_pointer())
+        return builder.load(word_pointer, align=1)
+
+    return sig, codegen

@@ -22,24 +22,28 @@ largest offset at which it appears.  Kafka's ``SkimpyOffsetMap`` does it in a fi
   to the bigger table; the last step goes from a quarter of ``max_slots`` to ``max_slots``, the slots that
   hold ``capacity`` keys at load 0.9 (Kafka's ``log.cleaner.io.buffer.load.factor``).  A table about twice
   the keys stays in the CPU's caches;
-* **record entries**: the map pass also writes, for each record it reads, its key's slot (-1: no key) to
-  ``entries``, in offset order, while there is room; the clean then decides whether a record survives by
-  comparing its offset with that slot's offset instead of hashing and probing again (a growth rewrites the
-  slots already written).  Records past the room are hashed again;
+* **the latest-offset bitmap**: after the map pass, one walk of the table sets, in a bitmap over the
+  pass's offsets (bit ``o - start_offset`` for offset ``o``; :func:`mark_latest`), the bit of every key's
+  latest offset.  Every keyed record of ``[start_offset, end_offset)`` was read by the map pass, so its
+  key's latest offset is its own or a later one: the record is its key's latest iff its bit is set, and the
+  clean decides it with a bit test (:func:`is_latest`) instead of hashing its key and probing again.
+  Records the bitmap does not cover (below ``start_offset``: already cleaned; past its bits) are hashed
+  and looked up;
 * **the bound**: the arrays alive at once, ``max_slots * 24`` and, while the table grows to it, the
-  previous table (at most a quarter of that), and ``len(entries) * 4``, stay within
-  ``log.cleaner.dedupe.buffer.size``.  ``entries`` takes at most a quarter of the buffer, the keys the
-  rest (:data:`BYTES_PER_ENTRY` each), fewer when the caller knows that fewer keys can come.  The caller
-  fills the map batch by batch and stops *before* a batch whose records could pass ``capacity``
-  (:attr:`OffsetMap.room`): the map then covers a prefix of the dirty section, ending on a batch boundary,
-  and the clean runs in several passes.
+  previous table (at most a quarter of that), and the bitmap, stay within
+  ``log.cleaner.dedupe.buffer.size``.  The bitmap has at most a quarter of the buffer (one bit an offset,
+  at most as many as the caller says can come), the keys the rest (:data:`BYTES_PER_ENTRY` each), fewer
+  when the caller knows that fewer keys can come.  The caller fills the map batch by batch and stops
+  *before* a batch whose records could pass ``capacity`` (:attr:`OffsetMap.room`): the map then covers a
+  prefix of the dirty section, ending on a batch boundary, and the clean runs in several passes.
 
-Nothing else is allocated per key or per record: the memory is those arrays (``entries`` fixed when the map
+Nothing else is allocated per key or per record: the memory is those arrays (the bitmap fixed when the map
 is made, the table growing to its bound; pages of them never written are never resident).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 import numba
@@ -54,6 +58,7 @@ from storage.batch_header import (
     RECORDS_COUNT_OFFSET,
 )
 from storage.batch_scan import read_be
+from storage.llvm_arrays import load_word
 from storage.prefetch import prefetch
 from storage.varint import read_varint, read_varlong
 
@@ -63,14 +68,15 @@ __all__ = [
     "GROW",
     "LOAD_FACTOR",
     "MALFORMED_RECORDS",
-    "NO_KEY",
     "SLOT_WORDS",
     "STOPPED",
     "OffsetMap",
     "home_slot",
+    "is_latest",
     "key_hash",
     "map_find",
     "map_put",
+    "mark_latest",
     "put_batches",
     "put_records",
     "slot_offset",
@@ -78,7 +84,7 @@ __all__ = [
 
 SLOT_BYTES: Final = 24  # 16-byte key digest + 8-byte offset, as Kafka's SkimpyOffsetMap with MD5
 SLOT_WORDS: Final = 3  # a slot's uint64 words: the digest's two halves, the offset + 1
-ENTRY_BYTES: Final = 4
+_RESERVED_PER_OFFSET: Final = 4  # bytes of the buffer set aside per offset of the pass, up to a quarter of it
 LOAD_FACTOR: Final = 0.9  # Kafka's log.cleaner.io.buffer.load.factor
 _LAST_STEP: Final = 4  # the table before the last growth has max_slots // _LAST_STEP slots
 BYTES_PER_ENTRY: Final = 34  # a key's share of the table and of its growth at LOAD_FACTOR (30 / 0.9 < 34)
@@ -86,9 +92,9 @@ DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.de
 MALFORMED_RECORDS: Final = -1  # a record's fields do not parse inside the records section
 GROW: Final = -2  # put_batches: the next batch's keys could pass the table's growth point
 STOPPED: Final = -3  # put_batches: stopped before a compressed batch (the caller decompresses it)
-NO_KEY: Final = -1  # entries[i] of a record without a key
 _MIN_SLOTS: Final = 1 << 12
 _RUN: Final = 256  # records hashed (their slots prefetched) before they are put
+_LITTLE_ENDIAN: Final = sys.byteorder == "little"
 _EMPTY = np.uint64(0)
 _ONE = np.uint64(1)
 _S32 = np.uint64(32)
@@ -119,12 +125,25 @@ def _fmix(k: np.uint64) -> np.uint64:
 
 
 @numba.njit(cache=True, inline="always")
-def _word(data: np.ndarray, at: int, count: int) -> np.uint64:
-    """``count`` (<= 8) bytes at ``at`` as a little-endian word."""
+def _word_by_bytes(data: np.ndarray, at: int, count: int) -> np.uint64:
+    """``count`` (<= 8) bytes at ``at`` as a little-endian word, a byte at a time."""
     value = np.uint64(0)
     for k in range(count - 1, -1, -1):
         value = (value << np.uint64(8)) | np.uint64(data[at + k])
     return value
+
+
+@numba.njit(cache=True, inline="always")
+def _word(data: np.ndarray, at: int, count: int) -> np.uint64:
+    """``count`` (<= 8) bytes at ``at`` as a little-endian word: one unaligned load
+    (:func:`storage.llvm_arrays.load_word`) where the CPU is little-endian and eight bytes from ``at`` lie
+    inside ``data`` (the bytes past ``count`` masked off), else a byte at a time."""
+    if _LITTLE_ENDIAN and at + 8 <= data.shape[0]:
+        value: np.uint64 = load_word(data, at)  # type: ignore[call-arg]  # numba: typing context
+        if count < 8:
+            value &= (_ONE << np.uint64(8 * count)) - _ONE
+        return value
+    return _word_by_bytes(data, at, count)
 
 
 @numba.njit(cache=True)
@@ -216,10 +235,8 @@ def _find_key(table: np.ndarray, key: np.ndarray) -> int:
 
 
 @numba.njit(cache=True)
-def _move(old: np.ndarray, new: np.ndarray, entries: np.ndarray, seen: int) -> None:
-    """Put every key of the table ``old`` into the empty table ``new``, and rewrite the slots of the first
-    ``seen`` (at most ``len(entries)``) record entries to the keys' new slots.  ``old`` is dropped after:
-    each of its slots' third word is overwritten with the key's new slot on the way."""
+def _move(old: np.ndarray, new: np.ndarray) -> None:
+    """Put every key of the table ``old`` into the empty table ``new``."""
     for slot in range(old.shape[0] // SLOT_WORDS):
         at = SLOT_WORDS * slot
         if old[at + 2] == _EMPTY:
@@ -229,35 +246,55 @@ def _move(old: np.ndarray, new: np.ndarray, entries: np.ndarray, seen: int) -> N
         new[to] = old[at]
         new[to + 1] = old[at + 1]
         new[to + 2] = old[at + 2]
-        old[at + 2] = np.uint64(moved)
-    for n in range(min(seen, entries.shape[0])):
-        if entries[n] != NO_KEY:
-            entries[n] = np.int32(old[SLOT_WORDS * entries[n] + 2])
+
+
+@numba.njit(cache=True, nogil=True)
+def mark_latest(table: np.ndarray, bits: np.ndarray, base: int) -> None:
+    """Set, in ``bits`` (``uint64`` words, bit ``d & 63`` of word ``d >> 6`` for offset ``base + d``), the
+    bit of every key's latest offset held in ``table`` that lies inside the bitmap: one walk of the table."""
+    limit = bits.shape[0] * 64
+    for slot in range(table.shape[0] // SLOT_WORDS):
+        stored = table[SLOT_WORDS * slot + 2]
+        if stored == _EMPTY:
+            continue
+        d = np.int64(stored) - 1 - base
+        if 0 <= d < limit:
+            bits[d >> 6] |= _ONE << np.uint64(d & 63)
+
+
+@numba.njit(cache=True, inline="always")
+def is_latest(bits: np.ndarray, base: int, offset: int) -> int:
+    """1 when ``offset``'s bit is set in ``bits`` (:func:`mark_latest`), 0 when it is not, -1 when the
+    bitmap does not cover ``offset``."""
+    d = offset - base
+    if d < 0 or d >= bits.shape[0] * 64:
+        return -1
+    return np.int64((bits[d >> 6] >> np.uint64(d & 63)) & _ONE)  # type: ignore[return-value]  # numba: int64
 
 
 @numba.njit(cache=True)
 def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, table: np.ndarray, size: int,
-             entries: np.ndarray, seen: int, scratch: np.ndarray) -> tuple[int, int, int]:
+             scratch: np.ndarray) -> tuple[int, int]:
     """:func:`put_records` for the next ``run`` (<= ``len(scratch)``) records from ``at``, in two steps:
     parse and hash them all, asking for each key's home slot (:func:`storage.prefetch.prefetch`), then put
     them in order, so the table's cache misses overlap.  ``scratch``: ``(run, 4)`` uint64 words (the
-    digest's two, the offset, 1 if the record has a key).  Returns ``(keys, seen, position after the
-    run)``, or ``MALFORMED_RECORDS`` as the keys."""
+    digest's two, the offset, 1 if the record has a key).  Returns ``(keys, position after the run)``, or
+    ``MALFORMED_RECORDS`` as the keys."""
     slots = table.shape[0] // SLOT_WORDS
     for n in range(run):
         length, after = read_varint(data, at, end)
         if after < 0 or length <= 0 or after + length > end:
-            return MALFORMED_RECORDS, seen, at
+            return MALFORMED_RECORDS, at
         record_end = after + length
         _, p = read_varlong(data, after + 1, record_end)  # after the attributes byte: timestampDelta
         if p < 0:
-            return MALFORMED_RECORDS, seen, at
+            return MALFORMED_RECORDS, at
         offset_delta, p = read_varint(data, p, record_end)
         if p < 0:
-            return MALFORMED_RECORDS, seen, at
+            return MALFORMED_RECORDS, at
         key_length, p = read_varint(data, p, record_end)
         if p < 0 or key_length < -1 or p + key_length > record_end:
-            return MALFORMED_RECORDS, seen, at
+            return MALFORMED_RECORDS, at
         scratch[n, 3] = key_length >= 0
         if key_length >= 0:
             h1, h2 = key_hash(data, p, key_length)
@@ -268,53 +305,47 @@ def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, ta
             scratch[n, 1] = h2
             scratch[n, 2] = np.uint64(base_offset + offset_delta)
         at = record_end
-    room = entries.shape[0]
     for n in range(run):
-        slot = NO_KEY
         if scratch[n, 3]:
             offset: int = np.int64(scratch[n, 2])  # type: ignore[assignment]  # numba: an int64
-            slot, new = map_put(table, scratch[n, 0], scratch[n, 1], offset)
+            _, new = map_put(table, scratch[n, 0], scratch[n, 1], offset)
             if new:
                 size += 1
-        if seen < room:
-            entries[seen] = slot
-        seen += 1
-    return size, seen, at
+    return size, at
 
 
 @numba.njit(cache=True)
 def _put_section(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
-                 size: int, entries: np.ndarray, seen: int, scratch: np.ndarray) -> tuple[int, int]:
+                 size: int, scratch: np.ndarray) -> int:
     """:func:`put_records` with the caller's ``scratch`` (:func:`_put_run`), run after run."""
     at = start
     done = 0
     while done < count:
         run = min(scratch.shape[0], count - done)
-        size, seen, at = _put_run(data, at, end, run, base_offset, table, size, entries, seen, scratch)
+        size, at = _put_run(data, at, end, run, base_offset, table, size, scratch)
         if size == MALFORMED_RECORDS:
-            return MALFORMED_RECORDS, seen
+            return MALFORMED_RECORDS
         done += run
     if at != end:
-        return MALFORMED_RECORDS, seen
-    return size, seen
+        return MALFORMED_RECORDS
+    return size
 
 
 @numba.njit(cache=True, nogil=True)
 def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
-                size: int, entries: np.ndarray, seen: int) -> tuple[int, int]:
+                size: int) -> int:
     """Put the key of each of the ``count`` records in ``data[start:end]`` (a batch's records section) with
-    its offset, and each record's slot in ``entries[seen...]`` while there is room; returns the keys in the
-    map and the records seen after them, or ``(MALFORMED_RECORDS, seen)``.  Records without a key are not
-    put (the clean drops them)."""
+    its offset; returns the keys in the map after them, or ``MALFORMED_RECORDS``.  Records without a key
+    are not put (the clean drops them)."""
     scratch = np.empty((_RUN, 4), np.uint64)
-    return _put_section(data, start, end, count, base_offset, table, size, entries, seen, scratch)
+    return _put_section(data, start, end, count, base_offset, table, size, scratch)
 
 
 @numba.njit(cache=True, nogil=True)
 def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, table: np.ndarray,
-                size: int, grow_at: int, entries: np.ndarray, seen: int) -> tuple[int, int, int, int]:
+                size: int, grow_at: int) -> tuple[int, int, int]:
     """Put the keys of the batches at ``positions[first:]`` of a segment (``data``: all of it), as
-    :func:`put_records`, skipping control batches.  Returns ``(batch index, keys, records seen, code)``:
+    :func:`put_records`, skipping control batches.  Returns ``(batch index, keys, code)``:
     code 0 when all were put; else the batch at the index was not: :data:`GROW` (its records could take
     the keys past ``grow_at``), :data:`STOPPED` (it is compressed) or :data:`MALFORMED_RECORDS`."""
     scratch = np.empty((_RUN, 4), np.uint64)
@@ -325,16 +356,16 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
             continue
         count = read_be(data, position + RECORDS_COUNT_OFFSET, 4)
         if size + count > grow_at:
-            return i, size, seen, GROW
+            return i, size, GROW
         if attributes & COMPRESSION_CODEC_MASK:
-            return i, size, seen, STOPPED
+            return i, size, STOPPED
         base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
-        put, after = _put_section(data, position + HEADER_SIZE, position + sizes[i], count, base_offset,
-                                  table, size, entries, seen, scratch)
+        put = _put_section(data, position + HEADER_SIZE, position + sizes[i], count, base_offset, table,
+                           size, scratch)
         if put == MALFORMED_RECORDS:
-            return i, size, seen, MALFORMED_RECORDS
-        size, seen = put, after
-    return positions.shape[0], size, seen, 0
+            return i, size, MALFORMED_RECORDS
+        size = put
+    return positions.shape[0], size, 0
 
 
 def _slots_for(capacity: int) -> int:
@@ -350,15 +381,16 @@ def _peak_table_bytes(max_slots: int) -> int:
 class OffsetMap:
     """The arrays of the module docstring.
 
-    ``size`` counts the keys in it, ``seen`` the records the pass read (``entries`` holds the slots of the
-    first ``len(entries)`` of them); the map covers ``[start_offset, end_offset)``.  ``max_keys``: at most
-    that many keys (and records) will be put (the arrays are then smaller than the buffer allows).
+    ``size`` counts the keys in it; the map covers ``[start_offset, end_offset)``; ``latest_bits`` is the
+    bitmap over the offsets from ``start_offset`` (:meth:`mark_latest` fills it when the map is complete).
+    ``max_keys``: at most that many keys (and offsets) will be put (the arrays are then smaller than the
+    buffer allows).
     """
 
     def __init__(self, dedupe_buffer_bytes: int, *, max_keys: int | None = None) -> None:
         limit = max(1, max_keys) if max_keys is not None else dedupe_buffer_bytes
-        entries = min(limit, dedupe_buffer_bytes // 4 // ENTRY_BYTES)
-        budget = dedupe_buffer_bytes - entries * ENTRY_BYTES
+        reserved = min(limit, dedupe_buffer_bytes // 4 // _RESERVED_PER_OFFSET) * _RESERVED_PER_OFFSET
+        budget = dedupe_buffer_bytes - reserved
         capacity = min(limit, budget // BYTES_PER_ENTRY)
         while capacity >= 1 and _peak_table_bytes(_slots_for(capacity)) > budget:  # small maps: rounding
             capacity -= 1
@@ -367,10 +399,10 @@ class OffsetMap:
                              f"({BYTES_PER_ENTRY} bytes per key)")
         self.capacity = capacity
         self.max_slots = _slots_for(capacity)
-        self.entries = np.empty(entries, dtype=np.int32)
+        self.bitmap_words = min(limit + 63, 8 * reserved) // 64
+        self.latest_bits = np.zeros(0, dtype=np.uint64)
         self.table = np.zeros(0, dtype=np.uint64)
         self.size = 0
-        self.seen = 0
         self.start_offset = -1
         self.end_offset = -1
         self.clear(-1)
@@ -383,7 +415,7 @@ class OffsetMap:
     def memory_bytes(self) -> int:
         """The bytes of the arrays at their bound: the table at ``max_slots`` and, while it grows to it, the
         one before."""
-        return self.entries.nbytes + _peak_table_bytes(self.max_slots)
+        return 8 * self.bitmap_words + _peak_table_bytes(self.max_slots)
 
     @property
     def room(self) -> int:
@@ -404,17 +436,22 @@ class OffsetMap:
         while slots // 2 >= _MIN_SLOTS:
             slots //= 2
         self.table = np.zeros(0, dtype=np.uint64)  # dropped before the new one is made
+        self.latest_bits = np.zeros(0, dtype=np.uint64)
         self.table = np.zeros(slots * SLOT_WORDS, dtype=np.uint64)
-        self.size = self.seen = 0
+        self.size = 0
         self.start_offset = self.end_offset = start_offset
 
     def grow(self) -> None:
-        """Double the table, or take it from a quarter of ``max_slots`` to ``max_slots``: every key moved,
-        and the record entries written so far rewritten to the keys' new slots."""
+        """Double the table, or take it from a quarter of ``max_slots`` to ``max_slots``: every key moved."""
         slots = self.max_slots if 2 * self.slots > self.max_slots // _LAST_STEP else 2 * self.slots
         old = self.table
         self.table = np.zeros(slots * SLOT_WORDS, dtype=np.uint64)
-        _move(old, self.table, self.entries, self.seen)
+        _move(old, self.table)
+
+    def mark_latest(self) -> None:
+        """Fill ``latest_bits`` from the table, once the map pass is over (module docstring)."""
+        self.latest_bits = np.zeros(self.bitmap_words, dtype=np.uint64)
+        mark_latest(self.table, self.latest_bits, self.start_offset)
 
     def latest_offset(self, key: bytes) -> int:
         """The latest offset recorded for ``key``, or -1 (tests, tools; the clean looks up in numba)."""

@@ -33,12 +33,10 @@ from storage.batch_header import (
     COMPRESSION_CODEC_MASK,
     CONTROL_FLAG_MASK,
     HEADER_SIZE,
-    LAST_OFFSET_DELTA_OFFSET,
     RECORDS_COUNT_OFFSET,
 )
 from storage.batch_scan import read_be
-from storage.offset_map import MALFORMED_RECORDS, SLOT_WORDS, STOPPED, key_hash, map_find, slot_offset
-from storage.prefetch import prefetch
+from storage.offset_map import MALFORMED_RECORDS, STOPPED, is_latest, key_hash, map_find, slot_offset
 from storage.varint import read_varint, read_varlong, size_of_varint, write_varint
 
 __all__ = [
@@ -63,7 +61,6 @@ REWRITE: Final = 3  # batch_action: the kept records go in a new batch
 RESULT_COLUMNS: Final = 6  # select_batches' results: action, kept, tombstones, max timestamp, keyless, mark
 MARKS_FULL: Final = -4  # select_batches: the next batch's records do not fit the marks left
 _NO_TIMESTAMP: Final = -1
-_PREFETCH_AHEAD: Final = 256  # select_batches asks for the slots of this many records past the batch's
 
 
 class Selection(NamedTuple):
@@ -96,26 +93,29 @@ class RecordMarks(NamedTuple):
 
 
 @numba.njit(cache=True, inline="always")
-def _latest(data: np.ndarray, key_at: int, key_length: int, table: np.ndarray, entries: np.ndarray,
-            seen: int) -> int:
-    """The latest offset the map holds for the key at ``data[key_at:]``: through the record's slot when
-    the map pass kept it (``seen`` >= 0, inside ``entries``), else by hashing the key; -1: not in the map."""
-    if 0 <= seen < entries.shape[0]:
-        return slot_offset(table, entries[seen])
+def _not_superseded(data: np.ndarray, key_at: int, key_length: int, offset: int, table: np.ndarray,
+                    bits: np.ndarray, bits_base: int) -> bool:
+    """Whether the record at ``offset`` (below the map's end) whose key is at ``data[key_at:]`` is at or
+    past the latest offset the map holds for its key: its bit in the map's latest-offset bitmap
+    (``storage.offset_map.is_latest``) where the bitmap covers it, else by hashing the key and looking it
+    up (not in the map: not superseded)."""
+    marked = is_latest(bits, bits_base, offset)
+    if marked >= 0:
+        return marked == 1
     h1, h2 = key_hash(data, key_at, key_length)
     slot, found = map_find(table, h1, h2)
-    return slot_offset(table, slot) if found else -1
+    return not found or offset >= slot_offset(table, slot)
 
 
 @numba.njit(cache=True, nogil=True)
 def select_records(data: np.ndarray, start: int, end: int, count: int, base_offset: int,
                    base_timestamp: int, drop_tombstones: bool, map_end: int, table: np.ndarray,
-                   entries: np.ndarray, seen: int, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   bits: np.ndarray, bits_base: int, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                    delta_ends: np.ndarray, deltas: np.ndarray, mark_at: int) -> tuple[int, int, int, int]:
     """Mark the records of ``data[start:end]`` that survive (rules in the module docstring) in the marks
-    from ``mark_at`` on; ``drop_tombstones``: the batch's delete horizon has passed; ``seen``: the batch's
-    first record's place in the map's ``entries`` (-1: the map pass did not read it).  Returns
-    ``Selection``'s fields."""
+    from ``mark_at`` on; ``drop_tombstones``: the batch's delete horizon has passed; ``table``, ``bits``
+    and ``bits_base``: the offset map's table and its latest-offset bitmap over the offsets from
+    ``bits_base``.  Returns ``Selection``'s fields."""
     kept = 0
     tombstones = 0
     keyless = 0
@@ -149,8 +149,8 @@ def select_records(data: np.ndarray, start: int, end: int, count: int, base_offs
                 survives = False
                 keyless += 1
             else:
-                latest = _latest(data, p, key_length, table, entries, seen + n if seen >= 0 else -1)
-                survives = offset >= latest and not (tombstone and drop_tombstones)
+                survives = (_not_superseded(data, p, key_length, offset, table, bits, bits_base)
+                            and not (tombstone and drop_tombstones))
         keep[i] = survives
         if survives:
             kept += 1
@@ -177,23 +177,22 @@ def batch_action(kept: int, count: int, tombstones: int, has_horizon: bool) -> i
 
 @numba.njit(cache=True, nogil=True)
 def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, now_ms: int,
-                   map_start: int, map_end: int, table: np.ndarray, entries: np.ndarray, seen: int,
-                   keep: np.ndarray, starts: np.ndarray, ends: np.ndarray, delta_ends: np.ndarray,
-                   deltas: np.ndarray, results: np.ndarray) -> tuple[int, int, int]:
+                   map_end: int, table: np.ndarray, bits: np.ndarray, bits_base: int, keep: np.ndarray,
+                   starts: np.ndarray, ends: np.ndarray, delta_ends: np.ndarray, deltas: np.ndarray,
+                   results: np.ndarray) -> tuple[int, int]:
     """:func:`select_records` over the batches at ``positions[first:]`` of a segment (``data``: all of
     it), their marks one after the other from 0.  ``results[i - first]``: the batch's action
     (:func:`batch_action`; :data:`COPY` also for a control batch and one from the map's end on, which are
-    not read), ``Selection``'s fields and where its marks start (:data:`RESULT_COLUMNS`).  ``seen``: the
-    records the map read before the first batch.  Returns ``(batch index, seen, code)``: code 0 when all
-    were selected; else the batch at the index was not: :data:`STOPPED` (compressed: the caller selects
-    it), :data:`MARKS_FULL` (its records do not fit the marks or ``results`` left: the caller writes what
-    was selected, then calls again) or ``MALFORMED_RECORDS``."""
+    not read), ``Selection``'s fields and where its marks start (:data:`RESULT_COLUMNS`).  Returns
+    ``(batch index, code)``: code 0 when all were selected; else the batch at the index was not:
+    :data:`STOPPED` (compressed: the caller selects it), :data:`MARKS_FULL` (its records do not fit the
+    marks or ``results`` left: the caller writes what was selected, then calls again) or
+    ``MALFORMED_RECORDS``."""
     mark_at = 0
-    fetched = seen  # the records whose slots were asked for: up to here
     for i in range(first, positions.shape[0]):
         row = i - first
         if row == results.shape[0]:
-            return i, seen, MARKS_FULL
+            return i, MARKS_FULL
         position = positions[i]
         attributes = read_be(data, position + ATTRIBUTES_OFFSET, 2)
         base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
@@ -202,25 +201,18 @@ def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
             results[row, 0] = COPY
             continue
         if attributes & COMPRESSION_CODEC_MASK:
-            return i, seen, STOPPED
+            return i, STOPPED
         count = read_be(data, position + RECORDS_COUNT_OFFSET, 4)
         if mark_at + count > keep.shape[0]:
-            return i, seen, MARKS_FULL
-        read_by_map = base_offset + read_be(data, position + LAST_OFFSET_DELTA_OFFSET, 4) >= map_start
+            return i, MARKS_FULL
         base_timestamp = read_be(data, position + BASE_TIMESTAMP_OFFSET, 8)
         has_horizon = attributes & DELETE_HORIZON_FLAG_MASK != 0
-        if read_by_map:  # the latest offsets of this batch's records and the next ones (storage.prefetch)
-            ahead = min(seen + count + _PREFETCH_AHEAD, entries.shape[0])
-            for n in range(max(fetched, seen), ahead):
-                if entries[n] >= 0:
-                    prefetch(table, SLOT_WORDS * entries[n] + 2)
-            fetched = ahead
         kept, tombstones, max_timestamp, keyless = select_records(
             data, position + HEADER_SIZE, position + sizes[i], count, base_offset, base_timestamp,
-            has_horizon and now_ms >= base_timestamp, map_end, table, entries, seen if read_by_map else -1,
-            keep, starts, ends, delta_ends, deltas, mark_at)
+            has_horizon and now_ms >= base_timestamp, map_end, table, bits, bits_base, keep, starts, ends,
+            delta_ends, deltas, mark_at)
         if kept == MALFORMED_RECORDS:
-            return i, seen, MALFORMED_RECORDS
+            return i, MALFORMED_RECORDS
         results[row, 0] = batch_action(kept, count, tombstones, has_horizon)
         results[row, 1] = kept
         results[row, 2] = tombstones
@@ -228,9 +220,7 @@ def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
         results[row, 4] = keyless
         results[row, 5] = mark_at
         mark_at += count
-        if read_by_map:
-            seen += count
-    return positions.shape[0], seen, 0
+    return positions.shape[0], 0
 
 
 @numba.njit(cache=True, nogil=True)

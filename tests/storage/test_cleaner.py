@@ -89,6 +89,8 @@ def test_key_hash_is_murmur3_x64_128() -> None:
     data = np.random.default_rng(3).integers(0, 256, 300, dtype=np.uint8)
     for length in range(0, 40):
         assert tuple(map(int, key_hash(data, 5, length))) == _murmur3_x64_128(bytes(data[5 : 5 + length]))
+        at = 300 - length  # a key that ends the array: its last words cannot be read eight bytes at a time
+        assert tuple(map(int, key_hash(data, at, length))) == _murmur3_x64_128(bytes(data[at:]))
     assert len({key_hash(data, 0, n) for n in range(300)}) == 300
 
 
@@ -121,9 +123,9 @@ def test_offset_map_table_grows_to_its_bound_keeping_every_key() -> None:
     assert all(omap.latest_offset(b"key-%06d" % i) == 1000 + i for i in range(0, omap.capacity, 97))
 
 
-def test_a_map_that_grows_during_its_pass_keeps_each_records_slot(tmp_path: Path) -> None:
-    """9,000 keys in 15,000 records: the table grows while the map pass reads them, and the slots it wrote
-    for the records read before follow their keys to the bigger table (the clean keeps each key's last)."""
+def test_a_map_that_grows_during_its_pass_keeps_each_keys_last(tmp_path: Path) -> None:
+    """9,000 keys in 15,000 records: the table grows while the map pass reads them, every key moving to
+    the bigger table with its latest offset (the clean keeps each key's last)."""
     keys = [b"key-%05d" % ((i * 7919) % 9000) for i in range(15_000)]
     batches = [build_batch([b"v%d" % i for i in range(n, n + 500)], keys[n : n + 500], timestamp_ms=1000)
                for n in range(0, 15_000, 500)]
@@ -139,6 +141,24 @@ def test_a_map_that_grows_during_its_pass_keeps_each_records_slot(tmp_path: Path
     assert len(found) == 9000  # one record a key: its last
     assert {key: offset for offset, (key, _) in found.items()} == {key: i for i, key in enumerate(keys)}
     assert all(value == b"v%d" % offset for offset, (_, value) in found.items())
+
+
+def test_records_past_the_latest_offset_bitmap_are_looked_up(tmp_path: Path) -> None:
+    """A pass whose offsets outnumber its bitmap's bits (a small buffer, few keys, many records): the
+    records past the bits are decided by looking their keys up, and each key still keeps its last."""
+    keys = [b"k%d" % (i % 5) for i in range(1000)]
+    batches = [build_batch([b"v%d" % i for i in range(n, n + 2)], keys[n : n + 2], timestamp_ms=1000)
+               for n in range(0, 1000, 2)]  # 2 records a batch: 5 keys + 2 stay within the map's 7
+    with Log.open(str(tmp_path / "bits-0"), LogConfig(segment_bytes=1 << 20)) as log:
+        for data in batches:
+            log.append(data, leader_epoch=0)
+        log.roll()
+        omap = OffsetMap(10 * BYTES_PER_ENTRY)
+        assert omap.bitmap_words * 64 < 1000
+        result = clean_log(log, upper_bound=log.log_end_offset, offset_map=omap)
+        found = read_records(log.batches())
+    assert result.done
+    assert found == {offset: (b"k%d" % (offset % 5), b"v%d" % offset) for offset in range(995, 1000)}
 
 
 def test_small_dedupe_buffer_cleans_in_passes_keeping_offsets(tmp_path: Path) -> None:
@@ -277,13 +297,14 @@ def test_write_selected_matches_its_python_twin(tmp_path: Path) -> None:
     mapped_bytes = np.frombuffer(Path(segment.path).read_bytes()[: int(sizes.sum())], np.uint8)
     omap = OffsetMap(1 << 16)
     omap.clear(0)
-    index, omap.size, omap.seen, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table,
-                                                    omap.size, omap.grow_at, omap.entries, 0)
+    index, omap.size, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table, omap.size,
+                                         omap.grow_at)
     assert (index, code) == (len(batches), 0)
+    omap.mark_latest()
     marks = RecordMarks.make(64)
     results = np.empty((64, RESULT_COLUMNS), np.int64)
-    index, _, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 0, 9, omap.table,
-                                    omap.entries, 0, *marks, results)
+    index, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 9, omap.table, omap.latest_bits,
+                                 0, *marks, results)
     assert (index, code) == (len(batches), 0)
     producer_last = np.array([3], np.int64)  # the last offset of producer 7's last batch
     written = []
