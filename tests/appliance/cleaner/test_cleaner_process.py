@@ -148,9 +148,10 @@ def test_a_compacted_topic_is_cleaned_by_the_cleaner_process(running: Running) -
     titles = [_title(pid) for pid in app.children()]
     assert "appliance: cleaner" in titles, titles
     cleaner = next(pid for pid in app.children() if _title(pid) == "appliance: cleaner")
-    # the default appliance.cleaner.nice: CPU and reads and writes after the writers' and the broker's
-    assert os.getpriority(os.PRIO_PROCESS, cleaner) == 10
-    assert _io_priority(cleaner) == (_IOPRIO_CLASS_BEST_EFFORT, _IOPRIO_LOWEST_LEVEL)
+    # the default appliance.cleaner.nice: CPU and reads and writes after the writers' and the broker's (set
+    # by the child as it starts, just after its title)
+    _wait(lambda: (os.getpriority(os.PRIO_PROCESS, cleaner), _io_priority(cleaner))
+          == (10, (_IOPRIO_CLASS_BEST_EFFORT, _IOPRIO_LOWEST_LEVEL)), "the cleaner's priorities", app, 10.0)
     running.create(TOPIC, COMPACT)  # the cleaner wakes for it, finds nothing to clean and sleeps 10 min
     oracle = running.produce(range(30), tombstones=range(5))
     produced = max(offset for offset, _ in oracle.values()) + 1
