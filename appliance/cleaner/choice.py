@@ -13,7 +13,7 @@ For each compacted partition (``cleanup.policy`` holding ``compact``) the cleane
 
 :func:`pick` takes an overdue log first (the most dirty bytes), else the highest dirty ratio at or above
 its ``min.cleanable.dirty.ratio``; none: the cleaner sleeps ``log.cleaner.backoff.ms``.  :func:`dirtiest`
-does both over a round's partitions, for the leader's cleaner process and a replica's cleaner thread alike.
+does both over a round's partitions.
 """
 
 from __future__ import annotations
