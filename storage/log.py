@@ -20,7 +20,8 @@ a bad one appends nothing, and stamps each in place with its ``baseOffset`` and 
 (``storage.append_plan``); the bytes go to the active segment with one ``os.write`` per segment touched,
 rolling before a batch the active segment refuses (its roll rules: ``LogSegment.batches_that_fit``).  The
 segments themselves and every change to their list (a roll, the cut-back of a failed append, truncation,
-retention's deletions) are ``storage.segment_list``.
+retention's deletions) are ``storage.segment_list``; the segments retention deletes and a clean replaces
+are closed ``file.delete.delay.ms`` later by ``storage.segment_deleter``, and at once by :meth:`Log.close`.
 Replicas use :meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for
 batches a follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).
 The common append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the log
@@ -96,6 +97,7 @@ from storage.log_dir import (
 )
 from storage.log_loader import load_log
 from storage.segment import LogSegment, OffsetAndTimestamp
+from storage.segment_deleter import SegmentDeleter
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
 from storage.timestamp_rules import LOG_APPEND_TIME, stamp_log_append_time
@@ -119,7 +121,8 @@ class Log:
     """The log of one partition, held by its only writer.  See the module docstring.
 
     Offsets: ``log_start_offset`` <= every readable offset < ``log_end_offset`` (the next offset to assign).
-    Not thread-safe: one thread calls it (a background thread only fsyncs rolled segments).
+    Not thread-safe: one thread calls it (background threads only fsync rolled segments and close retired
+    ones: ``storage.flusher``, ``storage.segment_deleter``).
     """
 
     def __init__(self, directory: str, config: LogConfig, topic_partition: tuple[str, int],
@@ -143,7 +146,8 @@ class Log:
         self._log_append_time = config.message_timestamp_type == LOG_APPEND_TIME  # leaders stamp the time
         self._checkpoint_lock = threading.Lock()
         self._flusher = RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
-        self._segment_list = SegmentList(directory, config, self._flusher, self.name)
+        deleter = SegmentDeleter(f"delete-{self.name}")
+        self._segment_list = SegmentList(directory, config, self._flusher, deleter, self.name)
         self._undo = AppendUndo(self._segment_list, self.name, directory)
         self._segments = self._segment_list.segments  # the same list: the hot path reads [-1] with no call
         self._closed = False
