@@ -25,19 +25,23 @@ crash during the delay leaves nothing to clean up.  The disk blocks come back wh
 
 The thread starts at the first :meth:`~SegmentDeleter.retire` and ends when nothing is held (a log that
 never cleans or deletes has none); :meth:`~SegmentDeleter.close` (``Log.close``) closes whatever is still
-held at once, on the caller's thread.  An error closing a segment is logged with its path: the files are
+held at once, on the caller's thread.  A child forked while segments are held (the supervisor forks its
+writers) closes its copies of them at once: it has no deleter thread, and would otherwise keep the
+unlinked files' blocks for its whole life.  An error closing a segment is logged with its path: the files are
 already unlinked, there is nothing else to do.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-__all__ = ["Retirable", "SegmentDeleter"]
+__all__ = ["HeldFile", "Retirable", "SegmentDeleter", "hold_files"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +52,29 @@ class Retirable(Protocol):
     @property
     def log_path(self) -> str: ...
     def close(self) -> None: ...
+
+
+class HeldFile(NamedTuple):
+    """A file held open by a descriptor alone (no segment object): for a process that swaps a log's
+    segments without holding them open itself (the supervisor, while no writer runs), so that the swap's
+    unlink is not the last reference and the deleter's close frees the file instead."""
+
+    log_path: str
+    fd: int
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def hold_files(paths: Sequence[str]) -> list[HeldFile]:
+    """``paths`` opened read-only, to retire after they are unlinked; a path already gone is skipped."""
+    held = []
+    for path in paths:
+        try:
+            held.append(HeldFile(path, os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
+        except FileNotFoundError:
+            continue
+    return held
 
 
 class _Held(NamedTuple):
@@ -64,6 +91,7 @@ class SegmentDeleter:
         self._held: list[_Held] = []  # in the order retired
         self._thread: threading.Thread | None = None
         self._closed = False
+        _ALL.add(self)
 
     def retire(self, segments: Sequence[Retirable], delay_ms: int) -> None:
         """Close ``segments`` (out of the log's list, their files unlinked or about to be) ``delay_ms``
@@ -118,6 +146,21 @@ class SegmentDeleter:
                 return due
             self._cond.wait(min(h.due_s for h in self._held) - now)
         return None
+
+
+_ALL: weakref.WeakSet[SegmentDeleter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: every deleter's held segments closed (the child's copies), no thread."""
+    for deleter in list(_ALL):
+        held, deleter._held = deleter._held, []
+        deleter._cond = threading.Condition()
+        deleter._thread = None
+        _close_all([h.segment for h in held])
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_all(segments: Sequence[Retirable]) -> None:

@@ -15,6 +15,7 @@ from storage.cleaner import clean_log
 from storage.errors import ConfigError
 from storage.log import Log
 from storage.log_config import LogConfig
+from storage.segment_deleter import SegmentDeleter, hold_files
 
 _KEYS = [f"k{i}".encode() for i in range(4)]
 
@@ -101,3 +102,18 @@ def test_many_passes_leave_no_descriptor_behind(tmp_path: Path) -> None:
 def test_a_negative_delay_is_refused_naming_the_setting() -> None:
     with pytest.raises(ConfigError, match=r"file\.delete\.delay\.ms: -1 is out of range"):
         LogConfig.from_properties({"file.delete.delay.ms": "-1"})
+
+
+def test_a_forked_child_closes_its_copies_of_held_files(tmp_path: Path) -> None:
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"x" * 100)
+    deleter = SegmentDeleter("delete-test")
+    deleter.retire(hold_files([str(path)]), 60_000)  # as the supervisor's swap holds the replaced files
+    path.unlink()
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the descriptor is closed at the fork
+        os._exit(1 if _unlinked_open(tmp_path) else 0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert _unlinked_open(tmp_path) == [f"{path} (deleted)"]  # the parent's is held for the delay
+    deleter.close()
+    assert _unlinked_open(tmp_path) == []
