@@ -67,13 +67,18 @@ class HeldFile(NamedTuple):
 
 
 def hold_files(paths: Sequence[str]) -> list[HeldFile]:
-    """``paths`` opened read-only, to retire after they are unlinked; a path already gone is skipped."""
-    held = []
-    for path in paths:
-        try:
-            held.append(HeldFile(path, os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
-        except FileNotFoundError:
-            continue
+    """``paths`` opened read-only, to retire after they are unlinked; a path already gone is skipped.  Any
+    other error is raised with nothing left open."""
+    held: list[HeldFile] = []
+    try:
+        for path in paths:
+            try:
+                held.append(HeldFile(path, os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
+            except FileNotFoundError:
+                continue
+    except BaseException:
+        _close_all(held)
+        raise
     return held
 
 
