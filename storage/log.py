@@ -20,7 +20,8 @@ a bad one appends nothing, and stamps each in place with its ``baseOffset`` and 
 (``storage.append_plan``); the bytes go to the active segment with one ``os.write`` per segment touched,
 rolling before a batch the active segment refuses (its roll rules: ``LogSegment.batches_that_fit``).  The
 segments themselves and every change to their list (a roll, the cut-back of a failed append, truncation,
-retention's deletions) are ``storage.segment_list``.
+retention's deletions) are ``storage.segment_list``; the segments retention deletes and a clean replaces
+are closed ``file.delete.delay.ms`` later by ``storage.segment_deleter``, and at once by :meth:`Log.close`.
 Replicas use :meth:`Log.append_as_follower`, which keeps the leader's offsets and epochs (or its twin for
 batches a follower walked with ``storage.batch_scan.walk_batches``, :meth:`Log.append_walked_as_follower`).
 The common append (one batch, in the epoch already recorded, no roll rule near) takes a hot path: the log
@@ -42,7 +43,6 @@ unclean stop ``storage.recovery`` checks only the segments from the recovery poi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -67,6 +67,7 @@ from storage.append_plan import (
     walked_rows,
     writable_bytes,
 )
+from storage.append_undo import AppendUndo
 from storage.batch_header import LOG_OVERHEAD, BatchHeader, check_batch
 from storage.batch_scan import BatchArrays
 from storage.checkpoints import LeaderEpochCache
@@ -96,6 +97,7 @@ from storage.log_dir import (
 )
 from storage.log_loader import load_log
 from storage.segment import LogSegment, OffsetAndTimestamp
+from storage.segment_deleter import SegmentDeleter
 from storage.segment_file import BatchBuffer, FetchSlice, split_batches
 from storage.segment_list import SegmentInfo, SegmentList
 from storage.timestamp_rules import LOG_APPEND_TIME, stamp_log_append_time
@@ -119,7 +121,8 @@ class Log:
     """The log of one partition, held by its only writer.  See the module docstring.
 
     Offsets: ``log_start_offset`` <= every readable offset < ``log_end_offset`` (the next offset to assign).
-    Not thread-safe: one thread calls it (a background thread only fsyncs rolled segments).
+    Not thread-safe: one thread calls it (background threads only fsync rolled segments and close retired
+    ones: ``storage.flusher``, ``storage.segment_deleter``).
     """
 
     def __init__(self, directory: str, config: LogConfig, topic_partition: tuple[str, int],
@@ -143,7 +146,9 @@ class Log:
         self._log_append_time = config.message_timestamp_type == LOG_APPEND_TIME  # leaders stamp the time
         self._checkpoint_lock = threading.Lock()
         self._flusher = RolledSegmentFlusher(self._set_recovery_point, f"flush-{self.name}")
-        self._segment_list = SegmentList(directory, config, self._flusher, self.name)
+        deleter = SegmentDeleter(f"delete-{self.name}")
+        self._segment_list = SegmentList(directory, config, self._flusher, deleter, self.name)
+        self._undo = AppendUndo(self._segment_list, self.name, directory)
         self._segments = self._segment_list.segments  # the same list: the hot path reads [-1] with no call
         self._closed = False
         self._append_generation = self._fork_generation  # -1 once closed: one comparison on the hot path
@@ -334,7 +339,7 @@ class Log:
                 try:
                     position = segment.append_batch(view, size, last, max_timestamp)
                 except OSError as exc:
-                    error = self._append_failed(exc, base, len(self._segments))
+                    error = self._undo.failed(exc, base, len(self._segments), self._epochs)
                     if error is None:
                         raise
                     raise error from exc
@@ -362,7 +367,7 @@ class Log:
         first_offset = self._segments[-1].next_offset
         append_time_ms = _time_ns() // 1_000_000 if self._log_append_time else None
         plan = stamp_as_leader(parts, headers, first_offset, leader_epoch, append_time_ms)
-        with self._undone_if_failed(first_offset):
+        with self._undo.undone_if_failed(first_offset, self._epochs):
             if leader_epoch > latest_epoch:
                 self._epochs.assign(leader_epoch, first_offset)
             return self._write(parts, plan)
@@ -388,7 +393,7 @@ class Log:
                 raise InvalidRecordError(f"{self._where}: follower append: the validated batches hold "
                                          f"{sum(h.size for h in headers)} bytes, the buffer {len(view)}")
         plan = check_as_follower(headers, self.log_end_offset, self.name)
-        with self._undone_if_failed(self.log_end_offset):
+        with self._undo.undone_if_failed(self.log_end_offset, self._epochs):
             for header in headers:
                 epoch = header.partition_leader_epoch
                 if epoch >= 0 and epoch != self._epochs.latest_epoch:
@@ -411,7 +416,7 @@ class Log:
         self._check_writable()
         view = writable_bytes(buf)
         check_walked(view, batches, self.log_end_offset, self.name)
-        with self._undone_if_failed(self.log_end_offset):
+        with self._undo.undone_if_failed(self.log_end_offset, self._epochs):
             return self._append_walked(view, batches)
 
     def _append_walked(self, view: memoryview, batches: BatchArrays) -> AppendInfo:
@@ -467,40 +472,6 @@ class Log:
         return _new_tuple(AppendInfo, (batches[0][0], batches[-1][1], now_ms, max_timestamp, offset_of_max,
                                        len(batches), plan.records, first_position, first_segment,
                                        plan.size_bytes))
-
-    @contextlib.contextmanager
-    def _undone_if_failed(self, end: int) -> Iterator[None]:
-        """Around an append from log end offset ``end`` (the general paths): an ``OSError`` puts the log
-        back as it was, and a full disk is raised as :class:`KafkaStorageError`."""
-        count = len(self._segments)
-        try:
-            yield
-        except OSError as exc:
-            error = self._append_failed(exc, end, count)
-            if error is None:
-                raise
-            raise error from exc
-
-    def _append_failed(self, exc: OSError, end: int, segment_count: int) -> KafkaStorageError | None:
-        """An append from log end offset ``end`` with ``segment_count`` segments failed with ``exc``: put
-        the log back exactly as it was (:meth:`_undo_append`) and return the error to raise for a full
-        disk (None: raise ``exc``)."""
-        self._undo_append(end, segment_count)
-        if not is_disk_full(exc):
-            return None
-        return KafkaStorageError.for_partition(self.name, os.path.dirname(self.directory) or ".",
-                                               describe_os_error(exc))
-
-    def _undo_append(self, end: int, segment_count: int) -> None:
-        """Cut the log back to log end offset ``end`` and ``segment_count`` segments after a failed append:
-        the segment list first (``SegmentList.cut_back``), then the leader epochs recorded from ``end`` on."""
-        self._segment_list.cut_back(end, segment_count)
-        try:
-            self._epochs.truncate_from_end(end)
-        except OSError as exc:  # the cache is right in memory; its file is reconciled at the next open
-            _log.warning("partition %s: cannot rewrite the leader-epoch checkpoint: %s", self.name, exc)
-        _log.warning("partition %s: an append failed; the log is back at log end offset %d", self.name,
-                     self.log_end_offset)
 
     def _count_unflushed(self, records: int) -> None:
         """Count appended records towards ``flush.messages`` and flush when it or ``flush.ms`` is due (the

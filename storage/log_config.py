@@ -39,6 +39,7 @@ _SETTINGS: Final[dict[str, tuple[str, int, int]]] = {
     "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", 0, LONG_MAX),
     "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", 0, LONG_MAX),
     "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", 0, LONG_MAX),
+    "file.delete.delay.ms": ("file_delete_delay_ms", 0, LONG_MAX),
 }
 # Kafka's topic-level name -> field, for the true/false settings
 _BOOL_SETTINGS: Final[dict[str, str]] = {
@@ -76,6 +77,10 @@ class LogConfig:
     * ``message_timestamp_difference_max_ms`` / ``..._before_max_ms`` / ``..._after_max_ms``: how far a
       CreateTime record's timestamp may lie before / after the leader's clock (``LONG_MAX``: no limit;
       ``storage.timestamp_rules.effective_limits``).
+    * ``file_delete_delay_ms``: how long a segment that retention deleted or a clean replaced stays open
+      after its files are unlinked (``storage.segment_deleter``).  Kafka's default is 60000; here 1000,
+      because only this process's own readers need it (readers elsewhere hold their own descriptors) and
+      the unlinked files' disk blocks come back only when it ends.
     """
 
     segment_bytes: int = 1024 * 1024 * 1024
@@ -92,6 +97,7 @@ class LogConfig:
     message_timestamp_difference_max_ms: int = LONG_MAX
     message_timestamp_before_max_ms: int = LONG_MAX
     message_timestamp_after_max_ms: int = LONG_MAX
+    file_delete_delay_ms: int = 1000
 
     def __post_init__(self) -> None:
         for name, (attr, low, high) in _SETTINGS.items():

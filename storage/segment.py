@@ -609,6 +609,11 @@ class LogSegment:
     def delete(self) -> None:
         """Close and unlink the three files (a reader's open descriptors keep working on the old inodes)."""
         self.close()
+        self.unlink()
+
+    def unlink(self) -> None:
+        """Unlink the three files and leave the segment open: its descriptors and index mappings keep
+        reading the old inodes until :meth:`close` (``storage.segment_deleter``)."""
         for path in (self.log_path, self.index_path, self.time_index_path):
             try:
                 os.unlink(path)

@@ -18,9 +18,14 @@ one place the list changes:
 * **truncating** a replica (:meth:`~SegmentList.truncate_to`): the segments above the offset are deleted,
   the one holding it is reopened and cut; :meth:`~SegmentList.reset` deletes them all and starts over;
 * **retention** (:meth:`~SegmentList.remove_first`): the oldest segments leave the list, then their files
-  are deleted;
+  are unlinked;
 * **a clean's swap** (:meth:`~SegmentList.swap_cleaned`): groups of closed segments are each replaced by the
-  one segment a clean wrote aside for it (``storage.clean_swap``).
+  one segment a clean wrote aside for it (``storage.clean_swap``, which unlinks the replaced files).
+
+The segments retention and a swap take out of the list are not closed here: they are retired to the log's
+deleter (``storage.segment_deleter``), which closes them ``file.delete.delay.ms`` later on its own thread,
+so this thread never waits for the kernel to free their pages and a reader in flight keeps reading them
+for the delay.  The segments a cut-back, a truncation or a reset deletes are closed and unlinked at once.
 
 Reads go through :meth:`~SegmentList.read`, from the segment holding the offset on (timestamps:
 ``storage.timestamp_search`` over ``segments``).
@@ -43,6 +48,7 @@ from storage.flusher import RolledSegmentFlusher
 from storage.log_config import LogConfig
 from storage.retention import RetentionCandidate, segments_to_delete
 from storage.segment import BatchRow, LogSegment
+from storage.segment_deleter import SegmentDeleter
 from storage.segment_file import BatchBuffer, FetchSlice
 
 __all__ = ["SegmentInfo", "SegmentList"]
@@ -62,13 +68,15 @@ class SegmentInfo(NamedTuple):
 class SegmentList:
     """The segments of one log, oldest first, and their base offsets.  See the module docstring."""
 
-    def __init__(self, directory: str, config: LogConfig, flusher: RolledSegmentFlusher, name: str) -> None:
+    def __init__(self, directory: str, config: LogConfig, flusher: RolledSegmentFlusher,
+                 deleter: SegmentDeleter, name: str) -> None:
         self.directory = directory
         self.config = config
         self.name = name  # the partition, for log lines
         self.segments: list[LogSegment] = []  # changed in place, never replaced
         self.bases: list[int] = []  # segments[i].base_offset, for bisect
         self._flusher = flusher
+        self._deleter = deleter
 
     def load(self, segments: Sequence[LogSegment]) -> None:
         """Take the segments a log's opening loaded (``storage.log_loader``)."""
@@ -87,8 +95,10 @@ class SegmentList:
         return sum(s.size_bytes for s in self.segments)
 
     def close(self) -> None:
+        """Close every segment, those retired to the deleter too."""
         for segment in self.segments:
             segment.close()
+        self._deleter.close()
 
     def infos(self) -> list[SegmentInfo]:
         active = self.segments[-1]
@@ -180,15 +190,16 @@ class SegmentList:
         return count
 
     def remove_first(self, count: int) -> None:
-        """Remove the ``count`` oldest segments (never the active one) from the list, then delete their
-        files."""
+        """Remove the ``count`` oldest segments (never the active one) from the list, then unlink their
+        files and retire them to the deleter."""
         doomed = self.segments[:count]
         del self.segments[:count]
         del self.bases[:count]
         for segment in doomed:
             _log.info("partition %s: deleting segment %s (%d bytes, offsets %d..%d)", self.name,
                       segment.log_path, segment.size_bytes, segment.base_offset, segment.next_offset - 1)
-            segment.delete()
+            segment.unlink()
+        self._deleter.retire(doomed, self.config.file_delete_delay_ms)
 
     def swap_cleaned(self, groups: Sequence[SwapGroup]) -> None:
         """Replace each group's closed segments (``replaced``) by the segment a clean wrote aside at its
@@ -218,8 +229,7 @@ class SegmentList:
     def _adopt_cleaned(self, i: int, j: int) -> None:
         base_offset = self.bases[i]
         replaced = self.bases[i:j]
-        for segment in self.segments[i:j]:
-            segment.close()
+        self._deleter.retire(self.segments[i:j], self.config.file_delete_delay_ms)  # unlinked by swap_in
         segment = LogSegment.load(self.directory, base_offset, self.config, active=False,
                                   next_offset_limit=self.bases[j])
         self.segments[i:j] = [segment]

@@ -158,6 +158,7 @@ class TopicConfig:
     message_timestamp_difference_max_ms: int
     message_timestamp_before_max_ms: int
     message_timestamp_after_max_ms: int
+    file_delete_delay_ms: int
     cleanup_policy: tuple[str, ...]
     min_cleanable_dirty_ratio: float
     delete_retention_ms: int
@@ -197,6 +198,7 @@ class Config:
     message_timestamp_difference_max_ms: int
     message_timestamp_before_max_ms: int
     message_timestamp_after_max_ms: int
+    file_delete_delay_ms: int
     cleanup_policy: tuple[str, ...]
     min_cleanable_dirty_ratio: float
     delete_retention_ms: int
@@ -296,6 +298,7 @@ class Config:
             message_timestamp_difference_max_ms=t.message_timestamp_difference_max_ms,
             message_timestamp_before_max_ms=t.message_timestamp_before_max_ms,
             message_timestamp_after_max_ms=t.message_timestamp_after_max_ms,
+            file_delete_delay_ms=t.file_delete_delay_ms,
         )
 
     def settings(self) -> dict[str, object]:

@@ -230,6 +230,10 @@ _PER_TOPIC: Final = (
     _s("message.timestamp.after.max.ms", "message_timestamp_after_max_ms", LONG_MAX, integer(0),
        "CreateTime topics: refuse (INVALID_TIMESTAMP) a batch with a record this much after the broker's "
        "clock", "log.message.timestamp.after.max.ms"),
+    _s("file.delete.delay.ms", "file_delete_delay_ms", 1000, integer(0),
+       "keep a segment that retention deleted or a clean replaced open this long after its files are "
+       "unlinked, then close it on a background thread (Kafka's default is 60000: docs/storage.md)",
+       "log.segment.delete.delay.ms"),
     _s("cleanup.policy", "cleanup_policy", "delete", _policy,
        "delete (retention by time and size), compact (the cleaner keeps each key's latest record), or "
        "compact,delete (both)", "log.cleanup.policy"),

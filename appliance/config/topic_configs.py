@@ -239,16 +239,15 @@ CATALOG: Final[tuple[TopicSetting, ...]] = (
         "86400000 (1 day)",
         "log.cleaner.delete.retention.ms",
     ),
-    _other(
+    _implemented(
         "file.delete.delay.ms",
         _T.LONG,
         "[0,...]",
         "60000 (1 minute)",
         "log.segment.delete.delay.ms",
+        "a deleted or replaced segment's files are unlinked at once and its descriptors closed this long "
+        "after, on a thread; default 1000 here (docs/storage.md)",
         _B.DIFFERENT,
-        "accepted and kept; a deleted segment is unlinked at once: readers that hold it "
-        "open keep reading it (POSIX), so no delay is needed",
-        integer(0),
     ),
     _implemented("flush.messages", _T.LONG, "[1,...]", "9223372036854775807", "log.flush.interval.messages"),
     _implemented("flush.ms", _T.LONG, "[0,...]", "9223372036854775807", "log.flush.interval.ms"),

@@ -19,12 +19,17 @@ For the groups of a pass it sends the control op ``swap_cleaned`` (``topic``, ``
 * **a writer is starting, stopping or waiting for its restart**: refused (retriable); the cleaner unlinks
   its files and measures the log again next round.
 
-Either way the swap is ``storage.clean_swap.swap_in`` (renames, each step fsynced; a SIGKILL at any step is
-finished or undone, group by group, by the log's next open), after the same check, for every group (one
-group refused refuses them all, nothing renamed): the replaced segments are consecutive,
-closed (the active segment is never replaced), of the sizes the cleaner read (else retention,
-DeleteRecords or a truncation changed the log meanwhile: refused, nothing renamed), and the cleaned file
-exists.  A refusal is ``KAFKA_STORAGE_ERROR`` naming the partition and the segment; nothing changed.
+Either way the swap is ``storage.clean_swap.swap_in`` (renames, each step fsynced; a SIGKILL at any step
+is finished or undone, group by group, by the log's next open), after the same check, for every group (one
+group refused refuses them all, nothing renamed): the replaced segments are consecutive, closed (the active
+segment is never replaced), of the sizes the cleaner read (else retention, DeleteRecords or a truncation
+changed the log meanwhile: refused, nothing renamed), and the cleaned file exists.  A refusal is
+``KAFKA_STORAGE_ERROR`` naming the partition and the segment; nothing changed.
+
+The supervisor's own swap holds the replaced ``.log`` files open across it and retires them to a deleter of
+its own (``storage.segment_deleter``, after the topic's ``file.delete.delay.ms``), as a writer's log does
+with its segments, so the unlink is not the last reference and its loop does not wait for the kernel to
+free them.
 """
 
 from __future__ import annotations
@@ -42,12 +47,16 @@ from storage.clean_swap import SwapGroup, finish_interrupted_swap, swap_in
 from storage.errors import LogLockedError, describe_os_error
 from storage.log_dir import lock_log_directory, segment_base_offsets, unlock_log_directory
 from storage.segment import LOG_SUFFIX, segment_path
+from storage.segment_deleter import HeldFile, SegmentDeleter, hold_files
 
 __all__ = ["swap_cleaned"]
 
 _log = logging.getLogger("appliance.supervisor")
 
 Reply = Callable[[dict[str, Any]], None]
+
+# the supervisor's swaps hold the replaced files open until this closes them (``storage.segment_deleter``)
+_DELETER = SegmentDeleter("delete-swapped")
 
 
 def swap_cleaned(part: Partition, message: Mapping[str, Any], reply: Reply) -> dict[str, Any] | None:
@@ -68,7 +77,7 @@ def swap_cleaned(part: Partition, message: Mapping[str, Any], reply: Reply) -> d
     if child.pid or child.stopping or child.restart_at_s is not None:
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {part.name}: its writer is starting "
                               "or stopping; the cleaner tries again later")  # fmt: skip
-    return _swap_here(part.spec.directory, part.name, groups)
+    return _swap_here(part.spec.directory, part.name, groups, part.spec.log_config.file_delete_delay_ms)
 
 
 def _well_formed(group: object) -> bool:
@@ -81,11 +90,12 @@ def _well_formed(group: object) -> bool:
             and all(isinstance(v, int) for v in (*replaced, *sizes)))
 
 
-def _swap_here(directory: str, name: str, groups: list[list[Any]]) -> dict[str, Any]:
+def _swap_here(directory: str, name: str, groups: list[list[Any]], delete_delay_ms: int) -> dict[str, Any]:
     try:
         lock_fd = lock_log_directory(directory, name)
     except LogLockedError as exc:
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"{exc}; the cleaner tries again later")
+    held: list[HeldFile] = []
     try:
         bases = segment_base_offsets(os.listdir(directory))
         for base, replaced, sizes in groups:
@@ -93,6 +103,7 @@ def _swap_here(directory: str, name: str, groups: list[list[Any]]) -> dict[str, 
                                      lambda b: os.stat(segment_path(directory, b, LOG_SUFFIX)).st_size)
             if refused is not None:
                 return error_response(ErrorCode.KAFKA_STORAGE_ERROR, refused)
+        held = hold_files([segment_path(directory, b, LOG_SUFFIX) for _, olds, _ in groups for b in olds])
         try:
             swap_in(directory, [SwapGroup(base, tuple(replaced)) for base, replaced, _ in groups])
         except OSError as exc:
@@ -104,6 +115,7 @@ def _swap_here(directory: str, name: str, groups: list[list[Any]]) -> dict[str, 
         return error_response(ErrorCode.KAFKA_STORAGE_ERROR, f"partition {name}: {describe_os_error(exc)}")
     finally:
         unlock_log_directory(lock_fd)
+        _DELETER.retire(held, delete_delay_ms)
     _log.info("partition %s: swapped in cleaned segments (base offset, replaced segments) %s (no writer "
               "running)", name, [(g[0], g[1]) for g in groups])
     return ok_response()
