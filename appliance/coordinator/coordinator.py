@@ -36,7 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.coordinator.group import Completion, Group, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.group import (
+    Completion,
+    Group,
+    GroupSettings,
+    GroupState,
+    JoinArgs,
+    StaticReplacement,
+)
 from appliance.coordinator.group_records import GroupMetadata
 from appliance.coordinator.offsets import CommittedOffset, OffsetStore
 from appliance.coordinator.subscription import CONSUMER_PROTOCOL_TYPE, subscribed_topics
@@ -313,6 +320,28 @@ class GroupCoordinator:
         static member replaced), stamped ``wall_ms``; the caller writes them to ``__consumer_offsets``."""
         return [(group_id, record) for group_id, group in self.groups.items()
                 if (record := group.take_metadata(wall_ms)) is not None]
+
+    def take_replacements(self) -> list[StaticReplacement]:
+        """The static member replacements the records :meth:`take_metadata` gave record (taken with them):
+        the caller gives back those whose record could not be written to :meth:`revert_replacements`."""
+        out = [r for group in self.groups.values() for r in group.replacements]
+        for group in self.groups.values():
+            group.replacements.clear()
+        return out
+
+    def revert_replacements(self, replacements: list[StaticReplacement], error: ErrorCode,
+                            now_ms: int) -> list[Completion]:
+        """Undo replacements whose record could not be written: each replacing JoinGroup's answer, now
+        ``error`` (``Group.revert_replacement``)."""
+        out = []
+        for replaced in replacements:
+            group = self.groups.get(replaced.group_id)
+            if group is None:  # deleted meanwhile: only the answer changes
+                out.append(Completion(replaced.token, JoinGroupResponse(
+                    error_code=error, member_id="", members=[])))
+                continue
+            out.append(group.revert_replacement(replaced, error, now_ms))
+        return out
 
     def load_group(self, group_id: str, record: GroupMetadata | None, now_ms: int) -> None:
         """Apply a group metadata record read back from ``__consumer_offsets`` (None: a tombstone)."""

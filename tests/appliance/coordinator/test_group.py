@@ -302,3 +302,28 @@ def test_a_static_member_leaves_by_its_instance_id_or_when_its_session_expires()
     g = c.groups["g"]
     c.tick(1000 + SESSION_MS + REBALANCE_MS + 1)  # "ib" goes silent: removed at its session's end
     assert g.members == {} and g.static_members == {}
+
+
+def test_a_static_replacement_whose_record_is_not_written_is_undone_and_answered_the_error() -> None:
+    """Kafka's storeGroup callback: the old member id stays, the new one is refused with the append's error,
+    an empty member id and the group's generation and leader."""
+    c = coordinator()
+    ids = static_group(c)
+    g = c.groups["g"]
+    generation = g.generation_id
+    done = answers(c.join("g", static_args("ib"), "again", 1000))["again"]
+    assert done.error_code == ErrorCode.NONE
+    replaced = c.take_replacements()
+    assert [r.group_id for r in replaced] == ["g"]
+    assert c.take_replacements() == []  # taken once, with its record
+    (undone,) = c.revert_replacements(replaced, ErrorCode.COORDINATOR_NOT_AVAILABLE, 1001)
+    assert undone.token == "again"
+    response = undone.response
+    assert (response.error_code, response.member_id) == (ErrorCode.COORDINATOR_NOT_AVAILABLE, "")
+    assert (undone.response.generation_id, undone.response.leader) == (generation, ids["ia"])
+    assert set(g.members) == set(ids.values()) and g.static_members == ids
+    assert g.state == GroupState.STABLE
+    assert c.heartbeat("g", ids["ib"], generation, 1002, "ib").error_code == ErrorCode.NONE
+    assert c.heartbeat("g", done.member_id, generation, 1002, "ib").error_code == ErrorCode.FENCED_INSTANCE_ID
+    synced = answers(c.sync("g", ids["ib"], generation, [], "s", 1003, "ib"))["s"]
+    assert (synced.error_code, synced.assignment) == (ErrorCode.NONE, b"part-ib")

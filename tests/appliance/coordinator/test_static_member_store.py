@@ -1,0 +1,99 @@
+"""A static member's replacement whose group metadata record cannot be written is undone (Kafka's
+``storeGroup`` callback in ``updateStaticMemberAndRebalance``), seen over the wire of a real appliance.
+
+A static member joins and syncs; the appliance restarts (SIGTERM) with the test fault point ``group.store``
+armed, which refuses the next group metadata append to ``__consumer_offsets`` as a partition without enough
+in-sync replicas does.  The same static member restarts (JoinGroup v5, empty member id): it is answered
+COORDINATOR_NOT_AVAILABLE with no member id, the group keeps the old member id (DescribeGroups, Heartbeat),
+and the old member's heartbeat is answered NONE.
+"""
+
+from __future__ import annotations
+
+import time
+
+from support.harness import Appliance
+from support.kafka_appliance import free_port
+from support.wire import WireClient
+
+from ipc.kafka import (
+    ApiKey,
+    DescribeGroupsRequest,
+    ErrorCode,
+    FindCoordinatorRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupRequestProtocol,
+    SyncGroupRequest,
+    SyncGroupRequestAssignment,
+)
+
+GROUP = "static-store"
+INSTANCE = "instance-1"
+
+
+def _join(client: WireClient, member_id: str = "") -> object:
+    body = JoinGroupRequest(group_id=GROUP, session_timeout_ms=30000, rebalance_timeout_ms=30000,
+                            member_id=member_id, group_instance_id=INSTANCE, protocol_type="consumer",
+                            protocols=[JoinGroupRequestProtocol("range", b"sub")])
+    return client.call(ApiKey.JOIN_GROUP, 5, body)
+
+
+def _until_coordinator(client: WireClient) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = client.call(ApiKey.FIND_COORDINATOR, 2, FindCoordinatorRequest(key=GROUP, key_type=0))
+        if found.error_code == ErrorCode.NONE:
+            described = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups[0]
+            if described.error_code == ErrorCode.NONE:
+                return
+        time.sleep(0.1)
+    raise AssertionError("the coordinator did not load the group in 30 s")
+
+
+def _heartbeat(client: WireClient, member_id: str, generation: int) -> int:
+    body = HeartbeatRequest(group_id=GROUP, generation_id=generation, member_id=member_id,
+                            group_instance_id=INSTANCE)
+    return int(client.call(ApiKey.HEARTBEAT, 3, body).error_code)
+
+
+def test_a_static_replacement_that_cannot_be_stored_is_refused_and_the_old_member_stays() -> None:
+    port = free_port()
+    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", "group.initial.rebalance.delay.ms=0")
+    log = ""
+    try:
+        app.start()
+        client = WireClient(("127.0.0.1", port), client_id="static", timeout_s=40)
+        try:
+            _until_coordinator(client)
+            joined = _join(client)
+            assert joined.error_code == ErrorCode.NONE, joined
+            old_id, generation = joined.member_id, joined.generation_id
+            sync = SyncGroupRequest(group_id=GROUP, generation_id=generation, member_id=old_id,
+                                    group_instance_id=INSTANCE,
+                                    assignments=[SyncGroupRequestAssignment(old_id, b"all")])
+            # the group's record is the first append to its partition: a ring attach late under load
+            # answers REBALANCE_IN_PROGRESS (a retriable REQUEST_TIMED_OUT): sync again
+            synced = [client.call(ApiKey.SYNC_GROUP, 3, sync).error_code for _ in range(2)]
+            assert ErrorCode.NONE in synced, synced
+        finally:
+            client.close()
+        assert app.stop() == 0
+        app.overrides.append('appliance.test.faults=["group.store"]')
+        app.start()
+        client = WireClient(("127.0.0.1", port), client_id="static")
+        try:
+            _until_coordinator(client)
+            refused = _join(client)  # the member restarted: its record cannot be written
+            assert refused.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused
+            assert (refused.member_id, refused.generation_id, refused.leader) == ("", generation, old_id)
+            described = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups[0]
+            assert (described.group_state, [m.member_id for m in described.members]) == ("Stable", [old_id])
+            assert _heartbeat(client, old_id, generation) == ErrorCode.NONE
+        finally:
+            client.close()
+        log = app.log()
+    finally:
+        app.close()
+    assert "test fault point group.store fired" in log
+    assert "Traceback" not in log, log
