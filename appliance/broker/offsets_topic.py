@@ -109,8 +109,8 @@ from storage.batch_builder import build_batch
 from storage.batch_reader import iter_records
 from storage.errors import ApplianceError
 
-__all__ = ["APPEND_ERRORS", "STORE_GROUP_ERRORS", "Answer", "DeletionInFlight", "GroupWrite", "MetadataInFlight",
-           "OffsetsTopic"]
+__all__ = ["APPEND_ERRORS", "STORE_GROUP_ERRORS", "Answer", "DeletionInFlight", "GroupWrite",
+           "MetadataInFlight", "OffsetsTopic"]
 
 Answer = tuple[Any, Any, Any]  # (the slot, the request's RequestHeader, the response body)
 
