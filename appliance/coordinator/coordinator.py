@@ -485,6 +485,9 @@ class GroupCoordinator:
                 for g in sorted(names)]
 
     def describe(self, group_id: str) -> DescribedGroup:
+        """DescribeGroups of one group, as Kafka's ``GroupMetadata.summary``: the state, the protocol type
+        and the members (ids, client id and host) always; the chosen protocol and each member's metadata
+        and assignment only when the group is Stable (empty otherwise: a rebalance is choosing them)."""
         if not valid_group_id(group_id):
             return DescribedGroup(ErrorCode.INVALID_GROUP_ID, group_id, "", "", "", [])
         group = self.groups.get(group_id)
@@ -495,10 +498,11 @@ class GroupCoordinator:
         members = [
             DescribedGroupMember(
                 member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
-                client_host=m.client_host, member_metadata=m.metadata_for(group.protocol_name),
+                client_host=m.client_host,
+                member_metadata=m.metadata_for(group.protocol_name) if stable else b"",
                 member_assignment=m.assignment if stable else b"",
             )
             for m in group.members.values()
         ]
         return DescribedGroup(ErrorCode.NONE, group_id, group.state.value, group.protocol_type,
-                              group.protocol_name, members)
+                              group.protocol_name if stable else "", members)

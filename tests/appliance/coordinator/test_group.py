@@ -327,3 +327,25 @@ def test_a_static_replacement_whose_record_is_not_written_is_undone_and_answered
     assert c.heartbeat("g", done.member_id, generation, 1002, "ib").error_code == ErrorCode.FENCED_INSTANCE_ID
     synced = answers(c.sync("g", ids["ib"], generation, [], "s", 1003, "ib"))["s"]
     assert (synced.error_code, synced.assignment) == (ErrorCode.NONE, b"part-ib")
+
+
+def test_describe_shows_protocol_metadata_and_assignments_only_when_stable() -> None:
+    """Kafka's GroupMetadata.summary: outside Stable, the protocol name and every member's metadata and
+    assignment are empty; the state, the protocol type and the members are there."""
+    c = coordinator()
+    ids = stable_group(c, 2)
+    stable = c.describe("g")
+    assert (stable.group_state, stable.protocol_type, stable.protocol_data) == ("Stable", "consumer", "range")
+    assert {(m.member_metadata, m.member_assignment) for m in stable.members} == {
+        (b"meta", f"part-{m}".encode()) for m in ids}
+    generation = c.groups["g"].generation_id
+    assert c.join("g", join_args(ids[0]), "rejoin", 300) == []  # the leader rejoins: a rebalance
+    for state in ("PreparingRebalance", "CompletingRebalance"):
+        if state == "CompletingRebalance":
+            c.join("g", join_args(ids[1]), "rejoin-2", 301)
+        described = c.describe("g")
+        assert (described.group_state, described.protocol_type, described.protocol_data) == (
+            state, "consumer", "")
+        assert [m.member_id for m in described.members] == ids
+        assert {(m.member_metadata, m.member_assignment) for m in described.members} == {(b"", b"")}
+    assert c.groups["g"].generation_id == generation + 1

@@ -5,7 +5,9 @@ A static member joins and syncs; the appliance restarts (SIGTERM) with the test 
 armed, which refuses the next group metadata append to ``__consumer_offsets`` as a partition without enough
 in-sync replicas does.  The same static member restarts (JoinGroup v5, empty member id): it is answered
 COORDINATOR_NOT_AVAILABLE with no member id, the group keeps the old member id (DescribeGroups, Heartbeat),
-and the old member's heartbeat is answered NONE.
+and the old member's heartbeat is answered NONE.  A second member joining then starts a rebalance, and
+DescribeGroups during it shows, as Kafka's ``GroupMetadata.summary``, the state, the protocol type and the
+members but no protocol name, member metadata or assignment.
 """
 
 from __future__ import annotations
@@ -90,6 +92,23 @@ def test_a_static_replacement_that_cannot_be_stored_is_refused_and_the_old_membe
             described = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups[0]
             assert (described.group_state, [m.member_id for m in described.members]) == ("Stable", [old_id])
             assert _heartbeat(client, old_id, generation) == ErrorCode.NONE
+            other = WireClient(("127.0.0.1", port), client_id="other")
+            try:  # a new member's JoinGroup is held: the group prepares a rebalance
+                other.send(ApiKey.JOIN_GROUP, 3, JoinGroupRequest(
+                    group_id=GROUP, session_timeout_ms=30000, rebalance_timeout_ms=30000, member_id="",
+                    protocol_type="consumer", protocols=[JoinGroupRequestProtocol("range", b"sub")]))
+                deadline = time.monotonic() + 10
+                while True:
+                    (described,) = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups
+                    if described.group_state != "Stable" or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                assert (described.group_state, described.protocol_type, described.protocol_data) == (
+                    "PreparingRebalance", "consumer", "")
+                assert len(described.members) == 2
+                assert {(m.member_metadata, m.member_assignment) for m in described.members} == {(b"", b"")}
+            finally:
+                other.close()
         finally:
             client.close()
         log = app.log()
