@@ -20,6 +20,7 @@ from support.wire import WireClient
 
 from ipc.kafka import (
     ApiKey,
+    DescribedGroup,
     DescribeGroupsRequest,
     ErrorCode,
     FindCoordinatorRequest,
@@ -51,6 +52,11 @@ def _until_coordinator(client: WireClient) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError("the coordinator did not load the group in 30 s")
+
+
+def _describe(client: WireClient) -> DescribedGroup:
+    (described,) = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups
+    return described
 
 
 def _heartbeat(client: WireClient, member_id: str, generation: int) -> int:
@@ -89,7 +95,7 @@ def test_a_static_replacement_that_cannot_be_stored_is_refused_and_the_old_membe
             refused = _join(client)  # the member restarted: its record cannot be written
             assert refused.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused
             assert (refused.member_id, refused.generation_id, refused.leader) == ("", generation, old_id)
-            described = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups[0]
+            described = _describe(client)
             assert (described.group_state, [m.member_id for m in described.members]) == ("Stable", [old_id])
             assert _heartbeat(client, old_id, generation) == ErrorCode.NONE
             other = WireClient(("127.0.0.1", port), client_id="other")
@@ -99,7 +105,7 @@ def test_a_static_replacement_that_cannot_be_stored_is_refused_and_the_old_membe
                     protocol_type="consumer", protocols=[JoinGroupRequestProtocol("range", b"sub")]))
                 deadline = time.monotonic() + 10
                 while True:
-                    (described,) = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups
+                    described = _describe(client)
                     if described.group_state != "Stable" or time.monotonic() > deadline:
                         break
                     time.sleep(0.05)
