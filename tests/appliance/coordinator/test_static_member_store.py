@@ -27,6 +27,7 @@ from ipc.kafka import (
     HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupRequestProtocol,
+    JoinGroupResponse,
     SyncGroupRequest,
     SyncGroupRequestAssignment,
 )
@@ -35,7 +36,7 @@ GROUP = "static-store"
 INSTANCE = "instance-1"
 
 
-def _join(client: WireClient, member_id: str = "") -> object:
+def _join(client: WireClient, member_id: str = "") -> JoinGroupResponse:
     body = JoinGroupRequest(group_id=GROUP, session_timeout_ms=30000, rebalance_timeout_ms=30000,
                             member_id=member_id, group_instance_id=INSTANCE, protocol_type="consumer",
                             protocols=[JoinGroupRequestProtocol("range", b"sub")])
