@@ -349,3 +349,35 @@ def test_describe_shows_protocol_metadata_and_assignments_only_when_stable() -> 
         assert [m.member_id for m in described.members] == ids
         assert {(m.member_metadata, m.member_assignment) for m in described.members} == {(b"", b"")}
     assert c.groups["g"].generation_id == generation + 1
+
+
+def test_commits_are_checked_as_kafkas_validate_offset_commit_for_every_version_and_state() -> None:
+    """v0 carries no generation (a simple commit); a simple commit is for a group with no members only;
+    a generation names a member; with no group at all a generation is ILLEGAL_GENERATION."""
+    c = coordinator()
+
+    def code(group: str, member_id: str, generation: int, version: int = 7,
+             instance_id: str | None = None) -> ErrorCode:
+        body = commit_request(member_id, generation, 1)
+        body.group_id, body.group_instance_id = group, instance_id
+        return ErrorCode(c.commit(body, version, 300).topics[0].partitions[0].error_code)
+
+    # no group
+    assert code("none-1", "", -1) == ErrorCode.NONE  # a simple commit makes a simple group
+    assert code("none-2", "someone", -1) == ErrorCode.NONE  # Kafka: generation -1 to an Empty group
+    assert code("none-3", "", -1, version=0) == ErrorCode.NONE
+    assert code("none-4", "someone", 3) == ErrorCode.ILLEGAL_GENERATION
+    assert code("none-5", "", 0, version=1) == ErrorCode.ILLEGAL_GENERATION
+    # a simple group (offsets, no member)
+    assert code("none-1", "", -1, version=0) == ErrorCode.NONE
+    assert code("none-1", "someone", -1) == ErrorCode.NONE
+    assert code("none-1", "someone", 3) == ErrorCode.UNKNOWN_MEMBER_ID
+    # a group with members
+    a, _ = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    assert code("g", "", -1, version=0) == ErrorCode.UNKNOWN_MEMBER_ID
+    for version in (1, 2, 5, 7, 8):
+        assert code("g", "", -1, version=version) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert code("g", a, -1) == ErrorCode.ILLEGAL_GENERATION
+    assert code("g", "nobody", generation) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert code("g", a, generation) == ErrorCode.NONE

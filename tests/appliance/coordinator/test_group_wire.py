@@ -1,7 +1,9 @@
-"""A static member's replacement whose group metadata record cannot be written is undone (Kafka's
-``storeGroup`` callback in ``updateStaticMemberAndRebalance``), seen over the wire of a real appliance.
+"""The group coordinator as a client sees it over the wire of a real appliance, where it follows Kafka.
 
-A static member joins and syncs; the appliance restarts (SIGTERM) with the test fault point ``group.store``
+A static member joins and syncs; OffsetCommit v0 (no generation) and a simple commit (generation -1, no
+member id) to that group are UNKNOWN_MEMBER_ID (Kafka's ``validateOffsetCommit``: only members commit to a
+group with members).  A static member's replacement whose group metadata record cannot be written is
+undone (Kafka's ``storeGroup`` callback in ``updateStaticMemberAndRebalance``): the appliance restarts (SIGTERM) with the test fault point ``group.store``
 armed, which refuses the next group metadata append to ``__consumer_offsets`` as a partition without enough
 in-sync replicas does.  The same static member restarts (JoinGroup v5, empty member id): it is answered
 COORDINATOR_NOT_AVAILABLE with no member id, the group keeps the old member id (DescribeGroups, Heartbeat),
@@ -28,11 +30,15 @@ from ipc.kafka import (
     JoinGroupRequest,
     JoinGroupRequestProtocol,
     JoinGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
     SyncGroupRequest,
     SyncGroupRequestAssignment,
 )
 
 GROUP = "static-store"
+TOPIC = "t"
 INSTANCE = "instance-1"
 
 
@@ -60,15 +66,23 @@ def _describe(client: WireClient) -> DescribedGroup:
     return described
 
 
+def _simple_commit(client: WireClient, version: int) -> int:
+    part = OffsetCommitRequestPartition(partition_index=0, committed_offset=1, committed_metadata="")
+    body = OffsetCommitRequest(group_id=GROUP, generation_id_or_member_epoch=-1, member_id="",
+                               topics=[OffsetCommitRequestTopic(TOPIC, [part])])
+    return int(client.call(ApiKey.OFFSET_COMMIT, version, body).topics[0].partitions[0].error_code)
+
+
 def _heartbeat(client: WireClient, member_id: str, generation: int) -> int:
     body = HeartbeatRequest(group_id=GROUP, generation_id=generation, member_id=member_id,
                             group_instance_id=INSTANCE)
     return int(client.call(ApiKey.HEARTBEAT, 3, body).error_code)
 
 
-def test_a_static_replacement_that_cannot_be_stored_is_refused_and_the_old_member_stays() -> None:
+def test_simple_commits_a_static_replacement_not_stored_and_describe_during_a_rebalance() -> None:
     port = free_port()
-    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", "group.initial.rebalance.delay.ms=0")
+    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", "group.initial.rebalance.delay.ms=0",
+                    f"topics.{TOPIC}.partitions=1")
     log = ""
     try:
         app.start()
@@ -85,6 +99,8 @@ def test_a_static_replacement_that_cannot_be_stored_is_refused_and_the_old_membe
             # answers REBALANCE_IN_PROGRESS (a retriable REQUEST_TIMED_OUT): sync again
             synced = [client.call(ApiKey.SYNC_GROUP, 3, sync).error_code for _ in range(2)]
             assert ErrorCode.NONE in synced, synced
+            for version in (0, 2, 7):  # no generation: not a member's commit
+                assert _simple_commit(client, version) == ErrorCode.UNKNOWN_MEMBER_ID, version
         finally:
             client.close()
         assert app.stop() == 0
