@@ -2,12 +2,12 @@
 
 A static member joins and syncs; OffsetCommit v0 (no generation) and a simple commit (generation -1, no
 member id) to that group are UNKNOWN_MEMBER_ID (Kafka's ``validateOffsetCommit``: only members commit to a
-group with members).  A static member's replacement whose group metadata record cannot be written is
-undone (Kafka's ``storeGroup`` callback in ``updateStaticMemberAndRebalance``): the appliance restarts (SIGTERM) with the test fault point ``group.store``
-armed, which refuses the next group metadata append to ``__consumer_offsets`` as a partition without enough
-in-sync replicas does.  The same static member restarts (JoinGroup v5, empty member id): it is answered
-COORDINATOR_NOT_AVAILABLE with no member id, the group keeps the old member id (DescribeGroups, Heartbeat),
-and the old member's heartbeat is answered NONE.  A second member joining then starts a rebalance, and
+group with members).  The appliance restarts (SIGTERM) with the test fault point ``group.store`` armed,
+which refuses the next group metadata append to ``__consumer_offsets`` as a partition without enough
+in-sync replicas does.  The same static member restarts (JoinGroup v5, empty member id): its replacement
+cannot be recorded, so it is undone (Kafka's ``storeGroup`` callback in ``updateStaticMemberAndRebalance``):
+the JoinGroup is answered COORDINATOR_NOT_AVAILABLE with no member id, and the group keeps the old member
+id (DescribeGroups; its Heartbeat is answered NONE).  A second member joining then starts a rebalance, and
 DescribeGroups during it shows, as Kafka's ``GroupMetadata.summary``, the state, the protocol type and the
 members but no protocol name, member metadata or assignment.
 """
