@@ -5,8 +5,9 @@
 A line ends at ``\\n``, ``\\r`` or ``\\r\\n``, as Kafka's line reader (Java's ``BufferedReader.readLine``)
 ends it; the last line needs no newline.  With ``--key-separator SEP`` (or Kafka's ``--property
 parse.key=true --property key.separator=SEP``) a line is split at the first SEP into key and value; a
-line without SEP is an error (exit 1, naming the line; the lines before it were sent), as in Kafka.  Records are sent with Kafka's
-default partitioner (the key's murmur2, else sticky) unless ``--partition`` pins them.
+line without SEP is an error (exit 1, naming the line; the lines before it were sent), as in Kafka.
+Records are sent with Kafka's default partitioner (the key's murmur2, else sticky) unless ``--partition``
+pins them.
 
 Where the appliance is: ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` for a remote one (Kafka's Produce
 over TCP to each partition's leader, ``appliance.client.tcp_route``; ``--acks 0`` is not offered there), else
