@@ -30,11 +30,12 @@ log: a restart, or a SIGKILL of every process, keeps it.
 static member, the group's record (``appliance.coordinator.group_records``) is written the same way, and
 the answers that call released (the SyncGroups of the new generation) are held until it is acknowledged
 (:class:`MetadataInFlight`); a failed append answers the SyncGroups with its error (the members join
-again) and undoes a static member's replacement, whose JoinGroup gets that error
-(``GroupCoordinator.revert_replacements``).  A group metadata append's error becomes Kafka's answer for it
+again: the group starts another rebalance, its assignments dropped, as Kafka's SyncGroup store callback
+does) and undoes a static member's replacement, whose JoinGroup gets that error
+(``GroupCoordinator.undo``).  A group metadata append's error becomes Kafka's answer for it
 (``storeGroup``'s, :data:`STORE_GROUP_ERRORS`), not the OffsetCommit's.  The test fault point
-``group.store`` (``appliance.server.faults``) refuses the next group metadata append(s) as the
-Produce path refuses one without enough in-sync replicas (NOT_ENOUGH_REPLICAS).
+``group.store`` (``appliance.server.faults``) refuses the next group metadata append(s) as the Produce
+path refuses one without enough in-sync replicas (NOT_ENOUGH_REPLICAS).
 
 **Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
 tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
@@ -71,7 +72,7 @@ from appliance.broker.partitions import TopicMeta
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
 from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion, OffsetExpiry
-from appliance.coordinator.group import StaticReplacement
+from appliance.coordinator.group import Unconfirmed
 from appliance.coordinator.group_records import (
     GroupMetadata,
     decode_group_key,
@@ -386,14 +387,14 @@ class OffsetsTopic:
         return answer  # the response once the last batch is finished here, else None
 
     def write_metadata(self, records: list[tuple[str, GroupMetadata]], answers: list[Answer],
-                       replacements: list[StaticReplacement] | None = None) -> list[Answer]:
+                       unconfirmed: list[Unconfirmed] | None = None) -> list[Answer]:
         """Write group metadata records, one batch per partition, and hold ``answers`` (those of the request
         that completed the rebalance) until all are written, as Kafka answers a SyncGroup only once the
         group is stored: the answers to give now (None left to write, or every append refused at once).
-        ``replacements``: the static member replacements these records record, undone if theirs fails."""
+        ``unconfirmed``: what these records record and a failed write undoes (``GroupCoordinator.undo``)."""
         if not records:
             return answers
-        job = MetadataInFlight(answers, {}, [ErrorCode.NONE], list(replacements or []))
+        job = MetadataInFlight(answers, {}, [ErrorCode.NONE], list(unconfirmed or []))
         for group_id, record in records:
             job.groups.setdefault(partition_for(group_id, self.partitions), []).append((group_id, record))
         done: list[Answer] = []
@@ -465,24 +466,27 @@ class OffsetsTopic:
             return plan.response
         if isinstance(plan, MetadataInFlight):
             if error != ErrorCode.NONE:
-                self._revert_replacements(plan, owner.partition, error)
+                self._undo(plan, owner.partition, error)
             return _metadata_written(plan, owner.partition, error)
         if isinstance(plan, OffsetExpiry):
             self.coordinator.finish_expiry(plan, written=error == ErrorCode.NONE)
             return None
         return self._finish_deletion(owner, error)
 
-    def _revert_replacements(self, job: MetadataInFlight, partition: int, error: ErrorCode) -> None:
-        """A group metadata batch failed: undo the static member replacements of its groups and turn their
-        held JoinGroup answers into ``error``."""
+    def _undo(self, job: MetadataInFlight, partition: int, error: ErrorCode) -> None:
+        """A group metadata batch failed: undo what its groups' records recorded (``GroupCoordinator.undo``):
+        a replaced static member's held JoinGroup answer becomes ``error``; answers the undoing releases
+        are given with the job's."""
         failed = {group_id for group_id, _ in job.groups.get(partition, [])}
-        undo = [r for r in job.replacements if r.group_id in failed]
+        undo = [u for u in job.unconfirmed if u.group_id in failed]
         if not undo:
             return
-        answers = {id(c.token[0]): c.response
-                   for c in self.coordinator.revert_replacements(undo, error, self._clock_ms())}
-        job.answers[:] = [(slot, header, answers.get(id(slot), response))
+        changed = {id(c.token[0]): c for c in self.coordinator.undo(undo, error, self._clock_ms())}
+        held = {id(slot) for slot, _, _ in job.answers}
+        job.answers[:] = [(slot, header, changed[id(slot)].response if id(slot) in changed else response)
                           for slot, header, response in job.answers]
+        job.answers.extend((c.token[0], c.token[1], c.response)
+                           for key, c in changed.items() if key not in held)
 
     def _finish_commit(self, plan: CommitPlan, error: ErrorCode) -> OffsetCommitResponse:
         if error == ErrorCode.NONE:
@@ -506,13 +510,13 @@ class OffsetsTopic:
 
 class MetadataInFlight(NamedTuple):
     """Group metadata records being written: the answers held until they are, the groups of each
-    partition still being written, the first append error (``error[0]``) and the static member
-    replacements they record."""
+    partition still being written, the first append error (``error[0]``) and what they record that a
+    failed write undoes."""
 
     answers: list[Answer]
     groups: dict[int, list[tuple[str, GroupMetadata]]]
     error: list[ErrorCode]
-    replacements: list[StaticReplacement]
+    unconfirmed: list[Unconfirmed]
 
 
 def _metadata_written(job: MetadataInFlight, partition: int, error: ErrorCode) -> list[Answer]:

@@ -42,12 +42,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.coordinator.group import (
+    AssignmentStore,
     Completion,
     Group,
     GroupSettings,
     GroupState,
     JoinArgs,
-    StaticReplacement,
+    Unconfirmed,
 )
 from appliance.coordinator.group_records import GroupMetadata
 from appliance.coordinator.offsets import CommittedOffset, OffsetStore
@@ -333,26 +334,29 @@ class GroupCoordinator:
         return [(group_id, record) for group_id, group in self.groups.items()
                 if (record := group.take_metadata(wall_ms)) is not None]
 
-    def take_replacements(self) -> list[StaticReplacement]:
-        """The static member replacements the records :meth:`take_metadata` gave record (taken with them):
-        the caller gives back those whose record could not be written to :meth:`revert_replacements`."""
-        out = [r for group in self.groups.values() for r in group.replacements]
+    def take_unconfirmed(self) -> list[Unconfirmed]:
+        """What the records :meth:`take_metadata` gave record and a failed write undoes (static member
+        replacements, completed rebalances), taken with them: the caller gives back those whose record
+        could not be written to :meth:`undo`."""
+        out = [u for group in self.groups.values() for u in group.unconfirmed]
         for group in self.groups.values():
-            group.replacements.clear()
+            group.unconfirmed.clear()
         return out
 
-    def revert_replacements(self, replacements: list[StaticReplacement], error: ErrorCode,
-                            now_ms: int) -> list[Completion]:
-        """Undo replacements whose record could not be written: each replacing JoinGroup's answer, now
-        ``error`` (``Group.revert_replacement``)."""
+    def undo(self, unconfirmed: list[Unconfirmed], error: ErrorCode, now_ms: int) -> list[Completion]:
+        """Undo what records that could not be written recorded: a replaced static member's JoinGroup is
+        answered ``error`` (``Group.revert_replacement``), a completed rebalance starts again
+        (``Group.undo_assignment``); the answers that gives."""
         out = []
-        for replaced in replacements:
-            group = self.groups.get(replaced.group_id)
-            if group is None:  # deleted meanwhile: only the answer changes
-                out.append(Completion(replaced.token, JoinGroupResponse(
-                    error_code=error, member_id="", members=[])))
-                continue
-            out.append(group.revert_replacement(replaced, error, now_ms))
+        for item in unconfirmed:
+            group = self.groups.get(item.group_id)
+            if isinstance(item, AssignmentStore):
+                out += [] if group is None else group.undo_assignment(item, now_ms)
+            elif group is None:  # deleted meanwhile: only the answer changes
+                out.append(Completion(item.token, JoinGroupResponse(error_code=error, member_id="",
+                                                                    members=[])))
+            else:
+                out.append(group.revert_replacement(item, error, now_ms))
         return out
 
     def load_group(self, group_id: str, record: GroupMetadata | None, now_ms: int) -> None:

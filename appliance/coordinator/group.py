@@ -27,7 +27,10 @@ id is *pending*: it holds no place in the group, and it is forgotten after the s
 
 **Syncing.**  Each member sends SyncGroup for the generation it got.  The members' SyncGroups are held until
 the leader's arrives with the assignment; then every held SyncGroup is answered with its member's bytes and
-the group is Stable.  A SyncGroup in Stable is answered at once with the member's assignment.
+the group is Stable.  A SyncGroup in Stable is answered at once with the member's assignment.  The
+group's record is written before the SyncGroups are answered; if it cannot be, they are answered the
+append's error, the assignments are dropped and another rebalance starts (:meth:`Group.undo_assignment`,
+as Kafka's store callback does).
 
 **Fencing.**  A request naming a member the group does not have is UNKNOWN_MEMBER_ID; one naming another
 generation is ILLEGAL_GENERATION; a SyncGroup or Heartbeat while the group prepares a rebalance is
@@ -78,7 +81,8 @@ from ipc.kafka import (
     SyncGroupResponse,
 )
 
-__all__ = ["Completion", "Group", "GroupSettings", "GroupState", "JoinArgs", "Member", "StaticReplacement"]
+__all__ = ["AssignmentStore", "Completion", "Group", "GroupSettings", "GroupState", "JoinArgs", "Member",
+           "StaticReplacement", "Unconfirmed"]
 
 
 class GroupState(enum.Enum):
@@ -160,6 +164,18 @@ class StaticReplacement:
     previous_leader: str
 
 
+@dataclass(frozen=True, slots=True)
+class AssignmentStore:
+    """A rebalance completed (the leader's SyncGroup) whose record is not written yet: a failed write
+    starts another rebalance, as Kafka's SyncGroup store callback does."""
+
+    group_id: str
+    generation: int
+
+
+Unconfirmed = StaticReplacement | AssignmentStore  # what a group metadata record's failed write undoes
+
+
 @dataclass(slots=True)
 class Group:
     """One group's state; the coordinator (``appliance.coordinator.coordinator``) keeps one per group id."""
@@ -181,7 +197,7 @@ class Group:
     new_member_joined: bool = False  # a member joined during the initial delay
     metadata_changed: bool = False  # a group metadata record is due (a rebalance completed, or emptied)
     state_timestamp_ms: int = -1  # wall ms of the last record written or loaded (currentStateTimestamp)
-    replacements: list[StaticReplacement] = field(default_factory=list)  # taken with the next record
+    unconfirmed: list[Unconfirmed] = field(default_factory=list)  # taken with the next record
 
     # -- JoinGroup ----------------------------------------------------------------------------------------
 
@@ -296,7 +312,7 @@ class Group:
             answer = self._join_response(member)
             answer.leader, answer.members = previous_leader, []
             self.metadata_changed = True
-            self.replacements.append(StaticReplacement(self.group_id, old, member.member_id, token,
+            self.unconfirmed.append(StaticReplacement(self.group_id, old, member.member_id, token,
                                                        previous_leader))
             return [*out, Completion(token, answer)]
         member.join_token, member.joined = token, True
@@ -325,6 +341,16 @@ class Group:
         return Completion(replaced.token, JoinGroupResponse(
             error_code=error, generation_id=self.generation_id, protocol_name=self.protocol_name,
             leader=replaced.previous_leader, member_id="", members=[]))
+
+    def undo_assignment(self, stored: AssignmentStore, now_ms: int) -> list[Completion]:
+        """The record of a completed rebalance could not be written (its SyncGroups are answered the
+        error): if the group is still Stable at that generation, every assignment is dropped and another
+        rebalance starts (Kafka's ``resetAndPropagateAssignmentError`` and ``maybePrepareRebalance``)."""
+        if self.state != GroupState.STABLE or self.generation_id != stored.generation:
+            return []  # the group moved on meanwhile: nothing of that generation is left to undo
+        for member in self.members.values():
+            member.assignment = b""
+        return self._prepare_rebalance(now_ms)
 
     def _prepare_rebalance(self, now_ms: int) -> list[Completion]:
         out: list[Completion] = []
@@ -434,6 +460,7 @@ class Group:
             m.assignment = bytes(given.get(m.member_id, b""))
         self.state = GroupState.STABLE
         self.metadata_changed = True
+        self.unconfirmed.append(AssignmentStore(self.group_id, self.generation_id))
         out = []
         for m in self.members.values():
             if m.sync_token is not None:

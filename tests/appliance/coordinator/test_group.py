@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.coordinator import Completion, GroupCoordinator, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.group import AssignmentStore, StaticReplacement
 from ipc.kafka import (
     ErrorCode,
     OffsetCommitRequest,
@@ -313,10 +314,10 @@ def test_a_static_replacement_whose_record_is_not_written_is_undone_and_answered
     generation = g.generation_id
     done = answers(c.join("g", static_args("ib"), "again", 1000))["again"]
     assert done.error_code == ErrorCode.NONE
-    replaced = c.take_replacements()
+    replaced = [u for u in c.take_unconfirmed() if isinstance(u, StaticReplacement)]
     assert [r.group_id for r in replaced] == ["g"]
-    assert c.take_replacements() == []  # taken once, with its record
-    (undone,) = c.revert_replacements(replaced, ErrorCode.COORDINATOR_NOT_AVAILABLE, 1001)
+    assert c.take_unconfirmed() == []  # taken once, with its record
+    (undone,) = c.undo(replaced, ErrorCode.COORDINATOR_NOT_AVAILABLE, 1001)
     assert undone.token == "again"
     response = undone.response
     assert (response.error_code, response.member_id) == (ErrorCode.COORDINATOR_NOT_AVAILABLE, "")
@@ -381,3 +382,22 @@ def test_commits_are_checked_as_kafkas_validate_offset_commit_for_every_version_
     assert code("g", a, -1) == ErrorCode.ILLEGAL_GENERATION
     assert code("g", "nobody", generation) == ErrorCode.UNKNOWN_MEMBER_ID
     assert code("g", a, generation) == ErrorCode.NONE
+
+
+def test_a_rebalance_whose_record_is_not_written_starts_again() -> None:
+    """Kafka's SyncGroup store callback: on a failed write the assignments are dropped, the SyncGroups
+    answered the error (the broker's part) and the group prepares another rebalance."""
+    c = coordinator()
+    a, b = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    (stored,) = c.take_unconfirmed()
+    assert stored == AssignmentStore("g", generation)
+    assert c.undo([stored], ErrorCode.COORDINATOR_NOT_AVAILABLE, 300) == []
+    g = c.groups["g"]
+    assert g.state == GroupState.PREPARING_REBALANCE and {m.assignment for m in g.members.values()} == {b""}
+    assert c.heartbeat("g", b, generation, 301).error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    c.join("g", join_args(a), "ja", 302)
+    done = answers(c.join("g", join_args(b), "jb", 303))
+    assert {r.generation_id for r in done.values()} == {generation + 1}
+    assert c.undo([stored], ErrorCode.COORDINATOR_NOT_AVAILABLE, 304) == []  # moved on: nothing undone
+    assert g.state == GroupState.COMPLETING_REBALANCE

@@ -9,7 +9,9 @@ cannot be recorded, so it is undone (Kafka's ``storeGroup`` callback in ``update
 the JoinGroup is answered COORDINATOR_NOT_AVAILABLE with no member id, and the group keeps the old member
 id (DescribeGroups; its Heartbeat is answered NONE).  A second member joining then starts a rebalance, and
 DescribeGroups during it shows, as Kafka's ``GroupMetadata.summary``, the state, the protocol type and the
-members but no protocol name, member metadata or assignment.
+members but no protocol name, member metadata or assignment.  When that rebalance completes, the fault
+fires again on its record: the leader's SyncGroup is answered COORDINATOR_NOT_AVAILABLE and the group
+prepares another rebalance (Kafka's SyncGroup store callback).
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ def _until_coordinator(client: WireClient) -> None:
     raise AssertionError("the coordinator did not load the group in 30 s")
 
 
+def _sync(client: WireClient, member_id: str, generation: int, members: list[str]) -> int:
+    body = SyncGroupRequest(group_id=GROUP, generation_id=generation, member_id=member_id,
+                            group_instance_id=INSTANCE,
+                            assignments=[SyncGroupRequestAssignment(m, m.encode()) for m in members])
+    return int(client.call(ApiKey.SYNC_GROUP, 3, body).error_code)
+
+
 def _describe(client: WireClient) -> DescribedGroup:
     (described,) = client.call(ApiKey.DESCRIBE_GROUPS, 4, DescribeGroupsRequest([GROUP])).groups
     return described
@@ -89,22 +98,21 @@ def test_simple_commits_a_static_replacement_not_stored_and_describe_during_a_re
         client = WireClient(("127.0.0.1", port), client_id="static", timeout_s=40)
         try:
             _until_coordinator(client)
-            joined = _join(client)
-            assert joined.error_code == ErrorCode.NONE, joined
-            old_id, generation = joined.member_id, joined.generation_id
-            sync = SyncGroupRequest(group_id=GROUP, generation_id=generation, member_id=old_id,
-                                    group_instance_id=INSTANCE,
-                                    assignments=[SyncGroupRequestAssignment(old_id, b"all")])
             # the group's record is the first append to its partition: a ring attach late under load
-            # answers REBALANCE_IN_PROGRESS (a retriable REQUEST_TIMED_OUT): sync again
-            synced = [client.call(ApiKey.SYNC_GROUP, 3, sync).error_code for _ in range(2)]
-            assert ErrorCode.NONE in synced, synced
+            # answers REBALANCE_IN_PROGRESS (a retriable REQUEST_TIMED_OUT): join and sync again
+            old_id = ""
+            for _ in range(3):
+                joined = _join(client, old_id)
+                assert joined.error_code == ErrorCode.NONE, joined
+                old_id, generation = joined.member_id, joined.generation_id
+                if _sync(client, old_id, generation, [old_id]) == ErrorCode.NONE:
+                    break
             for version in (0, 2, 7):  # no generation: not a member's commit
                 assert _simple_commit(client, version) == ErrorCode.UNKNOWN_MEMBER_ID, version
         finally:
             client.close()
         assert app.stop() == 0
-        app.overrides.append('appliance.test.faults=["group.store"]')
+        app.overrides.append('appliance.test.faults=["group.store:2"]')
         app.start()
         client = WireClient(("127.0.0.1", port), client_id="static")
         try:
@@ -130,6 +138,17 @@ def test_simple_commits_a_static_replacement_not_stored_and_describe_during_a_re
                     "PreparingRebalance", "consumer", "")
                 assert len(described.members) == 2
                 assert {(m.member_metadata, m.member_assignment) for m in described.members} == {(b"", b"")}
+                rejoined = _join(client, old_id)  # every member joined: the rebalance completes
+                assert (rejoined.error_code, rejoined.leader) == (ErrorCode.NONE, old_id), rejoined
+                new_generation = rejoined.generation_id
+                members = [m.member_id for m in rejoined.members]
+                # the leader's assignment cannot be recorded (group.store fires again): the SyncGroup is
+                # answered the error, the assignment dropped and another rebalance begins, as in Kafka
+                synced = _sync(client, old_id, new_generation, members)
+                assert synced == ErrorCode.COORDINATOR_NOT_AVAILABLE
+                described = _describe(client)
+                assert (described.group_state, described.protocol_data) == ("PreparingRebalance", "")
+                assert _heartbeat(client, old_id, new_generation) == ErrorCode.REBALANCE_IN_PROGRESS
             finally:
                 other.close()
         finally:
