@@ -20,6 +20,17 @@ Two rules, one per ``message.timestamp.type``:
   reads nothing, otherwise it reads the header and, where the header's first and max timestamps do not
   settle it, every record (decompressing a compressed batch).
 
+**The batch's maxTimestamp is the records'.**  As Kafka's ``LogValidator`` does for every batch a leader
+appends (``setMaxTimestamp(CREATE_TIME, the largest record timestamp)``, for compressed batches kept in
+place and uncompressed ones alike), a CreateTime batch's header ``maxTimestamp`` is not trusted: the
+largest of its records' timestamps (``baseTimestamp`` plus each ``timestampDelta``; -1 when the records
+carry none) is computed (:func:`records_max_timestamp`, one pass over the records section, decompressed
+when the batch is compressed) and, where the producer's header says otherwise, written over it and the CRC
+recomputed (:func:`set_max_timestamp`).  Kafka answers nothing for it: the batch is appended with the
+corrected header, so the time index, ListOffsets by time and ``retention.ms`` see the records' real
+timestamps.  A batch whose records cannot be read (the CRC is good: a producer's bug) is refused
+CORRUPT_MESSAGE, nothing of it appended.
+
 A producer's batch that arrives with the LogAppendTime bit already set follows Kafka's ``LogValidator``
 (:func:`apply_timestamp_rules`).  Kafka reads every record of such a batch as having the batch's
 ``maxTimestamp`` (``DefaultRecordBatch``'s iterator), so:
@@ -40,20 +51,24 @@ import struct
 from typing import Final, NamedTuple
 
 import crc32c as _crc32c
+import numba
+import numpy as np
 
 from storage.batch_header import (
     ATTRIBUTES_OFFSET,
     BASE_TIMESTAMP_OFFSET,
     CRC_OFFSET,
+    HEADER_SIZE,
     LAST_OFFSET_DELTA_OFFSET,
     LOG_OVERHEAD,
     MAX_TIMESTAMP_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
 )
-from storage.batch_reader import iter_records
+from storage.batch_reader import iter_records, records_data
 from storage.errors import CorruptRecordError
 from storage.log_config import LONG_MAX, LogConfig
+from storage.varint import read_varint, read_varlong
 
 __all__ = [
     "LOG_APPEND_TIME",
@@ -63,6 +78,8 @@ __all__ = [
     "apply_timestamp_rules",
     "effective_limits",
     "limits_of",
+    "records_max_timestamp",
+    "set_max_timestamp",
     "stamp_log_append_time",
     "store_as_create_time",
     "timestamp_out_of_range",
@@ -73,6 +90,7 @@ LOG_APPEND_TIME: Final = "LogAppendTime"
 _STAMP_RUN: Final = struct.Struct(">hiqq").pack_into
 _CRC: Final = struct.Struct(">I").pack_into
 _ATTRIBUTES: Final = struct.Struct(">h").pack_into
+_MAX_TIMESTAMP: Final = struct.Struct(">q").pack_into
 NO_TIMESTAMP: Final = -1  # a batch's maxTimestamp when its records carry none
 assert (ATTRIBUTES_OFFSET, LAST_OFFSET_DELTA_OFFSET, BASE_TIMESTAMP_OFFSET, MAX_TIMESTAMP_OFFSET) == (
     ATTRIBUTES_OFFSET, ATTRIBUTES_OFFSET + 2, ATTRIBUTES_OFFSET + 6, ATTRIBUTES_OFFSET + 14)
@@ -132,6 +150,88 @@ def store_as_create_time(view: memoryview, position: int, header: BatchHeader) -
     return header._replace(attributes=attributes, crc=crc)
 
 
+def set_max_timestamp(view: memoryview, position: int, header: BatchHeader,
+                      max_timestamp: int) -> BatchHeader:
+    """Write ``max_timestamp`` as the ``maxTimestamp`` of the batch at ``position`` of ``view`` (writable),
+    whose header is ``header``, and recompute the CRC.  The batch's header as it now is."""
+    _MAX_TIMESTAMP(view, position + MAX_TIMESTAMP_OFFSET, max_timestamp)
+    crc = _crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header[_LENGTH_FIELD] + LOG_OVERHEAD])
+    _CRC(view, position + CRC_OFFSET, crc)
+    return header._replace(max_timestamp=max_timestamp, crc=crc)
+
+
+@numba.njit(cache=True, inline="always")
+def _skip_bytes(data: np.ndarray, at: int, limit: int) -> int:
+    """Past a nullable length-prefixed field at ``at`` (-1 when it does not fit in ``limit``)."""
+    length, after = read_varint(data, at, limit)
+    if after < 0 or length < -1 or after + max(length, 0) > limit:
+        return -1
+    return after + max(length, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _max_timestamp_delta(data: np.ndarray, count: int) -> tuple[int, int]:
+    """``(where, largest timestampDelta)`` of the ``count`` records of the records section ``data``, each
+    read whole as Kafka's ``DefaultRecord.readFrom`` reads it (length, attributes, timestampDelta,
+    offsetDelta, key, value, headers, exactly filling the length): ``where`` is -1 when they all read,
+    else the byte position of the record that does not."""
+    end = data.size
+    at = 0
+    largest = -(1 << 63)
+    for _ in range(count):
+        length, after = read_varint(data, at, end)
+        record_end = after + length
+        if after < 0 or length < 2 or record_end > end:
+            return at, 0
+        delta, p = read_varlong(data, after + 1, record_end)  # after the attributes byte
+        if p >= 0:
+            _, p = read_varint(data, p, record_end)  # offsetDelta
+        if p >= 0:
+            p = _skip_bytes(data, p, record_end)  # key
+        if p >= 0:
+            p = _skip_bytes(data, p, record_end)  # value
+        headers = -1
+        if p >= 0:
+            headers, p = read_varint(data, p, record_end)
+        if p < 0 or headers < 0:
+            return at, 0
+        for _ in range(headers):
+            name_length, p = read_varint(data, p, record_end)
+            if p < 0 or name_length < 0 or p + name_length > record_end:
+                return at, 0
+            p = _skip_bytes(data, p + name_length, record_end)
+            if p < 0:
+                return at, 0
+        if p != record_end:
+            return at, 0
+        largest = max(largest, delta)
+        at = record_end
+    if at != end:
+        return at, 0
+    return -1, largest
+
+
+def records_max_timestamp(view: memoryview, header: BatchHeader, *,
+                          where: str = "produced batch") -> int | CorruptRecordError:
+    """The largest timestamp of the CreateTime batch in ``view`` (one whole batch, its CRC checked) as Kafka
+    computes it over the records (``NO_TIMESTAMP`` when none carries one), or why its records cannot be
+    read."""
+    if header.records_count <= 0:
+        return NO_TIMESTAMP
+    if header.compression == 0:
+        data = np.frombuffer(view, np.uint8, header.size - HEADER_SIZE, HEADER_SIZE)
+    else:
+        try:
+            data = records_data(view, 0, header, where=where)
+        except CorruptRecordError as exc:
+            return exc
+    stop, delta = _max_timestamp_delta(data, header.records_count)
+    if stop >= 0:
+        return CorruptRecordError(f"{where}: its records section ({header.records_count} records) does not "
+                                  f"read at byte {stop}")
+    return max(NO_TIMESTAMP, header.base_timestamp + delta)
+
+
 class TimestampRefusal(NamedTuple):
     """Why a batch is refused: a record out of range, or (``corrupt``) records that cannot be read
     though the batch's CRC is good (a producer's bug: Kafka's CORRUPT_MESSAGE, not INVALID_TIMESTAMP)."""
@@ -180,10 +280,19 @@ def apply_timestamp_rules(view: memoryview, header: BatchHeader, now_ms: int, li
                           *, log_append_time: bool) -> TimestampVerdict:
     """A leader's timestamp rules for the producer's batch in ``view`` (one whole batch, writable, its CRC
     checked) of a topic whose ``message.timestamp.type`` is LogAppendTime (``log_append_time``) or
-    CreateTime with ``limits`` (None: none set): the module's rules, a batch the producer marked LogAppendTime
-    rewritten in place as Kafka stores it.  The LogAppendTime stamp itself is the log's, at the append."""
+    CreateTime with ``limits`` (None: none set): the module's rules, a CreateTime batch's ``maxTimestamp``
+    set to its records' and a batch the producer marked LogAppendTime rewritten in place as Kafka stores it.
+    The LogAppendTime stamp itself is the log's, at the append."""
     if not header.attributes & TIMESTAMP_TYPE_MASK:
-        if limits is None or log_append_time:
+        if log_append_time:
+            return TimestampVerdict(header, None)
+        largest = records_max_timestamp(view, header)
+        if isinstance(largest, CorruptRecordError):
+            return TimestampVerdict(header, TimestampRefusal(
+                f"its records cannot be read to take their timestamps: {largest}", corrupt=True))
+        if largest != header.max_timestamp:  # Kafka's LogValidator: the records' timestamps, not the header's
+            header = set_max_timestamp(view, 0, header, largest)
+        if limits is None:
             return TimestampVerdict(header, None)
         return TimestampVerdict(header, timestamp_out_of_range(view, header, now_ms, limits))
     stamped = header.max_timestamp

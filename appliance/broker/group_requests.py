@@ -158,7 +158,8 @@ class GroupRequests:
         """Write the group metadata records the last call made due; ``answers`` (that call's) are held
         until they are in ``__consumer_offsets``: the answers to give now."""
         records = self.coordinator.take_metadata(int(time.time() * 1000))
-        return self.offsets_topic.write_metadata(records, answers) if records else answers
+        unconfirmed = self.coordinator.take_unconfirmed()
+        return self.offsets_topic.write_metadata(records, answers, unconfirmed) if records else answers
 
     def next_deadline_ms(self) -> int | None:
         """When :meth:`tick` is next due, on the ``time.monotonic`` clock in ms (None: nothing timed)."""

@@ -30,7 +30,12 @@ log: a restart, or a SIGKILL of every process, keeps it.
 static member, the group's record (``appliance.coordinator.group_records``) is written the same way, and
 the answers that call released (the SyncGroups of the new generation) are held until it is acknowledged
 (:class:`MetadataInFlight`); a failed append answers the SyncGroups with its error (the members join
-again).
+again: the group starts another rebalance, its assignments dropped, as Kafka's SyncGroup store callback
+does) and undoes a static member's replacement, whose JoinGroup gets that error
+(``GroupCoordinator.undo``).  A group metadata append's error becomes Kafka's answer for it
+(``storeGroup``'s, :data:`STORE_GROUP_ERRORS`), not the OffsetCommit's.  The test fault point
+``group.store`` (``appliance.server.faults``) refuses the next group metadata append(s) as the Produce
+path refuses one without enough in-sync replicas (NOT_ENOUGH_REPLICAS).
 
 **Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
 tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
@@ -67,6 +72,7 @@ from appliance.broker.partitions import TopicMeta
 from appliance.broker.produce import ProduceService
 from appliance.coordinator import CommittedOffset, GroupCoordinator
 from appliance.coordinator.coordinator import CommitPlan, GroupDeletion, OffsetDeletion, OffsetExpiry
+from appliance.coordinator.group import Unconfirmed
 from appliance.coordinator.group_records import (
     GroupMetadata,
     decode_group_key,
@@ -84,6 +90,7 @@ from appliance.coordinator.offset_records import (
     encode_value,
     partition_for,
 )
+from appliance.server.faults import ControlFaults
 from ipc.kafka import (
     ApiKey,
     DeletableGroupResult,
@@ -91,17 +98,20 @@ from ipc.kafka import (
     ErrorCode,
     OffsetCommitResponse,
     PartitionProduceData,
+    PartitionProduceResponse,
     ProduceRequest,
     ProduceResponse,
     RequestHeader,
     SyncGroupResponse,
     TopicProduceData,
+    TopicProduceResponse,
 )
 from storage.batch_builder import build_batch
 from storage.batch_reader import iter_records
 from storage.errors import ApplianceError
 
-__all__ = ["APPEND_ERRORS", "Answer", "DeletionInFlight", "GroupWrite", "MetadataInFlight", "OffsetsTopic"]
+__all__ = ["APPEND_ERRORS", "STORE_GROUP_ERRORS", "Answer", "DeletionInFlight", "GroupWrite",
+           "MetadataInFlight", "OffsetsTopic"]
 
 Answer = tuple[Any, Any, Any]  # (the slot, the request's RequestHeader, the response body)
 
@@ -122,6 +132,20 @@ APPEND_ERRORS = {
     ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+
+# Kafka's answer to a request whose group metadata append failed (GroupMetadataManager.storeGroup): the
+# append's error -> the answer's.  Any other error is answered as it is.
+STORE_GROUP_ERRORS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,
 }
 
 
@@ -156,6 +180,8 @@ class OffsetsTopic:
         self.loaded: set[int] = set()
         self._next_try_s = 0.0
         self._creating: TopicChange | None = None  # the creation submitted, until its answer is taken
+        self._faults = ControlFaults(point for point in config.test_faults
+                                     if point.partition(":")[0] == "group.store")
 
     def start(self) -> None:
         """At the broker's start: load the topic if it exists (it is created on first use)."""
@@ -360,13 +386,15 @@ class OffsetsTopic:
                 answer = self._finish(GroupWrite(slot, header, job, partition), produced)
         return answer  # the response once the last batch is finished here, else None
 
-    def write_metadata(self, records: list[tuple[str, GroupMetadata]], answers: list[Answer]) -> list[Answer]:
+    def write_metadata(self, records: list[tuple[str, GroupMetadata]], answers: list[Answer],
+                       unconfirmed: list[Unconfirmed] | None = None) -> list[Answer]:
         """Write group metadata records, one batch per partition, and hold ``answers`` (those of the request
         that completed the rebalance) until all are written, as Kafka answers a SyncGroup only once the
-        group is stored: the answers to give now (None left to write, or every append refused at once)."""
+        group is stored: the answers to give now (None left to write, or every append refused at once).
+        ``unconfirmed``: what these records record and a failed write undoes (``GroupCoordinator.undo``)."""
         if not records:
             return answers
-        job = MetadataInFlight(answers, {}, [ErrorCode.NONE])
+        job = MetadataInFlight(answers, {}, [ErrorCode.NONE], list(unconfirmed or []))
         for group_id, record in records:
             job.groups.setdefault(partition_for(group_id, self.partitions), []).append((group_id, record))
         done: list[Answer] = []
@@ -375,7 +403,12 @@ class OffsetsTopic:
             batch: list[tuple[bytes, bytes | None]] = [
                 (encode_group_key(g), encode_group_value(r)) for g, r in group_records]
             owner = GroupWrite(None, None, job, partition)
-            produced = self._write(owner, batch, wall_ms)
+            if self._faults.fires("group.store"):
+                log.warning("test fault point group.store fired: %s-%d refused", OFFSETS_TOPIC,
+                            partition)
+                produced: ProduceResponse | None = _refused(partition, ErrorCode.NOT_ENOUGH_REPLICAS)
+            else:
+                produced = self._write(owner, batch, wall_ms)
             if produced is not None:
                 done = self._finish(owner, produced)
         return [] if job.groups else done
@@ -414,6 +447,8 @@ class OffsetsTopic:
         error = ErrorCode.NONE
         if code != ErrorCode.NONE:
             error = APPEND_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
+            if isinstance(owner.plan, MetadataInFlight):
+                error = STORE_GROUP_ERRORS.get(code, code)
             log.warning("%s: the append to %s-%d failed (%s: %s): answered %s, nothing stored",
                         _what(owner.plan), OFFSETS_TOPIC, owner.partition, code.name, message, error.name)
         plan = owner.plan
@@ -430,11 +465,28 @@ class OffsetsTopic:
                         part.error_code = error
             return plan.response
         if isinstance(plan, MetadataInFlight):
+            if error != ErrorCode.NONE:
+                self._undo(plan, owner.partition, error)
             return _metadata_written(plan, owner.partition, error)
         if isinstance(plan, OffsetExpiry):
             self.coordinator.finish_expiry(plan, written=error == ErrorCode.NONE)
             return None
         return self._finish_deletion(owner, error)
+
+    def _undo(self, job: MetadataInFlight, partition: int, error: ErrorCode) -> None:
+        """A group metadata batch failed: undo what its groups' records recorded (``GroupCoordinator.undo``):
+        a replaced static member's held JoinGroup answer becomes ``error``; answers the undoing releases
+        are given with the job's."""
+        failed = {group_id for group_id, _ in job.groups.get(partition, [])}
+        undo = [u for u in job.unconfirmed if u.group_id in failed]
+        if not undo:
+            return
+        changed = {id(c.token[0]): c for c in self.coordinator.undo(undo, error, self._clock_ms())}
+        held = {id(slot) for slot, _, _ in job.answers}
+        job.answers[:] = [(slot, header, changed[id(slot)].response if id(slot) in changed else response)
+                          for slot, header, response in job.answers]
+        job.answers.extend((c.token[0], c.token[1], c.response)
+                           for key, c in changed.items() if key not in held)
 
     def _finish_commit(self, plan: CommitPlan, error: ErrorCode) -> OffsetCommitResponse:
         if error == ErrorCode.NONE:
@@ -458,11 +510,13 @@ class OffsetsTopic:
 
 class MetadataInFlight(NamedTuple):
     """Group metadata records being written: the answers held until they are, the groups of each
-    partition still being written, and the first append error (``error[0]``)."""
+    partition still being written, the first append error (``error[0]``) and what they record that a
+    failed write undoes."""
 
     answers: list[Answer]
     groups: dict[int, list[tuple[str, GroupMetadata]]]
     error: list[ErrorCode]
+    unconfirmed: list[Unconfirmed]
 
 
 def _metadata_written(job: MetadataInFlight, partition: int, error: ErrorCode) -> list[Answer]:
@@ -486,6 +540,12 @@ class DeletionInFlight(NamedTuple):
 
     plan: GroupDeletion
     groups: dict[int, list[str]]
+
+
+def _refused(partition: int, code: ErrorCode) -> ProduceResponse:
+    """The Produce path's answer to an append it refused with ``code``."""
+    return ProduceResponse(responses=[TopicProduceResponse(OFFSETS_TOPIC, [PartitionProduceResponse(
+        index=partition, error_code=code, base_offset=-1, error_message="test fault point")])])
 
 
 def _deleted(plan: GroupDeletion) -> DeleteGroupsResponse:

@@ -6,9 +6,11 @@ then its value::
     h1:v1,h2:v2<TAB>key<TAB>value
 
 * the headers end at the first ``headers.delimiter`` (a tab); they are split at ``headers.separator``
-  (``,``; a regular expression, as Kafka's ``Pattern.split``: empty pieces at the end dropped) and each
+  (``,``; a regular expression, split as Java's ``Pattern.split`` splits, :func:`java_split`) and each
   piece at its first ``headers.key.separator`` (``:``) into a header's name and value;
-* the key ends at the first ``key.separator`` (a tab) after the headers; the rest is the value;
+* the key ends at the first ``key.separator`` (a tab) after the headers, found as a string (Kafka's
+  ``indexOf``, not a regular expression: ``.`` is a dot); the rest is the value.  An empty
+  ``key.separator`` is found at once: every key is empty, the whole rest the value, as in Kafka;
 * ``null.marker`` (none by default): a key, a value, a header value or the whole headers part equal to it is
   null (no headers, for the last); a header *name* equal to it is an error, as in Kafka;
 * a missing delimiter or separator is an error naming the line (:class:`MalformedLineError`: the lines
@@ -16,10 +18,18 @@ then its value::
   headers, one without the key separator a null key and the whole rest as its value, and a header without
   its key separator a null value.
 
+**Lines** end as Java's ``BufferedReader.readLine`` ends them, at ``\n``, ``\r`` or ``\r\n``
+(:class:`LineSplitter`, fed the input a block at a time as it arrives: a ``\r\n`` split across two blocks is
+one line end); the last line needs no end, and an empty one there is no record.
+
 Kafka refuses separators that cannot be told apart (``headers.delimiter`` equal to ``headers.separator``,
 ``null.marker`` equal to a separator, ...): so does :func:`line_format` (:class:`UsageError`).  Lines are
 split as bytes, each separator as its UTF-8 bytes, which is how Kafka's reading of UTF-8 text splits them;
-bytes that are not UTF-8 are kept as they are (Kafka's reader would replace them).
+bytes that are not UTF-8 are kept as they are (Kafka's reader would replace them).  The headers separator
+is a regular expression over characters, as Java's: the headers are split as text (bytes that are not
+UTF-8 kept through ``surrogateescape``), with Java's ASCII-only ``\\w``, ``\\d``, ``\\s`` and ``\\b``
+(``re.ASCII``); a character outside the Basic Multilingual Plane is one character here and two UTF-16
+units in Java, which only a separator matching inside one could tell.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from typing import Final
 from appliance.cli.kafka_forms import UsageError
 from storage.errors import ApplianceError
 
-__all__ = ["READER_PROPERTIES", "LineFormat", "MalformedLineError", "ParsedLines", "line_format"]
+__all__ = ["READER_PROPERTIES", "LineFormat", "LineSplitter", "MalformedLineError", "ParsedLines",
+           "java_split", "line_format"]
 
 READER_PROPERTIES: Final = ("parse.key", "key.separator", "parse.headers", "headers.delimiter",
                             "headers.separator", "headers.key.separator", "ignore.error", "null.marker")
@@ -61,7 +72,7 @@ class LineFormat:
     key_separator: bytes = b"\t"
     parse_headers: bool = False
     headers_delimiter: bytes = b"\t"
-    headers_separator: re.Pattern[bytes] = re.compile(b",")
+    headers_separator: re.Pattern[str] = re.compile(",", re.ASCII)
     headers_key_separator: bytes = b":"
     ignore_error: bool = False
     null_marker: bytes | None = None
@@ -69,7 +80,8 @@ class LineFormat:
     @property
     def plain(self) -> bool:
         """Whether a line is only a key and a value (the fast path: no headers, no null marker)."""
-        return not self.parse_headers and self.null_marker is None and not self.ignore_error
+        return (not self.parse_headers and self.null_marker is None and not self.ignore_error
+                and (not self.parse_key or self.key_separator != b""))
 
     def parse(self, lines: Sequence[bytes], lines_before: int) -> ParsedLines:
         """The records of ``lines``, numbered from ``lines_before + 1`` in errors."""
@@ -111,10 +123,8 @@ class LineFormat:
         return record_headers, self._nullable(key), self._nullable(line[start:])
 
     def _headers(self, part: bytes, number: int) -> list[Header]:
-        pieces = self.headers_separator.split(part)
-        if len(pieces) > 1:
-            while pieces and not pieces[-1]:  # Java's split drops empty pieces at the end
-                pieces.pop()
+        text = part.decode("utf-8", "surrogateescape")
+        pieces = [p.encode("utf-8", "surrogateescape") for p in java_split(self.headers_separator, text)]
         out: list[Header] = []
         for piece in pieces:
             name, sep, value = piece.partition(self.headers_key_separator)
@@ -136,6 +146,62 @@ class LineFormat:
     @staticmethod
     def _missing(what: str, separator: bytes, line: bytes, number: int) -> MalformedLineError:
         return MalformedLineError(f"line {number}: no {what} {_shown(separator)} in {line[:80]!r}")
+
+
+def java_split(pattern: re.Pattern[str], text: str) -> list[str]:
+    """``text`` split at the matches of ``pattern`` as Java's ``Pattern.split(text)`` splits it: the matches
+    found as ``Matcher.find`` finds them (after an empty match the next search starts one character on),
+    no empty first piece for an empty match at the very start, the text whole when nothing matched, and the
+    empty pieces at the end dropped."""
+    pieces: list[str] = []
+    index = 0
+    start, end = -1, 0  # the last match (Matcher's first and last)
+    while True:
+        at = end + 1 if end == start else end
+        if at > len(text):
+            break
+        found = pattern.search(text, at)
+        if found is None:
+            break
+        start, end = found.span()
+        if index == 0 and start == 0 and end == 0:
+            continue  # no empty leading piece for an empty match at the beginning
+        pieces.append(text[index:start])
+        index = end
+    if index == 0:
+        return [text]
+    pieces.append(text[index:])
+    while pieces and not pieces[-1]:
+        pieces.pop()
+    return pieces
+
+
+class LineSplitter:
+    """Input cut into lines as Java's ``BufferedReader.readLine`` cuts it (module docstring), a block at a
+    time: :meth:`feed` gives the lines a block completes, :meth:`end` the last one at the end of input."""
+
+    _ENDS: Final = re.compile(b"\r\n?|\n")
+
+    def __init__(self) -> None:
+        self._carry = b""
+        self._skip_lf = False  # the last block ended with \r: a \n first in the next one ends nothing
+
+    def feed(self, block: bytes) -> list[bytes]:
+        if self._skip_lf and block[:1] == b"\n":
+            block = block[1:]
+        data = self._carry + block
+        if b"\r" in data:
+            lines = self._ENDS.split(data)
+            self._skip_lf = data.endswith(b"\r")
+        else:
+            lines = data.split(b"\n")
+            self._skip_lf = False
+        self._carry = lines.pop()
+        return lines
+
+    def end(self) -> list[bytes]:
+        carry, self._carry = self._carry, b""
+        return [carry] if carry else []
 
 
 def _shown(separator: bytes) -> str:
@@ -160,8 +226,9 @@ def line_format(properties: Mapping[str, str], key_separator: str | None = None)
     parse_key = _true(properties.get("parse.key", "false"))
     if key_separator is not None:
         texts["key.separator"], parse_key = key_separator, True
-    if texts["key.separator"] == "":
-        raise UsageError("--key-separator: the separator cannot be empty")
+    if key_separator == "":
+        raise UsageError("--key-separator: the separator cannot be empty (--property key.separator= may be: "
+                         "every key is then empty, as in Kafka)")
     marker = properties.get("null.marker")
     for first, second in (("headers.delimiter", "headers.separator"), ("headers.delimiter",
                           "headers.key.separator"), ("headers.separator", "headers.key.separator")):
@@ -171,7 +238,7 @@ def line_format(properties: Mapping[str, str], key_separator: str | None = None)
         if marker == texts[name]:
             raise UsageError(f"--property null.marker and {name} may not be equal (as in Kafka)")
     try:
-        separator = re.compile(texts["headers.separator"].encode())
+        separator = re.compile(texts["headers.separator"], re.ASCII)
     except re.error as exc:
         raise UsageError(f"--property headers.separator={texts['headers.separator']!r}: not a regular "
                          f"expression ({exc})") from None

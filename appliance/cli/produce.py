@@ -2,11 +2,12 @@
 
     printf 'k1:hello\\nk2:world\\n' | appliance produce orders --key-separator :
 
-A line is the bytes before ``\\n`` (a ``\\r`` before it is dropped too, as Kafka's line reader does); the last
-line needs no newline.  With ``--key-separator SEP`` (or Kafka's ``--property parse.key=true --property
-key.separator=SEP``) a line is split at the first SEP into key and value; a line without SEP is an error
-(exit 1, naming the line; the lines before it were sent), as in Kafka.  Records are sent with Kafka's
-default partitioner (the key's murmur2, else sticky) unless ``--partition`` pins them.
+A line ends at ``\\n``, ``\\r`` or ``\\r\\n``, as Kafka's line reader (Java's ``BufferedReader.readLine``)
+ends it; the last line needs no newline.  With ``--key-separator SEP`` (or Kafka's ``--property
+parse.key=true --property key.separator=SEP``) a line is split at the first SEP into key and value; a
+line without SEP is an error (exit 1, naming the line; the lines before it were sent), as in Kafka.
+Records are sent with Kafka's default partitioner (the key's murmur2, else sticky) unless ``--partition``
+pins them.
 
 Where the appliance is: ``--bootstrap-server HOST:PORT[,HOST:PORT...]`` for a remote one (Kafka's Produce
 over TCP to each partition's leader, ``appliance.client.tcp_route``; ``--acks 0`` is not offered there), else
@@ -42,7 +43,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from appliance.cli.kafka_forms import UsageError, property_pairs, read_properties
-from appliance.cli.line_reader import LineFormat, MalformedLineError, ParsedLines, line_format
+from appliance.cli.line_reader import LineFormat, LineSplitter, MalformedLineError, ParsedLines, line_format
 from storage.errors import ApplianceError, ConfigError
 
 __all__ = ["main", "producer_settings", "read_records"]
@@ -174,17 +175,12 @@ def read_records(stream: IO[bytes], lines_format: LineFormat) -> Iterator[Parsed
     """
     separator = lines_format.key_separator if lines_format.parse_key else None
     read = getattr(stream, "read1", stream.read)
-    carry = b""
+    splitter = LineSplitter()
     line_number = 0
     while True:
         block = read(_READ_BYTES)
-        if block:
-            lines = (carry + block).split(b"\n")
-            carry = lines.pop()
-        else:
-            lines, carry = ([carry] if carry else []), b""
+        lines = splitter.feed(block) if block else splitter.end()
         if lines:
-            lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
             if lines_format.plain:
                 values, keys, error = _split(lines, separator, line_number)
                 parsed = ParsedLines(values, keys, None, error)  # type: ignore[arg-type]

@@ -6,10 +6,15 @@ the answers that can be given now -- to this request, or to requests held earlie
 waits for the others').  A request absent from the list is held; its answer comes from a later call or from
 :meth:`GroupCoordinator.tick`, due at :meth:`GroupCoordinator.next_deadline_ms`.
 
-Committed offsets (:class:`~appliance.coordinator.offsets.OffsetStore`) are checked against the group: a
-commit from a member of the current generation, or a "simple" commit (generation -1, empty member id) to a
-group with no members, is accepted; one from an unknown member is UNKNOWN_MEMBER_ID, from another
-generation ILLEGAL_GENERATION, and nothing of it is stored.  As in Kafka, a member may commit for its
+Committed offsets (:class:`~appliance.coordinator.offsets.OffsetStore`) are checked against the group as
+Kafka checks them (``GroupCoordinator.handleCommitOffsets`` / ``validateOffsetCommit``): a commit with
+generation -1 (and every v0 commit, which carries no generation) to a group that does not exist or is
+Empty is accepted (a "simple" commit: an admin tool, or a consumer assigning itself); one with a
+generation to a group that does not exist is ILLEGAL_GENERATION.  Otherwise a commit naming a member (a
+generation, a member id or a ``group.instance.id``) is checked as that member's: an instance id known
+with another member id is FENCED_INSTANCE_ID, an unknown member UNKNOWN_MEMBER_ID, another generation
+ILLEGAL_GENERATION; a simple commit to a group with members is UNKNOWN_MEMBER_ID (only its members
+commit).  Nothing of a refused commit is stored.  As in Kafka, a member may commit for its
 generation while the group prepares the next rebalance (an eager consumer commits as its partitions are
 revoked), but not between its JoinGroup answer and its assignment (CompletingRebalance:
 REBALANCE_IN_PROGRESS).  A partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION (Kafka's check
@@ -36,7 +41,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.coordinator.group import Completion, Group, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.group import (
+    AssignmentStore,
+    Completion,
+    Group,
+    GroupSettings,
+    GroupState,
+    JoinArgs,
+    Unconfirmed,
+)
 from appliance.coordinator.group_records import GroupMetadata
 from appliance.coordinator.offsets import CommittedOffset, OffsetStore
 from appliance.coordinator.subscription import CONSUMER_PROTOCOL_TYPE, subscribed_topics
@@ -211,25 +224,32 @@ class GroupCoordinator:
     # -- committed offsets -------------------------------------------------------------------------------
 
     def commit_error(self, body: OffsetCommitRequest, api_version: int, now_ms: int) -> ErrorCode | None:
-        """Whether this commit may be stored (module docstring); None: yes."""
+        """Whether this commit may be stored, as Kafka's ``handleCommitOffsets`` and ``validateOffsetCommit``
+        decide (module docstring); None: yes.  A v0 request carries neither generation nor member id: it is
+        a simple commit (generation -1, empty member id), as Kafka reads it."""
         if not valid_group_id(body.group_id):
             return ErrorCode.INVALID_GROUP_ID
         group = self.groups.get(body.group_id)
         generation = body.generation_id_or_member_epoch if api_version >= 1 else -1
         member_id = body.member_id if api_version >= 1 else ""
-        if group is not None and group.state == GroupState.DEAD:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # being deleted
-        if generation < 0 and not member_id:
-            if group is not None and group.members:
-                return ErrorCode.UNKNOWN_MEMBER_ID if api_version >= 1 else ErrorCode.ILLEGAL_GENERATION
-            return None
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID if member_id else ErrorCode.ILLEGAL_GENERATION
         instance_id = body.group_instance_id if api_version >= 7 else None
-        error = group.check_member(member_id, generation, now_ms, instance_id)
-        if error is None and group.state == GroupState.COMPLETING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
-        return error
+        if group is None and not self.offsets.has_group(body.group_id):
+            # no group: Kafka makes a simple (Empty) one for a commit of no generation, else the commit
+            # comes from a generation that is gone
+            return None if generation < 0 else ErrorCode.ILLEGAL_GENERATION
+        state = GroupState.EMPTY if group is None else group.state  # offsets alone: an Empty group
+        if state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # being deleted
+        if generation < 0 and state == GroupState.EMPTY:
+            return None  # an admin tool, or a consumer that assigns its partitions itself
+        if generation >= 0 or member_id or instance_id is not None:
+            if group is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID  # an Empty group has no member
+            error = group.check_member(member_id, generation, now_ms, instance_id)
+            if error is None and state == GroupState.COMPLETING_REBALANCE:
+                return ErrorCode.REBALANCE_IN_PROGRESS  # it has its new generation but not its assignment yet
+            return error
+        return ErrorCode.UNKNOWN_MEMBER_ID  # a simple commit to a group with members: only they commit
 
     def plan_commit(self, body: OffsetCommitRequest, api_version: int, now_ms: int, wall_ms: int,
                     known: Callable[[str, int], bool] | None = None) -> CommitPlan:
@@ -313,6 +333,31 @@ class GroupCoordinator:
         static member replaced), stamped ``wall_ms``; the caller writes them to ``__consumer_offsets``."""
         return [(group_id, record) for group_id, group in self.groups.items()
                 if (record := group.take_metadata(wall_ms)) is not None]
+
+    def take_unconfirmed(self) -> list[Unconfirmed]:
+        """What the records :meth:`take_metadata` gave record and a failed write undoes (static member
+        replacements, completed rebalances), taken with them: the caller gives back those whose record
+        could not be written to :meth:`undo`."""
+        out = [u for group in self.groups.values() for u in group.unconfirmed]
+        for group in self.groups.values():
+            group.unconfirmed.clear()
+        return out
+
+    def undo(self, unconfirmed: list[Unconfirmed], error: ErrorCode, now_ms: int) -> list[Completion]:
+        """Undo what records that could not be written recorded: a replaced static member's JoinGroup is
+        answered ``error`` (``Group.revert_replacement``), a completed rebalance starts again
+        (``Group.undo_assignment``); the answers that gives."""
+        out = []
+        for item in unconfirmed:
+            group = self.groups.get(item.group_id)
+            if isinstance(item, AssignmentStore):
+                out += [] if group is None else group.undo_assignment(item, now_ms)
+            elif group is None:  # deleted meanwhile: only the answer changes
+                out.append(Completion(item.token, JoinGroupResponse(error_code=error, member_id="",
+                                                                    members=[])))
+            else:
+                out.append(group.revert_replacement(item, error, now_ms))
+        return out
 
     def load_group(self, group_id: str, record: GroupMetadata | None, now_ms: int) -> None:
         """Apply a group metadata record read back from ``__consumer_offsets`` (None: a tombstone)."""
@@ -456,6 +501,9 @@ class GroupCoordinator:
                 for g in sorted(names)]
 
     def describe(self, group_id: str) -> DescribedGroup:
+        """DescribeGroups of one group, as Kafka's ``GroupMetadata.summary``: the state, the protocol type
+        and the members (ids, client id and host) always; the chosen protocol and each member's metadata
+        and assignment only when the group is Stable (empty otherwise: a rebalance is choosing them)."""
         if not valid_group_id(group_id):
             return DescribedGroup(ErrorCode.INVALID_GROUP_ID, group_id, "", "", "", [])
         group = self.groups.get(group_id)
@@ -466,10 +514,11 @@ class GroupCoordinator:
         members = [
             DescribedGroupMember(
                 member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
-                client_host=m.client_host, member_metadata=m.metadata_for(group.protocol_name),
+                client_host=m.client_host,
+                member_metadata=m.metadata_for(group.protocol_name) if stable else b"",
                 member_assignment=m.assignment if stable else b"",
             )
             for m in group.members.values()
         ]
         return DescribedGroup(ErrorCode.NONE, group_id, group.state.value, group.protocol_type,
-                              group.protocol_name, members)
+                              group.protocol_name if stable else "", members)

@@ -27,7 +27,10 @@ id is *pending*: it holds no place in the group, and it is forgotten after the s
 
 **Syncing.**  Each member sends SyncGroup for the generation it got.  The members' SyncGroups are held until
 the leader's arrives with the assignment; then every held SyncGroup is answered with its member's bytes and
-the group is Stable.  A SyncGroup in Stable is answered at once with the member's assignment.
+the group is Stable.  A SyncGroup in Stable is answered at once with the member's assignment.  The
+group's record is written before the SyncGroups are answered; if it cannot be, they are answered the
+append's error, the assignments are dropped and another rebalance starts (:meth:`Group.undo_assignment`,
+as Kafka's store callback does).
 
 **Fencing.**  A request naming a member the group does not have is UNKNOWN_MEMBER_ID; one naming another
 generation is ILLEGAL_GENERATION; a SyncGroup or Heartbeat while the group prepares a rebalance is
@@ -40,7 +43,11 @@ same consumer restarted) *replaces* the member: it gets a new member id and keep
 assignment; the old id's held requests are answered FENCED_INSTANCE_ID.  In a Stable group whose chosen
 protocol stays the same, that is all (Kafka's rule): the JoinGroup is answered at once with the current
 generation and the previous leader's id (so the new id never assigns alone) and the member's SyncGroup gets
-its assignment back, with no rebalance for the others.  Otherwise (the protocol would change, or the group
+its assignment back, with no rebalance for the others.  That replacement is recorded (a group metadata
+record) before the JoinGroup is answered; if the record cannot be written, :meth:`Group.revert_replacement`
+undoes it, as Kafka's ``storeGroup`` callback does: the old member id, its protocols and timeouts are back
+and the JoinGroup is answered with the append's error, an empty member id, the group's generation and the
+leader it had.  Otherwise (the protocol would change, or the group
 is completing a rebalance, whose assignment names the old id) a rebalance starts.  A request that names a
 known instance id with another member id is FENCED_INSTANCE_ID (JoinGroup, SyncGroup, Heartbeat,
 OffsetCommit, LeaveGroup); a LeaveGroup may name the instance id alone.  A static member closing sends no
@@ -74,7 +81,8 @@ from ipc.kafka import (
     SyncGroupResponse,
 )
 
-__all__ = ["Completion", "Group", "GroupSettings", "GroupState", "JoinArgs", "Member"]
+__all__ = ["AssignmentStore", "Completion", "Group", "GroupSettings", "GroupState", "JoinArgs", "Member",
+           "StaticReplacement", "Unconfirmed"]
 
 
 class GroupState(enum.Enum):
@@ -144,6 +152,30 @@ class Member:
         return b""
 
 
+@dataclass(frozen=True, slots=True)
+class StaticReplacement:
+    """A static member replaced in a Stable group, its record not written yet: what a failed write undoes
+    (the member as it was, the id that took its place) and the JoinGroup it answers then."""
+
+    group_id: str
+    old: Member
+    new_member_id: str
+    token: Any
+    previous_leader: str
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentStore:
+    """A rebalance completed (the leader's SyncGroup) whose record is not written yet: a failed write
+    starts another rebalance, as Kafka's SyncGroup store callback does."""
+
+    group_id: str
+    generation: int
+
+
+Unconfirmed = StaticReplacement | AssignmentStore  # what a group metadata record's failed write undoes
+
+
 @dataclass(slots=True)
 class Group:
     """One group's state; the coordinator (``appliance.coordinator.coordinator``) keeps one per group id."""
@@ -165,6 +197,7 @@ class Group:
     new_member_joined: bool = False  # a member joined during the initial delay
     metadata_changed: bool = False  # a group metadata record is due (a rebalance completed, or emptied)
     state_timestamp_ms: int = -1  # wall ms of the last record written or loaded (currentStateTimestamp)
+    unconfirmed: list[Unconfirmed] = field(default_factory=list)  # taken with the next record
 
     # -- JoinGroup ----------------------------------------------------------------------------------------
 
@@ -279,11 +312,45 @@ class Group:
             answer = self._join_response(member)
             answer.leader, answer.members = previous_leader, []
             self.metadata_changed = True
+            self.unconfirmed.append(StaticReplacement(self.group_id, old, member.member_id, token,
+                                                       previous_leader))
             return [*out, Completion(token, answer)]
         member.join_token, member.joined = token, True
         if self.state == GroupState.PREPARING_REBALANCE:
             return out + self._maybe_complete_join(now_ms)
         return out + self._prepare_rebalance(now_ms)
+
+    def revert_replacement(self, replaced: StaticReplacement, error: ErrorCode, now_ms: int) -> Completion:
+        """The record of a static member's replacement could not be written: the old member id is back in
+        its place (if the new one still holds it), its session renewed, and the replacing JoinGroup gets
+        ``error`` (module docstring)."""
+        old = replaced.old
+        instance_id = old.group_instance_id
+        current = self.members.get(replaced.new_member_id)
+        if current is not None and instance_id is not None \
+                and self.static_members.get(instance_id) == replaced.new_member_id:
+            back = dataclasses.replace(
+                current, member_id=old.member_id, client_id=old.client_id, client_host=old.client_host,
+                session_timeout_ms=old.session_timeout_ms, rebalance_timeout_ms=old.rebalance_timeout_ms,
+                protocols=old.protocols, last_heard_ms=now_ms)
+            self.members = {(old.member_id if k == current.member_id else k): (back if m is current else m)
+                            for k, m in self.members.items()}
+            self.static_members[instance_id] = old.member_id
+            if self.leader_id == replaced.new_member_id:
+                self.leader_id = old.member_id
+        return Completion(replaced.token, JoinGroupResponse(
+            error_code=error, generation_id=self.generation_id, protocol_name=self.protocol_name,
+            leader=replaced.previous_leader, member_id="", members=[]))
+
+    def undo_assignment(self, stored: AssignmentStore, now_ms: int) -> list[Completion]:
+        """The record of a completed rebalance could not be written (its SyncGroups are answered the
+        error): if the group is still Stable at that generation, every assignment is dropped and another
+        rebalance starts (Kafka's ``resetAndPropagateAssignmentError`` and ``maybePrepareRebalance``)."""
+        if self.state != GroupState.STABLE or self.generation_id != stored.generation:
+            return []  # the group moved on meanwhile: nothing of that generation is left to undo
+        for member in self.members.values():
+            member.assignment = b""
+        return self._prepare_rebalance(now_ms)
 
     def _prepare_rebalance(self, now_ms: int) -> list[Completion]:
         out: list[Completion] = []
@@ -393,6 +460,7 @@ class Group:
             m.assignment = bytes(given.get(m.member_id, b""))
         self.state = GroupState.STABLE
         self.metadata_changed = True
+        self.unconfirmed.append(AssignmentStore(self.group_id, self.generation_id))
         out = []
         for m in self.members.values():
             if m.sync_token is not None:

@@ -37,6 +37,8 @@ The points (:data:`FAULT_POINTS`):
 ``create.drop_connection`` create: the request's connection is closed, nothing recorded
 ``attach.slow``         (delay, ``attach.slow:MS``) attach: the reply is sent MS ms late
 ``create.slow_reply``   (delay, ``create.slow_reply:MS``) create, not waiting: the reply is sent MS ms late
+``group.store``         the broker's next group metadata append to ``__consumer_offsets`` is refused
+                        NOT_ENOUGH_REPLICAS (``appliance.broker.offsets_topic``), once or COUNT times
 ======================= =======================================================================
 
 ``writer.stall`` is not raised by the supervisor: each writer's spec carries the armed list, and the writer
@@ -73,6 +75,7 @@ FAULT_POINTS: Final = frozenset({
     "create.drop_connection",
     "attach.slow",
     "create.slow_reply",
+    "group.store",
 })  # fmt: skip
 DELAY_POINTS: Final = frozenset({"create.slow", "attach.slow", "create.slow_reply"})  # NAME:MS, once
 

@@ -11,7 +11,8 @@ rings, stop, run timers, reload settings, DeleteRecords, swap a cleaned segment 
 1. peek every ring: the published frames after its read cursor, up to ``peek_bytes`` each, in one chunk;
 2. for each frame, in ring order then frame order: validate, once (one RecordBatch v2 per frame, exactly
    filling it: ``batch_header.check_batch`` checks magic, length and CRC; then ``max.message.bytes``, and
-   a CreateTime topic's timestamp limits: INVALID_TIMESTAMP, ``storage.timestamp_rules``), then
+   a CreateTime topic's timestamp rules: maxTimestamp set to the records', the limits: INVALID_TIMESTAMP,
+   ``storage.timestamp_rules``), then
    ask the idempotence state (``storage.producer_state``): append -> the offset it will get, and the state is
    updated at once so a retry later in the same round is seen as a duplicate; duplicate -> the offset the
    original got, nothing appended; anything else -> minus the Kafka error code;
@@ -340,7 +341,7 @@ class PartitionWriter:
                 if isinstance(header, int) or lengths[i] > max_message_bytes:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
                     continue
-                if limits is not None or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's timestamp rules
+                if not self._log_append_time or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's rules
                     header, late = apply_timestamp_rules(body, header, now_ms, limits,
                                                          log_append_time=self._log_append_time)
                     if late is not None:

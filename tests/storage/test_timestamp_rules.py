@@ -12,7 +12,7 @@ import pytest
 from batchgen import DEFAULT_TIMESTAMP_MS, build_batch
 
 from storage.batch_builder import build_batch as build_any_batch
-from storage.batch_header import parse_header, validate_batch, write_crc
+from storage.batch_header import MAX_TIMESTAMP_OFFSET, parse_header, validate_batch, write_crc
 from storage.batch_reader import iter_records
 from storage.compression import COMPRESSION_GZIP, COMPRESSION_NONE
 from storage.log import Log
@@ -22,6 +22,7 @@ from storage.timestamp_rules import (
     apply_timestamp_rules,
     effective_limits,
     limits_of,
+    records_max_timestamp,
     stamp_log_append_time,
     timestamp_out_of_range,
 )
@@ -190,3 +191,66 @@ def test_a_producer_log_append_time_batch_is_checked_by_its_max_timestamp() -> N
     verdict = apply_timestamp_rules(memoryview(late), parse_header(late), now, limits, log_append_time=False)
     assert verdict.refusal is not None and f"timestamp {now - 3_600_000}" in verdict.refusal.reason
     assert parse_header(late).timestamp_type == 1  # left as it came
+
+
+def _claiming(batch: bytearray, max_timestamp: int) -> bytearray:
+    """``batch`` with its header's maxTimestamp set to ``max_timestamp`` (records unchanged), CRC valid."""
+    batch[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8] = max_timestamp.to_bytes(8, "big", signed=True)
+    write_crc(batch, 0, len(batch))
+    return batch
+
+
+@pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_GZIP], ids=["plain", "gzip"])
+@pytest.mark.parametrize("claimed", [1 << 50, 0, -1, 9])
+def test_a_createtime_batch_gets_its_records_max_timestamp_as_kafkas_log_validator_sets_it(
+        compression: int, claimed: int) -> None:
+    """Kafka's LogValidator: setMaxTimestamp(CREATE_TIME, the largest record timestamp), whatever the
+    producer's header said; nothing else of the batch changes and it is appended."""
+    batch = _claiming(bytearray(build_any_batch([b"a" * 50, b"b" * 50, b"c"], timestamps=[5, 9, 7],
+                                                compression=compression)), claimed)
+    before = bytes(batch)
+    verdict = apply_timestamp_rules(memoryview(batch), parse_header(batch), _now_ms(), None,
+                                    log_append_time=False)
+    assert verdict.refusal is None
+    stored = validate_batch(batch)  # the CRC was recomputed
+    assert verdict.header == stored and (stored.timestamp_type, stored.max_timestamp) == (0, 9)
+    assert [r.timestamp for r in iter_records(bytes(batch))] == [5, 9, 7]
+    changed = [i for i, (a, b) in enumerate(zip(before, batch, strict=True)) if a != b]
+    assert all(17 <= i < 21 or MAX_TIMESTAMP_OFFSET <= i < MAX_TIMESTAMP_OFFSET + 8 for i in changed), changed
+    if claimed == 9:
+        assert changed == []  # already right: left as it is
+
+
+def test_records_without_timestamps_make_a_max_timestamp_of_minus_one() -> None:
+    batch = _claiming(build_batch([b"v", b"w"], timestamps_ms=[-1, -1]), 12345)
+    assert records_max_timestamp(memoryview(batch), parse_header(batch)) == -1
+    verdict = apply_timestamp_rules(memoryview(batch), parse_header(batch), _now_ms(), None,
+                                    log_append_time=False)
+    assert verdict.refusal is None and validate_batch(batch).max_timestamp == -1
+
+
+def test_the_limits_judge_the_records_not_the_header() -> None:
+    """A header claiming a far future max timestamp over records within the limits is appended (with the
+    records' max); a header claiming a time within them over a late record is refused for that record."""
+    now = _now_ms()
+    limits = TimestampLimits(60_000, 60_000)
+    lying_high = _claiming(build_batch([b"v", b"w"], timestamps_ms=[now - 10, now]), now + 10**9)
+    verdict = apply_timestamp_rules(memoryview(lying_high), parse_header(lying_high), now, limits,
+                                    log_append_time=False)
+    assert verdict.refusal is None and verdict.header.max_timestamp == now
+    lying_low = _claiming(build_batch([b"v", b"w"], timestamps_ms=[now, now + 3_600_000]), now)
+    verdict = apply_timestamp_rules(memoryview(lying_low), parse_header(lying_low), now, limits,
+                                    log_append_time=False)
+    assert verdict.refusal is not None and f"timestamp {now + 3_600_000}" in verdict.refusal.reason
+
+
+def test_unreadable_records_are_refused_corrupt_without_limits_too() -> None:
+    batch = build_batch([b"v", b"w"], timestamps_ms=[1_000_000, 1_000_000])
+    batch[-3] = 0x7E  # the last record's value length (zigzag 63): past the end of its record
+    write_crc(batch, 0, len(batch))
+    before = bytes(batch)
+    verdict = apply_timestamp_rules(memoryview(batch), parse_header(batch), _now_ms(), None,
+                                    log_append_time=False)
+    refusal = verdict.refusal
+    assert refusal is not None and refusal.corrupt and "cannot be read" in refusal.reason
+    assert bytes(batch) == before

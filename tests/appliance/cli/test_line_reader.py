@@ -4,10 +4,12 @@ combinations it refuses."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from appliance.cli.kafka_forms import UsageError
-from appliance.cli.line_reader import MalformedLineError, line_format
+from appliance.cli.line_reader import MalformedLineError, java_split, line_format
 
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
 BOTH = {"parse.key": "true", "parse.headers": "true"}
@@ -108,3 +110,38 @@ def test_a_malformed_line_is_named_after_the_lines_before_it(properties: dict[st
 def test_separators_kafka_refuses_together_are_refused(properties: dict[str, str], named: str) -> None:
     with pytest.raises(UsageError, match=named.replace("(", r"\(").replace(".", r"\.")):
         line_format(properties)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "pieces"),
+    [
+        (",", "a,b,,", ["a", "b"]),  # empty pieces at the end dropped
+        (",", ",a", ["", "a"]),  # a match at the start: an empty first piece
+        (",", ",", []),
+        (",", "", [""]),  # nothing matched: the text whole
+        ("", "abc", ["a", "b", "c"]),  # an empty match at the start: no empty first piece
+        ("", "éa", ["é", "a"]),  # characters, not UTF-8 bytes
+        ("x*", "axb", ["a", "", "b"]),
+        ("(?=b)", "abab", ["a", "ba", "b"]),
+        ("\\w", "é1é", ["é", "é"]),  # Java's \\w is ASCII
+    ],
+)
+def test_headers_are_split_as_javas_pattern_split_splits(pattern: str, text: str, pieces: list[str]) -> None:
+    assert java_split(re.compile(pattern, re.ASCII), text) == pieces
+
+
+def test_a_separator_matching_the_empty_string_splits_headers_as_kafka_does() -> None:
+    properties = {**BOTH, "headers.separator": "", "ignore.error": "true"}
+    assert _read(properties, "é:1\tk\tv".encode()) == [
+        (b"k", b"v", [("é", None), ("", b""), ("1", None)])]
+
+
+def test_the_key_separator_is_a_string_not_a_regular_expression_and_may_be_empty() -> None:
+    """Kafka's LineMessageReader finds key.separator with indexOf: ``.`` is a dot, and an empty separator
+    is found at once (every key empty, the line the value)."""
+    assert _read({"parse.key": "true", "key.separator": "."}, b"a.b.c\nxyz.") == [
+        (b"a", b"b.c", None), (b"xyz", b"", None)]
+    assert _read({"parse.key": "true", "key.separator": ""}, b"k\tv\n") == [
+        (b"", b"k\tv", None), (b"", b"", None)]
+    with pytest.raises(UsageError, match="--key-separator: the separator cannot be empty"):
+        line_format({}, "")

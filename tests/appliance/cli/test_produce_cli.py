@@ -85,16 +85,37 @@ def test_a_line_without_the_separator_is_named_after_the_lines_before_it() -> No
     assert seen == [b"v", b"w"], "the lines before the bad one were handed out"
 
 
+def _read_lines(data: bytes) -> list[bytes]:
+    """Java's ``BufferedReader.readLine`` until it returns null: a line ends at \\n, \\r or \\r\\n."""
+    lines: list[bytes] = []
+    line = bytearray()
+    i = 0
+    while i < len(data):
+        byte = data[i : i + 1]
+        if byte in (b"\n", b"\r"):
+            lines.append(bytes(line))
+            line = bytearray()
+            if byte == b"\r" and data[i + 1 : i + 2] == b"\n":
+                i += 1
+        else:
+            line += byte
+        i += 1
+    return lines + ([bytes(line)] if line else [])
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.binary(max_size=20).filter(lambda b: b"\n" not in b and not b.endswith(b"\r")),
-                max_size=30),
-       st.integers(1, 7), st.booleans())
-def test_reader_matches_a_plain_split(lines: list[bytes], step: int, trailing_newline: bool) -> None:
-    data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
-    expected = data.split(b"\n")
-    if expected and expected[-1] == b"":
-        expected.pop()
-    assert [value for value, _ in _lines(data, step=step)] == expected
+@given(st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"\n\r", b"\x00"]), max_size=40),
+       st.integers(1, 7))
+def test_lines_end_as_javas_read_line_ends_them(pieces: list[bytes], step: int) -> None:
+    """A lone \\r ends a line too, and a \\r\\n cut between two blocks is one line end."""
+    data = b"".join(pieces)
+    assert [value for value, _ in _lines(data, step=step)] == _read_lines(data)
+
+
+def test_a_lone_carriage_return_ends_a_line() -> None:
+    expected = [(b"v1", b"k1"), (b"v2", b"k2"), (b"v3", b"k3")]
+    assert _lines(b"k1:v1\rk2:v2\r\nk3:v3\r", b":") == expected
+    assert _lines(b"k1:v1\rk2:v2\r\nk3:v3\r", b":", step=1) == expected
 
 
 def test_settings_from_the_command_line(tmp_path: Path) -> None:

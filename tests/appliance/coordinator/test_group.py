@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.coordinator import Completion, GroupCoordinator, GroupSettings, GroupState, JoinArgs
+from appliance.coordinator.group import AssignmentStore, StaticReplacement
 from ipc.kafka import (
     ErrorCode,
     OffsetCommitRequest,
@@ -302,3 +303,101 @@ def test_a_static_member_leaves_by_its_instance_id_or_when_its_session_expires()
     g = c.groups["g"]
     c.tick(1000 + SESSION_MS + REBALANCE_MS + 1)  # "ib" goes silent: removed at its session's end
     assert g.members == {} and g.static_members == {}
+
+
+def test_a_static_replacement_whose_record_is_not_written_is_undone_and_answered_the_error() -> None:
+    """Kafka's storeGroup callback: the old member id stays, the new one is refused with the append's error,
+    an empty member id and the group's generation and leader."""
+    c = coordinator()
+    ids = static_group(c)
+    g = c.groups["g"]
+    generation = g.generation_id
+    done = answers(c.join("g", static_args("ib"), "again", 1000))["again"]
+    assert done.error_code == ErrorCode.NONE
+    replaced = [u for u in c.take_unconfirmed() if isinstance(u, StaticReplacement)]
+    assert [r.group_id for r in replaced] == ["g"]
+    assert c.take_unconfirmed() == []  # taken once, with its record
+    (undone,) = c.undo(replaced, ErrorCode.COORDINATOR_NOT_AVAILABLE, 1001)
+    assert undone.token == "again"
+    response = undone.response
+    assert (response.error_code, response.member_id) == (ErrorCode.COORDINATOR_NOT_AVAILABLE, "")
+    assert (undone.response.generation_id, undone.response.leader) == (generation, ids["ia"])
+    assert set(g.members) == set(ids.values()) and g.static_members == ids
+    assert g.state == GroupState.STABLE
+    assert c.heartbeat("g", ids["ib"], generation, 1002, "ib").error_code == ErrorCode.NONE
+    assert c.heartbeat("g", done.member_id, generation, 1002, "ib").error_code == ErrorCode.FENCED_INSTANCE_ID
+    synced = answers(c.sync("g", ids["ib"], generation, [], "s", 1003, "ib"))["s"]
+    assert (synced.error_code, synced.assignment) == (ErrorCode.NONE, b"part-ib")
+
+
+def test_describe_shows_protocol_metadata_and_assignments_only_when_stable() -> None:
+    """Kafka's GroupMetadata.summary: outside Stable, the protocol name and every member's metadata and
+    assignment are empty; the state, the protocol type and the members are there."""
+    c = coordinator()
+    ids = stable_group(c, 2)
+    stable = c.describe("g")
+    assert (stable.group_state, stable.protocol_type, stable.protocol_data) == ("Stable", "consumer", "range")
+    assert {(m.member_metadata, m.member_assignment) for m in stable.members} == {
+        (b"meta", f"part-{m}".encode()) for m in ids}
+    generation = c.groups["g"].generation_id
+    assert c.join("g", join_args(ids[0]), "rejoin", 300) == []  # the leader rejoins: a rebalance
+    for state in ("PreparingRebalance", "CompletingRebalance"):
+        if state == "CompletingRebalance":
+            c.join("g", join_args(ids[1]), "rejoin-2", 301)
+        described = c.describe("g")
+        assert (described.group_state, described.protocol_type, described.protocol_data) == (
+            state, "consumer", "")
+        assert [m.member_id for m in described.members] == ids
+        assert {(m.member_metadata, m.member_assignment) for m in described.members} == {(b"", b"")}
+    assert c.groups["g"].generation_id == generation + 1
+
+
+def test_commits_are_checked_as_kafkas_validate_offset_commit_for_every_version_and_state() -> None:
+    """v0 carries no generation (a simple commit); a simple commit is for a group with no members only;
+    a generation names a member; with no group at all a generation is ILLEGAL_GENERATION."""
+    c = coordinator()
+
+    def code(group: str, member_id: str, generation: int, version: int = 7,
+             instance_id: str | None = None) -> ErrorCode:
+        body = commit_request(member_id, generation, 1)
+        body.group_id, body.group_instance_id = group, instance_id
+        return ErrorCode(c.commit(body, version, 300).topics[0].partitions[0].error_code)
+
+    # no group
+    assert code("none-1", "", -1) == ErrorCode.NONE  # a simple commit makes a simple group
+    assert code("none-2", "someone", -1) == ErrorCode.NONE  # Kafka: generation -1 to an Empty group
+    assert code("none-3", "", -1, version=0) == ErrorCode.NONE
+    assert code("none-4", "someone", 3) == ErrorCode.ILLEGAL_GENERATION
+    assert code("none-5", "", 0, version=1) == ErrorCode.ILLEGAL_GENERATION
+    # a simple group (offsets, no member)
+    assert code("none-1", "", -1, version=0) == ErrorCode.NONE
+    assert code("none-1", "someone", -1) == ErrorCode.NONE
+    assert code("none-1", "someone", 3) == ErrorCode.UNKNOWN_MEMBER_ID
+    # a group with members
+    a, _ = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    assert code("g", "", -1, version=0) == ErrorCode.UNKNOWN_MEMBER_ID
+    for version in (1, 2, 5, 7, 8):
+        assert code("g", "", -1, version=version) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert code("g", a, -1) == ErrorCode.ILLEGAL_GENERATION
+    assert code("g", "nobody", generation) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert code("g", a, generation) == ErrorCode.NONE
+
+
+def test_a_rebalance_whose_record_is_not_written_starts_again() -> None:
+    """Kafka's SyncGroup store callback: on a failed write the assignments are dropped, the SyncGroups
+    answered the error (the broker's part) and the group prepares another rebalance."""
+    c = coordinator()
+    a, b = stable_group(c, 2)
+    generation = c.groups["g"].generation_id
+    (stored,) = c.take_unconfirmed()
+    assert stored == AssignmentStore("g", generation)
+    assert c.undo([stored], ErrorCode.COORDINATOR_NOT_AVAILABLE, 300) == []
+    g = c.groups["g"]
+    assert g.state == GroupState.PREPARING_REBALANCE and {m.assignment for m in g.members.values()} == {b""}
+    assert c.heartbeat("g", b, generation, 301).error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    c.join("g", join_args(a), "ja", 302)
+    done = answers(c.join("g", join_args(b), "jb", 303))
+    assert {r.generation_id for r in done.values()} == {generation + 1}
+    assert c.undo([stored], ErrorCode.COORDINATOR_NOT_AVAILABLE, 304) == []  # moved on: nothing undone
+    assert g.state == GroupState.COMPLETING_REBALANCE

@@ -32,7 +32,7 @@ from ipc.control import ControlClient
 from ipc.kafka import ApiKey, ErrorCode
 from ipc.ring_publisher import RingPublisher, publish_and_wait
 from storage.batch_builder import build_batch
-from storage.batch_header import parse_header
+from storage.batch_header import MAX_TIMESTAMP_OFFSET, parse_header, write_crc
 from storage.errors import ApplianceError
 from storage.timestamp_rules import stamp_log_append_time
 
@@ -46,7 +46,8 @@ OLD_MS = 1_600_000_000_000  # what the producers stamp: long before the applianc
 TOPICS = ('[topics.lat]\npartitions = 1\n"message.timestamp.type" = "LogAppendTime"\n'
           '[topics.limited]\npartitions = 1\n"message.timestamp.before.max.ms" = 60000\n'
           '"message.timestamp.after.max.ms" = 60000\n'
-          '[topics.plain]\npartitions = 1\n[topics.marked]\npartitions = 1\n')
+          '[topics.plain]\npartitions = 1\n[topics.marked]\npartitions = 1\n'
+          '[topics.claimed]\npartitions = 1\n')
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +227,32 @@ def test_a_batch_a_producer_marked_log_append_time_is_kept_as_kafka_keeps_it(app
     assert dumped.count("timestampType: CreateTime") == 2 and "LogAppendTime" not in dumped, dumped
     assert f"maxTimestamp: {first + 50} " in dumped and f"maxTimestamp: {first + 60} " in dumped, dumped
     assert "must not set the LogAppendTime type" in appliance.log_text()
+
+
+def test_a_header_claiming_a_later_max_timestamp_is_stored_with_its_records(appliance: Appliance) -> None:
+    """Kafka's LogValidator sets a CreateTime batch's maxTimestamp to its records' largest: a producer whose
+    header claims a far later one is appended with the records' (the batch, the time index and ListOffsets
+    by time, which confluent-kafka's offsets_for_times asks, see the records' timestamps)."""
+    host, port = appliance.bootstrap.split(":")
+    wire = WireClient((host, int(port)))
+    first = _now_ms() - 1000
+    batch = bytearray(build_batch([b"c1", b"c2"], timestamps=[first, first + 5]))
+    batch[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8] = (first + 86_400_000).to_bytes(8, "big")
+    write_crc(batch, 0, len(batch))
+    try:
+        response = wire.call(ApiKey.PRODUCE, 8, produce(1, ("claimed", 0, bytes(batch))))
+        assert answers(response) == {("claimed", 0): (ErrorCode.NONE, 0)}
+    finally:
+        wire.close()
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": appliance.bootstrap, "group.id": "unused"})
+    try:
+        asked = [confluent_kafka.TopicPartition("claimed", 0, first + 3),
+                 confluent_kafka.TopicPartition("claimed", 0, first + 60_000)]
+        found = [consumer.offsets_for_times([tp], timeout=30)[0].offset for tp in asked]
+    finally:
+        consumer.close()
+    assert found == [1, -1]  # the record stamped first + 5; none a minute later
+    segment = next((appliance.data_dir / "claimed-0").glob("*.log"))
+    dumped = subprocess.run([sys.executable, "-m", "appliance.cli", "dump-log", str(segment)],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"maxTimestamp: {first + 5} " in dumped, dumped
