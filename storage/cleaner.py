@@ -48,10 +48,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
 offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
 compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
-before each write, and the batch positions and sizes the map pass found (up to ``_WALKS_KEPT_BYTES``), so
-the rewrite neither walks nor checks those segments again.  Segments are read through read-only mappings;
-the record kernels take a segment's uncompressed batches in one call (``put_batches``, ``select_batches``,
-``storage.batch_rewrite.write_selected``) and hand compressed ones back.
+before each write, and the batch positions and sizes the map pass found and their first record entries (up
+to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those segments again.  Segments are read
+through read-only mappings; the record kernels take a segment's uncompressed batches in one call
+(``put_batches``, ``select_batches``, ``storage.batch_rewrite.write_selected``) and hand compressed ones
+back.
 """
 
 from __future__ import annotations
