@@ -16,6 +16,9 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    (``log.cleaner.dedupe.buffer.size`` at load 0.9) the map stops there: its ``end_offset`` is where this
    pass ends, and the rest is the next pass's (``CleanResult.done`` is False).  Then one walk of the map's
    table marks every key's latest offset in a bitmap over the pass's offsets (``OffsetMap.mark_latest``).
+   While the dirty batches are parsed each record's entry (where it starts, its offset delta, whether it is
+   a tombstone or keyless) is kept too, as long as the buffer has room for them after the map's own arrays
+   (``OffsetMap.entries``), so the rewrite decides those records without parsing them again.
 3. **The groups**: every closed segment below the map's end, from the first, is rewritten, in groups of
    consecutive segments whose sizes add up to at most ``segment.bytes``, whose indexes would fit
    ``segment.index.bytes`` and whose offsets fit int32 relative offsets (Kafka's ``groupSegmentsBySize``).
@@ -45,10 +48,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
 offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
 compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
-before each write, and the batch positions and sizes the map pass found (up to ``_WALKS_KEPT_BYTES``), so
-the rewrite neither walks nor checks those segments again.  Segments are read through read-only mappings;
-the record kernels take a segment's uncompressed batches in one call (``put_batches``, ``select_batches``,
-``storage.batch_rewrite.write_selected``) and hand compressed ones back.
+before each write, and the batch positions and sizes the map pass found and their first record entries (up
+to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those segments again.  Segments are read
+through read-only mappings; the record kernels take a segment's uncompressed batches in one call
+(``put_batches``, ``select_batches``, ``storage.batch_rewrite.write_selected``) and hand compressed ones
+back.
 """
 
 from __future__ import annotations
@@ -335,28 +339,37 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 
 
 # --- the offset map -----------------------------------------------------------------------------------------
+class _Walked(NamedTuple):
+    """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, and the
+    first record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again)."""
+
+    positions: np.ndarray
+    sizes: np.ndarray
+    batch_entries: np.ndarray
+
+
 class _Walks:
-    """The batch positions and sizes of the segments the map pass walked and checked, for the rewrite of
-    the same pass (the segments are closed: only the cleaner rewrites them, after this pass has read
-    them), up to :data:`_WALKS_KEPT_BYTES`; a segment not kept, or whose size changed, is walked again."""
+    """The :class:`_Walked` of the segments the map pass walked and checked, for the rewrite of the same
+    pass (the segments are closed: only the cleaner rewrites them, after this pass has read them), up to
+    :data:`_WALKS_KEPT_BYTES`; a segment not kept, or whose size changed, is walked again."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._kept: dict[int, tuple[int, _Walked]] = {}
         self._bytes = 0
 
-    def keep(self, info: SegmentInfo, size_bytes: int, batches: BatchArrays) -> None:
-        nbytes = batches.positions.nbytes + batches.sizes.nbytes
+    def keep(self, info: SegmentInfo, size_bytes: int, walked: _Walked) -> None:
+        nbytes = sum(column.nbytes for column in walked)
         if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
-            self._kept[info.base_offset] = (size_bytes, batches.positions, batches.sizes)
+            self._kept[info.base_offset] = (size_bytes, walked)
             self._bytes += nbytes
 
-    def take(self, info: SegmentInfo, size_bytes: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The kept positions and sizes of the segment (``size_bytes`` long now), or None."""
+    def take(self, info: SegmentInfo, size_bytes: int) -> _Walked | None:
+        """The kept walk of the segment (``size_bytes`` long now), or None."""
         kept = self._kept.pop(info.base_offset, None)
-        if kept is None or kept[0] != size_bytes:
+        if kept is None:
             return None
-        self._bytes -= kept[1].nbytes + kept[2].nbytes
-        return kept[1], kept[2]
+        self._bytes -= sum(column.nbytes for column in kept[1])
+        return kept[1] if kept[0] == size_bytes else None
 
 
 def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
@@ -369,11 +382,13 @@ def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
 
 def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
     batches = _walk(mapped, info)
-    walks.keep(info, len(mapped.array), batches)
+    batch_entries = np.full(len(batches.positions), -1, np.int64)
+    walks.keep(info, len(mapped.array), _Walked(batches.positions, batches.sizes, batch_entries))
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
-        i, omap.size, code = put_batches(
-            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at)
+        i, omap.size, code, omap.entry_count = put_batches(
+            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
+            omap.entries, omap.entry_count, batch_entries)
         if i > first:
             omap.end_offset = int(batches.last_offsets[i - 1]) + 1
         if code == 0:
@@ -501,14 +516,14 @@ class _Selector:
         walked = self.walks.take(info, len(mapped.array))
         if walked is None:
             batches = _walk(mapped, info)
-            walked = batches.positions, batches.sizes
-        positions, sizes = walked
+            walked = _Walked(batches.positions, batches.sizes, np.empty(0, np.int64))
+        positions, sizes, batch_entries = walked
         omap = self.omap
         first = 0
         while first < len(positions):
             i, code = select_batches(
                 mapped.array, positions, sizes, first, self.now_ms, omap.end_offset, omap.table,
-                omap.latest_bits, omap.start_offset, *self.marks, self.results)
+                omap.latest_bits, omap.start_offset, omap.entries, batch_entries, *self.marks, self.results)
             self._write_run(mapped, positions, sizes, first, i, out)
             if code == 0:
                 return

@@ -29,16 +29,25 @@ largest offset at which it appears.  Kafka's ``SkimpyOffsetMap`` does it in a fi
   clean decides it with a bit test (:func:`is_latest`) instead of hashing its key and probing again.
   Records the bitmap does not cover (below ``start_offset``: already cleaned; past its bits) are hashed
   and looked up;
+* **the record entries**: while it parses a batch's records, the map pass also writes one ``uint64`` entry
+  per record (:func:`make_entry`: where the record starts in the segment, its ``offsetDelta``, whether it
+  is a tombstone or has no key), the batch's first entry noted by the caller.  The selection then decides
+  the batch's records from its entries and the bitmap without parsing them again (it reads only the kept
+  records' bytes, to copy them).  The entries use what the buffer has left after the bitmap and the table
+  at its bound (:attr:`OffsetMap.entry_capacity`): they never take room from the keys, so the map's
+  capacity and the passes' boundaries do not depend on them, and the batches past the entries left (or
+  whose records do not fit an entry: a ``offsetDelta`` past 30 bits) are parsed again as before;
 * **the bound**: the arrays alive at once, ``max_slots * 24`` and, while the table grows to it, the
-  previous table (at most a quarter of that), and the bitmap, stay within
+  previous table (at most a quarter of that), the bitmap and the record entries, stay within
   ``log.cleaner.dedupe.buffer.size``.  The bitmap has at most a quarter of the buffer (one bit an offset,
   at most as many as the caller says can come), the keys the rest (:data:`BYTES_PER_ENTRY` each), fewer
   when the caller knows that fewer keys can come.  The caller fills the map batch by batch and stops
   *before* a batch whose records could pass ``capacity`` (:attr:`OffsetMap.room`): the map then covers a
   prefix of the dirty section, ending on a batch boundary, and the clean runs in several passes.
 
-Nothing else is allocated per key or per record: the memory is those arrays (the bitmap fixed when the map
-is made, the table growing to its bound; pages of them never written are never resident).
+Nothing else is allocated per key or per record: the memory is those arrays (the bitmap and the entries
+fixed when the map is made, the table growing to its bound; pages of them never written are never
+resident).
 """
 
 from __future__ import annotations
@@ -65,15 +74,20 @@ from storage.varint import read_varint, read_varlong
 __all__ = [
     "BYTES_PER_ENTRY",
     "DEFAULT_DEDUPE_BUFFER_BYTES",
+    "ENTRY_KEYLESS",
+    "ENTRY_TOMBSTONE",
     "GROW",
     "LOAD_FACTOR",
     "MALFORMED_RECORDS",
     "SLOT_WORDS",
     "STOPPED",
     "OffsetMap",
+    "entry_offset_delta",
+    "entry_position",
     "home_slot",
     "is_latest",
     "key_hash",
+    "make_entry",
     "map_find",
     "map_put",
     "mark_latest",
@@ -92,6 +106,16 @@ DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.de
 MALFORMED_RECORDS: Final = -1  # a record's fields do not parse inside the records section
 GROW: Final = -2  # put_batches: the next batch's keys could pass the table's growth point
 STOPPED: Final = -3  # put_batches: stopped before a compressed batch (the caller decompresses it)
+ENTRY_TOMBSTONE: Final = 1 << 62  # a record entry's flag: the record's value is null
+ENTRY_KEYLESS: Final = 1 << 63  # a record entry's flag: the record has no key
+_ENTRY_BYTES: Final = 8
+_ENTRY_POSITION_BITS: Final = 32
+_ENTRY_DELTA_LIMIT: Final = 1 << 30  # offsetDelta below it fits an entry
+_ENTRY_POSITION_LIMIT: Final = 1 << _ENTRY_POSITION_BITS  # a record starting below it fits an entry
+_POSITION_MASK = np.uint64((1 << _ENTRY_POSITION_BITS) - 1)
+_DELTA_MASK = np.uint64(_ENTRY_DELTA_LIMIT - 1)
+_TOMBSTONE_BIT = np.uint64(ENTRY_TOMBSTONE)
+_KEYLESS_BIT = np.uint64(ENTRY_KEYLESS)
 _MIN_SLOTS: Final = 1 << 12
 _RUN: Final = 256  # records hashed (their slots prefetched) before they are put
 _LITTLE_ENDIAN: Final = sys.byteorder == "little"
@@ -272,29 +296,55 @@ def is_latest(bits: np.ndarray, base: int, offset: int) -> int:
     return np.int64((bits[d >> 6] >> np.uint64(d & 63)) & _ONE)  # type: ignore[return-value]  # numba: int64
 
 
+@numba.njit(cache=True, inline="always")
+def make_entry(position: int, offset_delta: int, tombstone: bool, keyless: bool) -> np.uint64:
+    """A record entry: ``position`` (where the record's length varint starts) in the low 32 bits, its
+    ``offsetDelta`` (below 2**30) in the next 30, :data:`ENTRY_TOMBSTONE` and :data:`ENTRY_KEYLESS`."""
+    entry = np.uint64(position) | (np.uint64(offset_delta) << np.uint64(_ENTRY_POSITION_BITS))
+    if tombstone:
+        entry |= _TOMBSTONE_BIT
+    if keyless:
+        entry |= _KEYLESS_BIT
+    return entry
+
+
+@numba.njit(cache=True, inline="always")
+def entry_position(entry: np.uint64) -> int:
+    """Where the record of ``entry`` starts (:func:`make_entry`)."""
+    return np.int64(entry & _POSITION_MASK)  # type: ignore[return-value]  # numba: an int64
+
+
+@numba.njit(cache=True, inline="always")
+def entry_offset_delta(entry: np.uint64) -> int:
+    """The ``offsetDelta`` of the record of ``entry`` (:func:`make_entry`)."""
+    return np.int64((entry >> np.uint64(_ENTRY_POSITION_BITS)) & _DELTA_MASK)  # type: ignore[return-value]
+
+
 @numba.njit(cache=True)
 def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, table: np.ndarray, size: int,
-             scratch: np.ndarray) -> tuple[int, int]:
+             scratch: np.ndarray, entries: np.ndarray, entry_at: int) -> tuple[int, int, bool]:
     """:func:`put_records` for the next ``run`` (<= ``len(scratch)``) records from ``at``, in two steps:
     parse and hash them all, asking for each key's home slot (:func:`storage.prefetch.prefetch`), then put
     them in order, so the table's cache misses overlap.  ``scratch``: ``(run, 4)`` uint64 words (the
-    digest's two, the offset, 1 if the record has a key).  Returns ``(keys, position after the run)``, or
-    ``MALFORMED_RECORDS`` as the keys."""
+    digest's two, the offset, 1 if the record has a key).  With ``entry_at`` >= 0 each record's entry
+    (:func:`make_entry`) goes to ``entries`` from there.  Returns ``(keys, position after the run, every
+    record fitted an entry)``, or ``MALFORMED_RECORDS`` as the keys."""
     slots = table.shape[0] // SLOT_WORDS
+    fitted = True
     for n in range(run):
         length, after = read_varint(data, at, end)
         if after < 0 or length <= 0 or after + length > end:
-            return MALFORMED_RECORDS, at
+            return MALFORMED_RECORDS, at, False
         record_end = after + length
         _, p = read_varlong(data, after + 1, record_end)  # after the attributes byte: timestampDelta
         if p < 0:
-            return MALFORMED_RECORDS, at
+            return MALFORMED_RECORDS, at, False
         offset_delta, p = read_varint(data, p, record_end)
         if p < 0:
-            return MALFORMED_RECORDS, at
+            return MALFORMED_RECORDS, at, False
         key_length, p = read_varint(data, p, record_end)
         if p < 0 or key_length < -1 or p + key_length > record_end:
-            return MALFORMED_RECORDS, at
+            return MALFORMED_RECORDS, at, False
         scratch[n, 3] = key_length >= 0
         if key_length >= 0:
             h1, h2 = key_hash(data, p, key_length)
@@ -304,6 +354,12 @@ def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, ta
             scratch[n, 0] = h1
             scratch[n, 1] = h2
             scratch[n, 2] = np.uint64(base_offset + offset_delta)
+        if entry_at >= 0:
+            if 0 <= offset_delta < _ENTRY_DELTA_LIMIT and at < _ENTRY_POSITION_LIMIT:
+                value_length, _ = read_varint(data, p + max(key_length, 0), record_end)
+                entries[entry_at + n] = make_entry(at, offset_delta, value_length < 0, key_length < 0)
+            else:
+                fitted = False
         at = record_end
     for n in range(run):
         if scratch[n, 3]:
@@ -311,24 +367,28 @@ def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, ta
             _, new = map_put(table, scratch[n, 0], scratch[n, 1], offset)
             if new:
                 size += 1
-    return size, at
+    return size, at, fitted
 
 
 @numba.njit(cache=True)
 def _put_section(data: np.ndarray, start: int, end: int, count: int, base_offset: int, table: np.ndarray,
-                 size: int, scratch: np.ndarray) -> int:
-    """:func:`put_records` with the caller's ``scratch`` (:func:`_put_run`), run after run."""
+                 size: int, scratch: np.ndarray, entries: np.ndarray, entry_at: int) -> tuple[int, bool]:
+    """:func:`put_records` with the caller's ``scratch`` (:func:`_put_run`), run after run; with
+    ``entry_at`` >= 0 the records' entries from there.  Returns ``(keys, every record fitted an entry)``."""
     at = start
     done = 0
+    fitted = True
     while done < count:
         run = min(scratch.shape[0], count - done)
-        size, at = _put_run(data, at, end, run, base_offset, table, size, scratch)
+        size, at, run_fitted = _put_run(data, at, end, run, base_offset, table, size, scratch, entries,
+                                        entry_at + done if entry_at >= 0 else -1)
         if size == MALFORMED_RECORDS:
-            return MALFORMED_RECORDS
+            return MALFORMED_RECORDS, False
+        fitted = fitted and run_fitted
         done += run
     if at != end:
-        return MALFORMED_RECORDS
-    return size
+        return MALFORMED_RECORDS, False
+    return size, fitted
 
 
 @numba.njit(cache=True, nogil=True)
@@ -338,14 +398,18 @@ def put_records(data: np.ndarray, start: int, end: int, count: int, base_offset:
     its offset; returns the keys in the map after them, or ``MALFORMED_RECORDS``.  Records without a key
     are not put (the clean drops them)."""
     scratch = np.empty((_RUN, 4), np.uint64)
-    return _put_section(data, start, end, count, base_offset, table, size, scratch)
+    no_entries = np.empty(0, np.uint64)
+    return _put_section(data, start, end, count, base_offset, table, size, scratch, no_entries, -1)[0]
 
 
 @numba.njit(cache=True, nogil=True)
 def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, table: np.ndarray,
-                size: int, grow_at: int) -> tuple[int, int, int]:
+                size: int, grow_at: int, entries: np.ndarray, entry_count: int,
+                batch_entries: np.ndarray) -> tuple[int, int, int, int]:
     """Put the keys of the batches at ``positions[first:]`` of a segment (``data``: all of it), as
-    :func:`put_records`, skipping control batches.  Returns ``(batch index, keys, code)``:
+    :func:`put_records`, skipping control batches, and their records' entries in ``entries`` from
+    ``entry_count`` on while they fit: ``batch_entries[i]`` gets the first entry of batch ``i`` (the
+    caller fills it with -1: no entries).  Returns ``(batch index, keys, code, entries used)``:
     code 0 when all were put; else the batch at the index was not: :data:`GROW` (its records could take
     the keys past ``grow_at``), :data:`STOPPED` (it is compressed) or :data:`MALFORMED_RECORDS`."""
     scratch = np.empty((_RUN, 4), np.uint64)
@@ -356,16 +420,20 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
             continue
         count = read_be(data, position + RECORDS_COUNT_OFFSET, 4)
         if size + count > grow_at:
-            return i, size, GROW
+            return i, size, GROW, entry_count
         if attributes & COMPRESSION_CODEC_MASK:
-            return i, size, STOPPED
+            return i, size, STOPPED, entry_count
         base_offset = read_be(data, position + BASE_OFFSET_OFFSET, 8)
-        put = _put_section(data, position + HEADER_SIZE, position + sizes[i], count, base_offset, table,
-                           size, scratch)
+        entry_at = entry_count if entry_count + count <= entries.shape[0] else -1
+        put, fitted = _put_section(data, position + HEADER_SIZE, position + sizes[i], count, base_offset,
+                                   table, size, scratch, entries, entry_at)
         if put == MALFORMED_RECORDS:
-            return i, size, MALFORMED_RECORDS
+            return i, size, MALFORMED_RECORDS, entry_count
         size = put
-    return positions.shape[0], size, 0
+        if entry_at >= 0 and fitted:
+            batch_entries[i] = entry_at
+            entry_count += count
+    return positions.shape[0], size, 0, entry_count
 
 
 def _slots_for(capacity: int) -> int:
@@ -384,7 +452,8 @@ class OffsetMap:
     ``size`` counts the keys in it; the map covers ``[start_offset, end_offset)``; ``latest_bits`` is the
     bitmap over the offsets from ``start_offset`` (:meth:`mark_latest` fills it when the map is complete).
     ``max_keys``: at most that many keys (and offsets) will be put (the arrays are then smaller than the
-    buffer allows).
+    buffer allows).  ``entries[:entry_count]`` are the record entries of the pass (module docstring), at
+    most ``entry_capacity``.
     """
 
     def __init__(self, dedupe_buffer_bytes: int, *, max_keys: int | None = None) -> None:
@@ -400,6 +469,10 @@ class OffsetMap:
         self.capacity = capacity
         self.max_slots = _slots_for(capacity)
         self.bitmap_words = min(limit + 63, 8 * reserved) // 64
+        spare = dedupe_buffer_bytes - 8 * self.bitmap_words - _peak_table_bytes(self.max_slots)
+        self.entry_capacity = max(0, min(limit, spare // _ENTRY_BYTES))
+        self.entries = np.empty(self.entry_capacity, dtype=np.uint64)
+        self.entry_count = 0
         self.latest_bits = np.zeros(0, dtype=np.uint64)
         self.table = np.zeros(0, dtype=np.uint64)
         self.size = 0
@@ -413,9 +486,9 @@ class OffsetMap:
 
     @property
     def memory_bytes(self) -> int:
-        """The bytes of the arrays at their bound: the table at ``max_slots`` and, while it grows to it, the
-        one before."""
-        return 8 * self.bitmap_words + _peak_table_bytes(self.max_slots)
+        """The bytes of the arrays at their bound: the bitmap, the record entries, the table at
+        ``max_slots`` and, while it grows to it, the one before."""
+        return 8 * self.bitmap_words + _ENTRY_BYTES * self.entry_capacity + _peak_table_bytes(self.max_slots)
 
     @property
     def room(self) -> int:
@@ -439,6 +512,7 @@ class OffsetMap:
         self.latest_bits = np.zeros(0, dtype=np.uint64)
         self.table = np.zeros(slots * SLOT_WORDS, dtype=np.uint64)
         self.size = 0
+        self.entry_count = 0
         self.start_offset = self.end_offset = start_offset
 
     def grow(self) -> None:

@@ -13,8 +13,11 @@ does), so one can only come from before the topic was compacted.
 :func:`select_records` walks a batch's records section once and marks what survives (``keep``), remembering
 where each record and its ``timestampDelta`` lie (:func:`select_batches` does it for a run of a segment's
 uncompressed batches in one call, reading their headers itself, and says what to do with each batch:
-:func:`batch_action`); :func:`write_kept` then writes the kept records, verbatim, or with their
-``timestampDelta`` moved to a new ``baseTimestamp`` (the delete horizon, which Kafka stores in
+:func:`batch_action`).  For a batch the map pass left record entries for (``storage.offset_map``: where
+each record starts, its ``offsetDelta``, tombstone and keyless flags) :func:`select_entries` decides the
+same from the entries and the map's latest-offset bitmap instead of parsing the records again, and reads
+only the kept records' ``timestampDelta``; :func:`write_kept` then writes the kept records, verbatim, or
+with their ``timestampDelta`` moved to a new ``baseTimestamp`` (the delete horizon, which Kafka stores in
 ``baseTimestamp``: a record's timestamp, ``baseTimestamp + timestampDelta``, does not change).  Record
 offsets never change: ``offsetDelta`` stays relative to the batch's ``baseOffset``, which the clean keeps.
 """
@@ -36,7 +39,18 @@ from storage.batch_header import (
     RECORDS_COUNT_OFFSET,
 )
 from storage.batch_scan import read_be
-from storage.offset_map import MALFORMED_RECORDS, STOPPED, is_latest, key_hash, map_find, slot_offset
+from storage.offset_map import (
+    ENTRY_KEYLESS,
+    ENTRY_TOMBSTONE,
+    MALFORMED_RECORDS,
+    STOPPED,
+    entry_offset_delta,
+    entry_position,
+    is_latest,
+    key_hash,
+    map_find,
+    slot_offset,
+)
 from storage.varint import read_varint, read_varlong, size_of_varint, write_varint
 
 __all__ = [
@@ -50,6 +64,7 @@ __all__ = [
     "Selection",
     "batch_action",
     "select_batches",
+    "select_entries",
     "select_records",
     "write_kept",
 ]
@@ -60,6 +75,9 @@ DROP: Final = 2  # batch_action: no record survives
 REWRITE: Final = 3  # batch_action: the kept records go in a new batch
 RESULT_COLUMNS: Final = 6  # select_batches' results: action, kept, tombstones, max timestamp, keyless, mark
 MARKS_FULL: Final = -4  # select_batches: the next batch's records do not fit the marks left
+NOT_COVERED: Final = -5  # select_entries: a record's offset is outside the latest-offset bitmap
+_KEYLESS_BIT = np.uint64(ENTRY_KEYLESS)
+_TOMBSTONE_BIT = np.uint64(ENTRY_TOMBSTONE)
 _NO_TIMESTAMP: Final = -1
 
 
@@ -164,6 +182,56 @@ def select_records(data: np.ndarray, start: int, end: int, count: int, base_offs
     return kept, tombstones, max_timestamp, keyless
 
 
+@numba.njit(cache=True, nogil=True)
+def select_entries(data: np.ndarray, end: int, count: int, base_offset: int, base_timestamp: int,
+                   drop_tombstones: bool, map_end: int, entries: np.ndarray, entry_at: int, bits: np.ndarray,
+                   bits_base: int, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   delta_ends: np.ndarray, deltas: np.ndarray, mark_at: int) -> tuple[int, int, int, int]:
+    """:func:`select_records` for a batch the map pass read, from its ``count`` record entries at
+    ``entries[entry_at:]`` (``end``: where its records section ends): a record is kept iff it has a key,
+    its offset's bit is set in ``bits`` (the map's latest-offset bitmap over the offsets from
+    ``bits_base``) and it is not a tombstone to drop.  Marks as :func:`select_records` (the positions only
+    for kept records).  Returns ``Selection``'s fields, or :data:`NOT_COVERED` as ``kept`` when a
+    record's offset is at or past ``map_end`` or a keyed record's lies outside the bitmap (the caller
+    selects the batch with :func:`select_records`)."""
+    kept = 0
+    tombstones = 0
+    keyless = 0
+    max_timestamp = _NO_TIMESTAMP
+    for n in range(count):
+        i = mark_at + n
+        entry = entries[entry_at + n]
+        offset = base_offset + entry_offset_delta(entry)
+        if offset >= map_end:
+            return NOT_COVERED, 0, 0, 0
+        survives = False
+        tombstone = entry & _TOMBSTONE_BIT != 0
+        if entry & _KEYLESS_BIT:
+            keyless += 1
+        else:
+            marked = is_latest(bits, bits_base, offset)
+            if marked < 0:
+                return NOT_COVERED, 0, 0, 0
+            survives = marked == 1 and not (tombstone and drop_tombstones)
+        keep[i] = survives
+        if not survives:
+            continue
+        at = entry_position(entry)
+        record_end = entry_position(entries[entry_at + n + 1]) if n + 1 < count else end
+        _, after = read_varint(data, at, record_end)
+        delta, p = read_varlong(data, after + 1, record_end)  # parsed by the map pass: well formed
+        starts[i] = at
+        ends[i] = record_end
+        delta_ends[i] = p
+        deltas[i] = delta
+        kept += 1
+        if tombstone:
+            tombstones += 1
+        if base_timestamp + delta > max_timestamp:
+            max_timestamp = base_timestamp + delta
+    return kept, tombstones, max_timestamp, keyless
+
+
 @numba.njit(cache=True)
 def batch_action(kept: int, count: int, tombstones: int, has_horizon: bool) -> int:
     """What the clean does with a selected batch: :data:`DROP` (no record kept), :data:`COPY` (all kept
@@ -177,11 +245,13 @@ def batch_action(kept: int, count: int, tombstones: int, has_horizon: bool) -> i
 
 @numba.njit(cache=True, nogil=True)
 def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, now_ms: int,
-                   map_end: int, table: np.ndarray, bits: np.ndarray, bits_base: int, keep: np.ndarray,
-                   starts: np.ndarray, ends: np.ndarray, delta_ends: np.ndarray, deltas: np.ndarray,
-                   results: np.ndarray) -> tuple[int, int]:
+                   map_end: int, table: np.ndarray, bits: np.ndarray, bits_base: int, entries: np.ndarray,
+                   batch_entries: np.ndarray, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   delta_ends: np.ndarray, deltas: np.ndarray, results: np.ndarray) -> tuple[int, int]:
     """:func:`select_records` over the batches at ``positions[first:]`` of a segment (``data``: all of
-    it), their marks one after the other from 0.  ``results[i - first]``: the batch's action
+    it), their marks one after the other from 0; a batch ``i`` whose ``batch_entries[i]`` is >= 0 (the
+    array may be shorter: none) from its record entries there (:func:`select_entries`).
+    ``results[i - first]``: the batch's action
     (:func:`batch_action`; :data:`COPY` also for a control batch and one from the map's end on, which are
     not read), ``Selection``'s fields and where its marks start (:data:`RESULT_COLUMNS`).  Returns
     ``(batch index, code)``: code 0 when all were selected; else the batch at the index was not:
@@ -207,10 +277,18 @@ def select_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
             return i, MARKS_FULL
         base_timestamp = read_be(data, position + BASE_TIMESTAMP_OFFSET, 8)
         has_horizon = attributes & DELETE_HORIZON_FLAG_MASK != 0
-        kept, tombstones, max_timestamp, keyless = select_records(
-            data, position + HEADER_SIZE, position + sizes[i], count, base_offset, base_timestamp,
-            has_horizon and now_ms >= base_timestamp, map_end, table, bits, bits_base, keep, starts, ends,
-            delta_ends, deltas, mark_at)
+        drop_tombstones = has_horizon and now_ms >= base_timestamp
+        kept = NOT_COVERED
+        tombstones = max_timestamp = keyless = 0
+        if i < batch_entries.shape[0] and batch_entries[i] >= 0:
+            kept, tombstones, max_timestamp, keyless = select_entries(
+                data, position + sizes[i], count, base_offset, base_timestamp, drop_tombstones, map_end,
+                entries, batch_entries[i], bits, bits_base, keep, starts, ends, delta_ends, deltas, mark_at)
+        if kept == NOT_COVERED:
+            kept, tombstones, max_timestamp, keyless = select_records(
+                data, position + HEADER_SIZE, position + sizes[i], count, base_offset, base_timestamp,
+                drop_tombstones, map_end, table, bits, bits_base, keep, starts, ends, delta_ends, deltas,
+                mark_at)
         if kept == MALFORMED_RECORDS:
             return i, MALFORMED_RECORDS
         results[row, 0] = batch_action(kept, count, tombstones, has_horizon)

@@ -103,7 +103,8 @@ def test_offset_map_keeps_the_latest_offset_and_its_bound() -> None:
     assert new and map_put(omap.table, h[0], h[1], 9) == (slot, False)  # known: the same slot, not new
     assert map_find(omap.table, h[0], h[1]) == (slot, True) and slot_offset(omap.table, slot) == 9
     small = OffsetMap(1 << 20, max_keys=90)  # fewer keys to come: smaller arrays
-    assert small.capacity == 90 and small.memory_bytes < 90 * (BYTES_PER_ENTRY + 4)
+    assert small.capacity == 90 and small.entry_capacity == 90
+    assert small.memory_bytes < 90 * (BYTES_PER_ENTRY + 4 + 8)  # a key's table, bitmap and record entry
     assert omap.latest_offset(b"k1") == 9 and omap.latest_offset(b"k2") == -1
     with pytest.raises(ValueError, match=r"dedupe\.buffer\.size"):
         OffsetMap(BYTES_PER_ENTRY)
@@ -297,14 +298,16 @@ def test_write_selected_matches_its_python_twin(tmp_path: Path) -> None:
     mapped_bytes = np.frombuffer(Path(segment.path).read_bytes()[: int(sizes.sum())], np.uint8)
     omap = OffsetMap(1 << 16)
     omap.clear(0)
-    index, omap.size, code = put_batches(mapped_bytes, positions, sizes, 0, omap.table, omap.size,
-                                         omap.grow_at)
-    assert (index, code) == (len(batches), 0)
+    batch_entries = np.full(len(batches), -1, np.int64)
+    index, omap.size, code, omap.entry_count = put_batches(
+        mapped_bytes, positions, sizes, 0, omap.table, omap.size, omap.grow_at, omap.entries,
+        omap.entry_count, batch_entries)
+    assert (index, code) == (len(batches), 0) and (batch_entries >= 0).all()
     omap.mark_latest()
     marks = RecordMarks.make(64)
     results = np.empty((64, RESULT_COLUMNS), np.int64)
     index, code = select_batches(mapped_bytes, positions, sizes, 0, 2_000, 9, omap.table, omap.latest_bits,
-                                 0, *marks, results)
+                                 0, omap.entries, batch_entries, *marks, results)
     assert (index, code) == (len(batches), 0)
     producer_last = np.array([3], np.int64)  # the last offset of producer 7's last batch
     written = []
