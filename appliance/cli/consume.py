@@ -39,7 +39,7 @@ import re
 import signal
 import sys
 import time
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from appliance.cli.kafka_forms import UsageError, property_pairs, read_properties, refuse_together
 from appliance.cli.message_formatter import (
@@ -48,8 +48,10 @@ from appliance.cli.message_formatter import (
     DESERIALIZERS_BUILT,
     MessageFormatter,
 )
-from appliance.client.consumer import Consumer, TopicPartition
 from storage.errors import ApplianceError
+
+if TYPE_CHECKING:  # imported by main once the arguments are checked: a usage error costs no numba start-up
+    from appliance.client.consumer import Consumer
 
 __all__ = ["DEFAULT_BOOTSTRAP_SERVER", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -231,6 +233,8 @@ def _topics(args: argparse.Namespace, settings: dict[str, object]) -> list[str]:
 
 
 def _start(consumer: Consumer, args: argparse.Namespace, topics: list[str]) -> None:
+    from appliance.client.consumer import TopicPartition
+
     if args.group is not None:  # the group gives the partitions, from its committed offsets or the reset
         consumer.subscribe(args.include if args.include is not None else topics)
         return
@@ -293,6 +297,8 @@ def main(argv: list[str]) -> int:
     if args.isolation_level == "read_committed":
         print("appliance consume: --isolation-level read_committed reads as read_uncommitted: the appliance "
               "has no transactions yet, so every record is committed", file=sys.stderr)
+    from appliance.client.consumer import Consumer
+
     out: BinaryIO = sys.stdout.buffer
     progress = _Progress()
     previous = signal.signal(signal.SIGTERM, progress.on_sigterm)

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from appliance.cli.kafka_forms import UsageError
-from appliance.client.consumer import ConsumerRecord
+
+if TYPE_CHECKING:  # the consumer (numba kernels) is imported by the command once its arguments are checked
+    from appliance.client.consumer import ConsumerRecord
 
 __all__ = ["DEFAULT_FORMATTERS", "DESERIALIZERS", "DESERIALIZERS_BUILT", "FORMATTER_PROPERTIES",
            "MessageFormatter"]

@@ -40,7 +40,7 @@ def written(tmp_path: Path) -> Iterator[WrittenPartition]:
     part.close()
 
 
-def run(command: list[str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+def run(command: list[str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([*command, *args], capture_output=True, timeout=timeout, cwd=REPO)
 
 
