@@ -57,21 +57,28 @@ import numpy as np
 from storage.batch_header import (
     ATTRIBUTES_OFFSET,
     BASE_TIMESTAMP_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    COMPRESSION_CODEC_MASK,
     CRC_OFFSET,
     HEADER_SIZE,
     LAST_OFFSET_DELTA_OFFSET,
     LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_OFFSET,
     MAX_TIMESTAMP_OFFSET,
+    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
 )
 from storage.batch_reader import iter_records, records_data
+from storage.batch_scan import read_be
 from storage.errors import CorruptRecordError
 from storage.log_config import LONG_MAX, LogConfig
 from storage.varint import read_varint, read_varlong
 
 __all__ = [
     "LOG_APPEND_TIME",
+    "NOT_WALKED",
     "TimestampLimits",
     "TimestampRefusal",
     "TimestampVerdict",
@@ -79,6 +86,7 @@ __all__ = [
     "effective_limits",
     "limits_of",
     "records_max_timestamp",
+    "records_max_timestamps",
     "set_max_timestamp",
     "stamp_log_append_time",
     "store_as_create_time",
@@ -92,6 +100,8 @@ _CRC: Final = struct.Struct(">I").pack_into
 _ATTRIBUTES: Final = struct.Struct(">h").pack_into
 _MAX_TIMESTAMP: Final = struct.Struct(">q").pack_into
 NO_TIMESTAMP: Final = -1  # a batch's maxTimestamp when its records carry none
+NOT_WALKED: Final = -(1 << 63)  # records_max_timestamps: a frame left to the per-batch path
+_INT64_MAX: Final = (1 << 63) - 1
 assert (ATTRIBUTES_OFFSET, LAST_OFFSET_DELTA_OFFSET, BASE_TIMESTAMP_OFFSET, MAX_TIMESTAMP_OFFSET) == (
     ATTRIBUTES_OFFSET, ATTRIBUTES_OFFSET + 2, ATTRIBUTES_OFFSET + 6, ATTRIBUTES_OFFSET + 14)
 assert ATTRIBUTES_OFFSET > CRC_OFFSET  # both stamped fields lie under the CRC
@@ -227,9 +237,54 @@ def records_max_timestamp(view: memoryview, header: BatchHeader, *,
             return exc
     stop, delta = _max_timestamp_delta(data, header.records_count)
     if stop >= 0:
-        return CorruptRecordError(f"{where}: its records section ({header.records_count} records) does not "
-                                  f"read at byte {stop}")
+        return _unreadable(header, stop, where)
     return max(NO_TIMESTAMP, header.base_timestamp + delta)
+
+
+def _unreadable(header: BatchHeader, stop: int, where: str) -> CorruptRecordError:
+    return CorruptRecordError(f"{where}: its records section ({header.records_count} records) does not "
+                              f"read at byte {stop}")
+
+
+@numba.njit(cache=True, nogil=True)
+def records_max_timestamps(view: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                           out: np.ndarray) -> None:
+    """:func:`records_max_timestamp` for every uncompressed CreateTime batch among the frames of one ring
+    chunk, in one call: frame ``i`` is ``view[starts[i] : starts[i] + lengths[i]]`` and ``out[i]`` gets
+
+    * the records' largest timestamp (``NO_TIMESTAMP`` or more) for a frame whose bytes read as one whole
+      uncompressed batch (magic 2, ``batchLength`` filling the frame) without the LogAppendTime bit;
+    * ``-2 - p`` when its records section does not read at byte ``p`` (:func:`_max_timestamp_delta`);
+    * ``NOT_WALKED`` for any other frame (compressed, LogAppendTime bit, not one batch, or a largest
+      timestamp past the int64 range), which the per-batch path handles.
+
+    It reads header fields straight from the bytes, before the CRC is checked: its answer is used only for
+    a frame ``check_batch`` then accepts, whose header is those same bytes."""
+    for i in range(starts.size):
+        start = starts[i]
+        length = lengths[i]
+        out[i] = NOT_WALKED
+        if length < HEADER_SIZE or view[start + MAGIC_OFFSET] != MAGIC:
+            continue
+        if read_be(view, start + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD != length:
+            continue
+        if read_be(view, start + ATTRIBUTES_OFFSET, 2) & (COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK):
+            continue
+        count = read_be(view, start + RECORDS_COUNT_OFFSET, 4)
+        if count <= 0:
+            out[i] = NO_TIMESTAMP
+            continue
+        stop, delta = _max_timestamp_delta(view[start + HEADER_SIZE : start + length], count)
+        if stop >= 0:
+            out[i] = -2 - stop
+            continue
+        base = read_be(view, start + BASE_TIMESTAMP_OFFSET, 8)
+        if delta > 0 and base > _INT64_MAX - delta:
+            continue
+        if delta < 0 and base < NOT_WALKED - delta:
+            out[i] = NO_TIMESTAMP
+        else:
+            out[i] = max(NO_TIMESTAMP, base + delta)
 
 
 class TimestampRefusal(NamedTuple):
@@ -277,16 +332,21 @@ class TimestampVerdict(NamedTuple):
 
 
 def apply_timestamp_rules(view: memoryview, header: BatchHeader, now_ms: int, limits: TimestampLimits | None,
-                          *, log_append_time: bool) -> TimestampVerdict:
+                          *, log_append_time: bool, walked: int = NOT_WALKED) -> TimestampVerdict:
     """A leader's timestamp rules for the producer's batch in ``view`` (one whole batch, writable, its CRC
     checked) of a topic whose ``message.timestamp.type`` is LogAppendTime (``log_append_time``) or
     CreateTime with ``limits`` (None: none set): the module's rules, a CreateTime batch's ``maxTimestamp``
     set to its records' and a batch the producer marked LogAppendTime rewritten in place as Kafka stores it.
-    The LogAppendTime stamp itself is the log's, at the append."""
+    The LogAppendTime stamp itself is the log's, at the append.  ``walked`` is this batch's answer from
+    :func:`records_max_timestamps`, when the caller walked its chunk (else its records are walked here)."""
     if not header.attributes & TIMESTAMP_TYPE_MASK:
         if log_append_time:
             return TimestampVerdict(header, None)
-        largest = records_max_timestamp(view, header)
+        largest: int | CorruptRecordError
+        if walked == NOT_WALKED:
+            largest = records_max_timestamp(view, header)
+        else:
+            largest = walked if walked >= NO_TIMESTAMP else _unreadable(header, -2 - walked, "produced batch")
         if isinstance(largest, CorruptRecordError):
             return TimestampVerdict(header, TimestampRefusal(
                 f"its records cannot be read to take their timestamps: {largest}", corrupt=True))
