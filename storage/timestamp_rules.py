@@ -180,19 +180,18 @@ def _skip_bytes(data: np.ndarray, at: int, limit: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _max_timestamp_delta(data: np.ndarray, count: int) -> tuple[int, int]:
-    """``(where, largest timestampDelta)`` of the ``count`` records of the records section ``data``, each
-    read whole as Kafka's ``DefaultRecord.readFrom`` reads it (length, attributes, timestampDelta,
-    offsetDelta, key, value, headers, exactly filling the length): ``where`` is -1 when they all read,
-    else the byte position of the record that does not."""
-    end = data.size
-    at = 0
+def _max_timestamp_delta(data: np.ndarray, begin: int, end: int, count: int) -> tuple[int, int]:
+    """``(where, largest timestampDelta)`` of the ``count`` records of the records section
+    ``data[begin:end]``, each read whole as Kafka's ``DefaultRecord.readFrom`` reads it (length,
+    attributes, timestampDelta, offsetDelta, key, value, headers, exactly filling the length): ``where`` is
+    -1 when they all read, else the byte position in the section of the record that does not."""
+    at = begin
     largest = -(1 << 63)
     for _ in range(count):
         length, after = read_varint(data, at, end)
         record_end = after + length
         if after < 0 or length < 2 or record_end > end:
-            return at, 0
+            return at - begin, 0
         delta, p = read_varlong(data, after + 1, record_end)  # after the attributes byte
         if p >= 0:
             _, p = read_varint(data, p, record_end)  # offsetDelta
@@ -204,20 +203,20 @@ def _max_timestamp_delta(data: np.ndarray, count: int) -> tuple[int, int]:
         if p >= 0:
             headers, p = read_varint(data, p, record_end)
         if p < 0 or headers < 0:
-            return at, 0
+            return at - begin, 0
         for _ in range(headers):
             name_length, p = read_varint(data, p, record_end)
             if p < 0 or name_length < 0 or p + name_length > record_end:
-                return at, 0
+                return at - begin, 0
             p = _skip_bytes(data, p + name_length, record_end)
             if p < 0:
-                return at, 0
+                return at - begin, 0
         if p != record_end:
-            return at, 0
+            return at - begin, 0
         largest = max(largest, delta)
         at = record_end
     if at != end:
-        return at, 0
+        return at - begin, 0
     return -1, largest
 
 
@@ -235,7 +234,7 @@ def records_max_timestamp(view: memoryview, header: BatchHeader, *,
             data = records_data(view, 0, header, where=where)
         except CorruptRecordError as exc:
             return exc
-    stop, delta = _max_timestamp_delta(data, header.records_count)
+    stop, delta = _max_timestamp_delta(data, 0, data.size, header.records_count)
     if stop >= 0:
         return _unreadable(header, stop, where)
     return max(NO_TIMESTAMP, header.base_timestamp + delta)
@@ -274,7 +273,7 @@ def records_max_timestamps(view: np.ndarray, starts: np.ndarray, lengths: np.nda
         if count <= 0:
             out[i] = NO_TIMESTAMP
             continue
-        stop, delta = _max_timestamp_delta(view[start + HEADER_SIZE : start + length], count)
+        stop, delta = _max_timestamp_delta(view, start + HEADER_SIZE, start + length, count)
         if stop >= 0:
             out[i] = -2 - stop
             continue

@@ -12,7 +12,9 @@ rings, stop, run timers, reload settings, DeleteRecords, swap a cleaned segment 
 2. for each frame, in ring order then frame order: validate, once (one RecordBatch v2 per frame, exactly
    filling it: ``batch_header.check_batch`` checks magic, length and CRC; then ``max.message.bytes``, and
    a CreateTime topic's timestamp rules: maxTimestamp set to the records', the limits: INVALID_TIMESTAMP,
-   ``storage.timestamp_rules``), then
+   ``storage.timestamp_rules``; the records of every uncompressed CreateTime frame of a ring's chunk are
+   walked in one numba call before the frames are, ``records_max_timestamps``, and a batch whose header
+   already holds its records' max timestamp, with no limit set, goes on at once), then
    ask the idempotence state (``storage.producer_state``): append -> the offset it will get, and the state is
    updated at once so a retry later in the same round is seen as a duplicate; duplicate -> the offset the
    original got, nothing appended; anything else -> minus the Kafka error code;
