@@ -26,13 +26,14 @@ place and uncompressed ones alike), a CreateTime batch's header ``maxTimestamp``
 largest of its records' timestamps (``baseTimestamp`` plus each ``timestampDelta``; -1 when the records
 carry none) is computed (:func:`records_max_timestamp`, one pass over the records section, decompressed
 when the batch is compressed) and, where the producer's header says otherwise, written over it and the CRC
-recomputed (:func:`set_max_timestamp`).  The partition writer walks the uncompressed CreateTime batches
-of a whole ring chunk in one call (:func:`records_max_timestamps`: the same record walk, positions in and
-one int64 answer per frame out) and hands each answer to :func:`apply_timestamp_rules`, which then does
-exactly what it does when it walks the batch itself.  Kafka answers nothing for it: the batch is appended with the
+recomputed (:func:`set_max_timestamp`).  Kafka answers nothing for it: the batch is appended with the
 corrected header, so the time index, ListOffsets by time and ``retention.ms`` see the records' real
 timestamps.  A batch whose records cannot be read (the CRC is good: a producer's bug) is refused
 CORRUPT_MESSAGE, nothing of it appended.
+The partition writer walks the uncompressed CreateTime batches of a whole ring chunk in one call
+(:func:`records_max_timestamps`: the same record walk, positions in, one int64 answer per frame out) and
+hands each answer to :func:`apply_timestamp_rules`, which then does exactly what it does when it walks the
+batch itself.
 
 A producer's batch that arrives with the LogAppendTime bit already set follows Kafka's ``LogValidator``
 (:func:`apply_timestamp_rules`).  Kafka reads every record of such a batch as having the batch's
