@@ -28,8 +28,9 @@ carry none) is computed (:func:`records_max_timestamp`, one pass over the record
 when the batch is compressed) and, where the producer's header says otherwise, written over it and the CRC
 recomputed (:func:`set_max_timestamp`).  Kafka answers nothing for it: the batch is appended with the
 corrected header, so the time index, ListOffsets by time and ``retention.ms`` see the records' real
-timestamps.  A batch whose records cannot be read (the CRC is good: a producer's bug) is refused
-CORRUPT_MESSAGE, nothing of it appended.
+timestamps.  A batch whose records cannot be read (the CRC is good: a producer's bug), or whose largest
+record timestamp lies past the int64 range (Kafka's Java sum would wrap), is refused CORRUPT_MESSAGE,
+nothing of it appended.
 The partition writer walks the uncompressed CreateTime batches of a whole ring chunk in one call
 (:func:`records_max_timestamps`: the same record walk, positions in, one int64 answer per frame out) and
 hands each answer to :func:`apply_timestamp_rules`, which then does exactly what it does when it walks the
@@ -241,7 +242,12 @@ def records_max_timestamp(view: memoryview, header: BatchHeader, *,
     stop, delta = _max_timestamp_delta(data, 0, data.size, header.records_count)
     if stop >= 0:
         return _unreadable(header, stop, where)
-    return max(NO_TIMESTAMP, header.base_timestamp + delta)
+    largest = header.base_timestamp + delta
+    if largest > _INT64_MAX:
+        return CorruptRecordError(f"{where}: a record's timestamp (baseTimestamp {header.base_timestamp} "
+                                  f"plus timestampDelta {delta}) lies past the int64 range; send records "
+                                  "stamped in milliseconds since the epoch")
+    return max(NO_TIMESTAMP, largest)
 
 
 def _unreadable(header: BatchHeader, stop: int, where: str) -> CorruptRecordError:
