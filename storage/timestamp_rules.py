@@ -28,8 +28,13 @@ carry none) is computed (:func:`records_max_timestamp`, one pass over the record
 when the batch is compressed) and, where the producer's header says otherwise, written over it and the CRC
 recomputed (:func:`set_max_timestamp`).  Kafka answers nothing for it: the batch is appended with the
 corrected header, so the time index, ListOffsets by time and ``retention.ms`` see the records' real
-timestamps.  A batch whose records cannot be read (the CRC is good: a producer's bug) is refused
-CORRUPT_MESSAGE, nothing of it appended.
+timestamps.  A batch whose records cannot be read (the CRC is good: a producer's bug), or whose largest
+record timestamp lies past the int64 range (Kafka's Java sum would wrap), is refused CORRUPT_MESSAGE,
+nothing of it appended.
+The partition writer walks the uncompressed CreateTime batches of a whole ring chunk in one call
+(:func:`records_max_timestamps`: the same record walk, positions in, one int64 answer per frame out) and
+hands each answer to :func:`apply_timestamp_rules`, which then does exactly what it does when it walks the
+batch itself.
 
 A producer's batch that arrives with the LogAppendTime bit already set follows Kafka's ``LogValidator``
 (:func:`apply_timestamp_rules`).  Kafka reads every record of such a batch as having the batch's
@@ -57,21 +62,28 @@ import numpy as np
 from storage.batch_header import (
     ATTRIBUTES_OFFSET,
     BASE_TIMESTAMP_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    COMPRESSION_CODEC_MASK,
     CRC_OFFSET,
     HEADER_SIZE,
     LAST_OFFSET_DELTA_OFFSET,
     LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_OFFSET,
     MAX_TIMESTAMP_OFFSET,
+    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
 )
 from storage.batch_reader import iter_records, records_data
+from storage.batch_scan import read_be
 from storage.errors import CorruptRecordError
 from storage.log_config import LONG_MAX, LogConfig
 from storage.varint import read_varint, read_varlong
 
 __all__ = [
     "LOG_APPEND_TIME",
+    "NOT_WALKED",
     "TimestampLimits",
     "TimestampRefusal",
     "TimestampVerdict",
@@ -79,6 +91,7 @@ __all__ = [
     "effective_limits",
     "limits_of",
     "records_max_timestamp",
+    "records_max_timestamps",
     "set_max_timestamp",
     "stamp_log_append_time",
     "store_as_create_time",
@@ -92,6 +105,8 @@ _CRC: Final = struct.Struct(">I").pack_into
 _ATTRIBUTES: Final = struct.Struct(">h").pack_into
 _MAX_TIMESTAMP: Final = struct.Struct(">q").pack_into
 NO_TIMESTAMP: Final = -1  # a batch's maxTimestamp when its records carry none
+NOT_WALKED: Final = -(1 << 63)  # records_max_timestamps: a frame left to the per-batch path
+_INT64_MAX: Final = (1 << 63) - 1
 assert (ATTRIBUTES_OFFSET, LAST_OFFSET_DELTA_OFFSET, BASE_TIMESTAMP_OFFSET, MAX_TIMESTAMP_OFFSET) == (
     ATTRIBUTES_OFFSET, ATTRIBUTES_OFFSET + 2, ATTRIBUTES_OFFSET + 6, ATTRIBUTES_OFFSET + 14)
 assert ATTRIBUTES_OFFSET > CRC_OFFSET  # both stamped fields lie under the CRC
@@ -170,19 +185,18 @@ def _skip_bytes(data: np.ndarray, at: int, limit: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _max_timestamp_delta(data: np.ndarray, count: int) -> tuple[int, int]:
-    """``(where, largest timestampDelta)`` of the ``count`` records of the records section ``data``, each
-    read whole as Kafka's ``DefaultRecord.readFrom`` reads it (length, attributes, timestampDelta,
-    offsetDelta, key, value, headers, exactly filling the length): ``where`` is -1 when they all read,
-    else the byte position of the record that does not."""
-    end = data.size
-    at = 0
+def _max_timestamp_delta(data: np.ndarray, begin: int, end: int, count: int) -> tuple[int, int]:
+    """``(where, largest timestampDelta)`` of the ``count`` records of the records section
+    ``data[begin:end]``, each read whole as Kafka's ``DefaultRecord.readFrom`` reads it (length,
+    attributes, timestampDelta, offsetDelta, key, value, headers, exactly filling the length): ``where`` is
+    -1 when they all read, else the byte position in the section of the record that does not."""
+    at = begin
     largest = -(1 << 63)
     for _ in range(count):
         length, after = read_varint(data, at, end)
         record_end = after + length
         if after < 0 or length < 2 or record_end > end:
-            return at, 0
+            return at - begin, 0
         delta, p = read_varlong(data, after + 1, record_end)  # after the attributes byte
         if p >= 0:
             _, p = read_varint(data, p, record_end)  # offsetDelta
@@ -194,20 +208,20 @@ def _max_timestamp_delta(data: np.ndarray, count: int) -> tuple[int, int]:
         if p >= 0:
             headers, p = read_varint(data, p, record_end)
         if p < 0 or headers < 0:
-            return at, 0
+            return at - begin, 0
         for _ in range(headers):
             name_length, p = read_varint(data, p, record_end)
             if p < 0 or name_length < 0 or p + name_length > record_end:
-                return at, 0
+                return at - begin, 0
             p = _skip_bytes(data, p + name_length, record_end)
             if p < 0:
-                return at, 0
+                return at - begin, 0
         if p != record_end:
-            return at, 0
+            return at - begin, 0
         largest = max(largest, delta)
         at = record_end
     if at != end:
-        return at, 0
+        return at - begin, 0
     return -1, largest
 
 
@@ -225,11 +239,61 @@ def records_max_timestamp(view: memoryview, header: BatchHeader, *,
             data = records_data(view, 0, header, where=where)
         except CorruptRecordError as exc:
             return exc
-    stop, delta = _max_timestamp_delta(data, header.records_count)
+    stop, delta = _max_timestamp_delta(data, 0, data.size, header.records_count)
     if stop >= 0:
-        return CorruptRecordError(f"{where}: its records section ({header.records_count} records) does not "
-                                  f"read at byte {stop}")
-    return max(NO_TIMESTAMP, header.base_timestamp + delta)
+        return _unreadable(header, stop, where)
+    largest = header.base_timestamp + delta
+    if largest > _INT64_MAX:
+        return CorruptRecordError(f"{where}: a record's timestamp (baseTimestamp {header.base_timestamp} "
+                                  f"plus timestampDelta {delta}) lies past the int64 range; send records "
+                                  "stamped in milliseconds since the epoch")
+    return max(NO_TIMESTAMP, largest)
+
+
+def _unreadable(header: BatchHeader, stop: int, where: str) -> CorruptRecordError:
+    return CorruptRecordError(f"{where}: its records section ({header.records_count} records) does not "
+                              f"read at byte {stop}")
+
+
+@numba.njit(cache=True, nogil=True)
+def records_max_timestamps(view: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                           out: np.ndarray) -> None:
+    """:func:`records_max_timestamp` for every uncompressed CreateTime batch among the frames of one ring
+    chunk, in one call: frame ``i`` is ``view[starts[i] : starts[i] + lengths[i]]`` and ``out[i]`` gets
+
+    * the records' largest timestamp (``NO_TIMESTAMP`` or more) for a frame whose bytes read as one whole
+      uncompressed batch (magic 2, ``batchLength`` filling the frame) without the LogAppendTime bit;
+    * ``-2 - p`` when its records section does not read at byte ``p`` (:func:`_max_timestamp_delta`);
+    * ``NOT_WALKED`` for any other frame (compressed, LogAppendTime bit, not one batch, or a largest
+      timestamp past the int64 range), which the per-batch path handles.
+
+    It reads header fields straight from the bytes, before the CRC is checked: its answer is used only for
+    a frame ``check_batch`` then accepts, whose header is those same bytes."""
+    for i in range(starts.size):
+        start = starts[i]
+        length = lengths[i]
+        out[i] = NOT_WALKED
+        if length < HEADER_SIZE or view[start + MAGIC_OFFSET] != MAGIC:
+            continue
+        if read_be(view, start + BATCH_LENGTH_OFFSET, 4) + LOG_OVERHEAD != length:
+            continue
+        if read_be(view, start + ATTRIBUTES_OFFSET, 2) & (COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK):
+            continue
+        count = read_be(view, start + RECORDS_COUNT_OFFSET, 4)
+        if count <= 0:
+            out[i] = NO_TIMESTAMP
+            continue
+        stop, delta = _max_timestamp_delta(view, start + HEADER_SIZE, start + length, count)
+        if stop >= 0:
+            out[i] = -2 - stop
+            continue
+        base = read_be(view, start + BASE_TIMESTAMP_OFFSET, 8)
+        if delta > 0 and base > _INT64_MAX - delta:
+            continue
+        if delta < 0 and base < NOT_WALKED - delta:
+            out[i] = NO_TIMESTAMP
+        else:
+            out[i] = max(NO_TIMESTAMP, base + delta)
 
 
 class TimestampRefusal(NamedTuple):
@@ -277,16 +341,21 @@ class TimestampVerdict(NamedTuple):
 
 
 def apply_timestamp_rules(view: memoryview, header: BatchHeader, now_ms: int, limits: TimestampLimits | None,
-                          *, log_append_time: bool) -> TimestampVerdict:
+                          *, log_append_time: bool, walked: int = NOT_WALKED) -> TimestampVerdict:
     """A leader's timestamp rules for the producer's batch in ``view`` (one whole batch, writable, its CRC
     checked) of a topic whose ``message.timestamp.type`` is LogAppendTime (``log_append_time``) or
     CreateTime with ``limits`` (None: none set): the module's rules, a CreateTime batch's ``maxTimestamp``
     set to its records' and a batch the producer marked LogAppendTime rewritten in place as Kafka stores it.
-    The LogAppendTime stamp itself is the log's, at the append."""
+    The LogAppendTime stamp itself is the log's, at the append.  ``walked`` is this batch's answer from
+    :func:`records_max_timestamps`, when the caller walked its chunk (else its records are walked here)."""
     if not header.attributes & TIMESTAMP_TYPE_MASK:
         if log_append_time:
             return TimestampVerdict(header, None)
-        largest = records_max_timestamp(view, header)
+        largest: int | CorruptRecordError
+        if walked == NOT_WALKED:
+            largest = records_max_timestamp(view, header)
+        else:
+            largest = walked if walked >= NO_TIMESTAMP else _unreadable(header, -2 - walked, "produced batch")
         if isinstance(largest, CorruptRecordError):
             return TimestampVerdict(header, TimestampRefusal(
                 f"its records cannot be read to take their timestamps: {largest}", corrupt=True))

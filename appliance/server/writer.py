@@ -12,7 +12,9 @@ rings, stop, run timers, reload settings, DeleteRecords, swap a cleaned segment 
 2. for each frame, in ring order then frame order: validate, once (one RecordBatch v2 per frame, exactly
    filling it: ``batch_header.check_batch`` checks magic, length and CRC; then ``max.message.bytes``, and
    a CreateTime topic's timestamp rules: maxTimestamp set to the records', the limits: INVALID_TIMESTAMP,
-   ``storage.timestamp_rules``), then
+   ``storage.timestamp_rules``; the records of every uncompressed CreateTime frame of a ring's chunk are
+   walked in one numba call before the frames are, ``records_max_timestamps``, and a batch whose header
+   already holds its records' max timestamp, with no limit set, goes on at once), then
    ask the idempotence state (``storage.producer_state``): append -> the offset it will get, and the state is
    updated at once so a retry later in the same round is seen as a duplicate; duplicate -> the offset the
    original got, nothing appended; anything else -> minus the Kafka error code;
@@ -121,7 +123,14 @@ from storage.producer_state import (
     OUT_OF_ORDER_SEQUENCE_NUMBER,
     ProducerStateManager,
 )
-from storage.timestamp_rules import LOG_APPEND_TIME, apply_timestamp_rules, limits_of
+from storage.timestamp_rules import (
+    LOG_APPEND_TIME,
+    NO_TIMESTAMP,
+    NOT_WALKED,
+    apply_timestamp_rules,
+    limits_of,
+    records_max_timestamps,
+)
 
 __all__ = ["DEFAULT_PEEK_BYTES", "FaultPoint", "PartitionWriter", "RoundStats", "WriterSpec"]
 
@@ -335,15 +344,19 @@ class PartitionWriter:
             view = memoryview(chunk.view)  # type: ignore[arg-type]
             starts = chunk.body_starts.tolist()
             lengths = chunk.body_lengths.tolist()
+            walked = self._walk_records(chunk, results)
             for i in range(chunk.count):
                 body = view[starts[i] : starts[i] + lengths[i]]
                 header = check_batch(body)  # the one validation: magic, length, CRC (the log trusts it)
                 if isinstance(header, int) or lengths[i] > max_message_bytes:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
                     continue
-                if not self._log_append_time or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's rules
-                    header, late = apply_timestamp_rules(body, header, now_ms, limits,
-                                                         log_append_time=self._log_append_time)
+                if limits is None and walked and header.max_timestamp == walked[i] >= NO_TIMESTAMP:
+                    pass  # a CreateTime batch whose header holds its records' max timestamp already
+                elif not self._log_append_time or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's rules
+                    header, late = apply_timestamp_rules(
+                        body, header, now_ms, limits, log_append_time=self._log_append_time,
+                        walked=NOT_WALKED if walked is None else walked[i])
                     if late is not None:
                         code = ErrorCode.CORRUPT_MESSAGE if late.corrupt else ErrorCode.INVALID_TIMESTAMP
                         results[i] = -code  # Kafka's answers; nothing of the batch is appended
@@ -397,6 +410,16 @@ class PartitionWriter:
         self.stats.rounds += 1
         self.stats.frames += frames
         return frames
+
+    def _walk_records(self, chunk: Chunk, out: np.ndarray) -> list[int] | None:
+        """Each frame's records' max timestamp (``storage.timestamp_rules.records_max_timestamps``: one
+        numba call over the chunk, written to ``out``, the chunk's results array, before any result is), or
+        None on a LogAppendTime topic, where a CreateTime batch's records are not read."""
+        if self._log_append_time:
+            return None
+        records_max_timestamps(chunk.view, chunk.body_starts, chunk.body_lengths, out)
+        walked: list[int] = out.tolist()
+        return walked
 
     def _append_or_refuse(self, pieces: list[memoryview], headers: list[BatchHeader], total_bytes: int,
                           expected_end: int) -> bool:

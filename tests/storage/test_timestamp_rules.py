@@ -10,19 +10,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 from batchgen import DEFAULT_TIMESTAMP_MS, build_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from storage.batch_builder import build_batch as build_any_batch
-from storage.batch_header import MAX_TIMESTAMP_OFFSET, parse_header, validate_batch, write_crc
+from storage.batch_header import (
+    BASE_TIMESTAMP_OFFSET,
+    HEADER_SIZE,
+    MAX_TIMESTAMP_OFFSET,
+    RECORDS_COUNT_OFFSET,
+    check_batch,
+    parse_header,
+    validate_batch,
+    write_crc,
+)
 from storage.batch_reader import iter_records
 from storage.compression import COMPRESSION_GZIP, COMPRESSION_NONE
 from storage.log import Log
 from storage.log_config import LONG_MAX, LogConfig
 from storage.timestamp_rules import (
+    NOT_WALKED,
     TimestampLimits,
     apply_timestamp_rules,
     effective_limits,
     limits_of,
     records_max_timestamp,
+    records_max_timestamps,
     stamp_log_append_time,
     timestamp_out_of_range,
 )
@@ -254,3 +267,90 @@ def test_unreadable_records_are_refused_corrupt_without_limits_too() -> None:
     refusal = verdict.refusal
     assert refusal is not None and refusal.corrupt and "cannot be read" in refusal.reason
     assert bytes(batch) == before
+
+
+_stamps = st.one_of(st.just(-1), st.integers(0, 1 << 45))
+
+
+@st.composite
+def _frame(draw: st.DrawFn) -> bytes:
+    """A producer's frame: a batch (plain or gzip, maybe marked LogAppendTime, maybe claiming a wrong
+    maxTimestamp), its records section or count maybe spoiled under a good CRC, or plain garbage."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.binary(max_size=90))
+    count = draw(st.integers(1, 6))
+    base = draw(_stamps)
+    batch = bytearray(build_any_batch(
+        [draw(st.binary(max_size=20)) for _ in range(count)],
+        keys=[draw(st.one_of(st.none(), st.binary(max_size=5))) for _ in range(count)],
+        headers=[[("h", draw(st.one_of(st.none(), st.binary(max_size=3))))] * draw(st.integers(0, 2))
+                 for _ in range(count)],
+        timestamps=[-1 if base == -1 else base + draw(st.integers(-1000, 1000)) for _ in range(count)],
+        compression=draw(st.sampled_from([COMPRESSION_NONE, COMPRESSION_NONE, COMPRESSION_GZIP]))))
+    if draw(st.booleans()):
+        _claiming(batch, draw(_stamps))
+    spoil = draw(st.integers(0, 3))
+    if spoil == 1 and len(batch) > HEADER_SIZE:  # a records byte
+        batch[draw(st.integers(HEADER_SIZE, len(batch) - 1))] = draw(st.integers(0, 255))
+    elif spoil == 2:  # the records count
+        batch[RECORDS_COUNT_OFFSET : RECORDS_COUNT_OFFSET + 4] = draw(st.integers(0, 8)).to_bytes(4, "big")
+    if spoil:
+        write_crc(batch, 0, len(batch))
+    if draw(st.integers(0, 5)) == 0:
+        stamp_log_append_time(memoryview(batch), 0, parse_header(batch), draw(_stamps))
+    return bytes(batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_frame(), min_size=1, max_size=8), st.integers(0, 7))
+def test_the_chunk_walk_answers_as_the_per_batch_walk(frames: list[bytes], gap: int) -> None:
+    """records_max_timestamps over a chunk of frames: for every frame the writer accepts, the rules given
+    its answer do exactly what they do walking that batch alone (the same verdict, the same bytes)."""
+    ring = bytearray(gap)
+    starts, lengths = [], []
+    for frame in frames:
+        starts.append(len(ring))
+        lengths.append(len(frame))
+        ring += frame + bytes(gap)
+    view = np.frombuffer(ring, np.uint8)
+    walked = np.empty(len(frames), np.int64)
+    records_max_timestamps(view, np.array(starts, np.int64), np.array(lengths, np.int64), walked)
+    now = _now_ms()
+    for frame, answer in zip(frames, walked.tolist(), strict=True):
+        header = check_batch(memoryview(frame))
+        if isinstance(header, int):
+            continue  # refused before the rules
+        if header.compression or header.timestamp_type:
+            assert answer == NOT_WALKED
+        else:
+            alone = records_max_timestamp(memoryview(frame), header)
+            if isinstance(alone, int):
+                assert answer == alone
+            elif answer == NOT_WALKED:  # left to the per-batch path: a timestamp past the int64 range
+                assert "past the int64 range" in str(alone)
+            else:
+                assert str(alone).endswith(f"at byte {-2 - answer}")
+        for limits in (None, TimestampLimits(3_600_000, 3_600_000)):
+            by_chunk, by_batch = bytearray(frame), bytearray(frame)
+            expected = apply_timestamp_rules(memoryview(by_batch), header, now, limits, log_append_time=False)
+            assert apply_timestamp_rules(memoryview(by_chunk), header, now, limits, log_append_time=False,
+                                         walked=answer) == expected
+            assert by_chunk == by_batch
+
+
+def test_a_record_timestamp_past_int64_is_refused_corrupt() -> None:
+    """baseTimestamp + timestampDelta past the int64 range (a CRC-valid producer's bug): refused
+    CORRUPT_MESSAGE, the batch left as it came, by the chunk walk as by the per-batch walk."""
+    batch = build_batch([b"v", b"w"], timestamps_ms=[0, 100])
+    batch[BASE_TIMESTAMP_OFFSET : BASE_TIMESTAMP_OFFSET + 8] = ((1 << 63) - 50).to_bytes(8, "big")
+    write_crc(batch, 0, len(batch))
+    walked = np.empty(1, np.int64)
+    view = np.frombuffer(bytearray(batch), np.uint8)
+    records_max_timestamps(view, np.zeros(1, np.int64), np.array([len(batch)], np.int64), walked)
+    before = bytes(batch)
+    for answer in (NOT_WALKED, int(walked[0])):
+        verdict = apply_timestamp_rules(memoryview(batch), parse_header(batch), _now_ms(), None,
+                                        log_append_time=False, walked=answer)
+        assert verdict.refusal is not None and verdict.refusal.corrupt
+        assert "past the int64 range" in verdict.refusal.reason
+        assert bytes(batch) == before
