@@ -20,6 +20,10 @@ import pytest
 from support.kafka_appliance import KCAT, Appliance, served_appliance
 
 from appliance.client.consumer import Consumer
+from ipc.kafka import ErrorCode, FetchPartition, FetchRequest, FetchResponse, FetchTopic
+from ipc.kafka_client import KafkaConnection
+from storage.batch_header import parse_header
+from storage.segment_file import split_batches
 
 TOPIC = "compacted"
 KEYS = 10
@@ -139,7 +143,44 @@ def test_local_consumer_reads_the_compacted_partition(appliance: Appliance, prod
         end = consumer.end_offsets([(TOPIC, 0)])
         stop = next(iter(end.values()))
         rows: list[tuple[int, str, str]] = []
-        deadline = time.monotonic() + 30
-        while consumer.position((TOPIC, 0)) < stop and time.monotonic() < deadline:
+        started = time.monotonic()
+        moves = [(0.0, consumer.position((TOPIC, 0)))]  # (seconds, position) each time the position moved
+        while moves[-1][1] < stop and time.monotonic() < started + 30:
             rows += [(r.offset, r.key.decode(), r.value.decode()) for r in consumer.poll(200)]
+            position = consumer.position((TOPIC, 0))
+            if position != moves[-1][1]:
+                moves.append((round(time.monotonic() - started, 2), position))
+    still = time.monotonic() - started - moves[-1][0]
+    assert moves[-1][1] >= stop, (f"the consumer stopped at offset {moves[-1][1]} of {stop} for {still:.1f} "
+                                  f"s; its positions: {moves}; rows {[o for o, _, _ in rows]}")
     check_compacted(rows, produced)
+
+
+def _fetch_batches(connection: KafkaConnection, offset: int) -> tuple[int, list[tuple[int, int]]]:
+    """One Fetch at ``offset`` answered at once: its error code and each batch's (base, last) offsets."""
+    response = connection.request(FetchRequest(
+        replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+        session_epoch=-1, topics=[FetchTopic(topic=TOPIC, partitions=[FetchPartition(
+            partition=0, fetch_offset=offset, log_start_offset=-1, partition_max_bytes=1 << 20)])]))
+    assert isinstance(response, FetchResponse)
+    part = response.responses[0].partitions[0]
+    batches = [parse_header(batch) for batch in split_batches(bytes(part.records or b""))]
+    return part.error_code, [(b.base_offset, b.last_offset) for b in batches]
+
+
+def test_a_fetch_at_every_offset_starts_at_the_first_batch_reaching_it(appliance: Appliance,
+                                                                       produced: Produced) -> None:
+    """Kafka's contract, gaps included, while the cleaner may still be swapping: a Fetch at any offset below
+    the high watermark answers records at once, from the first batch whose last offset reaches it, and no
+    key's latest record between the offset and that batch is skipped."""
+    latest = sorted(offset for offset, _ in produced.latest.values())
+    host, port = appliance.bootstrap.rsplit(":", 1)
+    with KafkaConnection(host, int(port), client_id="gap-fetch") as connection:
+        for offset in range(RECORDS):
+            code, batches = _fetch_batches(connection, offset)
+            assert code == ErrorCode.NONE, f"fetch at {offset}: error {code}"
+            assert batches, f"fetch at {offset}: no records below the high watermark {RECORDS}"
+            base, last = batches[0]
+            assert last >= offset, f"fetch at {offset}: its first batch [{base}, {last}] ends before it"
+            skipped = [o for o in latest if offset <= o < base]
+            assert not skipped, f"fetch at {offset}: its first batch starts at {base}, past {skipped}"
