@@ -39,6 +39,9 @@ The points (:data:`FAULT_POINTS`):
 ``create.slow_reply``   (delay, ``create.slow_reply:MS``) create, not waiting: the reply is sent MS ms late
 ``group.store``         the broker's next group metadata append to ``__consumer_offsets`` is refused
                         NOT_ENOUGH_REPLICAS (``appliance.broker.offsets_topic``), once or COUNT times
+``writer.unread_records`` every partition writer appends a CreateTime batch without reading its records
+                        (its header's maxTimestamp trusted, as a writer before Kafka's LogValidator rule
+                        did): bytes a reader must meet (garbage under a valid CRC) reach the log
 ======================= =======================================================================
 
 ``writer.stall`` is not raised by the supervisor: each writer's spec carries the armed list, and the writer
@@ -57,10 +60,11 @@ from typing import Final
 
 from storage.errors import ConfigError
 
-__all__ = ["DELAY_POINTS", "FAULT_POINTS", "WRITER_STALL_MARKER", "ControlFaults", "InjectedFault",
-           "writer_fault_point"]
+__all__ = ["DELAY_POINTS", "FAULT_POINTS", "UNREAD_RECORDS", "WRITER_STALL_MARKER", "ControlFaults",
+           "InjectedFault", "writer_fault_point"]
 
 WRITER_STALL_MARKER: Final = ".test-writer-stall"
+UNREAD_RECORDS: Final = "writer.unread_records"
 
 FAULT_POINTS: Final = frozenset({
     "metadata.write",
@@ -76,6 +80,7 @@ FAULT_POINTS: Final = frozenset({
     "attach.slow",
     "create.slow_reply",
     "group.store",
+    UNREAD_RECORDS,
 })  # fmt: skip
 DELAY_POINTS: Final = frozenset({"create.slow", "attach.slow", "create.slow_reply"})  # NAME:MS, once
 

@@ -92,6 +92,7 @@ from typing import Any, Final
 import numpy as np
 
 from appliance.server.disk_space import DiskSpace
+from appliance.server.faults import UNREAD_RECORDS
 from appliance.server.publish_trace import PublishTrace
 from appliance.server.resume_map import ResumeMap, log_headers, published_records
 from appliance.server.writer_admin import delete_records, swap_cleaned
@@ -206,6 +207,7 @@ class PartitionWriter:
         self._max_message_bytes = spec.log_config.max_message_bytes
         self._timestamp_limits = limits_of(spec.log_config)  # CreateTime limits (None: nothing to check)
         self._log_append_time = spec.log_config.message_timestamp_type == LOG_APPEND_TIME
+        self._records_unread = UNREAD_RECORDS in spec.test_faults  # a test's seam: headers trusted
         self._active_base = log.active_segment.base_offset
         self._resume = ResumeMap(log, spec.name)
         self._stopping = False
@@ -351,7 +353,9 @@ class PartitionWriter:
                 if isinstance(header, int) or lengths[i] > max_message_bytes:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
                     continue
-                if limits is None and walked and header.max_timestamp == walked[i] >= NO_TIMESTAMP:
+                create_time = not header.attributes & TIMESTAMP_TYPE_MASK
+                if limits is None and ((walked and header.max_timestamp == walked[i] >= NO_TIMESTAMP)
+                                       or (self._records_unread and create_time)):
                     pass  # a CreateTime batch whose header holds its records' max timestamp already
                 elif not self._log_append_time or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's rules
                     header, late = apply_timestamp_rules(

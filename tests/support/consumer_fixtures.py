@@ -4,6 +4,7 @@ a running ``appliance serve`` (supervisor, writers, broker) for the end-to-end t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -138,9 +139,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
-    """``appliance serve`` (supervisor, partition writers, broker) on a free loopback port; returns when the
-    broker answers Metadata for every topic."""
+def start_appliance(tmp: Path, topics: dict[str, int], *, faults: Sequence[str] = ()) -> RunningAppliance:
+    """``appliance serve`` (supervisor, partition writers, broker) on a free loopback port, with ``faults``
+    armed (``appliance.test.faults``); returns when the broker answers Metadata for every topic."""
     from appliance.server import children
     from ipc.kafka import MetadataRequest
     from ipc.kafka_client import BrokerConnectionError, KafkaConnection
@@ -148,6 +149,8 @@ def start_appliance(tmp: Path, topics: dict[str, int]) -> RunningAppliance:
     data_dir, port = tmp / "data", free_port()
     config = tmp / "appliance.toml"
     lines = [f'"log.dirs" = ["{data_dir}"]', f'"listeners" = "PLAINTEXT://127.0.0.1:{port}"']
+    if faults:
+        lines.append(f'"appliance.test.faults" = {json.dumps(list(faults))}')
     for name, partitions in topics.items():
         lines += [f"[topics.{name}]", f"partitions = {partitions}"]
     config.write_text("\n".join(lines) + "\n")

@@ -31,6 +31,7 @@ from support.codec_batches import (
 from support.consumer_fixtures import RunningAppliance, start_appliance
 
 from appliance.client.consumer import Consumer, ConsumerRecord, TopicPartition
+from appliance.server.faults import UNREAD_RECORDS
 from storage.compression import CODECS_BY_NAME
 from storage.errors import CorruptRecordError
 
@@ -43,8 +44,12 @@ SMALL, LARGE = 40, 600  # records sent one batch at a time / lingering into a fe
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAppliance]:
+    # The writers trust a CreateTime batch's header (the seam ``writer.unread_records``), so the garbage
+    # batches below reach the log, as bytes written by an older writer or copied in from elsewhere would: a
+    # producer's garbage is refused CORRUPT_MESSAGE at the append (tests/storage/test_timestamp_rules.py).
     running = start_appliance(tmp_path_factory.mktemp("codecs"),
-                              {"confluent": 4, "kafka-python": 4, "own": 4, "bad": 4})
+                              {"confluent": 4, "kafka-python": 4, "own": 4, "bad": 4},
+                              faults=[UNREAD_RECORDS])
     try:
         yield running
     finally:

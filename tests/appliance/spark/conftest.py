@@ -8,6 +8,7 @@ so both are session-scoped and shared (pyspark-python-datasource notes: workers 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 from support.consumer_fixtures import free_port
 from support.harness import Appliance
 
+from appliance.server.faults import UNREAD_RECORDS
 from ipc.kafka import MetadataRequest
 from ipc.kafka_client import BrokerConnectionError, KafkaConnection
 
@@ -61,6 +63,9 @@ def appliance() -> Iterator[RunningAppliance]:
     # a compacted topic the cleaner cleans within a second of a segment rolling
     overrides += ["topics.compacted.cleanup.policy=compact", "topics.compacted.segment.bytes=1024",
                   "topics.compacted.min.cleanable.dirty.ratio=0.01", "log.cleaner.backoff.ms=100"]
+    # the writers trust CreateTime batches' headers, so codecs-bad's garbage batch reaches the log (a
+    # producer's is refused CORRUPT_MESSAGE at the append): test_spark_codecs.py reads it
+    overrides += [f"appliance.test.faults={json.dumps([UNREAD_RECORDS])}"]
     # `appliance serve` with the broker and the cleaner as its extra children (no replica processes)
     children = ("appliance.broker.process:child_spec", "appliance.cleaner.process:child_spec")
     serve = Appliance(None, *overrides, patch={"EXTRA_CHILDREN": children})
