@@ -51,7 +51,7 @@ def bench_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _dirty_log(directory: Path) -> int:
+def dirty_log(directory: Path) -> int:
     """Fill the log; returns the bytes of its closed segments."""
     rng = random.Random(1)
     keys = [f"key-{i:012d}".encode() for i in range(KEYS)]
@@ -94,7 +94,7 @@ def _read_write(source: Path, target: Path, *, fsync: bool) -> Timing:
 
 def test_cleaner_throughput_vs_read_write(benchmark: BenchmarkFixture, bench_dir: Path) -> None:
     original = bench_dir / "orig-0"
-    dirty_bytes = _dirty_log(original)
+    dirty_bytes = dirty_log(original)
     clean_s: list[Timing] = []
     plain_s: list[Timing] = []
     synced_s: list[Timing] = []

@@ -131,6 +131,14 @@ class SegmentDeleter:
             thread.join()
         _close_all([h.segment for h in held])
 
+    def forget_after_fork(self) -> None:
+        """In a forked child (no thread runs there): close this process's copies of the held segments now
+        and start over with a fresh condition."""
+        held, self._held = self._held, []
+        self._cond = threading.Condition()
+        self._thread = None
+        _close_all([h.segment for h in held])
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -159,10 +167,7 @@ _ALL: weakref.WeakSet[SegmentDeleter] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     """In a forked child: every deleter's held segments closed (the child's copies), no thread."""
     for deleter in list(_ALL):
-        held, deleter._held = deleter._held, []
-        deleter._cond = threading.Condition()
-        deleter._thread = None
-        _close_all([h.segment for h in held])
+        deleter.forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

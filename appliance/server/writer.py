@@ -205,9 +205,7 @@ class PartitionWriter:
         self.rings: dict[str, _Ring] = {}
         self.stats = RoundStats()
         self._max_message_bytes = spec.log_config.max_message_bytes
-        self._timestamp_limits = limits_of(spec.log_config)  # CreateTime limits (None: nothing to check)
-        self._log_append_time = spec.log_config.message_timestamp_type == LOG_APPEND_TIME
-        self._records_unread = UNREAD_RECORDS in spec.test_faults  # a test's seam: headers trusted
+        self._take_timestamp_settings(spec.log_config)
         self._active_base = log.active_segment.base_offset
         self._resume = ResumeMap(log, spec.name)
         self._stopping = False
@@ -353,11 +351,9 @@ class PartitionWriter:
                 if isinstance(header, int) or lengths[i] > max_message_bytes:
                     results[i] = -self._refuse(ring, chunk.first_seq + i, body)
                     continue
-                create_time = not header.attributes & TIMESTAMP_TYPE_MASK
-                if limits is None and ((walked and header.max_timestamp == walked[i] >= NO_TIMESTAMP)
-                                       or (self._records_unread and create_time)):
+                if limits is None and walked and header.max_timestamp == walked[i] >= NO_TIMESTAMP:
                     pass  # a CreateTime batch whose header holds its records' max timestamp already
-                elif not self._log_append_time or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's rules
+                elif self._read_records or header.attributes & TIMESTAMP_TYPE_MASK:  # Kafka's rules
                     header, late = apply_timestamp_rules(
                         body, header, now_ms, limits, log_append_time=self._log_append_time,
                         walked=NOT_WALKED if walked is None else walked[i])
@@ -415,11 +411,20 @@ class PartitionWriter:
         self.stats.frames += frames
         return frames
 
+    def _take_timestamp_settings(self, log_config: LogConfig) -> None:
+        """The topic's timestamp rules as the rounds use them: the CreateTime limits (None: nothing to
+        check), LogAppendTime or not, and whether a CreateTime batch's records are read for their max
+        timestamp (not on a LogAppendTime topic, nor with the test seam ``writer.unread_records`` armed:
+        the header trusted as it comes)."""
+        self._timestamp_limits = limits_of(log_config)
+        self._log_append_time = log_config.message_timestamp_type == LOG_APPEND_TIME
+        self._read_records = not self._log_append_time and UNREAD_RECORDS not in self.spec.test_faults
+
     def _walk_records(self, chunk: Chunk, out: np.ndarray) -> list[int] | None:
         """Each frame's records' max timestamp (``storage.timestamp_rules.records_max_timestamps``: one
         numba call over the chunk, written to ``out``, the chunk's results array, before any result is), or
-        None on a LogAppendTime topic, where a CreateTime batch's records are not read."""
-        if self._log_append_time:
+        None where a CreateTime batch's records are not read (a LogAppendTime topic, the test seam)."""
+        if not self._read_records:
             return None
         records_max_timestamps(chunk.view, chunk.body_starts, chunk.body_lengths, out)
         walked: list[int] = out.tolist()
@@ -656,8 +661,7 @@ class PartitionWriter:
         self.log.close(clean=True)
         self.log = log = Log.open(spec.directory, log_config, topic_partition=(spec.topic, spec.partition))
         self._max_message_bytes = log_config.max_message_bytes
-        self._timestamp_limits = limits_of(log_config)
-        self._log_append_time = log_config.message_timestamp_type == LOG_APPEND_TIME
+        self._take_timestamp_settings(log_config)
         self._active_base = log.active_segment.base_offset
         resumed = self._resume.records
         self._resume = ResumeMap(log, spec.name)
