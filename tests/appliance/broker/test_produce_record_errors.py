@@ -52,8 +52,13 @@ def _end_offset(appliance: Appliance, topic: str) -> int:
 
 
 def _produce_100(appliance: Appliance, topic: str, keyless: int) -> dict[int, Any]:
-    """100 records in one batch, the one at ``keyless`` without a key; each record's delivery error."""
-    producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap, "linger.ms": 300})
+    """100 records in one batch, the one at ``keyless`` without a key; each record's delivery error.
+
+    The topic's metadata is asked first and the linger is long, so no batch leaves while the 100 are queued
+    (a loaded machine once split them 94 + 6); ``flush`` sends the one batch at once.
+    """
+    producer = confluent_kafka.Producer({"bootstrap.servers": appliance.bootstrap, "linger.ms": 60_000})
+    producer.list_topics(topic, timeout=10)
     reports: dict[int, Any] = {}
     for i in range(100):
         producer.produce(topic, key=None if i == keyless else b"k%d" % i, value=b"v%d" % i,
