@@ -57,6 +57,11 @@ def stored(node: Node) -> str | None:
     return read_cluster_id([str(node.data)])
 
 
+def sees_itself_in_sync(replica: Node) -> bool:
+    partitions = replica.status()["partitions"]
+    return bool(partitions) and all(p["in_isr"] for p in partitions)
+
+
 def test_one_cluster_id_across_a_replica_on_an_empty_directory_and_a_promotion(nodes: list[Node]) -> None:
     n0, n1, n2 = nodes
     n0.start("serve")
@@ -69,6 +74,8 @@ def test_one_cluster_id_across_a_replica_on_an_empty_directory_and_a_promotion(n
     assert not n1.data.exists()
     n1.start("replica", f"appliance.replica.leader={n1.leaders}")
     wait_until("replica 1 in the ISR", lambda: in_sync(n0, {1}), timeout_s=30)
+    # promotion trusts the replica's own last view of the ISR, refreshed periodically: wait for it too
+    wait_until("replica 1 sees itself in the ISR", lambda: sees_itself_in_sync(n1), timeout_s=30)
     assert stored(n1) == cluster_id
     assert f"joining cluster {cluster_id}" in n1.log_text()
 
