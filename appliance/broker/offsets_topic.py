@@ -37,9 +37,11 @@ does) and undoes a static member's replacement, whose JoinGroup gets that error
 ``group.store`` (``appliance.server.faults``) refuses the next group metadata append(s) as the Produce
 path refuses one without enough in-sync replicas (NOT_ENOUGH_REPLICAS).
 
-**Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
-tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
-request waits for it.  A partition whose commit is being written is left to the next check.
+**Retention.** ``offsets.retention.minutes`` expiry, or a commit's own expire timestamp (an OffsetCommit v2-v4
+``retention_time_ms``, kept in the record as Kafka keeps it: value version 1), checked every
+``offsets.retention.check.interval.ms`` (``GroupCoordinator.plan_expiry``) writes offset tombstones (and the
+group's, when an Empty group goes with them) and applies them once acknowledged; no request waits for it. A
+partition whose commit is being written is left to the next check.
 
 **Deleting.**  DeleteGroups and OffsetDelete are written the same way, as tombstones (a key with a null
 value) of the offsets they delete, and answered once acknowledged; at load a tombstone deletes, so a
@@ -313,7 +315,8 @@ class OffsetsTopic:
             log.error("%s offset %d: skipping a malformed record: %s", name, offset, e)
             return False
         entry = None if value is None else CommittedOffset(value.offset, value.leader_epoch, value.metadata,
-                                                            value.commit_timestamp_ms)
+                                                            value.commit_timestamp_ms,
+                                                            value.expire_timestamp_ms)
         self.coordinator.offsets.put(key.group, key.topic, key.partition, entry)
         return True
 
@@ -350,12 +353,13 @@ class OffsetsTopic:
             return plan.response
         records: list[tuple[bytes, bytes | None]] = [
             (encode_key(OffsetKey(plan.group_id, t, p)),
-             encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms)))
+             encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms,
+                                      e.expire_timestamp_ms)))
             for t, p, e in plan.accepted
         ]
         owner = GroupWrite(slot, header, plan, partition_for(plan.group_id, self.partitions))
-        timestamp_ms = plan.accepted[0][2].commit_timestamp_ms
-        answer: OffsetCommitResponse | None = self._start(owner, records, timestamp_ms)
+        # the batch's time is the broker's, as Kafka's: a v1 commit's own timestamp may be any time
+        answer: OffsetCommitResponse | None = self._start(owner, records, int(time.time() * 1000))
         return answer
 
     def delete_offsets(self, slot: Any, header: RequestHeader, plan: OffsetDeletion) -> Any:
