@@ -359,15 +359,25 @@ class GroupCoordinator:
             group.unconfirmed.clear()
         return out
 
+    def confirm(self, unconfirmed: list[Unconfirmed]) -> list[Completion]:
+        """Records that are written: a completed rebalance's group is Stable and its held SyncGroups are
+        answered (``Group.confirm_assignment``); the answers that gives."""
+        out = []
+        for item in unconfirmed:
+            group = self.groups.get(item.group_id)
+            if isinstance(item, AssignmentStore) and group is not None:
+                out += group.confirm_assignment(item)
+        return out
+
     def undo(self, unconfirmed: list[Unconfirmed], error: ErrorCode, now_ms: int) -> list[Completion]:
         """Undo what records that could not be written recorded: a replaced static member's JoinGroup is
-        answered ``error`` (``Group.revert_replacement``), a completed rebalance starts again
-        (``Group.undo_assignment``); the answers that gives."""
+        answered ``error`` (``Group.revert_replacement``), a completed rebalance's held SyncGroups are
+        answered ``error`` and it starts again (``Group.undo_assignment``); the answers that gives."""
         out = []
         for item in unconfirmed:
             group = self.groups.get(item.group_id)
             if isinstance(item, AssignmentStore):
-                out += [] if group is None else group.undo_assignment(item, now_ms)
+                out += [] if group is None else group.undo_assignment(item, error, now_ms)
             elif group is None:  # deleted meanwhile: only the answer changes
                 out.append(Completion(item.token, JoinGroupResponse(error_code=error, member_id="",
                                                                     members=[])))

@@ -1,12 +1,15 @@
 """Group answers a client can tell from Kafka's, against ``appliance serve`` (Kafka's ``GroupCoordinator`` and
-``GroupMetadataManager`` as the reference): the protocol type ListGroups gives a group no member ever joined,
-and what OffsetCommit v1's commit timestamp and v2-v4's ``retention_time_ms`` do to an offset's expiry,
-written to ``__consumer_offsets`` as Kafka writes it (OffsetCommitValue v1 carries ``expire_timestamp``) so
-that it holds after a restart.
+``GroupMetadataManager`` as the reference): the protocol type ListGroups gives a group no member ever joined;
+what OffsetCommit v1's commit timestamp and v2-v4's ``retention_time_ms`` do to an offset's expiry, written
+to ``__consumer_offsets`` as Kafka writes it (OffsetCommitValue v1 carries ``expire_timestamp``) so that it
+holds after a restart; and the group's state while the record of its new assignment is being appended
+(CompletingRebalance, as Kafka's: a SIGSTOPped replica of ``__consumer_offsets`` holds the append).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
 import time
 from collections.abc import Iterator
@@ -21,11 +24,15 @@ from support.wire import WireClient
 from appliance.coordinator.offset_records import partition_for
 from ipc.kafka import (
     ApiKey,
+    DescribeGroupsRequest,
     ErrorCode,
     FindCoordinatorRequest,
+    HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupRequestProtocol,
     ListGroupsRequest,
+    MetadataRequest,
+    MetadataRequestTopic,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
@@ -201,3 +208,79 @@ def test_a_commits_own_retention_and_timestamp_expire_it_and_outlive_a_restart(r
     finally:
         client.close()
     assert "committed offsets expired" in app.log()
+
+
+def replica_pid(app: Appliance) -> int:
+    """The pid of the supervisor's child titled "appliance: replica 1"."""
+    for pid in app.children():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().rstrip(b"\0") == b"appliance: replica 1":
+                return pid
+    raise AssertionError("no replica child")
+
+
+def test_a_group_is_completing_its_rebalance_until_the_assignment_is_stored() -> None:
+    """Kafka answers the leader's SyncGroup after the group's record is appended, and the group is
+    CompletingRebalance until then: DescribeGroups says so (no assignment shown), an OffsetCommit of the
+    new generation is REBALANCE_IN_PROGRESS, a heartbeat NONE.  The append waits for the ISR of
+    ``__consumer_offsets`` (acks=all): its replica is SIGSTOPped until it leaves the ISR."""
+    port = free_port()
+    lag_ms = 2000
+    app = Appliance(None, f"listeners=PLAINTEXT://127.0.0.1:{port}", "group.initial.rebalance.delay.ms=0",
+                    f"replica.lag.time.max.ms={lag_ms}", "replica.fetch.backoff.ms=50")
+    app.overrides.append(f"appliance.replica.dirs={app.cwd / 'replica'}")
+    group = "completing"
+    home = partition_for(group, OFFSETS_PARTITIONS)
+    stopped = 0
+    log = ""
+    try:
+        app.start()
+        bootstrap = f"127.0.0.1:{port}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+        member, other = wire(bootstrap), wire(bootstrap)
+        until_loaded(member, group)
+        deadline = time.monotonic() + 30
+        while True:  # the replica follows the group's partition: the append waits for it
+            asked = MetadataRequest(topics=[MetadataRequestTopic("__consumer_offsets")])
+            (topic,) = member.call(ApiKey.METADATA, 1, asked).topics
+            if sorted(topic.partitions[home].isr_nodes) == [0, 1]:
+                break
+            assert time.monotonic() < deadline, topic
+            time.sleep(0.1)
+        join = JoinGroupRequest(group_id=group, session_timeout_ms=60000, rebalance_timeout_ms=60000,
+                                member_id="", protocol_type="consumer",
+                                protocols=[JoinGroupRequestProtocol("range", b"sub")])
+        joined = member.call(ApiKey.JOIN_GROUP, 3, join)
+        generation, member_id = joined.generation_id, joined.member_id
+        stopped = replica_pid(app)
+        os.kill(stopped, signal.SIGSTOP)
+        sync = SyncGroupRequest(group_id=group, generation_id=generation, member_id=member_id,
+                                assignments=[SyncGroupRequestAssignment(member_id, b"mine")])
+        member.send(ApiKey.SYNC_GROUP, 3, sync)
+        sent = time.monotonic()
+        time.sleep(0.3)
+        (described,) = other.call(ApiKey.DESCRIBE_GROUPS, 1, DescribeGroupsRequest([group])).groups
+        assert described.group_state == "CompletingRebalance", described
+        assert [m.member_assignment for m in described.members] == [b""]
+        part = OffsetCommitRequestPartition(0, 1, committed_metadata="")
+        commit = OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=generation,
+                                     member_id=member_id, topics=[OffsetCommitRequestTopic(TOPIC, [part])])
+        refused = other.call(ApiKey.OFFSET_COMMIT, 7, commit).topics[0].partitions[0].error_code
+        assert refused == ErrorCode.REBALANCE_IN_PROGRESS
+        beat = HeartbeatRequest(group_id=group, generation_id=generation, member_id=member_id)
+        assert other.call(ApiKey.HEARTBEAT, 3, beat).error_code == ErrorCode.NONE
+        _, synced = member.recv(ApiKey.SYNC_GROUP, 3)  # once the replica left the ISR
+        assert time.monotonic() - sent >= 0.5, "answered before the append was acknowledged"
+        assert (synced.error_code, synced.assignment) == (ErrorCode.NONE, b"mine")
+        (described,) = other.call(ApiKey.DESCRIBE_GROUPS, 1, DescribeGroupsRequest([group])).groups
+        assigned = [m.member_assignment for m in described.members]
+        assert (described.group_state, assigned) == ("Stable", [b"mine"])
+        member.close()
+        other.close()
+        log = app.log()
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        app.close()
+    assert "Traceback" not in log, log

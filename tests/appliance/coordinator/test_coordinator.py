@@ -44,7 +44,9 @@ def stable_member(c: GroupCoordinator, group: str, metadata: bytes, protocol_typ
                     protocol_type=protocol_type, protocols=[("range", metadata)], client_id="c")
     (joined,) = c.join(group, args, "j", 0)
     member_id: str = joined.response.member_id
-    c.sync(group, member_id, joined.response.generation_id, [(member_id, b"a")], "s", 0)
+    assert c.sync(group, member_id, joined.response.generation_id, [(member_id, b"a")], "s", 0) == []
+    c.take_metadata(0)  # the group's record is written: the SyncGroup is answered, the group Stable
+    assert [done.token for done in c.confirm(c.take_unconfirmed())] == ["s"]
     assert c.groups[group].state == GroupState.STABLE
     return member_id
 
@@ -205,7 +207,8 @@ def test_a_commits_own_retention_and_timestamp_count_as_kafka_counts_them() -> N
     at(1, 3, stamp=-RETENTION_MS)  # v1: its own (old) commit timestamp
     at(5, 4, retention_ms=500)  # v5 has no retention_time_ms: ignored
     at(1, 5)  # v1 with -1: the broker's time
-    got = {p: (e.commit_timestamp_ms, e.expire_timestamp_ms) for p, e in c.offsets.commits["own"]["t"].items()}
+    kept = c.offsets.commits["own"]["t"]
+    got = {p: (e.commit_timestamp_ms, e.expire_timestamp_ms) for p, e in kept.items()}
     assert got == {0: (1_000, 1_500), 1: (1_000, 1_000 + 2 * RETENTION_MS), 2: (1_000, -1),
                    3: (-RETENTION_MS, -1), 4: (1_000, -1), 5: (1_000, -1)}
     (plan,) = c.plan_expiry(1_500, RETENTION_MS)
