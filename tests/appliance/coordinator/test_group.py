@@ -180,15 +180,15 @@ def test_garbage_metadata_is_passed_through_opaque() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "heartbeat", "tick"]), st.integers(0, 3),
-                          st.integers(1, 4000)), max_size=40))
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "heartbeat", "tick", "sync", "write", "fail"]),
+                          st.integers(0, 3), st.integers(1, 4000)), max_size=40))
 def test_every_held_request_is_answered_once_and_generations_only_grow(
     steps: list[tuple[str, int, int]],
 ) -> None:
-    """Whatever the order of joins, leaves, heartbeats and time, each held JoinGroup gets exactly one
-    answer, generations never go back while a group lives (an Empty group without offsets is removed, as
-    Kafka's Dead group is, and one made again starts at 0), and a Stable or CompletingRebalance group has a
-    leader member."""
+    """Whatever the order of joins, leaves, heartbeats, SyncGroups, group records written or failed and
+    time, each held JoinGroup and SyncGroup gets exactly one answer, generations never go back while a
+    group lives (an Empty group without offsets is removed, as Kafka's Dead group is, and one made again
+    starts at 0), and a Stable or CompletingRebalance group has a leader member."""
     c = coordinator()
     now = 0
     held: set[str] = set()
@@ -207,6 +207,17 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
             out = c.leave("g", [(known.pop(who), None)], now)[1]
         elif op == "heartbeat" and who in known and "g" in c.groups:
             c.heartbeat("g", known[who], c.groups["g"].generation_id, now)
+        elif op == "sync" and who in known and "g" in c.groups:
+            token = f"s{n}"
+            held.add(token)
+            group = c.groups["g"]
+            plan = [(m, b"a") for m in group.members]
+            out = c.sync("g", known[who], group.generation_id, plan, token, now)
+        elif op in ("write", "fail"):  # the records due are written, or their append fails
+            c.take_metadata(now)
+            unconfirmed = c.take_unconfirmed()
+            out = (c.confirm(unconfirmed) if op == "write"
+                   else c.undo(unconfirmed, ErrorCode.COORDINATOR_NOT_AVAILABLE, now))
         else:
             out = c.tick(now)
         for done in out:
@@ -224,8 +235,11 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
             last_generation = group.generation_id
             if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 assert group.leader_id in group.members
-    final = c.tick(now + 10 * REBALANCE_MS)
-    answered |= {d.token for d in final}
+    c.take_metadata(now)
+    final = c.confirm(c.take_unconfirmed()) + c.tick(now + 10 * REBALANCE_MS)
+    for done in final:
+        assert done.token not in answered
+        answered.add(done.token)
     assert held == answered
 
 
