@@ -89,6 +89,7 @@ PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topic
 PERIODIC_REFRESH_SHARE = 0.05  # ... but a periodic refresh takes at most this share of the broker's time
 REFRESH_ANSWER_TIMEOUT_MS = 5000  # a periodic refresh not answered in this long is asked again
 FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
+_TOPIC_LIST = "the topic list"  # BrokerContext.log_failure's key for a failed ask
 
 
 @dataclass
@@ -104,11 +105,10 @@ class BrokerContext:
     replication: LeaderReplication | None = None  # the ISR of the replicated partitions led here
     # topics Metadata is auto-creating: submitted to the supervisor, not yet in the topic list
     auto_creating: dict[str, TopicChange] = field(default_factory=dict)
-    _refreshed_at: float = -1e18
+    _listed_at: float = -1e18  # when the list now in the table was asked (monotonic ms)
     _reload_ms: float = 0.0  # what the last reload took (thousands of partitions: a large answer to parse)
-    _refreshing: bool = False  # a periodic refresh is on its way (refresh_if_stale)
+    _periodic_asked_at: float | None = None  # when the periodic refresh on its way was asked; None: none
     _generation: int = 0  # counts the table's changes: a refresh answer older than one is dropped
-    _refresh_generation: int = -1  # the table's generation when the periodic refresh on its way was asked
     _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
 
     def log_failure(self, what: str, why: str) -> None:
@@ -122,38 +122,39 @@ class BrokerContext:
         return self.config.node_id
 
     def refresh_topics(self, *, soon: bool = False) -> None:
-        """Ask the metadata owner for the topic list unless it was asked in the last
-        :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do not know) and its
-        answer is in the table: while a periodic refresh's answer is on its way, the table may be older than
-        that ask, so the list is asked now (that answer then drops the periodic one)."""
-        now = time.monotonic() * 1000
-        recent = now - self._refreshed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS)
-        periodic_pending = self._refreshing and self._generation == self._refresh_generation
-        if recent and not periodic_pending:
+        """Ask the metadata owner for the topic list, and wait for it, unless the list in the table was
+        asked in the last :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do
+        not know).  The list's age counts from when it was asked, set when its answer is taken: a periodic
+        refresh on its way does not make the table any younger."""
+        now_ms = time.monotonic() * 1000
+        if now_ms - self._listed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS):
             return
         self.reload_topics()
 
     def refresh_if_stale(self) -> None:
-        """Refresh if the topic list is older than :data:`PERIODIC_REFRESH_MS`, or than the last reload's
-        time over :data:`PERIODIC_REFRESH_SHARE` when that is longer (called as requests come).
+        """Refresh if the list in the table was asked more than :data:`PERIODIC_REFRESH_MS` ago, or more
+        than the last reload's time over :data:`PERIODIC_REFRESH_SHARE` when that is longer (called as
+        requests come).
 
         The broker's loop does not wait for it: the request is sent (``Cluster.topics_later``) and the list
         taken when the answer comes, unless the table changed meanwhile (a blocking reload, a topic the
-        broker created): that answer may be older, and is dropped."""
+        broker created): that answer may be older, and is dropped.  One is on its way at a time (asked
+        again after :data:`REFRESH_ANSWER_TIMEOUT_MS` without an answer)."""
         now_ms = time.monotonic() * 1000
-        if self._refreshing and now_ms - self._refreshed_at < REFRESH_ANSWER_TIMEOUT_MS:
+        asked_ms = self._periodic_asked_at
+        if asked_ms is not None and now_ms - asked_ms < REFRESH_ANSWER_TIMEOUT_MS:
             return
         period_ms = max(PERIODIC_REFRESH_MS, self._reload_ms / PERIODIC_REFRESH_SHARE)
-        if now_ms - self._refreshed_at < period_ms:
+        if now_ms - self._listed_at < period_ms:
             return
-        self._refreshed_at = now_ms
-        self._refreshing = True
-        self._refresh_generation = generation = self._generation
+        self._periodic_asked_at = now_ms
+        generation = self._generation
 
         def answered(topics: Mapping[str, TopicMeta] | ApplianceError) -> None:
-            self._refreshing = False
+            if self._periodic_asked_at == now_ms:
+                self._periodic_asked_at = None
             if isinstance(topics, ApplianceError):
-                log.warning("cannot refresh topic metadata from the supervisor: %s", topics)
+                self._list_failed(topics)
                 return
             if generation != self._generation:
                 return  # the table changed since it was asked: this answer may be older
@@ -161,22 +162,31 @@ class BrokerContext:
 
         self.cluster.topics_later(answered)
 
-    def _take_topics(self, topics: Mapping[str, TopicMeta], started_ms: float) -> None:
+    def _take_topics(self, topics: Mapping[str, TopicMeta], asked_ms: float) -> None:
         self._generation += 1
         self.table.update(topics)
-        self._reload_ms = time.monotonic() * 1000 - started_ms
+        self._listed_at = asked_ms
+        self._failures_logged.pop(_TOPIC_LIST, None)
+        self._reload_ms = time.monotonic() * 1000 - asked_ms
         if self.replication is not None:
             self.replication.sync()
 
     def reload_topics(self) -> None:
         """Ask the metadata owner for the topic list now and wait for it (after we changed it)."""
-        self._refreshed_at = started_ms = time.monotonic() * 1000
+        asked_ms = time.monotonic() * 1000
         try:
             topics = self.cluster.topics()
         except ApplianceError as e:
-            log.warning("cannot refresh topic metadata from the supervisor: %s", e)
+            self._list_failed(e)
             return
-        self._take_topics(topics, started_ms)
+        self._take_topics(topics, asked_ms)
+
+    def _list_failed(self, error: ApplianceError) -> None:
+        """Log a failed ask for the topic list once per reason until one succeeds (a failed ask leaves the
+        table's age as it was: the next request that needs a younger list asks again)."""
+        if self._failures_logged.get(_TOPIC_LIST) != str(error):
+            self._failures_logged[_TOPIC_LIST] = str(error)
+            log.warning("cannot refresh topic metadata from the supervisor: %s", error)
 
     def add_topic(self, meta: TopicMeta) -> None:
         """Take one topic the metadata owner just described (a creation's answer) without asking for the
@@ -217,6 +227,8 @@ def metadata(
         names = sorted(table.topics)
     else:
         names = list(dict.fromkeys(t.name for t in body.topics))
+    if any(name not in table.topics and check_topic_name(name) is None for name in names):
+        ctx.refresh_topics(soon=True)  # once for every name we do not know
     auto_create = ctx.config.auto_create_topics_enable and (
         header.api_version < 4 or body.allow_auto_topic_creation
     )
@@ -228,8 +240,6 @@ def metadata(
             if reason is not None:
                 topics.append(MetadataResponseTopic(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name))
                 continue
-            ctx.refresh_topics(soon=True)
-            meta = table.topics.get(name)
         if meta is None and auto_create and check_new_topic_name(name) is not None:
             topics.append(MetadataResponseTopic(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION, name=name))
             continue

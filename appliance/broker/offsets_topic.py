@@ -26,20 +26,23 @@ coordinator's offsets and answered NONE; on failure nothing is applied and the a
 Kafka's answer for the append's error (:data:`APPEND_ERRORS`).  So an OffsetCommit answered NONE is in the
 log: a restart, or a SIGKILL of every process, keeps it.
 
-**Group metadata.**  After each coordinator call that completed a rebalance, emptied a group or replaced a
-static member, the group's record (``appliance.coordinator.group_records``) is written the same way, and
-the answers that call released (the SyncGroups of the new generation) are held until it is acknowledged
-(:class:`MetadataInFlight`); a failed append answers the SyncGroups with its error (the members join
-again: the group starts another rebalance, its assignments dropped, as Kafka's SyncGroup store callback
-does) and undoes a static member's replacement, whose JoinGroup gets that error
-(``GroupCoordinator.undo``).  A group metadata append's error becomes Kafka's answer for it
-(``storeGroup``'s, :data:`STORE_GROUP_ERRORS`), not the OffsetCommit's.  The test fault point
-``group.store`` (``appliance.server.faults``) refuses the next group metadata append(s) as the Produce
-path refuses one without enough in-sync replicas (NOT_ENOUGH_REPLICAS).
+**Group metadata.** After each coordinator call that completed a rebalance, emptied a group or replaced a
+static member, the group's record (``appliance.coordinator.group_records``) is written the same way, and the
+answers that call released are held until it is acknowledged (:class:`MetadataInFlight`). A completed
+rebalance's SyncGroups are held by the group itself, which stays CompletingRebalance until then, as Kafka's
+does: an acknowledged record makes it Stable and answers them (``GroupCoordinator.confirm``); a failed append
+answers them with its error (the members join again: the group starts another rebalance, its assignments
+dropped, as Kafka's SyncGroup store callback does) and undoes a static member's replacement, whose JoinGroup
+gets that error (``GroupCoordinator.undo``). A group metadata append's error becomes Kafka's answer for it
+(``storeGroup``'s, :data:`STORE_GROUP_ERRORS`), not the OffsetCommit's. The test fault point ``group.store``
+(``appliance.server.faults``) refuses the next group metadata append(s) as the Produce path refuses one
+without enough in-sync replicas (NOT_ENOUGH_REPLICAS).
 
-**Retention.**  ``offsets.retention.minutes`` expiry (``GroupCoordinator.plan_expiry``) writes offset
-tombstones (and the group's, when an Empty group goes with them) and applies them once acknowledged; no
-request waits for it.  A partition whose commit is being written is left to the next check.
+**Retention.** ``offsets.retention.minutes`` expiry, or a commit's own expire timestamp (an OffsetCommit v2-v4
+``retention_time_ms``, kept in the record as Kafka keeps it: value version 1), checked every
+``offsets.retention.check.interval.ms`` (``GroupCoordinator.plan_expiry``) writes offset tombstones (and the
+group's, when an Empty group goes with them) and applies them once acknowledged; no request waits for it. A
+partition whose commit is being written is left to the next check.
 
 **Deleting.**  DeleteGroups and OffsetDelete are written the same way, as tombstones (a key with a null
 value) of the offsets they delete, and answered once acknowledged; at load a tombstone deletes, so a
@@ -102,7 +105,6 @@ from ipc.kafka import (
     ProduceRequest,
     ProduceResponse,
     RequestHeader,
-    SyncGroupResponse,
     TopicProduceData,
     TopicProduceResponse,
 )
@@ -313,7 +315,8 @@ class OffsetsTopic:
             log.error("%s offset %d: skipping a malformed record: %s", name, offset, e)
             return False
         entry = None if value is None else CommittedOffset(value.offset, value.leader_epoch, value.metadata,
-                                                            value.commit_timestamp_ms)
+                                                            value.commit_timestamp_ms,
+                                                            value.expire_timestamp_ms)
         self.coordinator.offsets.put(key.group, key.topic, key.partition, entry)
         return True
 
@@ -350,12 +353,13 @@ class OffsetsTopic:
             return plan.response
         records: list[tuple[bytes, bytes | None]] = [
             (encode_key(OffsetKey(plan.group_id, t, p)),
-             encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms)))
+             encode_value(OffsetValue(e.offset, e.leader_epoch, e.metadata, e.commit_timestamp_ms,
+                                      e.expire_timestamp_ms)))
             for t, p, e in plan.accepted
         ]
         owner = GroupWrite(slot, header, plan, partition_for(plan.group_id, self.partitions))
-        timestamp_ms = plan.accepted[0][2].commit_timestamp_ms
-        answer: OffsetCommitResponse | None = self._start(owner, records, timestamp_ms)
+        # the batch's time is the broker's, as Kafka's: a v1 commit's own timestamp may be any time
+        answer: OffsetCommitResponse | None = self._start(owner, records, int(time.time() * 1000))
         return answer
 
     def delete_offsets(self, slot: Any, header: RequestHeader, plan: OffsetDeletion) -> Any:
@@ -388,13 +392,14 @@ class OffsetsTopic:
 
     def write_metadata(self, records: list[tuple[str, GroupMetadata]], answers: list[Answer],
                        unconfirmed: list[Unconfirmed] | None = None) -> list[Answer]:
-        """Write group metadata records, one batch per partition, and hold ``answers`` (those of the request
-        that completed the rebalance) until all are written, as Kafka answers a SyncGroup only once the
-        group is stored: the answers to give now (None left to write, or every append refused at once).
-        ``unconfirmed``: what these records record and a failed write undoes (``GroupCoordinator.undo``)."""
+        """Write group metadata records, one batch per partition, and hold ``answers`` (those of the call
+        that made them due) until all are written: the answers to give now (None left to write, or every
+        append refused at once).  ``unconfirmed``: what these records record, confirmed once written
+        (``GroupCoordinator.confirm``: a completed rebalance's SyncGroups are answered, as Kafka answers
+        them once the group is stored) or undone if not (``GroupCoordinator.undo``)."""
         if not records:
             return answers
-        job = MetadataInFlight(answers, {}, [ErrorCode.NONE], list(unconfirmed or []))
+        job = MetadataInFlight(answers, {}, list(unconfirmed or []))
         for group_id, record in records:
             job.groups.setdefault(partition_for(group_id, self.partitions), []).append((group_id, record))
         done: list[Answer] = []
@@ -465,23 +470,26 @@ class OffsetsTopic:
                         part.error_code = error
             return plan.response
         if isinstance(plan, MetadataInFlight):
-            if error != ErrorCode.NONE:
-                self._undo(plan, owner.partition, error)
-            return _metadata_written(plan, owner.partition, error)
+            self._settle(plan, owner.partition, error)
+            return _metadata_written(plan, owner.partition)
         if isinstance(plan, OffsetExpiry):
             self.coordinator.finish_expiry(plan, written=error == ErrorCode.NONE)
             return None
         return self._finish_deletion(owner, error)
 
-    def _undo(self, job: MetadataInFlight, partition: int, error: ErrorCode) -> None:
-        """A group metadata batch failed: undo what its groups' records recorded (``GroupCoordinator.undo``):
-        a replaced static member's held JoinGroup answer becomes ``error``; answers the undoing releases
-        are given with the job's."""
-        failed = {group_id for group_id, _ in job.groups.get(partition, [])}
-        undo = [u for u in job.unconfirmed if u.group_id in failed]
-        if not undo:
+    def _settle(self, job: MetadataInFlight, partition: int, error: ErrorCode) -> None:
+        """A group metadata batch is finished: confirm what its groups' records recorded
+        (``GroupCoordinator.confirm``: a completed rebalance's SyncGroups are answered), or, if it failed,
+        undo it (``GroupCoordinator.undo``: those SyncGroups are answered ``error``, a replaced static
+        member's held JoinGroup answer becomes ``error``); the answers that gives go with the job's."""
+        settled = {group_id for group_id, _ in job.groups.get(partition, [])}
+        items = [u for u in job.unconfirmed if u.group_id in settled]
+        if not items:
             return
-        changed = {id(c.token[0]): c for c in self.coordinator.undo(undo, error, self._clock_ms())}
+        if error == ErrorCode.NONE:
+            job.answers.extend((c.token[0], c.token[1], c.response) for c in self.coordinator.confirm(items))
+            return
+        changed = {id(c.token[0]): c for c in self.coordinator.undo(items, error, self._clock_ms())}
         held = {id(slot) for slot, _, _ in job.answers}
         job.answers[:] = [(slot, header, changed[id(slot)].response if id(slot) in changed else response)
                           for slot, header, response in job.answers]
@@ -510,28 +518,19 @@ class OffsetsTopic:
 
 class MetadataInFlight(NamedTuple):
     """Group metadata records being written: the answers held until they are, the groups of each
-    partition still being written, the first append error (``error[0]``) and what they record that a
-    failed write undoes."""
+    partition still being written, and what they record that a written record confirms and a failed
+    write undoes."""
 
     answers: list[Answer]
     groups: dict[int, list[tuple[str, GroupMetadata]]]
-    error: list[ErrorCode]
     unconfirmed: list[Unconfirmed]
 
 
-def _metadata_written(job: MetadataInFlight, partition: int, error: ErrorCode) -> list[Answer]:
-    """One partition's group metadata batch is finished: the held answers once every batch is, a
-    SyncGroup's turned into the append's error if one failed (its member joins again)."""
+def _metadata_written(job: MetadataInFlight, partition: int) -> list[Answer]:
+    """One partition's group metadata batch is finished (and settled): the held answers once every batch
+    is."""
     job.groups.pop(partition, None)
-    if error != ErrorCode.NONE and job.error[0] == ErrorCode.NONE:
-        job.error[0] = error
-    if job.groups:
-        return []
-    if job.error[0] == ErrorCode.NONE:
-        return job.answers
-    return [(slot, header, SyncGroupResponse(error_code=job.error[0], assignment=b"")
-             if isinstance(response, SyncGroupResponse) else response)
-            for slot, header, response in job.answers]
+    return [] if job.groups else job.answers
 
 
 class DeletionInFlight(NamedTuple):

@@ -11,12 +11,13 @@ every batch is always checked; ``--verify`` (implied by ``--print-records``) als
 a malformed record inside a batch with a good CRC is found.
 
 Records of ``__consumer_offsets`` (a file in a ``__consumer_offsets-N`` directory, or any file with
-``--offsets-decoder``, Kafka's flag) are shown decoded, as JSON, in Kafka's schemas: an offset commit's
-key ``{"type": "offset_commit", "group", "topic", "partition"}`` and value (``offset``, ``leader_epoch``,
-``metadata``, ``commit_timestamp``); a group's key ``{"type": "group_metadata", "group"}`` and value
-(``protocol_type``, ``generation``, ``protocol``, ``leader``, ``current_state_timestamp``, ``members``
-with their ids, client, timeouts and the sizes of their subscription and assignment); ``null`` for a
-tombstone.  A record that does not decode is shown as any other, with ``undecodable`` after it.
+``--offsets-decoder``, Kafka's flag) are shown decoded, as JSON, in Kafka's schemas: an offset commit's key
+``{"type": "offset_commit", "group", "topic", "partition"}`` and value (``offset``, ``leader_epoch``,
+``metadata``, ``commit_timestamp``, and ``expire_timestamp`` for a version 1 value that has one); a group's
+key ``{"type": "group_metadata", "group"}`` and value (``protocol_type``, ``generation``, ``protocol``,
+``leader``, ``current_state_timestamp``, ``members`` with their ids, client, timeouts and the sizes of their
+subscription and assignment); ``null`` for a tombstone. A record that does not decode is shown as any other,
+with ``undecodable`` after it.
 
 ``.index`` and ``.timeindex`` files print their entries (``--verify`` checks that they increase).
 
@@ -94,8 +95,11 @@ def _decoded_key(key: bytes) -> dict[str, Any] | None:
 def _decoded_value(kind: str, value: bytes) -> dict[str, Any]:
     if kind == "offset_commit":
         commit = decode_value(value)
-        return {"offset": commit.offset, "leader_epoch": commit.leader_epoch, "metadata": commit.metadata,
-                "commit_timestamp": commit.commit_timestamp_ms}
+        decoded = {"offset": commit.offset, "leader_epoch": commit.leader_epoch, "metadata": commit.metadata,
+                   "commit_timestamp": commit.commit_timestamp_ms}
+        if commit.expire_timestamp_ms >= 0:  # value version 1: a commit that asked for its own retention
+            decoded["expire_timestamp"] = commit.expire_timestamp_ms
+        return decoded
     group = decode_group_value(value)
     members = [{"member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
                 "client_host": m.client_host, "rebalance_timeout": m.rebalance_timeout_ms,

@@ -121,6 +121,15 @@ class OffsetDeletion:
     tombstones: list[tuple[str, int]]
 
 
+def _expired(commit: CommittedOffset, since_ms: int, wall_ms: int, retention_ms: int) -> bool:
+    """Whether ``commit`` is past its retention at ``wall_ms``: its own expire timestamp when it has one,
+    else ``retention_ms`` after ``since_ms`` (when its group emptied; -1: a group that never had members,
+    its commit timestamp)."""
+    if commit.expire_timestamp_ms >= 0:
+        return wall_ms >= commit.expire_timestamp_ms
+    return wall_ms - (since_ms if since_ms >= 0 else commit.commit_timestamp_ms) >= retention_ms
+
+
 def _new_member_id(client_id: str) -> str:
     return f"{client_id or 'member'}-{uuid.uuid4()}"
 
@@ -255,11 +264,16 @@ class GroupCoordinator:
                     known: Callable[[str, int], bool] | None = None) -> CommitPlan:
         """Check a commit without storing it: the response (its refused partitions answered, the accepted
         ones NONE for now) and the accepted entries, stamped ``wall_ms`` (the commit timestamp Kafka
-        records).  ``known(topic, partition)``: the partition exists (None: every one does); one that does
-        not is UNKNOWN_TOPIC_OR_PARTITION, before any check of the group, as in Kafka.  The caller writes
-        the entries to ``__consumer_offsets`` and then :meth:`apply` them, or answers the accepted
-        partitions with the append's error (nothing stored)."""
+        records; a v1 partition's own ``commit_timestamp`` when it gives one, -1 meaning now) and, for a
+        v2-v4 ``retention_time_ms`` other than -1, expiring at ``wall_ms`` plus it (Kafka's
+        ``OffsetAndMetadata.expireTimestamp``; v5+ have no such field).  ``known(topic, partition)``: the
+        partition exists (None: every one does); one that does not is UNKNOWN_TOPIC_OR_PARTITION, before
+        any check of the group, as in Kafka.  The caller writes the entries to ``__consumer_offsets`` and
+        then :meth:`apply` them, or answers the accepted partitions with the append's error (nothing
+        stored)."""
         error = self.commit_error(body, api_version, now_ms)
+        retention_ms = body.retention_time_ms if 2 <= api_version <= 4 else -1
+        expire_ms = -1 if retention_ms == -1 else max(wall_ms + retention_ms, 0)
         topics = []
         accepted: list[tuple[str, int, CommittedOffset]] = []
         for t in body.topics:
@@ -271,8 +285,10 @@ class GroupCoordinator:
                 elif code is None:
                     code = self.offsets.check(t.name, p.partition_index, p.committed_metadata)
                     if code == ErrorCode.NONE:
+                        own = api_version == 1 and p.commit_timestamp != -1  # v1: -1 is "now"
+                        stamp = p.commit_timestamp if own else wall_ms
                         entry = CommittedOffset(p.committed_offset, p.committed_leader_epoch,
-                                                p.committed_metadata or "", wall_ms)
+                                                p.committed_metadata or "", stamp, expire_ms)
                         accepted.append((t.name, p.partition_index, entry))
                 parts.append(OffsetCommitResponsePartition(p.partition_index, code))
             topics.append(OffsetCommitResponseTopic(t.name, parts))
@@ -343,15 +359,25 @@ class GroupCoordinator:
             group.unconfirmed.clear()
         return out
 
+    def confirm(self, unconfirmed: list[Unconfirmed]) -> list[Completion]:
+        """Records that are written: a completed rebalance's group is Stable and its held SyncGroups are
+        answered (``Group.confirm_assignment``); the answers that gives."""
+        out = []
+        for item in unconfirmed:
+            group = self.groups.get(item.group_id)
+            if isinstance(item, AssignmentStore) and group is not None:
+                out += group.confirm_assignment(item)
+        return out
+
     def undo(self, unconfirmed: list[Unconfirmed], error: ErrorCode, now_ms: int) -> list[Completion]:
         """Undo what records that could not be written recorded: a replaced static member's JoinGroup is
-        answered ``error`` (``Group.revert_replacement``), a completed rebalance starts again
-        (``Group.undo_assignment``); the answers that gives."""
+        answered ``error`` (``Group.revert_replacement``), a completed rebalance's held SyncGroups are
+        answered ``error`` and it starts again (``Group.undo_assignment``); the answers that gives."""
         out = []
         for item in unconfirmed:
             group = self.groups.get(item.group_id)
             if isinstance(item, AssignmentStore):
-                out += [] if group is None else group.undo_assignment(item, now_ms)
+                out += [] if group is None else group.undo_assignment(item, error, now_ms)
             elif group is None:  # deleted meanwhile: only the answer changes
                 out.append(Completion(item.token, JoinGroupResponse(error_code=error, member_id="",
                                                                     members=[])))
@@ -373,9 +399,11 @@ class GroupCoordinator:
     def plan_expiry(self, wall_ms: int, retention_ms: int) -> list[OffsetExpiry]:
         """The offsets past their retention (Kafka 2.1+, KIP-211): every offset of a group Empty for
         ``retention_ms`` (counted from when it emptied: its last group metadata record); for a group that
-        never had members, each offset not committed again for ``retention_ms``.  A group with members
-        keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka.  A partition with a
-        commit being written is left for the next check, and its group stays (Kafka's
+        never had members, each offset not committed again for ``retention_ms`` (from its commit
+        timestamp).  An offset committed with its own retention (an expire timestamp) expires at that time
+        instead, sooner or later than the setting would have it (Kafka's "old expiration semantics").  A group
+        with members keeps its offsets.  An Empty group left with no offsets goes too, as in Kafka.  A
+        partition with a commit being written is left for the next check, and its group stays (Kafka's
         ``pendingOffsetCommits``): the tombstone would follow that commit in the log and delete it."""
         plans = []
         pending = self._pending_commits
@@ -388,8 +416,7 @@ class GroupCoordinator:
             committed = [(t, p, c) for t, parts in self.offsets.commits.get(group_id, {}).items()
                          for p, c in parts.items()]
             expired = [(t, p) for t, p, c in committed
-                       if wall_ms - (since if since >= 0 else c.commit_timestamp_ms) >= retention_ms
-                       and (group_id, t, p) not in pending]
+                       if _expired(c, since, wall_ms, retention_ms) and (group_id, t, p) not in pending]
             remove = (group is not None and group.generation_id > 0 and len(expired) == len(committed)
                       and group_id not in pending_groups)
             if expired or remove:
@@ -496,8 +523,10 @@ class GroupCoordinator:
     # -- inspection --------------------------------------------------------------------------------------
 
     def list_groups(self) -> list[ListedGroup]:
+        """Every group and its protocol type, as Kafka's ListGroups: empty for a group no member ever
+        joined (one that only commits offsets: an admin tool, a consumer that assigns itself)."""
         names = set(self.groups) | set(self.offsets.groups())
-        return [ListedGroup(g, self.groups[g].protocol_type if g in self.groups else "consumer")
+        return [ListedGroup(g, self.groups[g].protocol_type if g in self.groups else "")
                 for g in sorted(names)]
 
     def describe(self, group_id: str) -> DescribedGroup:

@@ -26,11 +26,14 @@ answered MEMBER_ID_REQUIRED at once with a new member id; the client joins again
 id is *pending*: it holds no place in the group, and it is forgotten after the session timeout.
 
 **Syncing.**  Each member sends SyncGroup for the generation it got.  The members' SyncGroups are held until
-the leader's arrives with the assignment; then every held SyncGroup is answered with its member's bytes and
-the group is Stable.  A SyncGroup in Stable is answered at once with the member's assignment.  The
-group's record is written before the SyncGroups are answered; if it cannot be, they are answered the
-append's error, the assignments are dropped and another rebalance starts (:meth:`Group.undo_assignment`,
-as Kafka's store callback does).
+the leader's arrives with the assignment, and then until the group's record (with the assignment) is
+written: the group stays CompletingRebalance meanwhile, as Kafka's does while its ``storeGroup`` append is
+out (DescribeGroups says so, an OffsetCommit is REBALANCE_IN_PROGRESS, a late follower's SyncGroup is held
+too).  Once it is written (:meth:`Group.confirm_assignment`) the group is Stable and every held SyncGroup
+is answered with its member's bytes; a SyncGroup in Stable is answered at once.  If it cannot be written,
+the held SyncGroups are answered the append's error, the assignments are dropped and another rebalance
+starts (:meth:`Group.undo_assignment`, as Kafka's store callback does).  A rebalance begun meanwhile (a
+join, a leave) answers them REBALANCE_IN_PROGRESS and the record's outcome changes nothing.
 
 **Fencing.**  A request naming a member the group does not have is UNKNOWN_MEMBER_ID; one naming another
 generation is ILLEGAL_GENERATION; a SyncGroup or Heartbeat while the group prepares a rebalance is
@@ -342,15 +345,31 @@ class Group:
             error_code=error, generation_id=self.generation_id, protocol_name=self.protocol_name,
             leader=replaced.previous_leader, member_id="", members=[]))
 
-    def undo_assignment(self, stored: AssignmentStore, now_ms: int) -> list[Completion]:
-        """The record of a completed rebalance could not be written (its SyncGroups are answered the
-        error): if the group is still Stable at that generation, every assignment is dropped and another
-        rebalance starts (Kafka's ``resetAndPropagateAssignmentError`` and ``maybePrepareRebalance``)."""
-        if self.state != GroupState.STABLE or self.generation_id != stored.generation:
+    def confirm_assignment(self, stored: AssignmentStore) -> list[Completion]:
+        """The record of a completed rebalance is written: if the group still waits for it at that
+        generation, it is Stable and every held SyncGroup is answered its member's assignment (Kafka's
+        ``setAndPropagateAssignment``)."""
+        if self.state != GroupState.COMPLETING_REBALANCE or self.generation_id != stored.generation:
+            return []  # a rebalance began meanwhile: its SyncGroups were answered REBALANCE_IN_PROGRESS
+        self.state = GroupState.STABLE
+        out = []
+        for m in self.members.values():
+            if m.sync_token is not None:
+                out.append(_sync_answer(m.sync_token, ErrorCode.NONE, m.assignment))
+                m.sync_token = None
+        return out
+
+    def undo_assignment(self, stored: AssignmentStore, error: ErrorCode, now_ms: int) -> list[Completion]:
+        """The record of a completed rebalance could not be written: if the group still waits for it at
+        that generation, its held SyncGroups are answered ``error``, every assignment is dropped and
+        another rebalance starts (Kafka's ``resetAndPropagateAssignmentError`` and
+        ``maybePrepareRebalance``)."""
+        if self.state != GroupState.COMPLETING_REBALANCE or self.generation_id != stored.generation:
             return []  # the group moved on meanwhile: nothing of that generation is left to undo
+        out = self._fail_syncs(error)
         for member in self.members.values():
             member.assignment = b""
-        return self._prepare_rebalance(now_ms)
+        return out + self._prepare_rebalance(now_ms)
 
     def _prepare_rebalance(self, now_ms: int) -> list[Completion]:
         out: list[Completion] = []
@@ -458,15 +477,9 @@ class Group:
         given = dict(assignments)
         for m in self.members.values():
             m.assignment = bytes(given.get(m.member_id, b""))
-        self.state = GroupState.STABLE
-        self.metadata_changed = True
+        self.metadata_changed = True  # answered once written: confirm_assignment (module docstring)
         self.unconfirmed.append(AssignmentStore(self.group_id, self.generation_id))
-        out = []
-        for m in self.members.values():
-            if m.sync_token is not None:
-                out.append(_sync_answer(m.sync_token, ErrorCode.NONE, m.assignment))
-                m.sync_token = None
-        return out
+        return []
 
     def _fail_syncs(self, error: ErrorCode) -> list[Completion]:
         out = []

@@ -6,7 +6,10 @@ that compaction keeps the latest commit of every (group, topic, partition):
 * key: ``OffsetCommitKey`` with key version 1 -- ``version int16 = 1, group string, topic string,
   partition int32`` (strings as int16 length + UTF-8);
 * value: ``OffsetCommitValue`` version 3 -- ``version int16 = 3, offset int64, leader_epoch int32,
-  metadata string, commit_timestamp int64``;
+  metadata string, commit_timestamp int64``; or, for a commit that asked for its own retention
+  (OffsetCommit v2-v4 ``retention_time_ms``), version 1 -- ``version int16 = 1, offset int64, metadata
+  string, commit_timestamp int64, expire_timestamp int64``, the only version with that field, as Kafka
+  writes it (those requests carry no leader epoch, which version 1 has no room for);
 * a null value (a tombstone) deletes the commit.
 
 Group metadata records (key version 2: the group's generation, protocol and members) are not written
@@ -39,6 +42,7 @@ __all__ = ["OFFSETS_TOPIC", "OffsetKey", "OffsetValue", "decode_key", "decode_va
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSET_KEY_VERSION = 1
 OFFSET_VALUE_VERSION = 3
+EXPIRING_VALUE_VERSION = 1  # the only OffsetCommitValue version with an expire_timestamp
 
 
 class OffsetKey(NamedTuple):
@@ -52,6 +56,7 @@ class OffsetValue(NamedTuple):
     leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
+    expire_timestamp_ms: int = -1  # -1: none (written as version 3); else written as version 1
 
 
 def java_string_hash(text: str) -> int:
@@ -80,12 +85,17 @@ def encode_key(key: OffsetKey) -> bytes:
 
 
 def encode_value(value: OffsetValue) -> bytes:
+    """Version 3, or version 1 when the commit has an expire timestamp (module docstring)."""
     out = bytearray()
-    write_int16(out, OFFSET_VALUE_VERSION)
+    expires = value.expire_timestamp_ms >= 0
+    write_int16(out, EXPIRING_VALUE_VERSION if expires else OFFSET_VALUE_VERSION)
     out += INT64.pack(value.offset)
-    write_int32(out, value.leader_epoch)
+    if not expires:
+        write_int32(out, value.leader_epoch)
     write_string(out, value.metadata)
     out += INT64.pack(value.commit_timestamp_ms)
+    if expires:
+        out += INT64.pack(value.expire_timestamp_ms)
     return bytes(out)
 
 
@@ -111,7 +121,7 @@ def decode_key(data: bytes) -> OffsetKey | None:
 
 
 def decode_value(data: bytes) -> OffsetValue:
-    """An offset commit's value, versions 0 to 3 (v1 carries an expire timestamp, ignored; v3 a leader
+    """An offset commit's value, versions 0 to 3 (v1 carries an expire timestamp, -1 for none; v3 a leader
     epoch).  ValueError for a malformed value or a version this reader does not know."""
     try:
         mv = memoryview(data)
@@ -121,7 +131,8 @@ def decode_value(data: bytes) -> OffsetValue:
         offset, pos = _read_int64(mv, pos)
         epoch, pos = read_int32(mv, pos) if version >= 3 else (-1, pos)
         metadata, pos = read_string(mv, pos)
-        timestamp, _ = _read_int64(mv, pos)
+        timestamp, pos = _read_int64(mv, pos)
+        expire, _ = _read_int64(mv, pos) if version == EXPIRING_VALUE_VERSION else (-1, pos)
     except ProtocolError as e:
         raise ValueError(f"__consumer_offsets value of {len(data)} bytes: {e}") from None
-    return OffsetValue(offset, epoch, metadata, timestamp)
+    return OffsetValue(offset, epoch, metadata, timestamp, max(expire, -1))

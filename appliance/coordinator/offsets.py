@@ -19,10 +19,15 @@ OFFSET_METADATA_MAX_BYTES = 4096
 
 @dataclass(frozen=True, slots=True)
 class CommittedOffset:
+    """One partition's commit.  ``expire_timestamp_ms``: when it expires, as an OffsetCommit v2-v4 with a
+    ``retention_time_ms`` asks (the broker's time at the commit plus it); -1: none asked, the offset expires
+    by ``offsets.retention.minutes`` (``GroupCoordinator.plan_expiry``)."""
+
     offset: int
     leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
+    expire_timestamp_ms: int = -1
 
 
 @dataclass(slots=True)

@@ -12,8 +12,9 @@ import pytest
 from support.kafka_appliance import Appliance, start_appliance, stop_appliance
 from support.wire import WireClient, answers, produce, values_in
 
+from appliance.broker.handlers import PERIODIC_REFRESH_MS
 from ipc.control import ControlClient
-from ipc.kafka import ApiKey, ApiVersionsRequest, ErrorCode
+from ipc.kafka import ApiKey, ApiVersionsRequest, ErrorCode, MetadataRequest, MetadataRequestTopic
 from storage.batch_builder import build_batch
 
 
@@ -112,4 +113,25 @@ def test_the_broker_follows_topics_deleted_and_created_elsewhere(appliance: Appl
         time.sleep(0.1)
     assert answers(response)[("life", 0)] == (0, 0)  # a new log, through a new ring
     assert values_in(wire, "life", 0) == [b"new"]
+    wire.close()
+
+
+@pytest.mark.parametrize("asked", ["by name", "every topic"])
+def test_metadata_lists_a_topic_created_elsewhere_when_the_periodic_refresh_is_due(
+    appliance: Appliance, asked: str
+) -> None:
+    """The turn that reads a Metadata request sends the periodic refresh first (it is due: no request for
+    longer than its period); the Metadata must not take the table for fresh while that answer is on its
+    way: the table is as old as the list it holds was when asked, and a topic created a moment before
+    through another path is in the answer (kcat, ``appliance topics list`` after ``--data-dir`` create)."""
+    wire = connect(appliance)
+    wire.call(ApiKey.METADATA, 4, MetadataRequest(topics=None))  # the table is fresh now
+    name = f"elsewhere-{asked.replace(' ', '-')}"
+    with ControlClient.connect(appliance.data_dir / ".appliance.sock") as control:
+        control.create_topic(name, 2)
+    time.sleep(PERIODIC_REFRESH_MS / 1000 + 0.3)  # no request meanwhile: the periodic refresh is due
+    topics = None if asked == "every topic" else [MetadataRequestTopic(name)]
+    response = wire.call(ApiKey.METADATA, 4, MetadataRequest(topics=topics, allow_auto_topic_creation=False))
+    listed = {t.name: (t.error_code, len(t.partitions)) for t in response.topics}
+    assert listed.get(name) == (ErrorCode.NONE, 2), listed
     wire.close()

@@ -232,9 +232,11 @@ def test_offsets_topic_records_are_decoded(tmp_path: Path) -> None:
     from appliance.coordinator.offset_records import OffsetKey, OffsetValue, encode_key, encode_value
 
     member = GroupMetadataMember("m-1", None, "c", "/h", 300, 100, b"sub", b"as")
-    keys = [encode_key(OffsetKey("g", "t", 3)), encode_group_key("g"), encode_group_key("gone"), b"\x00\x09x"]
+    keys = [encode_key(OffsetKey("g", "t", 3)), encode_group_key("g"), encode_group_key("gone"), b"\x00\x09x",
+            encode_key(OffsetKey("g", "t", 4))]
     values = [encode_value(OffsetValue(42, 5, "meta", 1_700_000_000_000)),
-              encode_group_value(GroupMetadata("consumer", 4, "range", "m-1", 7, [member])), None, b"v"]
+              encode_group_value(GroupMetadata("consumer", 4, "range", "m-1", 7, [member])), None, b"v",
+              encode_value(OffsetValue(43, -1, "", 1_700_000_000_000, 1_700_000_060_000))]
     directory = tmp_path / "__consumer_offsets-0"
     directory.mkdir()
     segment = directory / "00000000000000000000.log"
@@ -254,6 +256,8 @@ def test_offsets_topic_records_are_decoded(tmp_path: Path) -> None:
     assert group in lines[1]
     assert 'key: {"type": "group_metadata", "group": "gone"} value: null' in lines[2]
     assert lines[3].endswith("undecodable") and "key: 0x000978" in lines[3]
+    assert ('value: {"offset": 43, "leader_epoch": -1, "metadata": "", "commit_timestamp": 1700000000000, '
+            '"expire_timestamp": 1700000060000}') in lines[4]  # value version 1: a commit's own retention
     elsewhere = tmp_path / "00000000000000000000.log"
     elsewhere.write_bytes(segment.read_bytes())
     assert '"offset_commit"' not in _run("--print-records", elsewhere).stdout

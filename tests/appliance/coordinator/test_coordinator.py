@@ -44,7 +44,9 @@ def stable_member(c: GroupCoordinator, group: str, metadata: bytes, protocol_typ
                     protocol_type=protocol_type, protocols=[("range", metadata)], client_id="c")
     (joined,) = c.join(group, args, "j", 0)
     member_id: str = joined.response.member_id
-    c.sync(group, member_id, joined.response.generation_id, [(member_id, b"a")], "s", 0)
+    assert c.sync(group, member_id, joined.response.generation_id, [(member_id, b"a")], "s", 0) == []
+    c.take_metadata(0)  # the group's record is written: the SyncGroup is answered, the group Stable
+    assert [done.token for done in c.confirm(c.take_unconfirmed())] == ["s"]
     assert c.groups[group].state == GroupState.STABLE
     return member_id
 
@@ -184,6 +186,54 @@ def test_an_empty_groups_offsets_expire_from_when_it_emptied_and_the_group_goes_
     assert c.groups["g"].state == GroupState.DEAD  # while the tombstones are written
     c.finish_expiry(plan, written=True)
     assert "g" not in c.groups and not c.offsets.has_group("g")
+
+
+def test_a_commits_own_retention_and_timestamp_count_as_kafka_counts_them() -> None:
+    """OffsetCommit v2-v4 ``retention_time_ms`` gives the offset its own expire timestamp (the broker's
+    time plus it: sooner or later than ``offsets.retention.minutes``), -1 leaves the setting; v1's
+    per-partition ``commit_timestamp`` is the commit's time (-1: the broker's); v5+ have neither."""
+    c = coordinator()
+
+    def at(version: int, partition: int, *, retention_ms: int = -1, stamp: int = -1) -> None:
+        part = OffsetCommitRequestPartition(partition, 5, commit_timestamp=stamp)
+        body = OffsetCommitRequest(group_id="own", generation_id_or_member_epoch=-1, member_id="",
+                                   retention_time_ms=retention_ms,
+                                   topics=[OffsetCommitRequestTopic("t", [part])])
+        c.apply(c.plan_commit(body, version, 0, 1_000))
+
+    at(2, 0, retention_ms=500)  # expires at 1,500, long before the setting would have it
+    at(4, 1, retention_ms=2 * RETENTION_MS)  # outlives the setting
+    at(3, 2)  # -1: the setting, from its commit timestamp
+    at(1, 3, stamp=-RETENTION_MS)  # v1: its own (old) commit timestamp
+    at(5, 4, retention_ms=500)  # v5 has no retention_time_ms: ignored
+    at(1, 5)  # v1 with -1: the broker's time
+    kept = c.offsets.commits["own"]["t"]
+    got = {p: (e.commit_timestamp_ms, e.expire_timestamp_ms) for p, e in kept.items()}
+    assert got == {0: (1_000, 1_500), 1: (1_000, 1_000 + 2 * RETENTION_MS), 2: (1_000, -1),
+                   3: (-RETENTION_MS, -1), 4: (1_000, -1), 5: (1_000, -1)}
+    (plan,) = c.plan_expiry(1_500, RETENTION_MS)
+    assert sorted(plan.tombstones) == [("t", 0), ("t", 3)]
+    c.finish_expiry(plan, written=True)
+    (plan,) = c.plan_expiry(1_000 + RETENTION_MS, RETENTION_MS)
+    assert sorted(plan.tombstones) == [("t", 2), ("t", 4), ("t", 5)]  # partition 1 is kept
+    c.finish_expiry(plan, written=True)
+    (plan,) = c.plan_expiry(1_000 + 2 * RETENTION_MS, RETENTION_MS)
+    assert plan.tombstones == [("t", 1)]
+
+
+def test_an_empty_groups_offset_with_its_own_retention_expires_then_whenever_the_group_emptied() -> None:
+    c = coordinator()
+    member = stable_member(c, "g", subscription("t"))
+    generation = c.groups["g"].generation_id
+    part = OffsetCommitRequestPartition(0, 5)
+    body = OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=generation, member_id=member,
+                               retention_time_ms=10_000, topics=[OffsetCommitRequestTopic("t", [part])])
+    c.apply(c.plan_commit(body, 4, 0, 1_000))
+    assert c.plan_expiry(20_000, RETENTION_MS) == []  # a member: kept, whatever its expire timestamp
+    c.leave("g", [(member, None)], 0)
+    c.take_metadata(30_000)  # emptied just now
+    (plan,) = c.plan_expiry(30_000, RETENTION_MS)  # its own retention ran out before
+    assert (plan.tombstones, plan.remove_group) == ([("t", 0)], True)
 
 
 def test_an_expiry_not_written_changes_nothing() -> None:

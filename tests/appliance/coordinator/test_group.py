@@ -41,8 +41,9 @@ def answers(completions: list[Completion]) -> dict[Any, Any]:
     return {c.token: c.response for c in completions}
 
 
-def stable_group(c: GroupCoordinator, n: int) -> list[str]:
-    """n members joined at time 0, rebalanced once (after the initial delay) and synced; their ids."""
+def stable_group(c: GroupCoordinator, n: int, *, write: bool = True) -> list[str]:
+    """n members joined at time 0, rebalanced once (after the initial delay) and synced, the group's record
+    written (``write``; else the group waits for it, CompletingRebalance); their ids."""
     for i in range(n):
         assert c.join("g", join_args(), f"j{i}", 0) == []
     delay = SETTINGS.initial_rebalance_delay_ms
@@ -54,10 +55,22 @@ def stable_group(c: GroupCoordinator, n: int) -> list[str]:
         if member_id != leader:
             assert c.sync("g", member_id, generation, [], f"s{i}", 200) == []
     plan = [(m, f"part-{m}".encode()) for m in ids]
-    synced = answers(c.sync("g", leader, generation, plan, "s-leader", 200))
+    assert c.sync("g", leader, generation, plan, "s-leader", 200) == []  # held until the record is written
+    assert c.groups["g"].state == GroupState.COMPLETING_REBALANCE
+    if not write:
+        return ids
+    synced = answers(written(c))
+    assert set(synced) == {f"s{i}" for i in range(n) if ids[i] != leader} | {"s-leader"}
     assert all(r.error_code == ErrorCode.NONE for r in synced.values())
     assert c.groups["g"].state == GroupState.STABLE
     return ids
+
+
+def written(c: GroupCoordinator, wall_ms: int = 0) -> list[Completion]:
+    """The group metadata records due are written (as the broker writes them to ``__consumer_offsets``):
+    what they record is confirmed; the answers that releases."""
+    c.take_metadata(wall_ms)
+    return c.confirm(c.take_unconfirmed())
 
 
 def test_members_joining_in_the_initial_delay_rebalance_once_and_the_leader_sees_all() -> None:
@@ -167,15 +180,15 @@ def test_garbage_metadata_is_passed_through_opaque() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "heartbeat", "tick"]), st.integers(0, 3),
-                          st.integers(1, 4000)), max_size=40))
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "heartbeat", "tick", "sync", "write", "fail"]),
+                          st.integers(0, 3), st.integers(1, 4000)), max_size=40))
 def test_every_held_request_is_answered_once_and_generations_only_grow(
     steps: list[tuple[str, int, int]],
 ) -> None:
-    """Whatever the order of joins, leaves, heartbeats and time, each held JoinGroup gets exactly one
-    answer, generations never go back while a group lives (an Empty group without offsets is removed, as
-    Kafka's Dead group is, and one made again starts at 0), and a Stable or CompletingRebalance group has a
-    leader member."""
+    """Whatever the order of joins, leaves, heartbeats, SyncGroups, group records written or failed and
+    time, each held JoinGroup and SyncGroup gets exactly one answer, generations never go back while a
+    group lives (an Empty group without offsets is removed, as Kafka's Dead group is, and one made again
+    starts at 0), and a Stable or CompletingRebalance group has a leader member."""
     c = coordinator()
     now = 0
     held: set[str] = set()
@@ -194,6 +207,17 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
             out = c.leave("g", [(known.pop(who), None)], now)[1]
         elif op == "heartbeat" and who in known and "g" in c.groups:
             c.heartbeat("g", known[who], c.groups["g"].generation_id, now)
+        elif op == "sync" and who in known and "g" in c.groups:
+            token = f"s{n}"
+            held.add(token)
+            group = c.groups["g"]
+            plan = [(m, b"a") for m in group.members]
+            out = c.sync("g", known[who], group.generation_id, plan, token, now)
+        elif op in ("write", "fail"):  # the records due are written, or their append fails
+            c.take_metadata(now)
+            unconfirmed = c.take_unconfirmed()
+            out = (c.confirm(unconfirmed) if op == "write"
+                   else c.undo(unconfirmed, ErrorCode.COORDINATOR_NOT_AVAILABLE, now))
         else:
             out = c.tick(now)
         for done in out:
@@ -211,8 +235,11 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
             last_generation = group.generation_id
             if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 assert group.leader_id in group.members
-    final = c.tick(now + 10 * REBALANCE_MS)
-    answered |= {d.token for d in final}
+    c.take_metadata(now)
+    final = c.confirm(c.take_unconfirmed()) + c.tick(now + 10 * REBALANCE_MS)
+    for done in final:
+        assert done.token not in answered
+        answered.add(done.token)
     assert held == answered
 
 
@@ -251,6 +278,7 @@ def static_group(c: GroupCoordinator) -> dict[str, str]:
     assert done["ja"].leader == ids["ia"]
     c.sync("g", ids["ib"], generation, [], "sb", 210, "ib")
     c.sync("g", ids["ia"], generation, [(m, f"part-{i}".encode()) for i, m in ids.items()], "sa", 210, "ia")
+    assert set(answers(written(c))) == {"sa", "sb"}
     assert c.groups["g"].state == GroupState.STABLE
     return ids
 
@@ -352,6 +380,43 @@ def test_describe_shows_protocol_metadata_and_assignments_only_when_stable() -> 
     assert c.groups["g"].generation_id == generation + 1
 
 
+def test_a_rebalance_completes_only_once_its_record_is_written() -> None:
+    """Kafka's doSyncGroup: after the leader's SyncGroup the group stays CompletingRebalance while its
+    record is appended (DescribeGroups says so and shows no assignment, a commit is REBALANCE_IN_PROGRESS, a
+    heartbeat is answered, a late follower's SyncGroup waits); once written it is Stable and every
+    SyncGroup is answered its assignment."""
+    c = coordinator()
+    for token in ("ja", "jb"):
+        c.join("g", join_args(), token, 0)
+    joined = answers(c.tick(100) + c.tick(200))
+    leader, generation = joined["ja"].leader, joined["ja"].generation_id
+    follower = next(r.member_id for r in joined.values() if r.member_id != leader)
+    plan = [(leader, b"p-leader"), (follower, b"p-follower")]
+    assert c.sync("g", leader, generation, plan, "s-leader", 300) == []
+    described = c.describe("g")
+    assert (described.group_state, described.protocol_data) == ("CompletingRebalance", "")
+    assert {m.member_assignment for m in described.members} == {b""}
+    refused = c.commit(commit_request(follower, generation, 5), 7, 301)
+    assert refused.topics[0].partitions[0].error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    assert c.heartbeat("g", follower, generation, 302).error_code == ErrorCode.NONE
+    assert c.sync("g", follower, generation, [], "s-follower", 303) == []  # after the leader's: held too
+    done = answers(written(c, 304))
+    assert {t: (r.error_code, r.assignment) for t, r in done.items()} == {
+        "s-leader": (ErrorCode.NONE, b"p-leader"), "s-follower": (ErrorCode.NONE, b"p-follower")}
+    assert c.describe("g").group_state == "Stable"
+
+
+def test_a_rebalance_begun_while_the_record_is_written_answers_the_syncs_and_ignores_the_record() -> None:
+    c = coordinator()
+    stable_group(c, 2, write=False)  # both SyncGroups held, the record not written yet
+    c.take_metadata(0)
+    stored = c.take_unconfirmed()
+    joined = answers(c.join("g", join_args(), "new", 400))  # a new member: a rebalance
+    assert {t: r.error_code for t, r in joined.items()} == {
+        "s-leader": ErrorCode.REBALANCE_IN_PROGRESS, "s1": ErrorCode.REBALANCE_IN_PROGRESS}
+    assert c.confirm(stored) == [] and c.groups["g"].state == GroupState.PREPARING_REBALANCE
+
+
 def test_commits_are_checked_as_kafkas_validate_offset_commit_for_every_version_and_state() -> None:
     """v0 carries no generation (a simple commit); a simple commit is for a group with no members only;
     a generation names a member; with no group at all a generation is ILLEGAL_GENERATION."""
@@ -388,11 +453,14 @@ def test_a_rebalance_whose_record_is_not_written_starts_again() -> None:
     """Kafka's SyncGroup store callback: on a failed write the assignments are dropped, the SyncGroups
     answered the error (the broker's part) and the group prepares another rebalance."""
     c = coordinator()
-    a, b = stable_group(c, 2)
+    a, b = stable_group(c, 2, write=False)
     generation = c.groups["g"].generation_id
+    c.take_metadata(0)
     (stored,) = c.take_unconfirmed()
     assert stored == AssignmentStore("g", generation)
-    assert c.undo([stored], ErrorCode.COORDINATOR_NOT_AVAILABLE, 300) == []
+    failed = answers(c.undo([stored], ErrorCode.COORDINATOR_NOT_AVAILABLE, 300))
+    assert {t: r.error_code for t, r in failed.items()} == {
+        "s-leader": ErrorCode.COORDINATOR_NOT_AVAILABLE, "s1": ErrorCode.COORDINATOR_NOT_AVAILABLE}
     g = c.groups["g"]
     assert g.state == GroupState.PREPARING_REBALANCE and {m.assignment for m in g.members.values()} == {b""}
     assert c.heartbeat("g", b, generation, 301).error_code == ErrorCode.REBALANCE_IN_PROGRESS

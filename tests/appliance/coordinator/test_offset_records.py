@@ -42,10 +42,19 @@ def test_key_and_value_bytes_follow_kafkas_schemas() -> None:
     assert decode_value(value) == OffsetValue(42, 5, "m", 1_700_000_000_000)
 
 
+def test_a_commit_with_an_expire_timestamp_is_written_as_kafkas_value_version_1() -> None:
+    """As Kafka's ``offsetCommitValue``: the only version with ``expire_timestamp``, without a leader
+    epoch (OffsetCommit v2-v4, whose ``retention_time_ms`` sets it, carry none)."""
+    value = encode_value(OffsetValue(42, -1, "m", 1_700_000_000_000, 1_700_000_060_000))
+    assert value == struct.pack(">hqh1sqq", 1, 42, 1, b"m", 1_700_000_000_000, 1_700_000_060_000)
+    assert decode_value(value) == OffsetValue(42, -1, "m", 1_700_000_000_000, 1_700_000_060_000)
+
+
 def test_other_record_kinds_are_skipped_and_bad_bytes_refused() -> None:
     assert decode_key(struct.pack(">hh1s", 2, 1, b"g")) is None  # group metadata (key version 2)
     v1 = struct.pack(">hqh1sqq", 1, 7, 1, b"m", 11, 12)  # value v1 carries an expire timestamp
-    assert decode_value(v1) == OffsetValue(7, -1, "m", 11)
+    assert decode_value(v1) == OffsetValue(7, -1, "m", 11, 12)
+    assert decode_value(struct.pack(">hqh1sqq", 1, 7, 1, b"m", 11, -1)).expire_timestamp_ms == -1
     with pytest.raises(ValueError, match="truncated"):
         decode_key(struct.pack(">h", 1))
     with pytest.raises(ValueError, match="truncated string"):  # a string that overruns the key
