@@ -108,6 +108,7 @@ class BrokerContext:
     _listed_at: float = -1e18  # when the list now in the table was asked (monotonic ms)
     _reload_ms: float = 0.0  # what the last reload took (thousands of partitions: a large answer to parse)
     _periodic_asked_at: float | None = None  # when the periodic refresh on its way was asked; None: none
+    _failed_at: float = -1e18  # when a blocking ask last failed (monotonic ms)
     _generation: int = 0  # counts the table's changes: a refresh answer older than one is dropped
     _failures_logged: dict[str, str] = field(default_factory=dict)  # topic or partition -> last error logged
 
@@ -125,9 +126,12 @@ class BrokerContext:
         """Ask the metadata owner for the topic list, and wait for it, unless the list in the table was
         asked in the last :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do
         not know).  The list's age counts from when it was asked, set when its answer is taken: a periodic
-        refresh on its way does not make the table any younger."""
+        refresh on its way does not make the table any younger.  After a failed ask the next waits
+        :data:`METADATA_REFRESH_MS` (an unanswering supervisor must not hold every request)."""
         now_ms = time.monotonic() * 1000
         if now_ms - self._listed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS):
+            return
+        if now_ms - self._failed_at < METADATA_REFRESH_MS:
             return
         self.reload_topics()
 
@@ -177,6 +181,7 @@ class BrokerContext:
         try:
             topics = self.cluster.topics()
         except ApplianceError as e:
+            self._failed_at = time.monotonic() * 1000
             self._list_failed(e)
             return
         self._take_topics(topics, asked_ms)
