@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 ``storage.cleaner`` writes a pass's groups one after the other, each aside as ``<base>.log.cleaned`` (and its
-indexes).  :class:`PassSwaps` takes each group as it is written (:meth:`PassSwaps.submit`, with the open
-descriptor of its ``.log``): a second thread fsyncs and closes it while the pass writes the next group.  The
+indexes).  :class:`PassSwaps` takes each group as it is written: the open descriptor of its ``.log`` as
+soon as the ``.log`` is whole (:meth:`PassSwaps.sync`), then the group once its indexes are written too
+(:meth:`PassSwaps.gather`); a second thread fsyncs and closes the ``.log`` while the pass writes the
+indexes and the next group.  The
 groups gathered are swapped in together by :meth:`PassSwaps.commit` (the log's ``swap_cleaned``: one swap,
 ``storage.clean_swap``, one set of directory fsyncs for all of them): at the end of the pass, or earlier,
 queued on the same thread while the pass writes on, once the cleaned bytes held aside reach the log's
@@ -59,12 +61,16 @@ class PassSwaps:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
 
-    def submit(self, group: SwapGroup, size_bytes: int, fd: int) -> None:
-        """Gather the group just written (``size_bytes`` long, open at ``fd``); an earlier task's error is
-        raised here (the groups gathered unlinked)."""
+    def sync(self, fd: int) -> None:
+        """Fsync and close, on the thread, the ``.log`` open at ``fd``, written whole: the next group
+        :meth:`gather` takes (its indexes are written meanwhile)."""
+        self._tasks.append(self._pool.submit(_fsync_close, fd))
+
+    def gather(self, group: SwapGroup, size_bytes: int) -> None:
+        """Gather the group just written (``size_bytes`` long, its ``.log`` given to :meth:`sync`); an
+        earlier task's error is raised here (the groups gathered unlinked)."""
         self._gathered.append(group)
         self._held += size_bytes
-        self._tasks.append(self._pool.submit(_fsync_close, fd))
         if any(task.done() and task.exception() is not None for task in self._tasks):
             self.abandon()
         if len(self._gathered) >= self._max_groups or self._held >= self._log.config.segment_bytes:

@@ -78,6 +78,7 @@ from storage.batch_reader import records_data
 from storage.batch_rewrite import (
     RECORD_SLACK_BYTES,
     fill_crcs,
+    fitting_stop,
     output_bound,
     write_empty,
     write_header,
@@ -228,19 +229,18 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     done = not dirty or end >= dirty[-1].next_offset
     if end <= start:
         return CleanResult(start, start, done, 0, 0, 0, 0, 0, 0)
-    last_batches = _producer_last_offsets(infos)
     to_clean = [s for s in closed if s.base_offset < end]
+    producer_last = _producer_last_offsets(infos, to_clean, walks)
     written = read = 0
     groups = _group_segments(to_clean, log.config)
-    selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
+    selector = _Selector(omap, producer_last, now, delete_retention_ms, walks)
     with PassSwaps(log, _SWAP_GROUPS) as swaps:
         for group in groups:
             try:
-                cleaned, fd = _write_group(log.directory, group, selector, log.config, io_throttle)
+                cleaned = _write_group(log.directory, group, selector, log.config, swaps, io_throttle)
             except BaseException:
                 swaps.abandon()  # a failed swap unlinks every .cleaned file as it undoes: its error first
                 raise
-            swaps.submit(SwapGroup(cleaned.base_offset, cleaned.replaced), cleaned.size_bytes, fd)
             read += sum(s.size_bytes for s in group)
             written += cleaned.size_bytes
         swaps.commit()
@@ -340,12 +340,21 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 
 # --- the offset map -----------------------------------------------------------------------------------------
 class _Walked(NamedTuple):
-    """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, and the
-    first record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again)."""
+    """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, the first
+    record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again), and each one's
+    last offset and producer id (the producers' last batches, :func:`_producer_last_offsets`)."""
 
     positions: np.ndarray
     sizes: np.ndarray
     batch_entries: np.ndarray
+    last_offsets: np.ndarray
+    producer_ids: np.ndarray
+
+    @classmethod
+    def of(cls, array: np.ndarray, batches: BatchArrays, batch_entries: np.ndarray) -> _Walked:
+        """The walk ``batches`` of the segment mapped at ``array``."""
+        return cls(batches.positions, batches.sizes, batch_entries, batches.last_offsets,
+                   _producer_ids(array, batches.positions))
 
 
 class _Walks:
@@ -362,6 +371,11 @@ class _Walks:
         if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
             self._kept[info.base_offset] = (size_bytes, walked)
             self._bytes += nbytes
+
+    def get(self, info: SegmentInfo) -> _Walked | None:
+        """The kept walk of the segment, left kept, if it was ``info.size_bytes`` long."""
+        kept = self._kept.get(info.base_offset)
+        return kept[1] if kept is not None and kept[0] == info.size_bytes else None
 
     def take(self, info: SegmentInfo, size_bytes: int) -> _Walked | None:
         """The kept walk of the segment (``size_bytes`` long now), or None."""
@@ -383,7 +397,7 @@ def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
 def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
     batches = _walk(mapped, info)
     batch_entries = np.full(len(batches.positions), -1, np.int64)
-    walks.keep(info, len(mapped.array), _Walked(batches.positions, batches.sizes, batch_entries))
+    walks.keep(info, len(mapped.array), _Walked.of(mapped.array, batches, batch_entries))
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
         i, omap.size, code, omap.entry_count = put_batches(
@@ -419,24 +433,50 @@ def _map_too_small(path: str, position: int, records: int, capacity: int) -> Con
                        f"log.cleaner.dedupe.buffer.size holds ({capacity}); raise it")
 
 
-def _producer_last_offsets(infos: Sequence[SegmentInfo]) -> dict[int, int]:
-    """Producer id -> last offset of its last batch in the log (the batches a clean must keep)."""
-    last: dict[int, int] = {}
+def _producer_last_offsets(infos: Sequence[SegmentInfo], to_clean: Sequence[SegmentInfo],
+                           walks: _Walks) -> np.ndarray:
+    """The last offsets of the idempotent producers' last batches in the log (``infos``), sorted: the
+    batches a clean keeps even when they keep no record.  The segments the pass rewrites (``to_clean``)
+    are known from their walks: the map pass's, or one made here (checked, and kept for the rewrite); the
+    others' headers are walked (the active segment up to its size in ``infos``: a batch appended since
+    can only make a kept batch superfluous, never drop a last one)."""
+    rewritten = {info.base_offset for info in to_clean}
+    ids: list[np.ndarray] = []
+    lasts: list[np.ndarray] = []
     for info in infos:
-        with _mapped(info.path) as mapped:
-            end = info.size_bytes if info.is_active else len(mapped.array)
-            arrays = tuple(np.empty(WALK_CAPACITY, np.int64) for _ in range(7))
-            position = 0
-            while position < end:
-                count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0,
-                                                     *arrays)
-                ids = _producer_ids(mapped.array, arrays[0][:count])
-                for pid, offset in zip(ids.tolist(), arrays[3][:count].tolist(), strict=True):
-                    if pid != _NO_PRODUCER:
-                        last[pid] = offset
-                if code != 1:
-                    break
-    return last
+        walked = walks.get(info)
+        if walked is None:
+            with _mapped(info.path) as mapped:
+                if info.base_offset in rewritten:
+                    walked = _Walked.of(mapped.array, _walk(mapped, info), np.empty(0, np.int64))
+                    walks.keep(info, len(mapped.array), walked)
+                else:
+                    walked = _walk_headers(mapped, info)
+        ids.append(walked.producer_ids)
+        lasts.append(walked.last_offsets)
+    all_ids, all_lasts = np.concatenate(ids), np.concatenate(lasts)
+    idempotent = all_ids != _NO_PRODUCER
+    all_ids, all_lasts = all_ids[idempotent][::-1], all_lasts[idempotent][::-1]
+    _, last_at = np.unique(all_ids, return_index=True)  # from the log's end: each producer's last batch
+    return np.sort(all_lasts[last_at])
+
+
+def _walk_headers(mapped: _Mapped, info: SegmentInfo) -> _Walked:
+    """The batches of a segment the pass does not rewrite, their headers alone (no CRC): up to the first
+    that is not whole (the active segment: up to ``info.size_bytes``)."""
+    end = info.size_bytes if info.is_active else len(mapped.array)
+    arrays = tuple(np.empty(min(WALK_CAPACITY, end // HEADER_SIZE + 1), np.int64) for _ in range(7))
+    parts: list[_Walked] = []
+    position = 0
+    while position < end:
+        count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
+        batches = BatchArrays(*(a[:count].copy() for a in arrays))
+        parts.append(_Walked.of(mapped.array, batches, batches.positions[:0]))
+        if code != 1:
+            break
+    empty = np.empty(0, np.int64)
+    return _Walked(empty, empty, empty, np.concatenate([p.last_offsets for p in parts] or [empty]),
+                   np.concatenate([p.producer_ids for p in parts] or [empty]))
 
 
 def _field(array: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
@@ -469,25 +509,45 @@ def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[lis
 
 
 class _Output:
-    """The cleaned ``.log`` being written: parts buffered, written in chunks."""
+    """The cleaned ``.log`` being written: whole batches gathered in ``buffer`` (the pass's, reused from
+    group to group; the kernels write into its free part, :meth:`room`), written out when the next ones do
+    not fit and at the end of each segment."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, buffer: np.ndarray) -> None:
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.buffer = bytearray()
-        self.size_bytes = 0
+        self.buffer = buffer
+        self.used = 0
+        self.written = 0
 
-    def add(self, data: bytes | bytearray | memoryview) -> None:
-        self.buffer += data
-        if len(self.buffer) >= _OUT_CHUNK_BYTES:
+    @property
+    def size_bytes(self) -> int:
+        return self.written + self.used
+
+    def room(self, nbytes: int = 0) -> np.ndarray:
+        """The buffer's free part, at least ``nbytes`` long: what it holds written out first if need be,
+        and a bigger buffer made, for this file, if even the whole is too small."""
+        if self.used + nbytes > len(self.buffer):
             self.flush()
+            if nbytes > len(self.buffer):
+                self.buffer = np.empty(nbytes, np.uint8)
+        return self.buffer[self.used:]
+
+    def advance(self, nbytes: int) -> None:
+        """Count ``nbytes`` written at the start of :meth:`room` as held."""
+        self.used += nbytes
+
+    def add(self, data: np.ndarray) -> None:
+        """Copy whole batches (uint8) in."""
+        self.room(len(data))[: len(data)] = data
+        self.used += len(data)
 
     def flush(self) -> None:
-        view = memoryview(self.buffer)
+        view = memoryview(self.buffer[: self.used])  # type: ignore[arg-type]
         while view:
             view = view[os.write(self.fd, view):]
-        self.size_bytes += len(self.buffer)
-        self.buffer = bytearray()
+        self.written += self.used
+        self.used = 0
         if CLEAN_FAULTS.armed:
             CLEAN_FAULTS.check("clean.write", self.path)
 
@@ -498,17 +558,17 @@ class _Selector:
     Uncompressed batches are selected and written in numba, a run at a time (``select_batches``,
     ``write_selected``); compressed ones one by one here."""
 
-    def __init__(self, omap: OffsetMap, last_batches: dict[int, int], now_ms: int,
-                 delete_retention_ms: int, walks: _Walks) -> None:
+    def __init__(self, omap: OffsetMap, producer_last: np.ndarray, now_ms: int, delete_retention_ms: int,
+                 walks: _Walks) -> None:
         self.omap = omap
         self.walks = walks
-        self.producer_last = np.array(sorted(last_batches.values()), dtype=np.int64)
+        self.producer_last = producer_last
         self.now_ms = now_ms
         self.horizon_ms = now_ms + delete_retention_ms
         self.marks = RecordMarks.make(_MARKS)
         self.results = np.empty((_MARKS, RESULT_COLUMNS), np.int64)
         self.crc_spans = np.empty((_MARKS, 2), np.int64)
-        self.buffer = np.empty(0, np.uint8)
+        self.out_buffer = np.empty(_OUT_CHUNK_BYTES, np.uint8)
         self.keyless = 0
 
     def clean_segment(self, mapped: _Mapped, info: SegmentInfo, out: _Output) -> None:
@@ -516,8 +576,8 @@ class _Selector:
         walked = self.walks.take(info, len(mapped.array))
         if walked is None:
             batches = _walk(mapped, info)
-            walked = _Walked(batches.positions, batches.sizes, np.empty(0, np.int64))
-        positions, sizes, batch_entries = walked
+            walked = _Walked.of(mapped.array, batches, np.empty(0, np.int64))
+        positions, sizes, batch_entries = walked[:3]
         omap = self.omap
         first = 0
         while first < len(positions):
@@ -541,18 +601,20 @@ class _Selector:
     def _write_run(self, mapped: _Mapped, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
                    out: _Output) -> None:
         """Write the batches ``[first, stop)`` that ``select_batches`` selected (``write_selected``)."""
-        if stop == first:
-            return
         self.keyless += int(self.results[: stop - first, 4].sum())
-        bound = output_bound(sizes, first, stop, self.results)
-        if len(self.buffer) < bound:
-            self.buffer = np.empty(0, np.uint8)  # dropped before the bigger one is made
-            self.buffer = np.empty(max(bound, 2 * len(self.buffer), _OUT_CHUNK_BYTES), np.uint8)
-        written, spans = write_selected(mapped.array, positions, sizes, first, stop, self.results,
-                                        *self.marks, self.horizon_ms, self.producer_last, self.buffer,
-                                        self.crc_spans)
-        fill_crcs(self.buffer, self.crc_spans[:spans])
-        out.add(self.buffer[:written].data)
+        run_first = first
+        while first < stop:
+            results = self.results[first - run_first :]
+            room = out.room()
+            end = fitting_stop(sizes, first, stop, results, len(room))
+            if end == first:  # not even the next batch fits: the buffer written out (or grown) first
+                room = out.room(output_bound(sizes, first, first + 1, results))
+                end = first + 1
+            written, spans = write_selected(mapped.array, positions, sizes, first, end, results, *self.marks,
+                                            self.horizon_ms, self.producer_last, room, self.crc_spans)
+            fill_crcs(room, self.crc_spans[:spans])
+            out.advance(written)
+            first = end
 
     def _write_compressed(self, mapped: _Mapped, position: int, header: BatchHeader, path: str,
                           out: _Output) -> None:
@@ -572,13 +634,13 @@ class _Selector:
         self.keyless += selection.keyless
         action = batch_action(selection.kept, count, selection.tombstones, has_horizon)
         if action == COPY:
-            out.add(mapped.view[position : position + header.size])
+            out.add(mapped.array[position : position + header.size])
         elif action == DROP:
             if header.producer_id != _NO_PRODUCER and self._is_producer_last(header.last_offset):
                 piece = np.empty(HEADER_SIZE, np.uint8)
                 write_empty(mapped.array, position, piece, 0)
                 fill_crcs(piece, np.array([[0, HEADER_SIZE]], np.int64))
-                out.add(piece.data)
+                out.add(piece)
         else:
             out.add(self._recompressed(mapped, position, header, data, start, end, selection))
 
@@ -588,7 +650,7 @@ class _Selector:
         return at < len(self.producer_last) and int(self.producer_last[at]) == last_offset
 
     def _recompressed(self, mapped: _Mapped, position: int, header: BatchHeader, data: np.ndarray,
-                      start: int, end: int, selection: Selection) -> memoryview:
+                      start: int, end: int, selection: Selection) -> np.ndarray:
         """A compressed batch with only its kept records, compressed with its codec again (the fields as
         ``storage.batch_rewrite`` sets them)."""
         count = header.records_count
@@ -605,16 +667,18 @@ class _Selector:
                      selection.kept, len(piece))
         piece[HEADER_SIZE:] = np.frombuffer(body, np.uint8)
         fill_crcs(piece, np.array([[0, len(piece)]], np.int64))
-        return piece.data
+        return piece
 
 
-def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
-                 config: LogConfig, io_throttle: IoThrottle | None = None) -> tuple[CleanedSegment, int]:
-    """Write the group's cleaned segment and its indexes aside; returns it and the open descriptor of its
-    ``.log``, not fsynced yet (``PassSwaps`` fsyncs and closes it).  On an error nothing is left."""
+def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector, config: LogConfig,
+                 swaps: PassSwaps, io_throttle: IoThrottle | None = None) -> CleanedSegment:
+    """Write the group's cleaned segment and its indexes aside and hand it to ``swaps``: its ``.log`` is
+    fsynced (and closed) on their thread from the moment it is written, while its indexes are built here.
+    On an error nothing is left."""
     base = group[0].base_offset
     paths = cleaned_paths(directory, base)
-    out = _Output(paths[0])
+    out = _Output(paths[0], selector.out_buffer)
+    fd: int | None = out.fd
     ok = False
     try:
         for info in group:
@@ -624,6 +688,8 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
                 out.flush()
             if io_throttle is not None:
                 io_throttle(info.size_bytes + out.size_bytes - written)
+        swaps.sync(out.fd)
+        fd = None
         scan = _scan_segment(paths[0], base, index_interval_bytes=config.index_interval_bytes)
         if scan.error is not None:  # the batches were checked as they were read and written: a bug, not data
             raise CorruptRecordError(describe(paths[0], scan.error) + " (in a cleaned segment)")
@@ -631,16 +697,20 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
             scan, closed=True, max_bytes=config.segment_index_bytes)
         indexes.offset_index.close()
         indexes.time_index.close()
+        cleaned = CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes)
+        swaps.gather(SwapGroup(cleaned.base_offset, cleaned.replaced), cleaned.size_bytes)
         ok = True
     finally:
         if not ok:
-            _discard(out.fd, paths)
-    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes), out.fd
+            _discard(fd, paths)
+    return cleaned
 
 
-def _discard(fd: int, paths: Sequence[str]) -> None:
-    """Close a cleaned segment's ``.log`` descriptor and unlink its files."""
-    os.close(fd)
+def _discard(fd: int | None, paths: Sequence[str]) -> None:
+    """Close a cleaned segment's ``.log`` descriptor (None: ``PassSwaps`` closes it) and unlink its
+    files."""
+    if fd is not None:
+        os.close(fd)
     for path in paths:
         with contextlib.suppress(OSError):
             os.unlink(path)
