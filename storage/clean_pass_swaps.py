@@ -61,6 +61,11 @@ class PassSwaps:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
 
+    def write_back(self, fd: int) -> None:
+        """Fdatasync, on the thread, what the ``.log`` open at ``fd`` holds so far, while the pass writes on:
+        the fsync that ends the group (:meth:`sync`) then has only the rest to wait for."""
+        self._tasks.append(self._pool.submit(os.fdatasync, fd))
+
     def sync(self, fd: int) -> None:
         """Fsync and close, on the thread, the ``.log`` open at ``fd``, written whole: the next group
         :meth:`gather` takes (its indexes are written meanwhile)."""

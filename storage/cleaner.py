@@ -136,7 +136,8 @@ __all__ = [
 ]
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
-_OUT_CHUNK_BYTES: Final = 4 << 20
+_OUT_CHUNK_BYTES: Final = 1 << 20
+_WRITE_BACK_BYTES: Final = 1 << 20  # a group's .log fdatasynced on the swap thread every so many bytes
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
 _WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
 _NO_PRODUCER: Final = -1
@@ -511,14 +512,17 @@ def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[lis
 class _Output:
     """The cleaned ``.log`` being written: whole batches gathered in ``buffer`` (the pass's, reused from
     group to group; the kernels write into its free part, :meth:`room`), written out when the next ones do
-    not fit and at the end of each segment."""
+    not fit and at the end of each segment; every :data:`_WRITE_BACK_BYTES` written, ``swaps`` writes them
+    back on its thread (``PassSwaps.write_back``), so the fsync that ends the group has little left."""
 
-    def __init__(self, path: str, buffer: np.ndarray) -> None:
+    def __init__(self, path: str, buffer: np.ndarray, swaps: PassSwaps) -> None:
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.buffer = buffer
+        self.swaps = swaps
         self.used = 0
         self.written = 0
+        self.written_back = 0
 
     @property
     def size_bytes(self) -> int:
@@ -548,6 +552,9 @@ class _Output:
             view = view[os.write(self.fd, view):]
         self.written += self.used
         self.used = 0
+        if self.written - self.written_back >= _WRITE_BACK_BYTES:
+            self.swaps.write_back(self.fd)
+            self.written_back = self.written
         if CLEAN_FAULTS.armed:
             CLEAN_FAULTS.check("clean.write", self.path)
 
@@ -677,7 +684,7 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
     On an error nothing is left."""
     base = group[0].base_offset
     paths = cleaned_paths(directory, base)
-    out = _Output(paths[0], selector.out_buffer)
+    out = _Output(paths[0], selector.out_buffer, swaps)
     fd: int | None = out.fd
     ok = False
     try:
@@ -690,7 +697,10 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
                 io_throttle(info.size_bytes + out.size_bytes - written)
         swaps.sync(out.fd)
         fd = None
-        scan = _scan_segment(paths[0], base, index_interval_bytes=config.index_interval_bytes)
+        # the structure checked again, not the CRCs: the batches copied had theirs checked as they were read,
+        # the others got theirs computed over their final bytes
+        scan = _scan_segment(paths[0], base, index_interval_bytes=config.index_interval_bytes,
+                             check_crc=False)
         if scan.error is not None:  # the batches were checked as they were read and written: a bug, not data
             raise CorruptRecordError(describe(paths[0], scan.error) + " (in a cleaned segment)")
         indexes = IndexPaths(paths[1], paths[2], base).write_rebuilt(
