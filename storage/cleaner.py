@@ -342,20 +342,29 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 # --- the offset map -----------------------------------------------------------------------------------------
 class _Walked(NamedTuple):
     """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, the first
-    record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again), and each one's
-    last offset and producer id (the producers' last batches, :func:`_producer_last_offsets`)."""
+    record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again), each one's last
+    offset and producer id (the producers' last batches, :func:`_producer_last_offsets`), and the segment's
+    bytes as the walk mapped them: the mapping stays while this holds them (:func:`_mapped` leaves a
+    mapping whose array is still referenced to go with it), so the rewrite reads the pages the walk
+    already faulted in instead of mapping the file again."""
 
     positions: np.ndarray
     sizes: np.ndarray
     batch_entries: np.ndarray
     last_offsets: np.ndarray
     producer_ids: np.ndarray
+    segment: np.ndarray
 
     @classmethod
     def of(cls, array: np.ndarray, batches: BatchArrays, batch_entries: np.ndarray) -> _Walked:
         """The walk ``batches`` of the segment mapped at ``array``."""
         return cls(batches.positions, batches.sizes, batch_entries, batches.last_offsets,
-                   _producer_ids(array, batches.positions))
+                   _producer_ids(array, batches.positions), array)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory of the per-batch columns (the mapping is the page cache's)."""
+        return sum(column.nbytes for column in self[:5])
 
 
 class _Walks:
@@ -368,7 +377,7 @@ class _Walks:
         self._bytes = 0
 
     def keep(self, info: SegmentInfo, size_bytes: int, walked: _Walked) -> None:
-        nbytes = sum(column.nbytes for column in walked)
+        nbytes = walked.nbytes
         if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
             self._kept[info.base_offset] = (size_bytes, walked)
             self._bytes += nbytes
@@ -383,7 +392,7 @@ class _Walks:
         kept = self._kept.pop(info.base_offset, None)
         if kept is None:
             return None
-        self._bytes -= sum(column.nbytes for column in kept[1])
+        self._bytes -= kept[1].nbytes
         return kept[1] if kept[0] == size_bytes else None
 
 
@@ -477,7 +486,7 @@ def _walk_headers(mapped: _Mapped, info: SegmentInfo) -> _Walked:
             break
     empty = np.empty(0, np.int64)
     return _Walked(empty, empty, empty, np.concatenate([p.last_offsets for p in parts] or [empty]),
-                   np.concatenate([p.producer_ids for p in parts] or [empty]))
+                   np.concatenate([p.producer_ids for p in parts] or [empty]), np.empty(0, np.uint8))
 
 
 def _field(array: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
@@ -578,9 +587,17 @@ class _Selector:
         self.out_buffer = np.empty(_OUT_CHUNK_BYTES, np.uint8)
         self.keyless = 0
 
-    def clean_segment(self, mapped: _Mapped, info: SegmentInfo, out: _Output) -> None:
-        """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4)."""
-        walked = self.walks.take(info, len(mapped.array))
+    def clean_segment(self, info: SegmentInfo, out: _Output) -> None:
+        """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4): read
+        through the mapping its kept walk holds, else mapped and walked here."""
+        walked = self.walks.take(info, info.size_bytes)
+        if walked is not None:
+            self._clean_mapped(_Mapped(memoryview(walked.segment), walked.segment), info, out, walked)
+            return
+        with _mapped(info.path) as mapped:
+            self._clean_mapped(mapped, info, out, None)
+
+    def _clean_mapped(self, mapped: _Mapped, info: SegmentInfo, out: _Output, walked: _Walked | None) -> None:
         if walked is None:
             batches = _walk(mapped, info)
             walked = _Walked.of(mapped.array, batches, np.empty(0, np.int64))
@@ -690,9 +707,8 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
     try:
         for info in group:
             written = out.size_bytes
-            with _mapped(info.path) as mapped:
-                selector.clean_segment(mapped, info, out)
-                out.flush()
+            selector.clean_segment(info, out)
+            out.flush()
             if io_throttle is not None:
                 io_throttle(info.size_bytes + out.size_bytes - written)
         swaps.sync(out.fd)
