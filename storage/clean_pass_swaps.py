@@ -3,11 +3,11 @@
 Theory of operation
 -------------------
 ``storage.cleaner`` writes a pass's groups one after the other, each aside as ``<base>.log.cleaned`` (and its
-indexes).  :class:`PassSwaps` takes each group as it is written: the open descriptor of its ``.log`` as
-soon as the ``.log`` is whole (:meth:`PassSwaps.sync`), then the group once its indexes are written too
-(:meth:`PassSwaps.gather`); a second thread fsyncs and closes the ``.log`` while the pass writes the
-indexes and the next group.  The
-groups gathered are swapped in together by :meth:`PassSwaps.commit` (the log's ``swap_cleaned``: one swap,
+indexes).  :class:`PassSwaps` takes each group as it is written: while its ``.log`` grows, a second thread
+fdatasyncs what it holds so far whenever the pass asks and the thread is idle (:meth:`PassSwaps.write_back`);
+once the ``.log`` is whole the thread fsyncs and closes it (:meth:`PassSwaps.sync`) while the pass writes
+the group's indexes and the next group; then the group is gathered (:meth:`PassSwaps.gather`).  The groups
+gathered are swapped in together by :meth:`PassSwaps.commit` (the log's ``swap_cleaned``: one swap,
 ``storage.clean_swap``, one set of directory fsyncs for all of them): at the end of the pass, or earlier,
 queued on the same thread while the pass writes on, once the cleaned bytes held aside reach the log's
 ``segment.bytes`` or ``max_groups`` groups, so the disk never holds much more than the log beside it.  The
@@ -15,9 +15,10 @@ thread runs its tasks in order: a swap follows the fsyncs of its groups, and the
 
 Errors: :meth:`PassSwaps.finish` waits for every task and raises the first error; :meth:`PassSwaps.abandon`
 (the pass failed, or an earlier task did) also unlinks the files of the groups gathered but not swapped.  A
-swap whose groups' fsync failed unlinks their files and swaps nothing.  A failed swap is finished or undone
-by the log (``storage.clean_swap.finish_interrupted_swap``), which unlinks every ``*.cleaned`` file in the
-directory: the pass, waiting for it before it raises its own error, reports the swap's error first.
+swap whose groups' fsyncs (or write-backs) failed unlinks their files and swaps nothing.  A failed swap is
+finished or undone by the log (``storage.clean_swap.finish_interrupted_swap``), which unlinks every
+``*.cleaned`` file in the directory: the pass, waiting for it before it raises its own error, reports the
+swap's error first.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ class PassSwaps:
 
     def write_back(self, fd: int) -> None:
         """Fdatasync, on the thread, what the ``.log`` open at ``fd`` holds so far, while the pass writes on:
-        the fsync that ends the group (:meth:`sync`) then has only the rest to wait for."""
-        self._tasks.append(self._pool.submit(os.fdatasync, fd))
+        the fsync that ends the group (:meth:`sync`) then has only the rest to wait for.  Nothing while the
+        thread is still busy (each sync is a flush of the disk's cache: the thread must not fall behind)."""
+        if not self._tasks or self._tasks[-1].done():
+            self._tasks.append(self._pool.submit(os.fdatasync, fd))
 
     def sync(self, fd: int) -> None:
         """Fsync and close, on the thread, the ``.log`` open at ``fd``, written whole: the next group

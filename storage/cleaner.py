@@ -23,7 +23,7 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    consecutive segments whose sizes add up to at most ``segment.bytes``, whose indexes would fit
    ``segment.index.bytes`` and whose offsets fit int32 relative offsets (Kafka's ``groupSegmentsBySize``).
 4. **Each group** is written as one segment named after its first segment's base offset
-   (``<base>.log.cleaned`` and its indexes), batch by batch (:func:`_clean_batch`):
+   (``<base>.log.cleaned`` and its indexes), batch by batch (:class:`_Selector`):
 
    * a batch wholly past the map's end, a control batch, or one that keeps all its records (and needs no
      delete horizon) is copied byte for byte;
@@ -36,9 +36,14 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
      drops the tombstones of that batch;
    * a batch that keeps no record disappears, unless it is the last batch of an idempotent producer in the
      log: it stays as a header with no records, as Kafka's ``RETAIN_EMPTY`` (codec none, base and max
-     timestamp its max timestamp), so the producer's last sequence survives.
+     timestamp its max timestamp), so the producer's last sequence survives.  Those last batches are found
+     before the first group is written (:func:`_producer_last_offsets`) from the walks of the segments
+     the pass rewrites (the map pass's, or one made then and kept for the rewrite) and the headers of the
+     segments after them.
 
-   Then the group's ``.log`` is fsynced on a second thread while the next group is written.  The groups are
+   The kernels write straight into the output buffer, written out to ``<base>.log.cleaned`` each time it
+   fills; every ``WRITE_BACK_BYTES`` a second thread fdatasyncs what is written so far, and once the
+   ``.log`` is whole it fsyncs it while the group's indexes and the next group are written.  The groups are
    swapped in together (``Log.swap_cleaned``, ``storage.clean_swap``: one set of directory fsyncs for all of
    them) at the end of the pass, or earlier, on that thread, once the cleaned files held aside add up to
    ``segment.bytes`` or :data:`_SWAP_GROUPS` groups (``storage.clean_pass_swaps``): the disk holds at most
@@ -47,10 +52,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
 offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
-compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
-before each write, and the batch positions and sizes the map pass found and their first record entries (up
-to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those segments again.  Segments are read
-through read-only mappings; the record kernels take a segment's uncompressed batches in one call
+compressed batch's decompressed records and its rewrite, the output buffered up to ``OUT_CHUNK_BYTES``
+before each write, and the batch positions, sizes, last offsets and producer ids the map pass found and
+their first record entries (up to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those
+segments again.  Segments are read through read-only mappings, a walked segment's kept from its walk to its
+rewrite (no second mapping to fault in); the record kernels take a segment's uncompressed batches in one call
 (``put_batches``, ``select_batches``, ``storage.batch_rewrite.write_selected``) and hand compressed ones
 back.
 """
@@ -87,6 +93,7 @@ from storage.batch_rewrite import (
 from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
+from storage.clean_output import OUT_CHUNK_BYTES, CleanOutput
 from storage.clean_pass_swaps import PassSwaps
 from storage.clean_swap import SwapGroup, cleaned_paths
 from storage.compression import compress
@@ -136,8 +143,6 @@ __all__ = [
 ]
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
-_OUT_CHUNK_BYTES: Final = 1 << 20
-_WRITE_BACK_BYTES: Final = 1 << 20  # a group's .log fdatasynced on the swap thread every so many bytes
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
 _WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
 _NO_PRODUCER: Final = -1
@@ -518,56 +523,6 @@ def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[lis
     return groups
 
 
-class _Output:
-    """The cleaned ``.log`` being written: whole batches gathered in ``buffer`` (the pass's, reused from
-    group to group; the kernels write into its free part, :meth:`room`), written out when the next ones do
-    not fit and at the end of each segment; every :data:`_WRITE_BACK_BYTES` written, ``swaps`` writes them
-    back on its thread (``PassSwaps.write_back``), so the fsync that ends the group has little left."""
-
-    def __init__(self, path: str, buffer: np.ndarray, swaps: PassSwaps) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.buffer = buffer
-        self.swaps = swaps
-        self.used = 0
-        self.written = 0
-        self.written_back = 0
-
-    @property
-    def size_bytes(self) -> int:
-        return self.written + self.used
-
-    def room(self, nbytes: int = 0) -> np.ndarray:
-        """The buffer's free part, at least ``nbytes`` long: what it holds written out first if need be,
-        and a bigger buffer made, for this file, if even the whole is too small."""
-        if self.used + nbytes > len(self.buffer):
-            self.flush()
-            if nbytes > len(self.buffer):
-                self.buffer = np.empty(nbytes, np.uint8)
-        return self.buffer[self.used:]
-
-    def advance(self, nbytes: int) -> None:
-        """Count ``nbytes`` written at the start of :meth:`room` as held."""
-        self.used += nbytes
-
-    def add(self, data: np.ndarray) -> None:
-        """Copy whole batches (uint8) in."""
-        self.room(len(data))[: len(data)] = data
-        self.used += len(data)
-
-    def flush(self) -> None:
-        view = memoryview(self.buffer[: self.used])  # type: ignore[arg-type]
-        while view:
-            view = view[os.write(self.fd, view):]
-        self.written += self.used
-        self.used = 0
-        if self.written - self.written_back >= _WRITE_BACK_BYTES:
-            self.swaps.write_back(self.fd)
-            self.written_back = self.written
-        if CLEAN_FAULTS.armed:
-            CLEAN_FAULTS.check("clean.write", self.path)
-
-
 class _Selector:
     """Writes the cleaned form of segments' batches, in offset order across a pass's groups: a record the
     map read is its key's latest iff its bit is set in ``omap.latest_bits`` (older ones are looked up).
@@ -584,20 +539,21 @@ class _Selector:
         self.marks = RecordMarks.make(_MARKS)
         self.results = np.empty((_MARKS, RESULT_COLUMNS), np.int64)
         self.crc_spans = np.empty((_MARKS, 2), np.int64)
-        self.out_buffer = np.empty(_OUT_CHUNK_BYTES, np.uint8)
+        self.out_buffer = np.empty(OUT_CHUNK_BYTES, np.uint8)
         self.keyless = 0
 
-    def clean_segment(self, info: SegmentInfo, out: _Output) -> None:
+    def clean_segment(self, info: SegmentInfo, out: CleanOutput) -> None:
         """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4): read
         through the mapping its kept walk holds, else mapped and walked here."""
         walked = self.walks.take(info, info.size_bytes)
         if walked is not None:
-            self._clean_mapped(_Mapped(memoryview(walked.segment), walked.segment), info, out, walked)
+            self._clean_mapped(_Mapped(walked.segment.data, walked.segment), info, out, walked)
             return
         with _mapped(info.path) as mapped:
             self._clean_mapped(mapped, info, out, None)
 
-    def _clean_mapped(self, mapped: _Mapped, info: SegmentInfo, out: _Output, walked: _Walked | None) -> None:
+    def _clean_mapped(self, mapped: _Mapped, info: SegmentInfo, out: CleanOutput,
+                      walked: _Walked | None) -> None:
         if walked is None:
             batches = _walk(mapped, info)
             walked = _Walked.of(mapped.array, batches, np.empty(0, np.int64))
@@ -623,7 +579,7 @@ class _Selector:
             first = i
 
     def _write_run(self, mapped: _Mapped, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
-                   out: _Output) -> None:
+                   out: CleanOutput) -> None:
         """Write the batches ``[first, stop)`` that ``select_batches`` selected (``write_selected``)."""
         self.keyless += int(self.results[: stop - first, 4].sum())
         run_first = first
@@ -641,7 +597,7 @@ class _Selector:
             first = end
 
     def _write_compressed(self, mapped: _Mapped, position: int, header: BatchHeader, path: str,
-                          out: _Output) -> None:
+                          out: CleanOutput) -> None:
         """Select and write one compressed batch, decompressed here and compressed again."""
         omap = self.omap
         count = header.records_count
@@ -701,7 +657,7 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
     On an error nothing is left."""
     base = group[0].base_offset
     paths = cleaned_paths(directory, base)
-    out = _Output(paths[0], selector.out_buffer, swaps)
+    out = CleanOutput(paths[0], selector.out_buffer, swaps)
     fd: int | None = out.fd
     ok = False
     try:
