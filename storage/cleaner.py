@@ -144,7 +144,7 @@ __all__ = [
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
-_WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
+_WALKS_KEPT_BYTES: Final = 4 << 20  # the per-batch columns of the walks kept for the rewrite (_Walked)
 _NO_PRODUCER: Final = -1
 _SWAP_GROUPS: Final = 64  # groups swapped in together at most (also: their cleaned bytes up to segment.bytes)
 
