@@ -43,9 +43,10 @@ from storage.batch_header import (
 )
 from storage.batch_scan import read_be
 from storage.crc32c_kernel import fill_batch_crcs
-from storage.record_filter import COPY, DELETE_HORIZON_FLAG_MASK, DROP, write_kept
+from storage.record_filter import COPY, DELETE_HORIZON_FLAG_MASK, DROP, copy_bytes, write_kept
 
-__all__ = ["RECORD_SLACK_BYTES", "fill_crcs", "output_bound", "write_empty", "write_header", "write_selected"]
+__all__ = ["RECORD_SLACK_BYTES", "fill_crcs", "fitting_stop", "output_bound", "write_empty", "write_header",
+           "write_selected"]
 
 RECORD_SLACK_BYTES: Final = 20  # write_kept's room per record: a timestampDelta and a length varint may grow
 _EMPTY_KEPT_ATTRIBUTES: Final = TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK
@@ -127,6 +128,18 @@ def output_bound(sizes: np.ndarray, first: int, stop: int, results: np.ndarray) 
     return total
 
 
+@numba.njit(cache=True)
+def fitting_stop(sizes: np.ndarray, first: int, stop: int, results: np.ndarray, room: int) -> int:
+    """The largest ``end`` in ``[first, stop]`` such that :func:`write_selected` of the batches
+    ``[first, end)`` writes at most ``room`` bytes (:func:`output_bound`)."""
+    total = 0
+    for i in range(first, stop):
+        total += sizes[i] + RECORD_SLACK_BYTES * results[i - first, 1]
+        if total > room:
+            return i
+    return stop
+
+
 @numba.njit(cache=True, nogil=True)
 def write_selected(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
                    results: np.ndarray, keep: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -148,7 +161,7 @@ def write_selected(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, f
             copy_to = position + sizes[i]
             continue
         if copy_to > copy_from:
-            out[at : at + copy_to - copy_from] = data[copy_from:copy_to]
+            copy_bytes(data, copy_from, out, at, copy_to - copy_from)
             at += copy_to - copy_from
         copy_from = copy_to = 0
         if i == stop:

@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 ``storage.cleaner`` writes a pass's groups one after the other, each aside as ``<base>.log.cleaned`` (and its
-indexes).  :class:`PassSwaps` takes each group as it is written (:meth:`PassSwaps.submit`, with the open
-descriptor of its ``.log``): a second thread fsyncs and closes it while the pass writes the next group.  The
-groups gathered are swapped in together by :meth:`PassSwaps.commit` (the log's ``swap_cleaned``: one swap,
+indexes).  :class:`PassSwaps` takes each group as it is written: while its ``.log`` grows, a second thread
+fdatasyncs what it holds so far whenever the pass asks and the thread is idle (:meth:`PassSwaps.write_back`);
+once the ``.log`` is whole the thread fsyncs and closes it (:meth:`PassSwaps.sync`) while the pass writes
+the group's indexes and the next group; then the group is gathered (:meth:`PassSwaps.gather`).  The groups
+gathered are swapped in together by :meth:`PassSwaps.commit` (the log's ``swap_cleaned``: one swap,
 ``storage.clean_swap``, one set of directory fsyncs for all of them): at the end of the pass, or earlier,
 queued on the same thread while the pass writes on, once the cleaned bytes held aside reach the log's
 ``segment.bytes`` or ``max_groups`` groups, so the disk never holds much more than the log beside it.  The
@@ -13,9 +15,10 @@ thread runs its tasks in order: a swap follows the fsyncs of its groups, and the
 
 Errors: :meth:`PassSwaps.finish` waits for every task and raises the first error; :meth:`PassSwaps.abandon`
 (the pass failed, or an earlier task did) also unlinks the files of the groups gathered but not swapped.  A
-swap whose groups' fsync failed unlinks their files and swaps nothing.  A failed swap is finished or undone
-by the log (``storage.clean_swap.finish_interrupted_swap``), which unlinks every ``*.cleaned`` file in the
-directory: the pass, waiting for it before it raises its own error, reports the swap's error first.
+swap whose groups' fsyncs (or write-backs) failed unlinks their files and swaps nothing.  A failed swap is
+finished or undone by the log (``storage.clean_swap.finish_interrupted_swap``), which unlinks every
+``*.cleaned`` file in the directory: the pass, waiting for it before it raises its own error, reports the
+swap's error first.
 """
 
 from __future__ import annotations
@@ -59,12 +62,23 @@ class PassSwaps:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
 
-    def submit(self, group: SwapGroup, size_bytes: int, fd: int) -> None:
-        """Gather the group just written (``size_bytes`` long, open at ``fd``); an earlier task's error is
-        raised here (the groups gathered unlinked)."""
+    def write_back(self, fd: int) -> None:
+        """Fdatasync, on the thread, what the ``.log`` open at ``fd`` holds so far, while the pass writes on:
+        the fsync that ends the group (:meth:`sync`) then has only the rest to wait for.  Nothing while the
+        thread is still busy (each sync is a flush of the disk's cache: the thread must not fall behind)."""
+        if not self._tasks or self._tasks[-1].done():
+            self._tasks.append(self._pool.submit(os.fdatasync, fd))
+
+    def sync(self, fd: int) -> None:
+        """Fsync and close, on the thread, the ``.log`` open at ``fd``, written whole: the next group
+        :meth:`gather` takes (its indexes are written meanwhile)."""
+        self._tasks.append(self._pool.submit(_fsync_close, fd))
+
+    def gather(self, group: SwapGroup, size_bytes: int) -> None:
+        """Gather the group just written (``size_bytes`` long, its ``.log`` given to :meth:`sync`); an
+        earlier task's error is raised here (the groups gathered unlinked)."""
         self._gathered.append(group)
         self._held += size_bytes
-        self._tasks.append(self._pool.submit(_fsync_close, fd))
         if any(task.done() and task.exception() is not None for task in self._tasks):
             self.abandon()
         if len(self._gathered) >= self._max_groups or self._held >= self._log.config.segment_bytes:

@@ -23,7 +23,7 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    consecutive segments whose sizes add up to at most ``segment.bytes``, whose indexes would fit
    ``segment.index.bytes`` and whose offsets fit int32 relative offsets (Kafka's ``groupSegmentsBySize``).
 4. **Each group** is written as one segment named after its first segment's base offset
-   (``<base>.log.cleaned`` and its indexes), batch by batch (:func:`_clean_batch`):
+   (``<base>.log.cleaned`` and its indexes), batch by batch (:class:`_Selector`):
 
    * a batch wholly past the map's end, a control batch, or one that keeps all its records (and needs no
      delete horizon) is copied byte for byte;
@@ -36,9 +36,14 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
      drops the tombstones of that batch;
    * a batch that keeps no record disappears, unless it is the last batch of an idempotent producer in the
      log: it stays as a header with no records, as Kafka's ``RETAIN_EMPTY`` (codec none, base and max
-     timestamp its max timestamp), so the producer's last sequence survives.
+     timestamp its max timestamp), so the producer's last sequence survives.  Those last batches are found
+     before the first group is written (:func:`_producer_last_offsets`) from the walks of the segments
+     the pass rewrites (the map pass's, or one made then and kept for the rewrite) and the headers of the
+     segments after them.
 
-   Then the group's ``.log`` is fsynced on a second thread while the next group is written.  The groups are
+   The kernels write straight into the output buffer, written out to ``<base>.log.cleaned`` each time it
+   fills; every ``WRITE_BACK_BYTES`` a second thread fdatasyncs what is written so far, and once the
+   ``.log`` is whole it fsyncs it while the group's indexes and the next group are written.  The groups are
    swapped in together (``Log.swap_cleaned``, ``storage.clean_swap``: one set of directory fsyncs for all of
    them) at the end of the pass, or earlier, on that thread, once the cleaned files held aside add up to
    ``segment.bytes`` or :data:`_SWAP_GROUPS` groups (``storage.clean_pass_swaps``): the disk holds at most
@@ -47,10 +52,11 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
 
 Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dirty section holds fewer
 offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
-compressed batch's decompressed records and its rewrite, the output buffered up to ``_OUT_CHUNK_BYTES``
-before each write, and the batch positions and sizes the map pass found and their first record entries (up
-to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those segments again.  Segments are read
-through read-only mappings; the record kernels take a segment's uncompressed batches in one call
+compressed batch's decompressed records and its rewrite, the output buffered up to ``OUT_CHUNK_BYTES``
+before each write, and the batch positions, sizes, last offsets and producer ids the map pass found and
+their first record entries (up to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those
+segments again.  Segments are read through read-only mappings, a walked segment's kept from its walk to its
+rewrite (no second mapping to fault in); the record kernels take a segment's uncompressed batches in one call
 (``put_batches``, ``select_batches``, ``storage.batch_rewrite.write_selected``) and hand compressed ones
 back.
 """
@@ -78,6 +84,7 @@ from storage.batch_reader import records_data
 from storage.batch_rewrite import (
     RECORD_SLACK_BYTES,
     fill_crcs,
+    fitting_stop,
     output_bound,
     write_empty,
     write_header,
@@ -86,6 +93,7 @@ from storage.batch_rewrite import (
 from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
+from storage.clean_output import OUT_CHUNK_BYTES, CleanOutput
 from storage.clean_pass_swaps import PassSwaps
 from storage.clean_swap import SwapGroup, cleaned_paths
 from storage.compression import compress
@@ -135,9 +143,8 @@ __all__ = [
 ]
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
-_OUT_CHUNK_BYTES: Final = 4 << 20
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
-_WALKS_KEPT_BYTES: Final = 4 << 20  # batch positions and sizes the map pass keeps for the rewrite
+_WALKS_KEPT_BYTES: Final = 4 << 20  # the per-batch columns of the walks kept for the rewrite (_Walked)
 _NO_PRODUCER: Final = -1
 _SWAP_GROUPS: Final = 64  # groups swapped in together at most (also: their cleaned bytes up to segment.bytes)
 
@@ -228,19 +235,18 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     done = not dirty or end >= dirty[-1].next_offset
     if end <= start:
         return CleanResult(start, start, done, 0, 0, 0, 0, 0, 0)
-    last_batches = _producer_last_offsets(infos)
     to_clean = [s for s in closed if s.base_offset < end]
+    producer_last = _producer_last_offsets(infos, to_clean, walks)
     written = read = 0
     groups = _group_segments(to_clean, log.config)
-    selector = _Selector(omap, last_batches, now, delete_retention_ms, walks)
+    selector = _Selector(omap, producer_last, now, delete_retention_ms, walks)
     with PassSwaps(log, _SWAP_GROUPS) as swaps:
         for group in groups:
             try:
-                cleaned, fd = _write_group(log.directory, group, selector, log.config, io_throttle)
+                cleaned = _write_group(log.directory, group, selector, log.config, swaps, io_throttle)
             except BaseException:
                 swaps.abandon()  # a failed swap unlinks every .cleaned file as it undoes: its error first
                 raise
-            swaps.submit(SwapGroup(cleaned.base_offset, cleaned.replaced), cleaned.size_bytes, fd)
             read += sum(s.size_bytes for s in group)
             written += cleaned.size_bytes
         swaps.commit()
@@ -340,12 +346,30 @@ def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordEr
 
 # --- the offset map -----------------------------------------------------------------------------------------
 class _Walked(NamedTuple):
-    """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, and the
-    first record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again)."""
+    """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, the first
+    record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again), each one's last
+    offset and producer id (the producers' last batches, :func:`_producer_last_offsets`), and the segment's
+    bytes as the walk mapped them: the mapping stays while this holds them (:func:`_mapped` leaves a
+    mapping whose array is still referenced to go with it), so the rewrite reads the pages the walk
+    already faulted in instead of mapping the file again."""
 
     positions: np.ndarray
     sizes: np.ndarray
     batch_entries: np.ndarray
+    last_offsets: np.ndarray
+    producer_ids: np.ndarray
+    segment: np.ndarray
+
+    @classmethod
+    def of(cls, array: np.ndarray, batches: BatchArrays, batch_entries: np.ndarray) -> _Walked:
+        """The walk ``batches`` of the segment mapped at ``array``."""
+        return cls(batches.positions, batches.sizes, batch_entries, batches.last_offsets,
+                   _producer_ids(array, batches.positions), array)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory of the per-batch columns (the mapping is the page cache's)."""
+        return sum(column.nbytes for column in self[:5])
 
 
 class _Walks:
@@ -358,17 +382,22 @@ class _Walks:
         self._bytes = 0
 
     def keep(self, info: SegmentInfo, size_bytes: int, walked: _Walked) -> None:
-        nbytes = sum(column.nbytes for column in walked)
+        nbytes = walked.nbytes
         if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
             self._kept[info.base_offset] = (size_bytes, walked)
             self._bytes += nbytes
+
+    def get(self, info: SegmentInfo) -> _Walked | None:
+        """The kept walk of the segment, left kept, if it was ``info.size_bytes`` long."""
+        kept = self._kept.get(info.base_offset)
+        return kept[1] if kept is not None and kept[0] == info.size_bytes else None
 
     def take(self, info: SegmentInfo, size_bytes: int) -> _Walked | None:
         """The kept walk of the segment (``size_bytes`` long now), or None."""
         kept = self._kept.pop(info.base_offset, None)
         if kept is None:
             return None
-        self._bytes -= sum(column.nbytes for column in kept[1])
+        self._bytes -= kept[1].nbytes
         return kept[1] if kept[0] == size_bytes else None
 
 
@@ -383,7 +412,7 @@ def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
 def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
     batches = _walk(mapped, info)
     batch_entries = np.full(len(batches.positions), -1, np.int64)
-    walks.keep(info, len(mapped.array), _Walked(batches.positions, batches.sizes, batch_entries))
+    walks.keep(info, len(mapped.array), _Walked.of(mapped.array, batches, batch_entries))
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
     while True:
         i, omap.size, code, omap.entry_count = put_batches(
@@ -419,24 +448,50 @@ def _map_too_small(path: str, position: int, records: int, capacity: int) -> Con
                        f"log.cleaner.dedupe.buffer.size holds ({capacity}); raise it")
 
 
-def _producer_last_offsets(infos: Sequence[SegmentInfo]) -> dict[int, int]:
-    """Producer id -> last offset of its last batch in the log (the batches a clean must keep)."""
-    last: dict[int, int] = {}
+def _producer_last_offsets(infos: Sequence[SegmentInfo], to_clean: Sequence[SegmentInfo],
+                           walks: _Walks) -> np.ndarray:
+    """The last offsets of the idempotent producers' last batches in the log (``infos``), sorted: the
+    batches a clean keeps even when they keep no record.  The segments the pass rewrites (``to_clean``)
+    are known from their walks: the map pass's, or one made here (checked, and kept for the rewrite); the
+    others' headers are walked (the active segment up to its size in ``infos``: a batch appended since
+    can only make a kept batch superfluous, never drop a last one)."""
+    rewritten = {info.base_offset for info in to_clean}
+    ids: list[np.ndarray] = []
+    lasts: list[np.ndarray] = []
     for info in infos:
-        with _mapped(info.path) as mapped:
-            end = info.size_bytes if info.is_active else len(mapped.array)
-            arrays = tuple(np.empty(WALK_CAPACITY, np.int64) for _ in range(7))
-            position = 0
-            while position < end:
-                count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0,
-                                                     *arrays)
-                ids = _producer_ids(mapped.array, arrays[0][:count])
-                for pid, offset in zip(ids.tolist(), arrays[3][:count].tolist(), strict=True):
-                    if pid != _NO_PRODUCER:
-                        last[pid] = offset
-                if code != 1:
-                    break
-    return last
+        walked = walks.get(info)
+        if walked is None:
+            with _mapped(info.path) as mapped:
+                if info.base_offset in rewritten:
+                    walked = _Walked.of(mapped.array, _walk(mapped, info), np.empty(0, np.int64))
+                    walks.keep(info, len(mapped.array), walked)
+                else:
+                    walked = _walk_headers(mapped, info)
+        ids.append(walked.producer_ids)
+        lasts.append(walked.last_offsets)
+    all_ids, all_lasts = np.concatenate(ids), np.concatenate(lasts)
+    idempotent = all_ids != _NO_PRODUCER
+    all_ids, all_lasts = all_ids[idempotent][::-1], all_lasts[idempotent][::-1]
+    _, last_at = np.unique(all_ids, return_index=True)  # from the log's end: each producer's last batch
+    return np.sort(all_lasts[last_at])
+
+
+def _walk_headers(mapped: _Mapped, info: SegmentInfo) -> _Walked:
+    """The batches of a segment the pass does not rewrite, their headers alone (no CRC): up to the first
+    that is not whole (the active segment: up to ``info.size_bytes``)."""
+    end = info.size_bytes if info.is_active else len(mapped.array)
+    arrays = tuple(np.empty(min(WALK_CAPACITY, end // HEADER_SIZE + 1), np.int64) for _ in range(7))
+    parts: list[_Walked] = []
+    position = 0
+    while position < end:
+        count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
+        batches = BatchArrays(*(a[:count].copy() for a in arrays))
+        parts.append(_Walked.of(mapped.array, batches, batches.positions[:0]))
+        if code != 1:
+            break
+    empty = np.empty(0, np.int64)
+    return _Walked(empty, empty, empty, np.concatenate([p.last_offsets for p in parts] or [empty]),
+                   np.concatenate([p.producer_ids for p in parts] or [empty]), np.empty(0, np.uint8))
 
 
 def _field(array: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
@@ -468,56 +523,41 @@ def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[lis
     return groups
 
 
-class _Output:
-    """The cleaned ``.log`` being written: parts buffered, written in chunks."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.buffer = bytearray()
-        self.size_bytes = 0
-
-    def add(self, data: bytes | bytearray | memoryview) -> None:
-        self.buffer += data
-        if len(self.buffer) >= _OUT_CHUNK_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        view = memoryview(self.buffer)
-        while view:
-            view = view[os.write(self.fd, view):]
-        self.size_bytes += len(self.buffer)
-        self.buffer = bytearray()
-        if CLEAN_FAULTS.armed:
-            CLEAN_FAULTS.check("clean.write", self.path)
-
-
 class _Selector:
     """Writes the cleaned form of segments' batches, in offset order across a pass's groups: a record the
     map read is its key's latest iff its bit is set in ``omap.latest_bits`` (older ones are looked up).
     Uncompressed batches are selected and written in numba, a run at a time (``select_batches``,
     ``write_selected``); compressed ones one by one here."""
 
-    def __init__(self, omap: OffsetMap, last_batches: dict[int, int], now_ms: int,
-                 delete_retention_ms: int, walks: _Walks) -> None:
+    def __init__(self, omap: OffsetMap, producer_last: np.ndarray, now_ms: int, delete_retention_ms: int,
+                 walks: _Walks) -> None:
         self.omap = omap
         self.walks = walks
-        self.producer_last = np.array(sorted(last_batches.values()), dtype=np.int64)
+        self.producer_last = producer_last
         self.now_ms = now_ms
         self.horizon_ms = now_ms + delete_retention_ms
         self.marks = RecordMarks.make(_MARKS)
         self.results = np.empty((_MARKS, RESULT_COLUMNS), np.int64)
         self.crc_spans = np.empty((_MARKS, 2), np.int64)
-        self.buffer = np.empty(0, np.uint8)
+        self.out_buffer = np.empty(OUT_CHUNK_BYTES, np.uint8)
         self.keyless = 0
 
-    def clean_segment(self, mapped: _Mapped, info: SegmentInfo, out: _Output) -> None:
-        """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4)."""
-        walked = self.walks.take(info, len(mapped.array))
+    def clean_segment(self, info: SegmentInfo, out: CleanOutput) -> None:
+        """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4): read
+        through the mapping its kept walk holds, else mapped and walked here."""
+        walked = self.walks.take(info, info.size_bytes)
+        if walked is not None:
+            self._clean_mapped(_Mapped(walked.segment.data, walked.segment), info, out, walked)
+            return
+        with _mapped(info.path) as mapped:
+            self._clean_mapped(mapped, info, out, None)
+
+    def _clean_mapped(self, mapped: _Mapped, info: SegmentInfo, out: CleanOutput,
+                      walked: _Walked | None) -> None:
         if walked is None:
             batches = _walk(mapped, info)
-            walked = _Walked(batches.positions, batches.sizes, np.empty(0, np.int64))
-        positions, sizes, batch_entries = walked
+            walked = _Walked.of(mapped.array, batches, np.empty(0, np.int64))
+        positions, sizes, batch_entries = walked[:3]
         omap = self.omap
         first = 0
         while first < len(positions):
@@ -539,23 +579,25 @@ class _Selector:
             first = i
 
     def _write_run(self, mapped: _Mapped, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
-                   out: _Output) -> None:
+                   out: CleanOutput) -> None:
         """Write the batches ``[first, stop)`` that ``select_batches`` selected (``write_selected``)."""
-        if stop == first:
-            return
         self.keyless += int(self.results[: stop - first, 4].sum())
-        bound = output_bound(sizes, first, stop, self.results)
-        if len(self.buffer) < bound:
-            self.buffer = np.empty(0, np.uint8)  # dropped before the bigger one is made
-            self.buffer = np.empty(max(bound, 2 * len(self.buffer), _OUT_CHUNK_BYTES), np.uint8)
-        written, spans = write_selected(mapped.array, positions, sizes, first, stop, self.results,
-                                        *self.marks, self.horizon_ms, self.producer_last, self.buffer,
-                                        self.crc_spans)
-        fill_crcs(self.buffer, self.crc_spans[:spans])
-        out.add(self.buffer[:written].data)
+        run_first = first
+        while first < stop:
+            results = self.results[first - run_first :]
+            room = out.room()
+            end = fitting_stop(sizes, first, stop, results, len(room))
+            if end == first:  # not even the next batch fits: the buffer written out (or grown) first
+                room = out.room(output_bound(sizes, first, first + 1, results))
+                end = first + 1
+            written, spans = write_selected(mapped.array, positions, sizes, first, end, results, *self.marks,
+                                            self.horizon_ms, self.producer_last, room, self.crc_spans)
+            fill_crcs(room, self.crc_spans[:spans])
+            out.advance(written)
+            first = end
 
     def _write_compressed(self, mapped: _Mapped, position: int, header: BatchHeader, path: str,
-                          out: _Output) -> None:
+                          out: CleanOutput) -> None:
         """Select and write one compressed batch, decompressed here and compressed again."""
         omap = self.omap
         count = header.records_count
@@ -572,13 +614,13 @@ class _Selector:
         self.keyless += selection.keyless
         action = batch_action(selection.kept, count, selection.tombstones, has_horizon)
         if action == COPY:
-            out.add(mapped.view[position : position + header.size])
+            out.add(mapped.array[position : position + header.size])
         elif action == DROP:
             if header.producer_id != _NO_PRODUCER and self._is_producer_last(header.last_offset):
                 piece = np.empty(HEADER_SIZE, np.uint8)
                 write_empty(mapped.array, position, piece, 0)
                 fill_crcs(piece, np.array([[0, HEADER_SIZE]], np.int64))
-                out.add(piece.data)
+                out.add(piece)
         else:
             out.add(self._recompressed(mapped, position, header, data, start, end, selection))
 
@@ -588,7 +630,7 @@ class _Selector:
         return at < len(self.producer_last) and int(self.producer_last[at]) == last_offset
 
     def _recompressed(self, mapped: _Mapped, position: int, header: BatchHeader, data: np.ndarray,
-                      start: int, end: int, selection: Selection) -> memoryview:
+                      start: int, end: int, selection: Selection) -> np.ndarray:
         """A compressed batch with only its kept records, compressed with its codec again (the fields as
         ``storage.batch_rewrite`` sets them)."""
         count = header.records_count
@@ -605,42 +647,52 @@ class _Selector:
                      selection.kept, len(piece))
         piece[HEADER_SIZE:] = np.frombuffer(body, np.uint8)
         fill_crcs(piece, np.array([[0, len(piece)]], np.int64))
-        return piece.data
+        return piece
 
 
-def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector,
-                 config: LogConfig, io_throttle: IoThrottle | None = None) -> tuple[CleanedSegment, int]:
-    """Write the group's cleaned segment and its indexes aside; returns it and the open descriptor of its
-    ``.log``, not fsynced yet (``PassSwaps`` fsyncs and closes it).  On an error nothing is left."""
+def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Selector, config: LogConfig,
+                 swaps: PassSwaps, io_throttle: IoThrottle | None = None) -> CleanedSegment:
+    """Write the group's cleaned segment and its indexes aside and hand it to ``swaps``: its ``.log`` is
+    fsynced (and closed) on their thread from the moment it is written, while its indexes are built here.
+    On an error nothing is left."""
     base = group[0].base_offset
     paths = cleaned_paths(directory, base)
-    out = _Output(paths[0])
+    out = CleanOutput(paths[0], selector.out_buffer, swaps)
+    fd: int | None = out.fd
     ok = False
     try:
         for info in group:
             written = out.size_bytes
-            with _mapped(info.path) as mapped:
-                selector.clean_segment(mapped, info, out)
-                out.flush()
+            selector.clean_segment(info, out)
+            out.flush()
             if io_throttle is not None:
                 io_throttle(info.size_bytes + out.size_bytes - written)
-        scan = _scan_segment(paths[0], base, index_interval_bytes=config.index_interval_bytes)
+        swaps.sync(out.fd)
+        fd = None
+        # the structure checked again, not the CRCs: the batches copied had theirs checked as they were read,
+        # the others got theirs computed over their final bytes
+        scan = _scan_segment(paths[0], base, index_interval_bytes=config.index_interval_bytes,
+                             check_crc=False)
         if scan.error is not None:  # the batches were checked as they were read and written: a bug, not data
             raise CorruptRecordError(describe(paths[0], scan.error) + " (in a cleaned segment)")
         indexes = IndexPaths(paths[1], paths[2], base).write_rebuilt(
             scan, closed=True, max_bytes=config.segment_index_bytes)
         indexes.offset_index.close()
         indexes.time_index.close()
+        cleaned = CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes)
+        swaps.gather(SwapGroup(cleaned.base_offset, cleaned.replaced), cleaned.size_bytes)
         ok = True
     finally:
         if not ok:
-            _discard(out.fd, paths)
-    return CleanedSegment(base, tuple(s.base_offset for s in group), out.size_bytes), out.fd
+            _discard(fd, paths)
+    return cleaned
 
 
-def _discard(fd: int, paths: Sequence[str]) -> None:
-    """Close a cleaned segment's ``.log`` descriptor and unlink its files."""
-    os.close(fd)
+def _discard(fd: int | None, paths: Sequence[str]) -> None:
+    """Close a cleaned segment's ``.log`` descriptor (None: ``PassSwaps`` closes it) and unlink its
+    files."""
+    if fd is not None:
+        os.close(fd)
     for path in paths:
         with contextlib.suppress(OSError):
             os.unlink(path)

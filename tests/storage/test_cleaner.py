@@ -207,6 +207,27 @@ def test_codec_producer_batch_and_horizon(tmp_path: Path) -> None:
     log.close()
 
 
+@pytest.mark.parametrize("later_in", ["the active segment", "a segment past the cleanable bound"])
+def test_a_producers_emptied_batch_goes_when_its_later_batch_is_outside_the_pass(tmp_path: Path,
+                                                                                later_in: str) -> None:
+    """Only a producer's last batch in the whole log is kept empty: a later batch of the same producer in a
+    segment the pass does not rewrite makes its emptied earlier batch disappear."""
+    producer = {"producer_id": 41, "producer_epoch": 3}
+    log = Log.open(str(tmp_path / "clean-0"), CONFIG)
+    log.append(build_batch([b"x"], [b"a"], timestamp_ms=500, base_sequence=0, **producer), leader_epoch=0)
+    log.append(build_batch([b"new"], [b"a"], timestamp_ms=501), leader_epoch=0)
+    log.roll()
+    log.append(build_batch([b"y"], [b"b"], timestamp_ms=502, base_sequence=1, **producer), leader_epoch=0)
+    if later_in != "the active segment":
+        log.roll()
+    result = clean_log(log, upper_bound=2, now_ms=10_000)
+    assert (result.start_offset, result.end_offset) == (0, 2)
+    by_base = {h.base_offset: h for h in headers(list(log.batches()))}
+    assert sorted(by_base) == [1, 2]  # batch 0 kept no record and is not producer 41's last: gone
+    assert by_base[2].records_count == 1 and by_base[2].base_sequence == 1
+    log.close()
+
+
 def test_corrupt_batch_in_the_dirty_section_changes_nothing(tmp_path: Path) -> None:
     batches = [build_batch([b"v"] * 3, [b"a", b"b", b"a"], timestamp_ms=1000 + i) for i in range(20)]
     log = _log(tmp_path, batches)
