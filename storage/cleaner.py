@@ -11,8 +11,9 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    segment and every segment that reaches the bound are never read for the map nor rewritten.
 2. **The offset map** (``storage.offset_map``) is filled from the dirty closed segments, batch by batch, in
    offset order: every key's latest offset.  Compressed batches are decompressed; each batch's CRC is
-   checked first, and a corrupt batch stops the pass before anything changed (``CorruptRecordError``
-   naming the file, the position and the offsets).  When the next batch's records might not fit the map
+   checked first (by ``put_batches``, just before it parses the batch, while its bytes are in the cache),
+   and a corrupt batch stops the pass before anything changed (``CorruptRecordError`` naming the file, the
+   position and the offsets).  When the next batch's records might not fit the map
    (``log.cleaner.dedupe.buffer.size`` at load 0.9) the map stops there: its ``end_offset`` is where this
    pass ends, and the rest is the next pass's (``CleanResult.done`` is False).  Then one walk of the map's
    table marks every key's latest offset in a bitmap over the pass's offsets (``OffsetMap.mark_latest``).
@@ -107,6 +108,7 @@ from storage.log_dir import (
 )
 from storage.offset_index import OFFSET_INDEX_ENTRY
 from storage.offset_map import (
+    CRC_MISMATCH,
     DEFAULT_DEDUPE_BUFFER_BYTES,
     GROW,
     MALFORMED_RECORDS,
@@ -300,9 +302,10 @@ def _mapped(path: str) -> Iterator[_Mapped]:
             mm.close()
 
 
-def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
-    """Every batch of the segment, checked (structure and CRC); :class:`CorruptRecordError` naming the file,
-    the position and the offsets at the first invalid one."""
+def _walk(mapped: _Mapped, info: SegmentInfo, *, check_crcs: bool = True) -> BatchArrays:
+    """Every batch of the segment, checked (its structure and, with ``check_crcs``, its CRC: else the caller
+    checks each as it reads it); :class:`CorruptRecordError` naming the file, the position and the offsets
+    at the first invalid one (a CRC mismatch before it first)."""
     rows = min(WALK_CAPACITY, len(mapped.array) // HEADER_SIZE + 1)
     arrays = tuple(np.empty(rows, np.int64) for _ in range(7))
     parts: list[BatchArrays] = []
@@ -310,23 +313,38 @@ def _walk(mapped: _Mapped, info: SegmentInfo) -> BatchArrays:
     while True:
         count, stop, code = walk_batches(mapped.array, position, end, info.base_offset, expected, *arrays)
         batches = BatchArrays(*(a[:count].copy() for a in arrays))
-        valid = batch_crcs_ok(mapped.array, batches.positions, batches.sizes)
-        if valid < count:
-            header = parse_header(mapped.view, int(batches.positions[valid]))
-            raise CorruptRecordError(
-                f"{info.path}: record batch at position {int(batches.positions[valid])} (offsets "
-                f"{header.base_offset}..{header.last_offset}): CRC mismatch; the log cannot be cleaned: "
-                "restore the segment from a replica or cut it with appliance repair")
+        if check_crcs:
+            _check_crcs(mapped, info, batches, 0)
         parts.append(batches)
         if count:
             expected = int(batches.last_offsets[-1]) + 1
         if code == 0 and stop == end:
             break
         if code != 1:  # not FULL: an invalid batch
+            if not check_crcs:  # a CRC mismatch before it is the error, as when each part was checked
+                for part in parts:
+                    _check_crcs(mapped, info, part, 0)
             raise CorruptRecordError(describe(info.path, kernel_error(mapped.array, stop, code))
                                      + "; the log cannot be cleaned")
         position = stop
     return BatchArrays(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+
+def _check_crcs(mapped: _Mapped, info: SegmentInfo, batches: BatchArrays, first: int,
+                stop: int | None = None) -> None:
+    """Check the CRCs of ``batches[first:stop]``: :class:`CorruptRecordError` at the first mismatch."""
+    positions, sizes = batches.positions[first:stop], batches.sizes[first:stop]
+    valid = batch_crcs_ok(mapped.array, positions, sizes)
+    if valid < len(positions):
+        raise _crc_mismatch(info.path, mapped, int(positions[valid]))
+
+
+def _crc_mismatch(path: str, mapped: _Mapped, position: int) -> CorruptRecordError:
+    header = parse_header(mapped.view, position)
+    return CorruptRecordError(
+        f"{path}: record batch at position {position} (offsets {header.base_offset}..{header.last_offset}): "
+        "CRC mismatch; the log cannot be cleaned: restore the segment from a replica or cut it with "
+        "appliance repair")
 
 
 def _records(mapped: _Mapped, position: int, header: BatchHeader, path: str) -> tuple[np.ndarray, int, int]:
@@ -404,43 +422,58 @@ class _Walks:
 def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
     """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first.
     Uncompressed batches go through :func:`put_batches` in one call; it stops at a compressed batch (put
-    here after decompressing) and before a batch that needs the table grown or does not fit."""
+    here after decompressing) and before a batch that needs the table grown or does not fit.  Every batch
+    of the segment has its CRC checked by the time this returns (``put_batches`` checks each just before it
+    reads it, while its bytes are in the cache; the others are checked here), and a mismatch anywhere in
+    the segment is the error raised, before any other error the segment's batches give."""
     with _mapped(info.path) as mapped:
         return _index_mapped(omap, info, mapped, walks)
 
 
 def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
-    batches = _walk(mapped, info)
+    batches = _walk(mapped, info, check_crcs=False)
     batch_entries = np.full(len(batches.positions), -1, np.int64)
     walks.keep(info, len(mapped.array), _Walked.of(mapped.array, batches, batch_entries))
     first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
-    while True:
-        i, omap.size, code, omap.entry_count = put_batches(
-            mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
-            omap.entries, omap.entry_count, batch_entries)
-        if i > first:
-            omap.end_offset = int(batches.last_offsets[i - 1]) + 1
-        if code == 0:
-            return True
-        position = int(batches.positions[i])
-        header = parse_header(mapped.view, position)
-        if code == MALFORMED_RECORDS:
-            raise _malformed(info.path, position, header)
-        if code == GROW:
-            if header.records_count > omap.room:
-                if omap.size == 0:
-                    raise _map_too_small(info.path, position, header.records_count, omap.capacity)
-                return False
-            omap.grow()
-            first = i
-            continue
-        data, start, end = _records(mapped, position, header, info.path)
-        size = put_records(data, start, end, header.records_count, header.base_offset, omap.table, omap.size)
-        if size == MALFORMED_RECORDS:
-            raise _malformed(info.path, position, header)
-        omap.size = size
-        omap.end_offset = header.last_offset + 1
-        first = i + 1
+    _check_crcs(mapped, info, batches, 0, first)  # before the map's start: not read for the map
+    checked = first
+    try:
+        while True:
+            i, omap.size, code, omap.entry_count = put_batches(
+                mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
+                omap.entries, omap.entry_count, batch_entries)
+            if i > first:
+                omap.end_offset = int(batches.last_offsets[i - 1]) + 1
+            if code == 0:
+                return True
+            position = int(batches.positions[i])
+            if code == CRC_MISMATCH:
+                checked = len(batches.positions)  # the segment's first mismatch: the one reported
+                raise _crc_mismatch(info.path, mapped, position)
+            checked = i + 1  # put_batches checks a batch's CRC before anything else
+            header = parse_header(mapped.view, position)
+            if code == MALFORMED_RECORDS:
+                raise _malformed(info.path, position, header)
+            if code == GROW:
+                if header.records_count > omap.room:
+                    if omap.size == 0:
+                        raise _map_too_small(info.path, position, header.records_count, omap.capacity)
+                    _check_crcs(mapped, info, batches, checked)  # past the map's end: copied by the rewrite
+                    return False
+                omap.grow()
+                first = i
+                continue
+            data, start, end = _records(mapped, position, header, info.path)
+            size = put_records(data, start, end, header.records_count, header.base_offset, omap.table,
+                               omap.size)
+            if size == MALFORMED_RECORDS:
+                raise _malformed(info.path, position, header)
+            omap.size = size
+            omap.end_offset = header.last_offset + 1
+            first = i + 1
+    except (CorruptRecordError, ConfigError):
+        _check_crcs(mapped, info, batches, checked)  # a CRC mismatch further on is reported first
+        raise
 
 
 def _map_too_small(path: str, position: int, records: int, capacity: int) -> ConfigError:

@@ -4,6 +4,11 @@ The kernels that reach below numba (a prefetch hint, an unaligned 8-byte load, a
 store) all start from the same place: the LLVM pointer to ``array[index]`` of a 1-d array argument, without
 negative-index wrap-around.  :func:`element_pointer` gives it from an intrinsic's ``codegen`` arguments;
 :func:`load_word` is the unaligned 8-byte load itself (the CPU's byte order: little-endian on x86-64).
+
+:func:`address_of` and :func:`load_word_at` are the same load split in two, for a helper called once per
+record that must not take the array: numba counts references to an array passed into an inlined function
+whose body loops, and each count is an atomic instruction, slower than the loop it guards.  An address is a
+plain integer; it stays valid while the caller holds the array.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["element_pointer", "load_word"]
+__all__ = ["address_of", "element_pointer", "load_word", "load_word_at"]
 
 
 def element_pointer(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -35,5 +40,28 @@ def load_word(typingctx: Any, array: Any, index: Any) -> Any:
         pointer = element_pointer(context, builder, signature, args)
         word_pointer = builder.bitcast(pointer, ir.IntType(64).as_pointer())
         return builder.load(word_pointer, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def address_of(typingctx: Any, array: Any, index: Any) -> Any:
+    """The address of ``array[index]`` as an ``int64`` (for :func:`load_word_at`)."""
+    sig = types.int64(array, index)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.ptrtoint(element_pointer(context, builder, signature, args), ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def load_word_at(typingctx: Any, address: Any) -> Any:
+    """The eight bytes at ``address`` (:func:`address_of`) as a ``uint64`` in the CPU's byte order: one
+    unaligned load; the caller keeps the eight bytes inside the array the address came from."""
+    sig = types.uint64(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.load(builder.inttoptr(args[0], ir.IntType(64).as_pointer()), align=1)
 
     return sig, codegen

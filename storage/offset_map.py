@@ -9,15 +9,19 @@ largest offset at which it appears.  Kafka's ``SkimpyOffsetMap`` does it in a fi
 (MD5) and an 8-byte offset; this map has the same layout:
 
 * **the key digest** is MurmurHash3 x64 128 (:func:`key_hash`), computed in numba over the key's bytes
-  where they lie (a mapped segment, or a decompressed records section).  Two keys collide only if all 128
-  bits agree (about 2**-64 for a billion keys), and the map compares all 128;
+  where they lie (a mapped segment, or a decompressed records section), eight bytes a load (the map
+  kernel hashes from the key's address, :func:`hash_at`, not the array: numba would count a reference to
+  the array at each call of an inlined function with a loop, an atomic instruction slower than the hash).
+  Two keys collide only if all 128 bits agree (about 2**-64 for a billion keys), and the map compares all
+  128;
 * **the table** is ``slots`` slots of three ``uint64`` words, one after the other in a flat array: the
   digest's two halves and the key's latest offset plus one (0: the slot is empty).  A key's home slot is
   the digest's top 32 bits scaled to the table (``(h1 >> 32) * slots >> 32``), and a key is found by linear
   probing from there (:func:`map_put`, :func:`map_find`: numba), so a lookup reads one slot (24 bytes,
   rarely two cache lines) and compares the whole digest there.  The map pass hashes a run of records first,
   asking the CPU for each key's slot (``storage.prefetch``), and then puts them: a slot is a cache miss,
-  and this way the misses of a run overlap instead of following one another;
+  and this way the misses of a run overlap instead of following one another.  :func:`put_batches` checks
+  each batch's CRC just before it reads the batch's records, so the bytes come from memory once;
 * **growth**: the table starts small and doubles when half full (:meth:`OffsetMap.grow`), each key moved
   to the bigger table; the last step goes from a quarter of ``max_slots`` to ``max_slots``, the slots that
   hold ``capacity`` keys at load 0.9 (Kafka's ``log.cleaner.io.buffer.load.factor``).  A table about twice
@@ -67,12 +71,14 @@ from storage.batch_header import (
     RECORDS_COUNT_OFFSET,
 )
 from storage.batch_scan import read_be
-from storage.llvm_arrays import load_word
+from storage.crc32c_kernel import batch_crc_ok
+from storage.llvm_arrays import address_of, load_word_at
 from storage.prefetch import prefetch
-from storage.varint import read_varint, read_varlong
+from storage.varint import read_varint_quick, read_varlong_call
 
 __all__ = [
     "BYTES_PER_ENTRY",
+    "CRC_MISMATCH",
     "DEFAULT_DEDUPE_BUFFER_BYTES",
     "ENTRY_KEYLESS",
     "ENTRY_TOMBSTONE",
@@ -84,6 +90,7 @@ __all__ = [
     "OffsetMap",
     "entry_offset_delta",
     "entry_position",
+    "hash_at",
     "home_slot",
     "is_latest",
     "key_hash",
@@ -106,6 +113,7 @@ DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024  # Kafka's log.cleaner.de
 MALFORMED_RECORDS: Final = -1  # a record's fields do not parse inside the records section
 GROW: Final = -2  # put_batches: the next batch's keys could pass the table's growth point
 STOPPED: Final = -3  # put_batches: stopped before a compressed batch (the caller decompresses it)
+CRC_MISMATCH: Final = -4  # put_batches: the batch's stored CRC is not the CRC of its bytes
 ENTRY_TOMBSTONE: Final = 1 << 62  # a record entry's flag: the record's value is null
 ENTRY_KEYLESS: Final = 1 << 63  # a record entry's flag: the record has no key
 _ENTRY_BYTES: Final = 8
@@ -158,42 +166,30 @@ def _word_by_bytes(data: np.ndarray, at: int, count: int) -> np.uint64:
 
 
 @numba.njit(cache=True, inline="always")
-def _word(data: np.ndarray, at: int, count: int) -> np.uint64:
-    """``count`` (<= 8) bytes at ``at`` as a little-endian word: one unaligned load
-    (:func:`storage.llvm_arrays.load_word`) where the CPU is little-endian and eight bytes from ``at`` lie
-    inside ``data`` (the bytes past ``count`` masked off), else a byte at a time."""
-    if _LITTLE_ENDIAN and at + 8 <= data.shape[0]:
-        value: np.uint64 = load_word(data, at)  # type: ignore[call-arg]  # numba: typing context
-        if count < 8:
-            value &= (_ONE << np.uint64(8 * count)) - _ONE
-        return value
-    return _word_by_bytes(data, at, count)
+def _low_bytes(word: np.uint64, count: int) -> np.uint64:
+    """The ``count`` (1 to 8) low bytes of ``word``."""
+    if count < 8:
+        return word & ((_ONE << np.uint64(8 * count)) - _ONE)
+    return word
 
 
-@numba.njit(cache=True)
-def key_hash(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.uint64]:
-    """MurmurHash3 x64 128 (seed 0) of ``data[start:start + length]``: the two 64-bit halves."""
-    h1 = np.uint64(0)
-    h2 = np.uint64(0)
-    blocks = length // 16
-    for b in range(blocks):
-        at = start + b * 16
-        k1 = _word(data, at, 8) * _C1
-        k1 = _rotl(k1, 31) * _C2
-        h1 ^= k1
-        h1 = (_rotl(h1, 27) + h2) * _FIVE + _A1
-        k2 = _word(data, at + 8, 8) * _C2
-        k2 = _rotl(k2, 33) * _C1
-        h2 ^= k2
-        h2 = (_rotl(h2, 31) + h1) * _FIVE + _A2
-    tail = start + blocks * 16
-    rest = length & 15
-    if rest > 8:
-        k2 = _word(data, tail + 8, rest - 8) * _C2
-        h2 ^= _rotl(k2, 33) * _C1
-    if rest > 0:
-        k1 = _word(data, tail, min(rest, 8)) * _C1
-        h1 ^= _rotl(k1, 31) * _C2
+@numba.njit(cache=True, inline="always")
+def _mix(h1: np.uint64, h2: np.uint64, k1: np.uint64, k2: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """MurmurHash3 x64 128's step over one 16-byte block (``k1``, ``k2``: its little-endian halves)."""
+    h1 ^= _rotl(k1 * _C1, 31) * _C2
+    h1 = (_rotl(h1, 27) + h2) * _FIVE + _A1
+    h2 ^= _rotl(k2 * _C2, 33) * _C1
+    h2 = (_rotl(h2, 31) + h1) * _FIVE + _A2
+    return h1, h2
+
+
+@numba.njit(cache=True, inline="always")
+def _finish(h1: np.uint64, h2: np.uint64, k1: np.uint64, k2: np.uint64,
+            length: int) -> tuple[np.uint64, np.uint64]:
+    """MurmurHash3 x64 128's end: the tail's words (``k1``, ``k2``: its bytes, zero-padded; zero when it
+    has none) and the key's length mixed in."""
+    h2 ^= _rotl(k2 * _C2, 33) * _C1
+    h1 ^= _rotl(k1 * _C1, 31) * _C2
     h1 ^= np.uint64(length)
     h2 ^= np.uint64(length)
     h1 += h2
@@ -203,6 +199,53 @@ def key_hash(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.u
     h1 += h2
     h2 += h1
     return h1, h2
+
+
+@numba.njit(cache=True, inline="always")
+def hash_at(address: int, length: int) -> tuple[np.uint64, np.uint64]:
+    """:func:`key_hash` of the ``length`` bytes at ``address`` (``storage.llvm_arrays.address_of``), eight
+    bytes a load: the tail's loads reach up to seven bytes past the key (masked off), so the caller keeps
+    ``length + 8`` bytes from ``address`` inside the array, on a little-endian CPU.  The map kernels call it
+    once a record (an address, not the array: see ``storage.llvm_arrays``)."""
+    h1 = np.uint64(0)
+    h2 = np.uint64(0)
+    tail = address + (length & ~15)
+    at = address
+    while at < tail:
+        h1, h2 = _mix(h1, h2, load_word_at(at), load_word_at(at + 8))  # type: ignore[call-arg]  # numba
+        at += 16
+    rest = length & 15
+    k1 = k2 = np.uint64(0)
+    if rest > 8:
+        k2 = _low_bytes(load_word_at(tail + 8), rest - 8)  # type: ignore[call-arg]  # numba: typing context
+    if rest > 0:
+        k1 = _low_bytes(load_word_at(tail), min(rest, 8))  # type: ignore[call-arg]  # numba: typing context
+    return _finish(h1, h2, k1, k2, length)
+
+
+@numba.njit(cache=True)
+def _key_hash_by_bytes(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.uint64]:
+    """:func:`key_hash` a byte at a time (a big-endian CPU, or a key near the end of ``data``)."""
+    h1 = np.uint64(0)
+    h2 = np.uint64(0)
+    tail = start + (length & ~15)
+    for at in range(start, tail, 16):
+        h1, h2 = _mix(h1, h2, _word_by_bytes(data, at, 8), _word_by_bytes(data, at + 8, 8))
+    rest = length & 15
+    k1 = k2 = np.uint64(0)
+    if rest > 8:
+        k2 = _word_by_bytes(data, tail + 8, rest - 8)
+    if rest > 0:
+        k1 = _word_by_bytes(data, tail, min(rest, 8))
+    return _finish(h1, h2, k1, k2, length)
+
+
+@numba.njit(cache=True)
+def key_hash(data: np.ndarray, start: int, length: int) -> tuple[np.uint64, np.uint64]:
+    """MurmurHash3 x64 128 (seed 0) of ``data[start:start + length]``: the two 64-bit halves."""
+    if _LITTLE_ENDIAN and start + length + 8 <= data.shape[0]:
+        return hash_at(address_of(data, start), length)  # type: ignore[call-arg]  # numba: typing context
+    return _key_hash_by_bytes(data, start, length)
 
 
 @numba.njit(cache=True, inline="always")
@@ -330,24 +373,30 @@ def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, ta
     (:func:`make_entry`) goes to ``entries`` from there.  Returns ``(keys, position after the run, every
     record fitted an entry)``, or ``MALFORMED_RECORDS`` as the keys."""
     slots = table.shape[0] // SLOT_WORDS
+    base_address: int = address_of(data, 0)  # type: ignore[call-arg]  # numba: typing context
     fitted = True
     for n in range(run):
-        length, after = read_varint(data, at, end)
+        length, after = read_varint_quick(data, at, end)
         if after < 0 or length <= 0 or after + length > end:
             return MALFORMED_RECORDS, at, False
         record_end = after + length
-        _, p = read_varlong(data, after + 1, record_end)  # after the attributes byte: timestampDelta
+        p = read_varint_quick(data, after + 1, record_end)[1]  # after the attributes byte: timestampDelta
+        if p < 0:  # or a varlong too long for a varint
+            p = read_varlong_call(data, after + 1, record_end)[1]
+            if p < 0:
+                return MALFORMED_RECORDS, at, False
+        offset_delta, p = read_varint_quick(data, p, record_end)
         if p < 0:
             return MALFORMED_RECORDS, at, False
-        offset_delta, p = read_varint(data, p, record_end)
-        if p < 0:
-            return MALFORMED_RECORDS, at, False
-        key_length, p = read_varint(data, p, record_end)
+        key_length, p = read_varint_quick(data, p, record_end)
         if p < 0 or key_length < -1 or p + key_length > record_end:
             return MALFORMED_RECORDS, at, False
         scratch[n, 3] = key_length >= 0
         if key_length >= 0:
-            h1, h2 = key_hash(data, p, key_length)
+            if _LITTLE_ENDIAN and p + key_length + 8 <= data.shape[0]:
+                h1, h2 = hash_at(base_address + p, key_length)
+            else:
+                h1, h2 = key_hash(data, p, key_length)
             home = SLOT_WORDS * home_slot(h1, slots)
             prefetch(table, home)
             prefetch(table, home + 2)  # the slot's last word: on the next cache line for some slots
@@ -356,14 +405,14 @@ def _put_run(data: np.ndarray, at: int, end: int, run: int, base_offset: int, ta
             scratch[n, 2] = np.uint64(base_offset + offset_delta)
         if entry_at >= 0:
             if 0 <= offset_delta < _ENTRY_DELTA_LIMIT and at < _ENTRY_POSITION_LIMIT:
-                value_length, _ = read_varint(data, p + max(key_length, 0), record_end)
+                value_length, _ = read_varint_quick(data, p + max(key_length, 0), record_end)
                 entries[entry_at + n] = make_entry(at, offset_delta, value_length < 0, key_length < 0)
             else:
                 fitted = False
         at = record_end
     for n in range(run):
         if scratch[n, 3]:
-            offset: int = np.int64(scratch[n, 2])  # type: ignore[assignment]  # numba: an int64
+            offset: int = np.int64(scratch[n, 2])
             _, new = map_put(table, scratch[n, 0], scratch[n, 1], offset)
             if new:
                 size += 1
@@ -409,12 +458,17 @@ def put_batches(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, firs
     """Put the keys of the batches at ``positions[first:]`` of a segment (``data``: all of it), as
     :func:`put_records`, skipping control batches, and their records' entries in ``entries`` from
     ``entry_count`` on while they fit: ``batch_entries[i]`` gets the first entry of batch ``i`` (the
-    caller fills it with -1: no entries).  Returns ``(batch index, keys, code, entries used)``:
-    code 0 when all were put; else the batch at the index was not: :data:`GROW` (its records could take
-    the keys past ``grow_at``), :data:`STOPPED` (it is compressed) or :data:`MALFORMED_RECORDS`."""
+    caller fills it with -1: no entries).  Each batch's CRC is checked before anything else is read of it
+    (``storage.crc32c_kernel.batch_crc_ok``).  Returns ``(batch index, keys, code, entries used)``: code 0
+    when all were put; else the batch at the index was not: :data:`CRC_MISMATCH`, :data:`GROW` (its
+    records could take the keys past ``grow_at``), :data:`STOPPED` (it is compressed) or
+    :data:`MALFORMED_RECORDS`; the batches before it, and it unless the code is :data:`CRC_MISMATCH`, had
+    their CRCs checked."""
     scratch = np.empty((_RUN, 4), np.uint64)
     for i in range(first, positions.shape[0]):
         position = positions[i]
+        if not batch_crc_ok(data, position, sizes[i]):
+            return i, size, CRC_MISMATCH, entry_count
         attributes = read_be(data, position + ATTRIBUTES_OFFSET, 2)
         if attributes & CONTROL_FLAG_MASK:
             continue

@@ -24,10 +24,13 @@ their pure-Python twin for any buffer (same codes); ``decode_varint``/``decode_v
 
 from __future__ import annotations
 
+import sys
+
 import numba
 import numpy as np
 
 from storage.errors import CorruptRecordError
+from storage.llvm_arrays import load_word
 
 __all__ = [
     "MAX_VARINT_BYTES",
@@ -39,7 +42,11 @@ __all__ = [
     "encode_varint",
     "parse_varint",
     "read_varint",
+    "read_varint_call",
+    "read_varint_quick",
     "read_varlong",
+    "read_varlong_call",
+    "short_varint",
     "size_of_varint",
     "size_of_varlong",
     "varint_error",
@@ -52,6 +59,12 @@ MAX_VARLONG_BYTES = 10  # int64: 64 bits in 7-bit groups
 # Named negative codes returned in place of a position.
 VARINT_TRUNCATED = -1  # the buffer ends inside the varint
 VARINT_TOO_LONG = -2  # more bytes than the type allows, or bits past its width
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+_CONTINUE = np.uint64(0x80)  # a byte's "another byte follows" bit
+_GROUP = np.uint64(0x7F)  # a byte's 7 bits of the value
+_SECOND_CONTINUES = np.uint64(0x8000)  # the second byte's "another follows" bit, in a little-endian word
+_SECOND_GROUP = np.uint64(0x7F << 7)  # the second byte's 7 bits, in place, once the word is shifted by 1
 
 # Bits the last allowed byte may carry: 32 - 28 = 4 for int32, 64 - 63 = 1 for int64.
 _VARINT_LAST_BYTE_MAX = 0x0F
@@ -127,6 +140,23 @@ def _read_zigzag(
 
 
 @numba.njit(cache=True, inline="always")
+def short_varint(word: np.uint64) -> tuple[int, int]:
+    """The varint (or varlong) that starts ``word`` (eight bytes read little-endian), when it takes one
+    or two bytes: ``(value, bytes taken)``; ``(0, 0)`` when it is longer (the caller reads it with
+    :func:`read_varint`).  Most of a record's varints are that short: a kernel that loads a word at once
+    decodes them without a loop."""
+    if word & _CONTINUE == 0:
+        zigzag = np.int64(word & _GROUP)
+        size = 1
+    elif word & _SECOND_CONTINUES == 0:
+        zigzag = np.int64((word & _GROUP) | ((word >> np.uint64(1)) & _SECOND_GROUP))
+        size = 2
+    else:
+        return 0, 0
+    return int((zigzag >> 1) ^ -(zigzag & 1)), size
+
+
+@numba.njit(cache=True, inline="always")
 def read_varint(buf: np.ndarray, position: int, end: int) -> tuple[int, int]:
     """Decode an int32 varint at ``position`` (bytes before ``end``): (value, next position or code)."""
     return _read_zigzag(buf, position, end, MAX_VARINT_BYTES, _VARINT_LAST_BYTE_MAX)
@@ -136,6 +166,31 @@ def read_varint(buf: np.ndarray, position: int, end: int) -> tuple[int, int]:
 def read_varlong(buf: np.ndarray, position: int, end: int) -> tuple[int, int]:
     """Decode an int64 varlong at ``position`` (bytes before ``end``): (value, next position or code)."""
     return _read_zigzag(buf, position, end, MAX_VARLONG_BYTES, _VARLONG_LAST_BYTE_MAX)
+
+
+@numba.njit(cache=True)
+def read_varint_call(buf: np.ndarray, position: int, end: int) -> tuple[int, int]:
+    """:func:`read_varint`, called rather than inlined: a kernel's rare path (numba counts the references
+    to an array passed into an inlined loop, an atomic instruction each: ``storage.llvm_arrays``)."""
+    return read_varint(buf, position, end)
+
+
+@numba.njit(cache=True)
+def read_varlong_call(buf: np.ndarray, position: int, end: int) -> tuple[int, int]:
+    """:func:`read_varlong`, called rather than inlined (as :func:`read_varint_call`)."""
+    return read_varlong(buf, position, end)
+
+
+@numba.njit(cache=True, inline="always")
+def read_varint_quick(buf: np.ndarray, position: int, end: int) -> tuple[int, int]:
+    """:func:`read_varint` for a varint likely one or two bytes long: one 8-byte load
+    (:func:`short_varint`) where eight bytes from ``position`` lie inside ``buf``; else, or when it is
+    longer, :func:`read_varint` itself."""
+    if _LITTLE_ENDIAN and position + 8 <= buf.shape[0]:
+        value, size = short_varint(load_word(buf, position))  # type: ignore[call-arg]  # numba: typing
+        if size:
+            return (value, position + size) if position + size <= end else (0, VARINT_TRUNCATED)
+    return read_varint_call(buf, position, end)
 
 
 # ---------------------------------------------------------------------------------------------------------

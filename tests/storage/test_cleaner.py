@@ -244,6 +244,49 @@ def test_corrupt_batch_in_the_dirty_section_changes_nothing(tmp_path: Path) -> N
     log.close(clean=False)
 
 
+def _flip_last_byte(path: str, batch_end: int) -> None:
+    """Flip a bit of the batch's last byte (its CRC no longer matches)."""
+    with open(path, "r+b") as f:
+        f.seek(batch_end - 1)
+        byte = f.read(1)[0]
+        f.seek(batch_end - 1)
+        f.write(bytes([byte ^ 1]))
+
+
+def test_a_crc_mismatch_past_the_maps_end_stops_the_clean(tmp_path: Path) -> None:
+    """The map fills in the middle of a segment: the batches after its end, which the pass copies, have
+    their CRCs checked too, and a mismatch there stops the pass before anything changed."""
+    batches = [build_batch([b"v"], [bytes([i])], timestamp_ms=1000 + i) for i in range(20)]
+    log = _log(tmp_path, batches)
+    segment = log.segments[0]
+    assert segment.next_offset - segment.base_offset >= 6
+    _flip_last_byte(segment.path, 6 * len(batches[0]))  # the sixth batch; the map holds 4 keys
+    before = _files(log.directory)
+    sixth = 5 * len(batches[0])
+    expected = rf"{segment.path}: record batch at position {sixth} \(offsets 5\.\.5\): CRC mismatch"
+    with pytest.raises(CorruptRecordError, match=expected + "; the log cannot be cleaned"):
+        clean_log(log, upper_bound=log.log_end_offset, dedupe_buffer_bytes=4 * BYTES_PER_ENTRY + 52)
+    assert _files(log.directory) == before
+    log.close(clean=False)
+
+
+def test_a_crc_mismatch_is_reported_before_records_that_do_not_parse(tmp_path: Path) -> None:
+    """A segment with a batch whose records do not parse (its CRC right) and a later one whose CRC is
+    wrong: the CRC mismatch is the error, as when every CRC of the segment is checked before its records
+    are read."""
+    good = build_batch([b"v"], [b"a"], timestamp_ms=999)
+    bad = bytearray(build_batch([b"v"], [b"b"], timestamp_ms=1000))
+    bad[RECORDS_OFFSET] = 0x7F  # the record's length runs past the section
+    write_crc(bad, 0, len(bad))
+    log = _log(tmp_path, [good, bytes(bad), good])
+    segment = log.segments[0]
+    assert segment.next_offset == 3
+    _flip_last_byte(segment.path, 2 * len(good) + len(bad))
+    with pytest.raises(CorruptRecordError, match=r"\(offsets 2\.\.2\): CRC mismatch"):
+        clean_log(log, upper_bound=log.log_end_offset)
+    log.close(clean=False)
+
+
 def test_records_that_do_not_parse_stop_the_clean(tmp_path: Path) -> None:
     bad = bytearray(build_batch([b"v", b"w"], [b"a", b"b"], timestamp_ms=1000))
     bad[RECORDS_OFFSET] = 0x7F  # the first record's length runs past the section

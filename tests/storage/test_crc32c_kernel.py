@@ -11,9 +11,12 @@ from storage.crc32c_kernel import batch_crcs_ok, crc32c, crc32c_by_table, fill_b
 
 
 def test_crc32c_matches_the_package_over_any_span() -> None:
-    data = np.random.default_rng(5).integers(0, 256, 5000, dtype=np.uint8)
-    spans = [(0, 0), (0, 1), (3, 11), (5, 100), (7, 4999), (0, 5000)]
+    data = np.random.default_rng(5).integers(0, 256, 20_000, dtype=np.uint8)
+    spans = [(0, 0), (0, 1), (3, 11), (5, 100), (7, 4999), (0, 5000), (1, 19_999), (0, 20_000)]
     spans += [(s, s + n) for s in range(8) for n in range(17)]  # every alignment, every tail length
+    # around the lengths where the three interleaved streams take over (3 x 128 and 3 x 1024 bytes)
+    spans += [(s, s + n) for s in (0, 3) for base in (384, 768, 3072, 6144, 3072 + 384)
+              for n in range(base - 9, base + 10)]
     for start, end in spans:
         expected = crc32c_package.crc32c(data[start:end].tobytes())
         assert crc32c(data, start, end) == expected, (start, end)

@@ -454,3 +454,17 @@ def test_iter_batches_walks_consecutive_batches() -> None:
         b"b",
         b"c",
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=0, max_size=12), st.binary(min_size=0, max_size=9), st.integers(0, 12))
+def test_quick_varint_reader_agrees_with_read_varint(data: bytes, after: bytes, end: int) -> None:
+    """``read_varint_quick`` (one 8-byte load where eight bytes lie inside the array, else ``read_varint``)
+    reads what ``read_varint`` reads, whatever the bytes past ``end``; ``short_varint`` of a word is the
+    varint it starts with when that takes one or two bytes."""
+    array = np.frombuffer(data + after, dtype=np.uint8)
+    end = min(end, len(data))
+    assert varint.read_varint_quick(array, 0, end) == varint.read_varint(array, 0, end)
+    value, size = varint.short_varint(np.uint64(int.from_bytes((data + after + bytes(8))[:8], "little")))
+    if 0 < size <= len(array):
+        assert varint.read_varint(array, 0, len(array)) == (value, size)
