@@ -3,9 +3,9 @@
 The log of ``bench/test_bench_cleaner.py`` (its ``CLEANER_BENCH_MIB`` and ``CLEANER_BENCH_KEYS``), one pass to
 load numba's kernels, then ``--passes`` passes of ``clean_log``, each over a fresh synced copy, under
 cProfile; prints each pass's wall and CPU time, the functions by their own time per pass, and the time of
-the producers' last batches (``storage.cleaner._producer_last_offsets``) alone over the same segments when
-no walk of the map pass is kept (every segment's headers walked, as for the segments a pass does not
-rewrite).
+the producers' last batches (``storage.clean_map_pass.producer_last_offsets``) alone over the same
+segments when no walk of the map pass is kept (every segment's headers walked, as for the segments a pass
+does not rewrite).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.test_bench_cleaner import CONFIG, dirty_log
-from storage import cleaner
+from storage import clean_map_pass, cleaner
 from storage.log import Log
 
 
@@ -60,8 +60,8 @@ def main() -> None:
         with Log.open(str(source), CONFIG) as log:
             for _ in range(3):
                 start = time.thread_time()
-                cleaner._producer_last_offsets(log.segments, [], cleaner._Walks())
-                print(f"_producer_last_offsets alone: {1e3 * (time.thread_time() - start):.1f} ms CPU")
+                clean_map_pass.producer_last_offsets(log.segments, [], clean_map_pass.Walks())
+                print(f"producer_last_offsets alone: {1e3 * (time.thread_time() - start):.1f} ms CPU")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

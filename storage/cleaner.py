@@ -38,7 +38,7 @@ been cleaned, from it on nothing has.  :func:`clean_log` runs one pass:
    * a batch that keeps no record disappears, unless it is the last batch of an idempotent producer in the
      log: it stays as a header with no records, as Kafka's ``RETAIN_EMPTY`` (codec none, base and max
      timestamp its max timestamp), so the producer's last sequence survives.  Those last batches are found
-     before the first group is written (:func:`_producer_last_offsets`) from the walks of the segments
+     before the first group is written (:func:`producer_last_offsets`) from the walks of the segments
      the pass rewrites (the map pass's, or one made then and kept for the rewrite) and the headers of the
      segments after them.
 
@@ -55,7 +55,7 @@ Memory: the offset map's arrays (at most the dedupe buffer; smaller when the dir
 offsets than the buffer holds keys), the marks of up to ``_MARKS`` records (:class:`_Selector`), one
 compressed batch's decompressed records and its rewrite, the output buffered up to ``OUT_CHUNK_BYTES``
 before each write, and the batch positions, sizes, last offsets and producer ids the map pass found and
-their first record entries (up to ``_WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those
+their first record entries (up to ``WALKS_KEPT_BYTES``), so the rewrite neither walks nor checks those
 segments again.  Segments are read through read-only mappings, a walked segment's kept from its walk to its
 rewrite (no second mapping to fault in); the record kernels take a segment's uncompressed batches in one call
 (``put_batches``, ``select_batches``, ``storage.batch_rewrite.write_selected``) and hand compressed ones
@@ -65,10 +65,9 @@ back.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple, Protocol
 
 import numpy as np
@@ -76,12 +75,10 @@ import numpy as np
 from storage.batch_header import (
     COMPRESSION_CODEC_MASK,
     HEADER_SIZE,
-    PRODUCER_ID_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
     parse_header,
 )
-from storage.batch_reader import records_data
 from storage.batch_rewrite import (
     RECORD_SLACK_BYTES,
     fill_crcs,
@@ -91,15 +88,25 @@ from storage.batch_rewrite import (
     write_header,
     write_selected,
 )
-from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
+from storage.batch_scan import describe
 from storage.batch_scan import scan_segment as _scan_segment
 from storage.clean_faults import CLEAN_FAULTS
+from storage.clean_map_pass import (
+    Mapped,
+    Walked,
+    Walks,
+    index_segment,
+    malformed_records,
+    mapped_segment,
+    producer_last_offsets,
+    records_section,
+    walk_segment,
+)
 from storage.clean_output import OUT_CHUNK_BYTES, CleanOutput
 from storage.clean_pass_swaps import PassSwaps
 from storage.clean_swap import SwapGroup, cleaned_paths
 from storage.compression import compress
-from storage.crc32c_kernel import batch_crcs_ok
-from storage.errors import ConfigError, CorruptRecordError
+from storage.errors import CorruptRecordError
 from storage.log_config import INT32_MAX, LogConfig
 from storage.log_dir import (
     CLEANER_OFFSET_CHECKPOINT_FILE,
@@ -108,14 +115,10 @@ from storage.log_dir import (
 )
 from storage.offset_index import OFFSET_INDEX_ENTRY
 from storage.offset_map import (
-    CRC_MISMATCH,
     DEFAULT_DEDUPE_BUFFER_BYTES,
-    GROW,
     MALFORMED_RECORDS,
     STOPPED,
     OffsetMap,
-    put_batches,
-    put_records,
 )
 from storage.record_filter import (
     COPY,
@@ -146,7 +149,6 @@ __all__ = [
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 _MARKS: Final = 1 << 14  # records (and batches) selected per select_batches call
-_WALKS_KEPT_BYTES: Final = 4 << 20  # the per-batch columns of the walks kept for the rewrite (_Walked)
 _NO_PRODUCER: Final = -1
 _SWAP_GROUPS: Final = 64  # groups swapped in together at most (also: their cleaned bytes up to segment.bytes)
 
@@ -225,9 +227,9 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     else:
         omap = offset_map
     omap.clear(start)
-    walks = _Walks()
+    walks = Walks()
     for info in dirty:
-        fitted = _index_segment(omap, info, walks)
+        fitted = index_segment(omap, info, walks)
         if io_throttle is not None:
             io_throttle(info.size_bytes)
         if not fitted:
@@ -238,7 +240,7 @@ def clean_log(log: CleanableLog, *, upper_bound: int, now_ms: int | None = None,
     if end <= start:
         return CleanResult(start, start, done, 0, 0, 0, 0, 0, 0)
     to_clean = [s for s in closed if s.base_offset < end]
-    producer_last = _producer_last_offsets(infos, to_clean, walks)
+    producer_last = producer_last_offsets(infos, to_clean, walks)
     written = read = 0
     groups = _group_segments(to_clean, log.config)
     selector = _Selector(omap, producer_last, now, delete_retention_ms, walks)
@@ -272,271 +274,6 @@ def _dirty_segments(closed: Sequence[SegmentInfo], start: int, bound: int) -> li
     return dirty
 
 
-# --- reading segments ---------------------------------------------------------------------------------------
-class _Mapped(NamedTuple):
-    view: memoryview
-    array: np.ndarray
-
-
-@contextlib.contextmanager
-def _mapped(path: str) -> Iterator[_Mapped]:
-    """The file at ``path`` mapped read-only (an empty file: empty buffers)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-    finally:
-        os.close(fd)
-    if mm is None:
-        yield _Mapped(memoryview(b""), np.zeros(0, np.uint8))
-        return
-    mm.madvise(mmap.MADV_SEQUENTIAL)
-    view = memoryview(mm)
-    array = np.frombuffer(mm, dtype=np.uint8)
-    try:
-        yield _Mapped(view, array)
-    finally:
-        del array
-        with contextlib.suppress(BufferError):  # views still held by an error's traceback: unmapped with them
-            view.release()
-            mm.close()
-
-
-def _walk(mapped: _Mapped, info: SegmentInfo, *, check_crcs: bool = True) -> BatchArrays:
-    """Every batch of the segment, checked (its structure and, with ``check_crcs``, its CRC: else the caller
-    checks each as it reads it); :class:`CorruptRecordError` naming the file, the position and the offsets
-    at the first invalid one (a CRC mismatch before it first)."""
-    rows = min(WALK_CAPACITY, len(mapped.array) // HEADER_SIZE + 1)
-    arrays = tuple(np.empty(rows, np.int64) for _ in range(7))
-    parts: list[BatchArrays] = []
-    position, expected, end = 0, info.base_offset, len(mapped.array)
-    while True:
-        count, stop, code = walk_batches(mapped.array, position, end, info.base_offset, expected, *arrays)
-        batches = BatchArrays(*(a[:count].copy() for a in arrays))
-        if check_crcs:
-            _check_crcs(mapped, info, batches, 0)
-        parts.append(batches)
-        if count:
-            expected = int(batches.last_offsets[-1]) + 1
-        if code == 0 and stop == end:
-            break
-        if code != 1:  # not FULL: an invalid batch
-            if not check_crcs:  # a CRC mismatch before it is the error, as when each part was checked
-                for part in parts:
-                    _check_crcs(mapped, info, part, 0)
-            raise CorruptRecordError(describe(info.path, kernel_error(mapped.array, stop, code))
-                                     + "; the log cannot be cleaned")
-        position = stop
-    return BatchArrays(*(np.concatenate(column) for column in zip(*parts, strict=True)))
-
-
-def _check_crcs(mapped: _Mapped, info: SegmentInfo, batches: BatchArrays, first: int,
-                stop: int | None = None) -> None:
-    """Check the CRCs of ``batches[first:stop]``: :class:`CorruptRecordError` at the first mismatch."""
-    positions, sizes = batches.positions[first:stop], batches.sizes[first:stop]
-    valid = batch_crcs_ok(mapped.array, positions, sizes)
-    if valid < len(positions):
-        raise _crc_mismatch(info.path, mapped, int(positions[valid]))
-
-
-def _crc_mismatch(path: str, mapped: _Mapped, position: int) -> CorruptRecordError:
-    header = parse_header(mapped.view, position)
-    return CorruptRecordError(
-        f"{path}: record batch at position {position} (offsets {header.base_offset}..{header.last_offset}): "
-        "CRC mismatch; the log cannot be cleaned: restore the segment from a replica or cut it with "
-        "appliance repair")
-
-
-def _records(mapped: _Mapped, position: int, header: BatchHeader, path: str) -> tuple[np.ndarray, int, int]:
-    """A batch's records section as ``(array, start, end)``: the mapping itself, or decompressed bytes."""
-    if header.attributes & COMPRESSION_CODEC_MASK == 0:
-        return mapped.array, position + HEADER_SIZE, position + header.size
-    data = records_data(mapped.view, position, header, where=f"{path}")
-    return data, 0, len(data)
-
-
-def _malformed(path: str, position: int, header: BatchHeader) -> CorruptRecordError:
-    return CorruptRecordError(
-        f"{path}: record batch at position {position} (offsets {header.base_offset}..{header.last_offset}): "
-        "its records do not parse; the log cannot be cleaned: restore the segment from a replica or cut it "
-        "with appliance repair")
-
-
-# --- the offset map -----------------------------------------------------------------------------------------
-class _Walked(NamedTuple):
-    """What the map pass keeps of a segment for the rewrite: its batches' positions and sizes, the first
-    record entry of each (``OffsetMap.entries``; -1: none, its records are parsed again), each one's last
-    offset and producer id (the producers' last batches, :func:`_producer_last_offsets`), and the segment's
-    bytes as the walk mapped them: the mapping stays while this holds them (:func:`_mapped` leaves a
-    mapping whose array is still referenced to go with it), so the rewrite reads the pages the walk
-    already faulted in instead of mapping the file again."""
-
-    positions: np.ndarray
-    sizes: np.ndarray
-    batch_entries: np.ndarray
-    last_offsets: np.ndarray
-    producer_ids: np.ndarray
-    segment: np.ndarray
-
-    @classmethod
-    def of(cls, array: np.ndarray, batches: BatchArrays, batch_entries: np.ndarray) -> _Walked:
-        """The walk ``batches`` of the segment mapped at ``array``."""
-        return cls(batches.positions, batches.sizes, batch_entries, batches.last_offsets,
-                   _producer_ids(array, batches.positions), array)
-
-    @property
-    def nbytes(self) -> int:
-        """The memory of the per-batch columns (the mapping is the page cache's)."""
-        return sum(column.nbytes for column in self[:5])
-
-
-class _Walks:
-    """The :class:`_Walked` of the segments the map pass walked and checked, for the rewrite of the same
-    pass (the segments are closed: only the cleaner rewrites them, after this pass has read them), up to
-    :data:`_WALKS_KEPT_BYTES`; a segment not kept, or whose size changed, is walked again."""
-
-    def __init__(self) -> None:
-        self._kept: dict[int, tuple[int, _Walked]] = {}
-        self._bytes = 0
-
-    def keep(self, info: SegmentInfo, size_bytes: int, walked: _Walked) -> None:
-        nbytes = walked.nbytes
-        if self._bytes + nbytes <= _WALKS_KEPT_BYTES:
-            self._kept[info.base_offset] = (size_bytes, walked)
-            self._bytes += nbytes
-
-    def get(self, info: SegmentInfo) -> _Walked | None:
-        """The kept walk of the segment, left kept, if it was ``info.size_bytes`` long."""
-        kept = self._kept.get(info.base_offset)
-        return kept[1] if kept is not None and kept[0] == info.size_bytes else None
-
-    def take(self, info: SegmentInfo, size_bytes: int) -> _Walked | None:
-        """The kept walk of the segment (``size_bytes`` long now), or None."""
-        kept = self._kept.pop(info.base_offset, None)
-        if kept is None:
-            return None
-        self._bytes -= kept[1].nbytes
-        return kept[1] if kept[0] == size_bytes else None
-
-
-def _index_segment(omap: OffsetMap, info: SegmentInfo, walks: _Walks) -> bool:
-    """Put the keys of the segment's batches from ``omap.end_offset`` on; False when the map filled first.
-    Uncompressed batches go through :func:`put_batches` in one call; it stops at a compressed batch (put
-    here after decompressing) and before a batch that needs the table grown or does not fit.  Every batch
-    of the segment has its CRC checked by the time this returns (``put_batches`` checks each just before it
-    reads it, while its bytes are in the cache; the others are checked here), and a mismatch anywhere in
-    the segment is the error raised, before any other error the segment's batches give."""
-    with _mapped(info.path) as mapped:
-        return _index_mapped(omap, info, mapped, walks)
-
-
-def _index_mapped(omap: OffsetMap, info: SegmentInfo, mapped: _Mapped, walks: _Walks) -> bool:
-    batches = _walk(mapped, info, check_crcs=False)
-    batch_entries = np.full(len(batches.positions), -1, np.int64)
-    walks.keep(info, len(mapped.array), _Walked.of(mapped.array, batches, batch_entries))
-    first = int(np.searchsorted(batches.last_offsets, omap.end_offset))
-    _check_crcs(mapped, info, batches, 0, first)  # before the map's start: not read for the map
-    checked = first
-    try:
-        while True:
-            i, omap.size, code, omap.entry_count = put_batches(
-                mapped.array, batches.positions, batches.sizes, first, omap.table, omap.size, omap.grow_at,
-                omap.entries, omap.entry_count, batch_entries)
-            if i > first:
-                omap.end_offset = int(batches.last_offsets[i - 1]) + 1
-            if code == 0:
-                return True
-            position = int(batches.positions[i])
-            if code == CRC_MISMATCH:
-                checked = len(batches.positions)  # the segment's first mismatch: the one reported
-                raise _crc_mismatch(info.path, mapped, position)
-            checked = i + 1  # put_batches checks a batch's CRC before anything else
-            header = parse_header(mapped.view, position)
-            if code == MALFORMED_RECORDS:
-                raise _malformed(info.path, position, header)
-            if code == GROW:
-                if header.records_count > omap.room:
-                    if omap.size == 0:
-                        raise _map_too_small(info.path, position, header.records_count, omap.capacity)
-                    _check_crcs(mapped, info, batches, checked)  # past the map's end: copied by the rewrite
-                    return False
-                omap.grow()
-                first = i
-                continue
-            data, start, end = _records(mapped, position, header, info.path)
-            size = put_records(data, start, end, header.records_count, header.base_offset, omap.table,
-                               omap.size)
-            if size == MALFORMED_RECORDS:
-                raise _malformed(info.path, position, header)
-            omap.size = size
-            omap.end_offset = header.last_offset + 1
-            first = i + 1
-    except (CorruptRecordError, ConfigError):
-        _check_crcs(mapped, info, batches, checked)  # a CRC mismatch further on is reported first
-        raise
-
-
-def _map_too_small(path: str, position: int, records: int, capacity: int) -> ConfigError:
-    return ConfigError(f"{path}: the batch at position {position} holds {records} records, more keys than "
-                       f"log.cleaner.dedupe.buffer.size holds ({capacity}); raise it")
-
-
-def _producer_last_offsets(infos: Sequence[SegmentInfo], to_clean: Sequence[SegmentInfo],
-                           walks: _Walks) -> np.ndarray:
-    """The last offsets of the idempotent producers' last batches in the log (``infos``), sorted: the
-    batches a clean keeps even when they keep no record.  The segments the pass rewrites (``to_clean``)
-    are known from their walks: the map pass's, or one made here (checked, and kept for the rewrite); the
-    others' headers are walked (the active segment up to its size in ``infos``: a batch appended since
-    can only make a kept batch superfluous, never drop a last one)."""
-    rewritten = {info.base_offset for info in to_clean}
-    ids: list[np.ndarray] = []
-    lasts: list[np.ndarray] = []
-    for info in infos:
-        walked = walks.get(info)
-        if walked is None:
-            with _mapped(info.path) as mapped:
-                if info.base_offset in rewritten:
-                    walked = _Walked.of(mapped.array, _walk(mapped, info), np.empty(0, np.int64))
-                    walks.keep(info, len(mapped.array), walked)
-                else:
-                    walked = _walk_headers(mapped, info)
-        ids.append(walked.producer_ids)
-        lasts.append(walked.last_offsets)
-    all_ids, all_lasts = np.concatenate(ids), np.concatenate(lasts)
-    idempotent = all_ids != _NO_PRODUCER
-    all_ids, all_lasts = all_ids[idempotent][::-1], all_lasts[idempotent][::-1]
-    _, last_at = np.unique(all_ids, return_index=True)  # from the log's end: each producer's last batch
-    return np.sort(all_lasts[last_at])
-
-
-def _walk_headers(mapped: _Mapped, info: SegmentInfo) -> _Walked:
-    """The batches of a segment the pass does not rewrite, their headers alone (no CRC): up to the first
-    that is not whole (the active segment: up to ``info.size_bytes``)."""
-    end = info.size_bytes if info.is_active else len(mapped.array)
-    arrays = tuple(np.empty(min(WALK_CAPACITY, end // HEADER_SIZE + 1), np.int64) for _ in range(7))
-    parts: list[_Walked] = []
-    position = 0
-    while position < end:
-        count, position, code = walk_batches(mapped.array, position, end, info.base_offset, 0, *arrays)
-        batches = BatchArrays(*(a[:count].copy() for a in arrays))
-        parts.append(_Walked.of(mapped.array, batches, batches.positions[:0]))
-        if code != 1:
-            break
-    empty = np.empty(0, np.int64)
-    return _Walked(empty, empty, empty, np.concatenate([p.last_offsets for p in parts] or [empty]),
-                   np.concatenate([p.producer_ids for p in parts] or [empty]), np.empty(0, np.uint8))
-
-
-def _field(array: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
-    """The header field at ``offset`` (of type ``dtype``, big-endian) of the batches at ``positions``."""
-    width = np.dtype(dtype).itemsize
-    at = positions[:, None] + (offset + np.arange(width))
-    return array[at].copy().view(dtype).reshape(-1)
-
-
-def _producer_ids(array: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    return _field(array, positions, PRODUCER_ID_OFFSET, ">i8")
-
 
 # --- grouping and writing -----------------------------------------------------------------------------------
 def _group_segments(infos: Sequence[SegmentInfo], config: LogConfig) -> list[list[SegmentInfo]]:
@@ -563,7 +300,7 @@ class _Selector:
     ``write_selected``); compressed ones one by one here."""
 
     def __init__(self, omap: OffsetMap, producer_last: np.ndarray, now_ms: int, delete_retention_ms: int,
-                 walks: _Walks) -> None:
+                 walks: Walks) -> None:
         self.omap = omap
         self.walks = walks
         self.producer_last = producer_last
@@ -580,16 +317,16 @@ class _Selector:
         through the mapping its kept walk holds, else mapped and walked here."""
         walked = self.walks.take(info, info.size_bytes)
         if walked is not None:
-            self._clean_mapped(_Mapped(walked.segment.data, walked.segment), info, out, walked)
+            self._clean_mapped(Mapped(walked.segment.data, walked.segment), info, out, walked)
             return
-        with _mapped(info.path) as mapped:
+        with mapped_segment(info.path) as mapped:
             self._clean_mapped(mapped, info, out, None)
 
-    def _clean_mapped(self, mapped: _Mapped, info: SegmentInfo, out: CleanOutput,
-                      walked: _Walked | None) -> None:
+    def _clean_mapped(self, mapped: Mapped, info: SegmentInfo, out: CleanOutput,
+                      walked: Walked | None) -> None:
         if walked is None:
-            batches = _walk(mapped, info)
-            walked = _Walked.of(mapped.array, batches, np.empty(0, np.int64))
+            batches = walk_segment(mapped, info)
+            walked = Walked.of(mapped.array, batches, np.empty(0, np.int64))
         positions, sizes, batch_entries = walked[:3]
         omap = self.omap
         first = 0
@@ -603,7 +340,7 @@ class _Selector:
             position = int(positions[i])
             header = parse_header(mapped.view, position)
             if code == MALFORMED_RECORDS:
-                raise _malformed(info.path, position, header)
+                raise malformed_records(info.path, position, header)
             if code == MARKS_FULL and i == first:
                 self.marks = RecordMarks.make(max(header.records_count, 2 * len(self.marks.keep)))
             elif code == STOPPED:
@@ -611,7 +348,7 @@ class _Selector:
                 i += 1
             first = i
 
-    def _write_run(self, mapped: _Mapped, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
+    def _write_run(self, mapped: Mapped, positions: np.ndarray, sizes: np.ndarray, first: int, stop: int,
                    out: CleanOutput) -> None:
         """Write the batches ``[first, stop)`` that ``select_batches`` selected (``write_selected``)."""
         self.keyless += int(self.results[: stop - first, 4].sum())
@@ -629,7 +366,7 @@ class _Selector:
             out.advance(written)
             first = end
 
-    def _write_compressed(self, mapped: _Mapped, position: int, header: BatchHeader, path: str,
+    def _write_compressed(self, mapped: Mapped, position: int, header: BatchHeader, path: str,
                           out: CleanOutput) -> None:
         """Select and write one compressed batch, decompressed here and compressed again."""
         omap = self.omap
@@ -637,13 +374,13 @@ class _Selector:
         if not self.marks.fits(count):
             self.marks = RecordMarks.make(max(count, 2 * len(self.marks.keep)))
         has_horizon = bool(header.attributes & DELETE_HORIZON_FLAG_MASK)
-        data, start, end = _records(mapped, position, header, path)
+        data, start, end = records_section(mapped, position, header, path)
         selection = Selection(*select_records(
             data, start, end, count, header.base_offset, header.base_timestamp,
             has_horizon and self.now_ms >= header.base_timestamp, omap.end_offset, omap.table,
             omap.latest_bits, omap.start_offset, *self.marks, 0))
         if selection.kept == MALFORMED_RECORDS:
-            raise _malformed(path, position, header)
+            raise malformed_records(path, position, header)
         self.keyless += selection.keyless
         action = batch_action(selection.kept, count, selection.tombstones, has_horizon)
         if action == COPY:
@@ -662,7 +399,7 @@ class _Selector:
         at = int(np.searchsorted(self.producer_last, last_offset))
         return at < len(self.producer_last) and int(self.producer_last[at]) == last_offset
 
-    def _recompressed(self, mapped: _Mapped, position: int, header: BatchHeader, data: np.ndarray,
+    def _recompressed(self, mapped: Mapped, position: int, header: BatchHeader, data: np.ndarray,
                       start: int, end: int, selection: Selection) -> np.ndarray:
         """A compressed batch with only its kept records, compressed with its codec again (the fields as
         ``storage.batch_rewrite`` sets them)."""
