@@ -32,6 +32,7 @@ from bench.produce import ProduceSettings, open_producer, run_produce
 __all__ = ["run_cleaner_load"]
 
 _DIRTY = "dirty"
+_SEGMENT_BYTES = 8 << 20  # the dirty topic's; the cleaner cleans only segments rolled
 
 
 def _cleaner_pid(app: Appliance) -> int:
@@ -99,7 +100,7 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
     """The measurement of the module docstring; its JSON result."""
     app = Appliance.open(None, overrides=["log.cleaner.backoff.ms=100", *overrides])
     try:
-        app.create_topic(_DIRTY, 1, {"cleanup.policy": "compact", "segment.bytes": 8 << 20,
+        app.create_topic(_DIRTY, 1, {"cleanup.policy": "compact", "segment.bytes": _SEGMENT_BYTES,
                                      "min.cleanable.dirty.ratio": 0.01})
         cleaner = _cleaner_pid(app)
         idle_rss_kib = _status_kib(cleaner, "VmRSS")
@@ -125,7 +126,11 @@ def run_cleaner_load(*, records: int, record_size: int, dirty_records: int, keys
                 os.kill(cleaner, signal.SIGCONT)
                 try:
                     deadline = time.monotonic() + 30
-                    while _passes(app)[0] == begun and time.monotonic() < deadline:
+                    while _passes(app)[0] == begun:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"the cleaner began no pass of {_DIRTY}-0 within 30 s: "
+                                               f"--dirty-records {dirty_records} must fill more than one "
+                                               f"{_SEGMENT_BYTES >> 20} MiB segment (about 62,000 records)")
                         time.sleep(0.01)
                     with_rates.append(_run(app, records, record_size))
                     busy_throughout.append(_passes(app)[1] == finished)

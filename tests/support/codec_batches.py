@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,6 +26,8 @@ class Sent(NamedTuple):
     headers: Headers
 
 
+Sending = Callable[[str, list[Sent], int], None]  # (topic, records, partition): produce and flush
+
 def log_records(count: int, *, large: bool, tag: str) -> list[Sent]:
     """Log-like records: every fourth key null, two headers (one empty) on two of three; ``large`` values
     of 1-3 KiB (a batch then spans several LZ4 blocks and xerial chunks), else about 100 bytes."""
@@ -38,32 +42,52 @@ def log_records(count: int, *, large: bool, tag: str) -> list[Sent]:
     return out
 
 
-def produce_confluent(bootstrap: str, topic: str, codec: str, records: list[Sent], *, linger_ms: int,
-                      partition: int = 0) -> None:
+@contextmanager
+def confluent_producer(bootstrap: str, codec: str, *, linger_ms: int) -> Iterator[Sending]:
+    """An idempotent confluent-kafka producer compressing with ``codec``, as a function that produces
+    records to a partition and flushes them.  One producer serves many sends: each new idempotent producer
+    waits about 0.5 s for its producer id (librdkafka's retry timer), so a test makes few."""
     import confluent_kafka
 
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
                                          "linger.ms": linger_ms, "enable.idempotence": True,
                                          "batch.size": 1 << 20})
-    for r in records:
-        producer.produce(topic, value=r.value, key=r.key, headers=list(r.headers), partition=partition)
-    assert producer.flush(30) == 0
+
+    def send(topic: str, records: list[Sent], partition: int = 0) -> None:
+        for r in records:
+            producer.produce(topic, value=r.value, key=r.key, headers=list(r.headers), partition=partition)
+        assert producer.flush(30) == 0
+
+    yield send
+
+
+def produce_confluent(bootstrap: str, topic: str, codec: str, records: list[Sent], *, linger_ms: int,
+                      partition: int = 0, flush_every: int | None = None) -> None:
+    """Produce ``records`` with one confluent-kafka producer, flushing after every ``flush_every`` of them
+    (with ``linger_ms=0`` each flush is a batch of those records), else once at the end."""
+    step = flush_every or max(len(records), 1)
+    with confluent_producer(bootstrap, codec, linger_ms=linger_ms) as send:
+        for i in range(0, len(records), step):
+            send(topic, records[i : i + step], partition)
 
 
 def produce_kafka_python(bootstrap: str, topic: str, codec: str, records: list[Sent], *,
-                         linger_ms: int, partition: int = 0) -> None:
+                         linger_ms: int, partition: int = 0, flush_every: int | None = None) -> None:
+    """As :func:`produce_confluent`, with one kafka-python producer."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from kafka import KafkaProducer
 
         producer = KafkaProducer(bootstrap_servers=bootstrap, compression_type=codec, linger_ms=linger_ms,
                                  batch_size=1 << 20, max_request_size=4 << 20)
+    step = flush_every or max(len(records), 1)
     try:
-        futures = [producer.send(topic, value=r.value, key=r.key, headers=list(r.headers),
-                                 partition=partition) for r in records]
-        producer.flush(30)
-        for future in futures:
-            future.get(10)
+        for i in range(0, len(records), step):
+            futures = [producer.send(topic, value=r.value, key=r.key, headers=list(r.headers),
+                                     partition=partition) for r in records[i : i + step]]
+            producer.flush(30)
+            for future in futures:
+                future.get(10)
     finally:
         producer.close()
 

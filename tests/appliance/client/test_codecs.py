@@ -22,6 +22,7 @@ from support.codec_batches import (
     Sent,
     as_sent,
     codecs_on_disk,
+    confluent_producer,
     garbage_batch,
     log_records,
     produce_confluent,
@@ -105,8 +106,8 @@ def test_kafka_clients_batches_of_each_codec_read_back_identically_everywhere(
     tp = TopicPartition(client, PARTITION[codec])
     small = log_records(SMALL, large=False, tag=f"{client}-{codec}-small")
     large = log_records(LARGE, large=True, tag=f"{client}-{codec}-large")
-    for i in range(0, SMALL, 4):  # small batches: a few records each
-        send(appliance.bootstrap, tp.topic, codec, small[i : i + 4], linger_ms=0, partition=tp.partition)
+    # small batches of a few records each (one flush each), from one producer
+    send(appliance.bootstrap, tp.topic, codec, small, linger_ms=0, partition=tp.partition, flush_every=4)
     send(appliance.bootstrap, tp.topic, codec, large, linger_ms=200, partition=tp.partition)
     directory = Path(appliance.data_dir) / f"{tp.topic}-{tp.partition}"
     # the client compressed with that codec (kafka-python leaves a batch that would grow uncompressed)
@@ -184,10 +185,11 @@ def test_a_garbage_payload_under_a_valid_crc_is_a_clear_error_on_both_paths(
 ) -> None:
     tp = TopicPartition("bad", PARTITION[codec])
     good = log_records(5, large=False, tag="before")
-    produce_confluent(appliance.bootstrap, tp.topic, codec, good, linger_ms=0, partition=tp.partition)
-    base = send_batch(appliance.bootstrap, tp.topic, tp.partition, garbage_batch(CODECS_BY_NAME[codec], 3))
-    assert base == 5
-    produce_confluent(appliance.bootstrap, tp.topic, codec, good, linger_ms=0, partition=tp.partition)
+    with confluent_producer(appliance.bootstrap, codec, linger_ms=0) as send:
+        send(tp.topic, good, tp.partition)
+        garbage = garbage_batch(CODECS_BY_NAME[codec], 3)
+        assert send_batch(appliance.bootstrap, tp.topic, tp.partition, garbage) == 5
+        send(tp.topic, good, tp.partition)
     expected = (rf"^partition bad-{tp.partition} .*record batch at position \d+ \(offsets 5\.\.7\): "
                 rf"not valid {codec} data: .*; the records cannot be read: seek to offset 8 to skip this "
                 rf"batch$")

@@ -13,6 +13,7 @@ import pytest
 from support.codec_batches import (
     CODECS,
     codecs_on_disk,
+    confluent_producer,
     garbage_batch,
     log_records,
     produce_confluent,
@@ -69,9 +70,10 @@ def test_a_garbage_payload_fails_the_query_naming_partition_offsets_and_codec(sp
                                                                                appliance: Any) -> None:
     good = log_records(5, large=False, tag="good")
     for partition, codec in enumerate(CODECS):
-        produce_confluent(appliance.bootstrap, "codecs-bad", codec, good, linger_ms=0, partition=partition)
-        send_batch(appliance.bootstrap, "codecs-bad", partition, garbage_batch(CODECS_BY_NAME[codec], 3))
-        produce_confluent(appliance.bootstrap, "codecs-bad", codec, good, linger_ms=0, partition=partition)
+        with confluent_producer(appliance.bootstrap, codec, linger_ms=0) as send:
+            send("codecs-bad", good, partition)
+            send_batch(appliance.bootstrap, "codecs-bad", partition, garbage_batch(CODECS_BY_NAME[codec], 3))
+            send("codecs-bad", good, partition)
     for partition, codec in enumerate(CODECS):
         only = json.dumps({"codecs-bad": {str(p): 13 if p == partition else 0 for p in range(4)}})
         with pytest.raises(Exception) as caught:
