@@ -78,7 +78,13 @@ def _produce(bootstrap: str, records: range) -> None:
                                          "batch.size": 64 * 1024, "acks": 1})
     for i in records:
         key = b"k%06d" % (i % KEYS_PER_HALF + (KEYS_PER_HALF if i >= RECORDS_PER_HALF else 0))
-        producer.produce(TOPIC, key=key, value=b"v%08d-" % i + b"x" * 90)
+        value = b"v%08d-" % i + b"x" * 90
+        while True:
+            try:
+                producer.produce(TOPIC, key=key, value=value)
+                break
+            except BufferError:  # librdkafka's queue is full: the broker is behind (a loaded machine)
+                producer.poll(0.1)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
