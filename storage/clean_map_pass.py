@@ -292,7 +292,8 @@ def producer_last_offsets(infos: Sequence[SegmentInfo], to_clean: Sequence[Segme
 def _walk_headers(mapped: Mapped, info: SegmentInfo) -> Walked:
     """The batches of a segment the pass does not rewrite, their headers alone (no CRC): up to the first
     that is not whole (the active segment: up to ``info.size_bytes``)."""
-    end = info.size_bytes if info.is_active else len(mapped.array)
+    # the active segment up to its size when listed, never past what was mapped (it may have been truncated)
+    end = min(info.size_bytes, len(mapped.array)) if info.is_active else len(mapped.array)
     arrays = tuple(np.empty(min(WALK_CAPACITY, end // HEADER_SIZE + 1), np.int64) for _ in range(7))
     parts: list[Walked] = []
     position = 0

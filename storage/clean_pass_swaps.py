@@ -92,6 +92,11 @@ class PassSwaps:
         self._gathered, self._held, self._tasks = [], 0, []
         self._tasks.append(self._pool.submit(self._swap, groups, fsyncs))
 
+    def settle(self) -> None:
+        """Wait for the tasks queued so far to end, raising nothing (their errors stay for :meth:`finish`):
+        before a descriptor a queued write-back may use is closed."""
+        concurrent.futures.wait(self._tasks)
+
     def finish(self) -> None:
         """Wait for every task queued; the first error, if any, raised here."""
         tasks, self._tasks = self._tasks, []

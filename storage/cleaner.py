@@ -454,6 +454,8 @@ def _write_group(directory: str, group: Sequence[SegmentInfo], selector: _Select
         ok = True
     finally:
         if not ok:
+            if fd is not None:
+                swaps.settle()  # a write-back queued on the descriptor runs before it is closed
             _discard(fd, paths)
     return cleaned
 
