@@ -361,14 +361,14 @@ class GroupCoordinator:
             group.unconfirmed.clear()
         return out
 
-    def confirm(self, unconfirmed: list[Unconfirmed]) -> list[Completion]:
+    def confirm(self, unconfirmed: list[Unconfirmed], now_ms: int) -> list[Completion]:
         """Records that are written: a completed rebalance's group is Stable and its held SyncGroups are
         answered (``Group.confirm_assignment``); the answers that gives."""
         out = []
         for item in unconfirmed:
             group = self.groups.get(item.group_id)
             if isinstance(item, AssignmentStore) and group is not None:
-                out += group.confirm_assignment(item)
+                out += group.confirm_assignment(item, now_ms)
         return out
 
     def undo(self, unconfirmed: list[Unconfirmed], error: ErrorCode, now_ms: int) -> list[Completion]:
