@@ -487,7 +487,8 @@ class OffsetsTopic:
         if not items:
             return
         if error == ErrorCode.NONE:
-            job.answers.extend((c.token[0], c.token[1], c.response) for c in self.coordinator.confirm(items))
+            confirmed = self.coordinator.confirm(items, self._clock_ms())
+            job.answers.extend((c.token[0], c.token[1], c.response) for c in confirmed)
             return
         changed = {id(c.token[0]): c for c in self.coordinator.undo(items, error, self._clock_ms())}
         held = {id(slot) for slot, _, _ in job.answers}

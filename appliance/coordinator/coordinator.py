@@ -76,6 +76,7 @@ from ipc.kafka import (
     OffsetFetchResponseTopic,
     SyncGroupResponse,
 )
+from storage.log_config import LONG_MAX
 
 __all__ = ["CommitPlan", "GroupCoordinator", "GroupDeletion", "OffsetDeletion", "OffsetExpiry"]
 
@@ -273,7 +274,8 @@ class GroupCoordinator:
         stored)."""
         error = self.commit_error(body, api_version, now_ms)
         retention_ms = body.retention_time_ms if 2 <= api_version <= 4 else -1
-        expire_ms = -1 if retention_ms == -1 else max(wall_ms + retention_ms, 0)
+        # a retention past the int64 the record holds (Long.MAX_VALUE: "forever") never expires
+        expire_ms = -1 if retention_ms == -1 else min(max(wall_ms + retention_ms, 0), LONG_MAX)
         topics = []
         accepted: list[tuple[str, int, CommittedOffset]] = []
         for t in body.topics:
@@ -359,14 +361,14 @@ class GroupCoordinator:
             group.unconfirmed.clear()
         return out
 
-    def confirm(self, unconfirmed: list[Unconfirmed]) -> list[Completion]:
+    def confirm(self, unconfirmed: list[Unconfirmed], now_ms: int) -> list[Completion]:
         """Records that are written: a completed rebalance's group is Stable and its held SyncGroups are
         answered (``Group.confirm_assignment``); the answers that gives."""
         out = []
         for item in unconfirmed:
             group = self.groups.get(item.group_id)
             if isinstance(item, AssignmentStore) and group is not None:
-                out += group.confirm_assignment(item)
+                out += group.confirm_assignment(item, now_ms)
         return out
 
     def undo(self, unconfirmed: list[Unconfirmed], error: ErrorCode, now_ms: int) -> list[Completion]:

@@ -345,10 +345,11 @@ class Group:
             error_code=error, generation_id=self.generation_id, protocol_name=self.protocol_name,
             leader=replaced.previous_leader, member_id="", members=[]))
 
-    def confirm_assignment(self, stored: AssignmentStore) -> list[Completion]:
+    def confirm_assignment(self, stored: AssignmentStore, now_ms: int) -> list[Completion]:
         """The record of a completed rebalance is written: if the group still waits for it at that
-        generation, it is Stable and every held SyncGroup is answered its member's assignment (Kafka's
-        ``setAndPropagateAssignment``)."""
+        generation, it is Stable and every held SyncGroup is answered its member's assignment, its session
+        starting again (Kafka's ``setAndPropagateAssignment``: a member held while the leader assigned and
+        the record was written has had no way to heartbeat)."""
         if self.state != GroupState.COMPLETING_REBALANCE or self.generation_id != stored.generation:
             return []  # a rebalance began meanwhile: its SyncGroups were answered REBALANCE_IN_PROGRESS
         self.state = GroupState.STABLE
@@ -356,7 +357,7 @@ class Group:
         for m in self.members.values():
             if m.sync_token is not None:
                 out.append(_sync_answer(m.sync_token, ErrorCode.NONE, m.assignment))
-                m.sync_token = None
+                m.sync_token, m.last_heard_ms = None, now_ms
         return out
 
     def undo_assignment(self, stored: AssignmentStore, error: ErrorCode, now_ms: int) -> list[Completion]:
@@ -366,7 +367,7 @@ class Group:
         ``maybePrepareRebalance``)."""
         if self.state != GroupState.COMPLETING_REBALANCE or self.generation_id != stored.generation:
             return []  # the group moved on meanwhile: nothing of that generation is left to undo
-        out = self._fail_syncs(error)
+        out = self._fail_syncs(error, now_ms)
         for member in self.members.values():
             member.assignment = b""
         return out + self._prepare_rebalance(now_ms)
@@ -374,7 +375,7 @@ class Group:
     def _prepare_rebalance(self, now_ms: int) -> list[Completion]:
         out: list[Completion] = []
         if self.state == GroupState.COMPLETING_REBALANCE:
-            out += self._fail_syncs(ErrorCode.REBALANCE_IN_PROGRESS)
+            out += self._fail_syncs(ErrorCode.REBALANCE_IN_PROGRESS, now_ms)
         for member in self.members.values():
             member.assignment = b""
             if member.join_token is None:
@@ -481,12 +482,14 @@ class Group:
         self.unconfirmed.append(AssignmentStore(self.group_id, self.generation_id))
         return []
 
-    def _fail_syncs(self, error: ErrorCode) -> list[Completion]:
+    def _fail_syncs(self, error: ErrorCode, now_ms: int) -> list[Completion]:
+        """Answer every held SyncGroup ``error``, each member's session starting again (Kafka's
+        ``resetAndPropagateAssignmentError``): it has until then to join again."""
         out = []
         for m in self.members.values():
             if m.sync_token is not None:
                 out.append(_sync_answer(m.sync_token, error))
-                m.sync_token = None
+                m.sync_token, m.last_heard_ms = None, now_ms
         return out
 
     # -- Heartbeat, member checks ------------------------------------------------------------------------

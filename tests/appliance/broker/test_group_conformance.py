@@ -210,6 +210,22 @@ def test_a_commits_own_retention_and_timestamp_expire_it_and_outlive_a_restart(r
     assert "committed offsets expired" in app.log()
 
 
+def test_a_retention_past_the_longest_time_never_expires_the_commit(running: Running) -> None:
+    """``retention_time_ms`` Long.MAX_VALUE ("forever"): the broker's time plus it does not fit the record's
+    int64 ``expire_timestamp``; it is answered NONE and kept until that latest time (the connection open,
+    no traceback in the broker's log: the fixture checks)."""
+    app, bootstrap = running
+    client = wire(bootstrap)
+    try:
+        until_loaded(client, "forever")
+        simple_commit(client, 2, "forever", {0: 9}, retention_ms=2**63 - 1)
+        time.sleep(0.5)  # past two retention checks
+        assert committed(client, "forever") == {0: 9}
+    finally:
+        client.close()
+    assert offset_values(app.data, "forever")[0][::3] == (1, 2**63 - 1)
+
+
 def replica_pid(app: Appliance) -> int:
     """The pid of the supervisor's child titled "appliance: replica 1"."""
     for pid in app.children():

@@ -46,7 +46,7 @@ def stable_member(c: GroupCoordinator, group: str, metadata: bytes, protocol_typ
     member_id: str = joined.response.member_id
     assert c.sync(group, member_id, joined.response.generation_id, [(member_id, b"a")], "s", 0) == []
     c.take_metadata(0)  # the group's record is written: the SyncGroup is answered, the group Stable
-    assert [done.token for done in c.confirm(c.take_unconfirmed())] == ["s"]
+    assert [done.token for done in c.confirm(c.take_unconfirmed(), 0)] == ["s"]
     assert c.groups[group].state == GroupState.STABLE
     return member_id
 

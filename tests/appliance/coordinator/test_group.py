@@ -59,18 +59,18 @@ def stable_group(c: GroupCoordinator, n: int, *, write: bool = True) -> list[str
     assert c.groups["g"].state == GroupState.COMPLETING_REBALANCE
     if not write:
         return ids
-    synced = answers(written(c))
+    synced = answers(written(c, 200))
     assert set(synced) == {f"s{i}" for i in range(n) if ids[i] != leader} | {"s-leader"}
     assert all(r.error_code == ErrorCode.NONE for r in synced.values())
     assert c.groups["g"].state == GroupState.STABLE
     return ids
 
 
-def written(c: GroupCoordinator, wall_ms: int = 0) -> list[Completion]:
+def written(c: GroupCoordinator, now_ms: int) -> list[Completion]:
     """The group metadata records due are written (as the broker writes them to ``__consumer_offsets``):
-    what they record is confirmed; the answers that releases."""
-    c.take_metadata(wall_ms)
-    return c.confirm(c.take_unconfirmed())
+    what they record is confirmed at ``now_ms`` (also their wall time); the answers that releases."""
+    c.take_metadata(now_ms)
+    return c.confirm(c.take_unconfirmed(), now_ms)
 
 
 def test_members_joining_in_the_initial_delay_rebalance_once_and_the_leader_sees_all() -> None:
@@ -216,7 +216,7 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
         elif op in ("write", "fail"):  # the records due are written, or their append fails
             c.take_metadata(now)
             unconfirmed = c.take_unconfirmed()
-            out = (c.confirm(unconfirmed) if op == "write"
+            out = (c.confirm(unconfirmed, now) if op == "write"
                    else c.undo(unconfirmed, ErrorCode.COORDINATOR_NOT_AVAILABLE, now))
         else:
             out = c.tick(now)
@@ -236,7 +236,7 @@ def test_every_held_request_is_answered_once_and_generations_only_grow(
             if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 assert group.leader_id in group.members
     c.take_metadata(now)
-    final = c.confirm(c.take_unconfirmed()) + c.tick(now + 10 * REBALANCE_MS)
+    final = c.confirm(c.take_unconfirmed(), now) + c.tick(now + 10 * REBALANCE_MS)
     for done in final:
         assert done.token not in answered
         answered.add(done.token)
@@ -278,7 +278,7 @@ def static_group(c: GroupCoordinator) -> dict[str, str]:
     assert done["ja"].leader == ids["ia"]
     c.sync("g", ids["ib"], generation, [], "sb", 210, "ib")
     c.sync("g", ids["ia"], generation, [(m, f"part-{i}".encode()) for i, m in ids.items()], "sa", 210, "ia")
-    assert set(answers(written(c))) == {"sa", "sb"}
+    assert set(answers(written(c, 210))) == {"sa", "sb"}
     assert c.groups["g"].state == GroupState.STABLE
     return ids
 
@@ -414,7 +414,26 @@ def test_a_rebalance_begun_while_the_record_is_written_answers_the_syncs_and_ign
     joined = answers(c.join("g", join_args(), "new", 400))  # a new member: a rebalance
     assert {t: r.error_code for t, r in joined.items()} == {
         "s-leader": ErrorCode.REBALANCE_IN_PROGRESS, "s1": ErrorCode.REBALANCE_IN_PROGRESS}
-    assert c.confirm(stored) == [] and c.groups["g"].state == GroupState.PREPARING_REBALANCE
+    assert c.confirm(stored, 400) == [] and c.groups["g"].state == GroupState.PREPARING_REBALANCE
+
+
+def test_members_answered_when_the_record_is_written_or_fails_have_a_new_session() -> None:
+    """As Kafka's ``propagateAssignment``: a member whose SyncGroup was held (the leader assigning, the record
+    being written) could not heartbeat meanwhile; its session starts again when it is answered."""
+    late = 200 + SESSION_MS + 1_000  # the SyncGroups were held longer than a session
+    c = coordinator()
+    ids = stable_group(c, 2, write=False)  # both synced at 200
+    c.take_metadata(0)
+    assert len(c.confirm(c.take_unconfirmed(), late)) == 2
+    assert c.tick(late + 1) == []
+    assert (c.groups["g"].state, set(c.groups["g"].members)) == (GroupState.STABLE, set(ids))
+    c = coordinator()
+    ids = stable_group(c, 2, write=False)
+    c.take_metadata(0)
+    failed = c.undo(c.take_unconfirmed(), ErrorCode.COORDINATOR_NOT_AVAILABLE, late)
+    assert [r.response.error_code for r in failed] == [ErrorCode.COORDINATOR_NOT_AVAILABLE] * 2
+    c.tick(late + 1)  # they have a session's time to join again
+    assert (c.groups["g"].state, set(c.groups["g"].members)) == (GroupState.PREPARING_REBALANCE, set(ids))
 
 
 def test_commits_are_checked_as_kafkas_validate_offset_commit_for_every_version_and_state() -> None:
