@@ -170,6 +170,7 @@ class BrokerContext:
         self._generation += 1
         self.table.update(topics)
         self._listed_at = asked_ms
+        self._failed_at = -1e18  # answered again: a forced refresh need not wait for the failure's pause
         self._failures_logged.pop(_TOPIC_LIST, None)
         self._reload_ms = time.monotonic() * 1000 - asked_ms
         if self.replication is not None:
