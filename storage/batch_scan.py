@@ -67,6 +67,7 @@ __all__ = [
     "SegmentScan",
     "check_crcs",
     "kernel_error",
+    "map_readonly",
     "next_candidate",
     "plan_index_entries",
     "read_be",
@@ -241,16 +242,22 @@ class SegmentScan(NamedTuple):
     error: ScanError | None
 
 
+def map_readonly(path: str) -> mmap.mmap | None:
+    """The file at ``path`` mapped read-only, whole as it is now (None: the file is empty); the
+    descriptor is closed at once (the mapping keeps the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+    finally:
+        os.close(fd)
+
+
 def scan_segment(
     path: str, base_offset: int, *, index_interval_bytes: int, check_crc: bool = True
 ) -> SegmentScan:
     """Check every batch of the segment file at ``path``; never raises for bad data (see ``error``)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-    finally:
-        os.close(fd)
+    mm = map_readonly(path)
     if mm is None:
         return _scan(memoryview(b""), np.zeros(0, np.uint8), base_offset, index_interval_bytes, check_crc)
     try:

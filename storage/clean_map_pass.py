@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 from collections.abc import Iterator, Sequence
 from typing import Final, NamedTuple
 
@@ -21,7 +20,14 @@ from storage.batch_header import (
     parse_header,
 )
 from storage.batch_reader import records_data
-from storage.batch_scan import WALK_CAPACITY, BatchArrays, describe, kernel_error, walk_batches
+from storage.batch_scan import (
+    WALK_CAPACITY,
+    BatchArrays,
+    describe,
+    kernel_error,
+    map_readonly,
+    walk_batches,
+)
 from storage.crc32c_kernel import batch_crcs_ok
 from storage.errors import ConfigError, CorruptRecordError
 from storage.offset_map import (
@@ -60,12 +66,7 @@ class Mapped(NamedTuple):
 @contextlib.contextmanager
 def mapped_segment(path: str) -> Iterator[Mapped]:
     """The file at ``path`` mapped read-only (an empty file: empty buffers)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-    finally:
-        os.close(fd)
+    mm = map_readonly(path)
     if mm is None:
         yield Mapped(memoryview(b""), np.zeros(0, np.uint8))
         return
