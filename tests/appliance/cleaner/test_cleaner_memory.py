@@ -104,7 +104,14 @@ def _wait(condition: object, what: str, server: Appliance, timeout_s: float = 12
 def test_anonymous_memory_of_a_split_clean_stays_within_the_dedupe_buffer(
         app: tuple[Appliance, str]) -> None:  # fmt: skip
     server, bootstrap = app
-    cleaner = next(pid for pid in server.children() if _title(pid) == "appliance: cleaner")
+    cleaners: list[int] = []
+
+    def cleaner_started() -> bool:  # the supervisor starts its cleaner child after it reports ready
+        cleaners[:] = [pid for pid in server.children() if _title(pid) == "appliance: cleaner"]
+        return bool(cleaners)
+
+    _wait(cleaner_started, "the cleaner process", server, timeout_s=30)
+    cleaner = cleaners[0]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1, config={
         "cleanup.policy": "compact", "segment.bytes": str(MIB), "min.cleanable.dirty.ratio": "0.01"})])[
