@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from ipc.kafka import (
 )
 from ipc.kafka.appliance_messages import DescribeSegmentsRequest, DescribeSegmentsTopic
 from ipc.shm import ShmNames, unlink_shared_memory
-from ipc.state_page import StatePage
+from ipc.state_page import ReplicaRow, StatePage
 from replicas.leader_connection import LeaderConnection
 from replicas.leader_epochs import begin_leader_epoch
 from replicas.replica_state import read_replica_state
@@ -128,6 +128,19 @@ def consumer_high_watermark(conn: LeaderConnection) -> int:
     return int(answer.topics[0].partitions[0].offset)
 
 
+def until(what: str, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` until true: the broker's loop runs its timer (the ISR check, every
+    ``replica.lag.time.max.ms`` / 8) when it gets the CPU, later on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.01)
+
+
+def replica_rows(leader: Leader) -> dict[int, ReplicaRow]:
+    return {row.replica_id: row for row in leader.page.replicas()}
+
+
 def isr(conn: LeaderConnection) -> list[int]:
     answer = conn.request(MetadataRequest(topics=[MetadataRequestTopic(TOPIC)],
                                           allow_auto_topic_creation=False))
@@ -140,8 +153,9 @@ def test_follower_fetches_move_the_isr_and_the_committed_then_the_published_high
     f1 = leader.connect()
     consumer = leader.connect(sasl=False)
     leader.append(10)
-    time.sleep(0.05)  # the broker's timer: with an ISR of one, the high watermark follows the log end
-    assert isr(consumer) == [0] and consumer_high_watermark(consumer) == 10
+    # the broker's timer sees the log end: with an ISR of one, the high watermark follows it
+    until("the high watermark at the log end", lambda: consumer_high_watermark(consumer) == 10)
+    assert isr(consumer) == [0]
     assert not leader.page.enough_replicas()  # ISR 1 < min.insync.replicas 2
 
     part = fetch(f1, 1, 0)  # behind the high watermark: copies, does not join yet
@@ -165,9 +179,11 @@ def test_follower_fetches_move_the_isr_and_the_committed_then_the_published_high
     fetch(f1, 1, 20)
     last_caught_up = time.monotonic()
     assert consumer_high_watermark(consumer) == 20 == leader.page.high_watermark
-    time.sleep(0.25)  # the replica table is rewritten every 100 ms at most
-    rows = {row.replica_id: row for row in leader.page.replicas()}
-    assert set(rows) == {1, 2} and rows[1].in_isr and rows[1].log_end_offset == 20
+    # the replica table is rewritten on the broker's timer, at most every 100 ms
+    until("follower 1's fetch in the replica table",
+          lambda: 1 in (rows := replica_rows(leader)) and rows[1].log_end_offset == 20)
+    rows = replica_rows(leader)
+    assert set(rows) == {1, 2} and rows[1].in_isr
     assert not rows[2].in_isr and rows[2].log_end_offset == -1
     persisted = read_replica_state(str(leader.directory))
     assert persisted is not None and persisted.isr == (0, 1) and persisted.leader_id == 0

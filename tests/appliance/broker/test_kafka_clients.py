@@ -233,11 +233,13 @@ def test_what_one_client_produces_the_others_read_identically(appliance: Applian
     expected = [(0, "a", "from-kcat"), (1, "b", "from-confluent é"), (2, "c", "from-kafka-python")]
     assert kcat_consume(appliance.bootstrap, "mixed", 0, 3) == expected
     consumer = kafka.KafkaConsumer(bootstrap_servers=appliance.bootstrap, enable_auto_commit=False)
-    consumer.assign([kafka.TopicPartition("mixed", 0)])
+    tp = kafka.TopicPartition("mixed", 0)
+    consumer.assign([tp])
     consumer.seek_to_beginning()
-    seen = [(m.offset, m.key.decode(), m.value.decode()) for m in kafka_python_read(consumer, 4, timeout_s=1)]
+    seen = [(m.offset, m.key.decode(), m.value.decode()) for m in kafka_python_read(consumer, 3)]
+    end = consumer.end_offsets([tp])[tp]
     consumer.close()
-    assert seen == expected
+    assert (seen, end) == (expected, 3)  # the three records, and nothing after them
 
 
 def test_the_broker_process_is_titled(appliance: Appliance) -> None:
