@@ -39,8 +39,8 @@ lint: install
 # Then two short real workloads (a compacted topic cleaned while send() runs; a consumer group formed,
 # committing) fill numba's cache (`cache=True`, beside the sources) in one process at a time, so the first
 # tests of a fresh clone do not each compile the writers', the cleaner's and the readers' kernels at once
-# (a first group of two formed in a fresh clone took 6.7 s, 4.0 s with the cache filled; under the suite's load, past tests'
-# limits). Their figures are not kept; a failure there is the suite's to report, not this step's.
+# (a first group of two formed in a fresh clone took 6.7 s, 4.0 s with the cache filled; under the suite's
+# load, past tests' limits). Their figures are not kept; a failure there is the suite's to report.
 test: install lint
 	$(BIN)/python -m compileall -q appliance ipc storage bench tests
 	-PYTHONDONTWRITEBYTECODE= $(BIN)/appliance bench cleaner --pairs 1 --records 100000 \
