@@ -191,13 +191,13 @@ class Walks:
         kept = self._kept.get(info.base_offset)
         return kept[1] if kept is not None and kept[0] == info.size_bytes else None
 
-    def take(self, info: SegmentInfo, size_bytes: int) -> Walked | None:
-        """The kept walk of the segment (``size_bytes`` long now), or None."""
+    def take(self, info: SegmentInfo) -> Walked | None:
+        """:meth:`get`, the walk no longer kept."""
+        walked = self.get(info)
         kept = self._kept.pop(info.base_offset, None)
-        if kept is None:
-            return None
-        self._bytes -= kept[1].nbytes
-        return kept[1] if kept[0] == size_bytes else None
+        if kept is not None:
+            self._bytes -= kept[1].nbytes
+        return walked
 
 
 def index_segment(omap: OffsetMap, info: SegmentInfo, walks: Walks) -> bool:

@@ -315,7 +315,7 @@ class _Selector:
     def clean_segment(self, info: SegmentInfo, out: CleanOutput) -> None:
         """Write the segment's batches as the clean keeps them to ``out`` (module docstring, step 4): read
         through the mapping its kept walk holds, else mapped and walked here."""
-        walked = self.walks.take(info, info.size_bytes)
+        walked = self.walks.take(info)
         if walked is not None:
             self._clean_mapped(Mapped(walked.segment.data, walked.segment), info, out, walked)
             return
