@@ -58,6 +58,14 @@ class Running(NamedTuple):
     bootstrap: str
 
 
+def _started(app: Appliance, port: int) -> str:
+    """Start ``app`` (listening on ``port``) and create the topic the tests use; its bootstrap address."""
+    app.start()
+    bootstrap = f"127.0.0.1:{port}"
+    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+    return bootstrap
+
+
 @pytest.fixture
 def running() -> Iterator[Running]:
     port = free_port()
@@ -65,10 +73,7 @@ def running() -> Iterator[Running]:
                     "offsets.retention.check.interval.ms=200")
     log = ""
     try:
-        app.start()
-        bootstrap = f"127.0.0.1:{port}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+        bootstrap = _started(app, port)
         yield Running(app, bootstrap)
         log = app.log()
     finally:
@@ -250,10 +255,7 @@ def test_a_group_is_completing_its_rebalance_until_the_assignment_is_stored() ->
     stopped = 0
     log = ""
     try:
-        app.start()
-        bootstrap = f"127.0.0.1:{port}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+        bootstrap = _started(app, port)
         member, other = wire(bootstrap), wire(bootstrap)
         until_loaded(member, group)
         deadline = time.monotonic() + 30
