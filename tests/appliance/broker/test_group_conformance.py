@@ -62,7 +62,8 @@ def _started(app: Appliance, port: int) -> str:
     """Start ``app`` (listening on ``port``) and create the topic the tests use; its bootstrap address."""
     app.start()
     bootstrap = f"127.0.0.1:{port}"
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the creation's answer
+    admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
     return bootstrap
 
 
