@@ -472,15 +472,19 @@ class Group:
         member = self.members[member_id]
         if self.state == GroupState.STABLE:
             return [_sync_answer(token, ErrorCode.NONE, member.assignment)]
+        out = []
+        if member.sync_token is not None:  # held already (a client that sent again on a new connection)
+            out.append(_sync_answer(member.sync_token, ErrorCode.REBALANCE_IN_PROGRESS))
+        stored = member.sync_token is not None and member_id == self.leader_id
         member.sync_token = token
-        if member_id != self.leader_id:
-            return []
+        if member_id != self.leader_id or stored:
+            return out  # a leader's second SyncGroup: its first assignment is the one being written
         given = dict(assignments)
         for m in self.members.values():
             m.assignment = bytes(given.get(m.member_id, b""))
         self.metadata_changed = True  # answered once written: confirm_assignment (module docstring)
         self.unconfirmed.append(AssignmentStore(self.group_id, self.generation_id))
-        return []
+        return out
 
     def _fail_syncs(self, error: ErrorCode, now_ms: int) -> list[Completion]:
         """Answer every held SyncGroup ``error``, each member's session starting again (Kafka's

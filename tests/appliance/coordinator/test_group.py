@@ -417,6 +417,28 @@ def test_a_rebalance_begun_while_the_record_is_written_answers_the_syncs_and_ign
     assert c.confirm(stored, 400) == [] and c.groups["g"].state == GroupState.PREPARING_REBALANCE
 
 
+def test_a_syncgroup_sent_again_while_held_answers_the_first_and_writes_one_record() -> None:
+    """A member whose SyncGroup is held sends another (a client on a new connection): the first is answered
+    REBALANCE_IN_PROGRESS, the second when the record is written; a leader's second assignment is not
+    stored again (its first is being written)."""
+    c = coordinator()
+    ids = stable_group(c, 2, write=False)  # both SyncGroups held, the leader's record due
+    leader = c.groups["g"].leader_id
+    follower = next(m for m in ids if m != leader)
+    generation = c.groups["g"].generation_id
+    for member_id, first in ((leader, "s-leader"), (follower, f"s{ids.index(follower)}")):
+        again = answers(c.sync("g", member_id, generation, [(m, b"other") for m in ids], f"{first}-2", 300))
+        assert {t: r.error_code for t, r in again.items()} == {first: ErrorCode.REBALANCE_IN_PROGRESS}
+    c.take_metadata(300)
+    stored = c.take_unconfirmed()
+    assert len(stored) == 1
+    synced = answers(c.confirm(stored, 301))
+    assert {t: (r.error_code, r.assignment) for t, r in synced.items()} == {
+        "s-leader-2": (ErrorCode.NONE, f"part-{leader}".encode()),
+        f"s{ids.index(follower)}-2": (ErrorCode.NONE, f"part-{follower}".encode())}
+    assert c.groups["g"].state == GroupState.STABLE
+
+
 def test_members_answered_when_the_record_is_written_or_fails_have_a_new_session() -> None:
     """As Kafka's ``propagateAssignment``: a member whose SyncGroup was held (the leader assigning, the record
     being written) could not heartbeat meanwhile; its session starts again when it is answered."""
