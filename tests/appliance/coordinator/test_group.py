@@ -179,7 +179,7 @@ def test_garbage_metadata_is_passed_through_opaque() -> None:
     assert done["a"].members[0].metadata == b"\x00\xff garbage"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["join", "leave", "heartbeat", "tick", "sync", "write", "fail"]),
                           st.integers(0, 3), st.integers(1, 4000)), max_size=40))
 def test_every_held_request_is_answered_once_and_generations_only_grow(
