@@ -88,7 +88,8 @@ METADATA_REFRESH_MS = 200  # at most this often when nothing forces a refresh
 PERIODIC_REFRESH_MS = 1000  # while requests come in, at least this often (topics deleted elsewhere) ...
 PERIODIC_REFRESH_SHARE = 0.05  # ... but a periodic refresh takes at most this share of the broker's time
 REFRESH_ANSWER_TIMEOUT_MS = 5000  # a periodic refresh not answered in this long is asked again
-FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a flood of unknown names costs little)
+FORCED_REFRESH_MS = 10  # ... and at most this often when forced (a name we do not know) ...
+FORCED_REFRESH_SHARE = 0.25  # ... unless a reload takes more than this share of that (a large topic list)
 _TOPIC_LIST = "the topic list"  # BrokerContext.log_failure's key for a failed ask
 
 
@@ -124,12 +125,18 @@ class BrokerContext:
 
     def refresh_topics(self, *, soon: bool = False) -> None:
         """Ask the metadata owner for the topic list, and wait for it, unless the list in the table was
-        asked in the last :data:`METADATA_REFRESH_MS` (:data:`FORCED_REFRESH_MS` if ``soon``: a name we do
-        not know).  The list's age counts from when it was asked, set when its answer is taken: a periodic
-        refresh on its way does not make the table any younger.  After a failed ask the next waits
-        :data:`METADATA_REFRESH_MS` (an unanswering supervisor must not hold every request)."""
+        asked in the last :data:`METADATA_REFRESH_MS`; if ``soon`` (a name we do not know), in the last
+        :data:`FORCED_REFRESH_MS`, or the last reload's time over :data:`FORCED_REFRESH_SHARE` when that is
+        longer, up to :data:`METADATA_REFRESH_MS` (a client asking for an unknown name in a loop must not
+        keep a broker of thousands of partitions reloading).  The list's age counts from when it was asked,
+        set when its answer is taken: a periodic refresh on its way does not make the table any younger.
+        After a failed ask the next waits :data:`METADATA_REFRESH_MS` (an unanswering supervisor must not
+        hold every request)."""
         now_ms = time.monotonic() * 1000
-        if now_ms - self._listed_at < (FORCED_REFRESH_MS if soon else METADATA_REFRESH_MS):
+        least_ms: float = METADATA_REFRESH_MS
+        if soon:
+            least_ms = min(least_ms, max(FORCED_REFRESH_MS, self._reload_ms / FORCED_REFRESH_SHARE))
+        if now_ms - self._listed_at < least_ms:
             return
         if now_ms - self._failed_at < METADATA_REFRESH_MS:
             return
