@@ -321,13 +321,20 @@ def describe(appliance: Appliance, *args: str) -> str:
     ids=["unknown-node", "without-this-node", "unequal-lengths"],
 )
 def test_an_assignment_with_replicas_that_cannot_hold_it_changes_nothing(
-    replicated: Appliance, assignment: list[list[int]], said: str
+    replicated: Appliance, assignment: list[list[int]], said: str, request: pytest.FixtureRequest
 ) -> None:
     admin = AdminClient({"bootstrap.servers": replicated.bootstrap})
     code, message = refused(admin, assigned("misplaced", assignment))
     assert code == "INVALID_REPLICA_ASSIGNMENT" and said in message, message
     assert "misplaced" not in topic_names(admin)
-    time.sleep(0.6)  # a replica would have learnt of the topic by now (it asks every 500 ms)
+    # a topic created after it: once both replicas hold it, they would hold "misplaced" too, had it been made
+    after = f"after-{request.node.callspec.id}"
+    create(admin, assigned(after, [[0, 1], [0, 2]]))
+    deadline = time.monotonic() + TIMEOUT_S * 2
+    while time.monotonic() < deadline and (held(replica_dir(replicated, 1), after), held(
+            replica_dir(replicated, 2), after)) != ({0}, {1}):  # fmt: skip
+        time.sleep(0.05)
+    assert (held(replica_dir(replicated, 1), after), held(replica_dir(replicated, 2), after)) == ({0}, {1})
     for directory in (replicated.data_dir, replica_dir(replicated, 1), replica_dir(replicated, 2)):
         assert held(directory, "misplaced") == set(), directory
 
