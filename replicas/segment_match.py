@@ -6,8 +6,9 @@ A follower of a compacted topic adopts its leader's cleaned bytes (``appliance.f
 sides describe their closed segments the same way, as :class:`SegmentDigest` rows: base offset, the next
 segment's base offset, size and the CRC-32C of the whole ``.log`` file (:func:`closed_segments`; the
 leader answers them through the private DescribeSegments API, ``appliance.broker.segment_requests``).
-Checksums are cached per file (inode, size and modification time): a closed segment changes only by
-being replaced, which gives a new inode, so a segment is read once while it lives.
+Checksums are cached per file (inode, size and modification time; not while the modification time is
+within the kernel's clock tick, ``storage.log_dir.mtime_settled``): a closed segment changes only by being
+replaced, which gives a new inode, so a segment is read once while it lives.
 
 :func:`plan_adoptions` lists what the follower should copy.  A *cut* is an offset where both sides start
 a segment.  Between two consecutive cuts lie one or more segments of each side covering the same offsets;
@@ -27,12 +28,14 @@ import bisect
 import itertools
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 import crc32c
 
 from storage.clean_swap import DELETED_SUFFIX, SWAP_SUFFIX
+from storage.log_dir import mtime_settled
 from storage.segment import LOG_SUFFIX, parse_segment_name, segment_path
 
 __all__ = ["Adoption", "AdoptionPlan", "LeaderBases", "SegmentDigest", "SegmentListing", "checksum_file",
@@ -107,6 +110,7 @@ def checksum_file(path: str) -> tuple[int, int]:
     """(size, CRC-32C) of the whole file at ``path``, from the cache when the file is unchanged."""
     with open(path, "rb") as file:
         st = os.fstat(file.fileno())
+        seen_ns = time.time_ns()
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
         with _cache_lock:
             known = _checksums.get(path)
@@ -124,7 +128,8 @@ def checksum_file(path: str) -> tuple[int, int]:
         if len(_checksums) >= _CACHE_ENTRIES:  # forget the files that are gone (replaced, deleted)
             for gone in [p for p in _checksums if not os.path.exists(p)]:
                 del _checksums[gone]
-        _checksums[path] = (*key, crc)
+        if mtime_settled(st.st_mtime_ns, seen_ns):  # else a change in the same tick would keep the key
+            _checksums[path] = (*key, crc)
     return st.st_size, crc
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "delete_segment_files",
     "list_segment_base_offsets",
     "lock_log_directory",
+    "mtime_settled",
     "parse_topic_partition",
     "read_offline_note",
     "read_partition_checkpoint",
@@ -65,6 +66,17 @@ LEADER_EPOCH_CHECKPOINT_FILE: Final = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT_FILE: Final = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE: Final = "log-start-offset-checkpoint"
 CLEANER_OFFSET_CHECKPOINT_FILE: Final = "cleaner-offset-checkpoint"
+
+
+# twice the longest tick of the kernel's coarse clock, which mtimes are taken from (HZ=100: 10 ms)
+MTIME_TICK_NS: Final = 20_000_000
+
+
+def mtime_settled(mtime_ns: int, seen_ns: int) -> bool:
+    """True when any change made at or after ``seen_ns`` (``time.time_ns()``) gives a file or directory an
+    mtime other than ``mtime_ns``: its tick was over by then.  Within the tick, a second change leaves the
+    mtime as the first set it, so an unchanged mtime proves nothing."""
+    return seen_ns - mtime_ns > MTIME_TICK_NS
 
 
 def parse_topic_partition(directory: str) -> tuple[str, int] | None:

@@ -17,7 +17,9 @@ while a :class:`LogReader` reads the same directory.  The reader is safe against
   by ``max_offset`` never sees a partial batch.
 
 The reader's picture of the directory (which segments exist, the log start offset) is refreshed when the
-directory's mtime changes (segment created or deleted, checkpoint renamed) and whenever an offset is beyond
+directory's mtime changes (segment created or deleted, checkpoint renamed), on every call while the mtime
+it listed at is still within the kernel's clock tick (a second change in the same tick leaves the mtime as
+it was: ``storage.log_dir.mtime_settled``), and whenever an offset is beyond
 the segments it knows or a segment it reads was deleted.  A clean (``storage.clean_swap``) replaces a group
 of segments with renames: between its first and last rename some of the group's offsets are in no
 ``.log`` file, so a listing that shows a ``*.deleted`` or ``*.swap`` file is not used: the reader lists
@@ -47,6 +49,7 @@ from storage.log_config import LogConfig
 from storage.log_dir import (
     LEADER_EPOCH_CHECKPOINT_FILE,
     LOG_START_OFFSET_CHECKPOINT_FILE,
+    mtime_settled,
     parse_topic_partition,
     segment_base_offsets,
 )
@@ -90,7 +93,9 @@ class LogReader:
         was opened, so the picture never misses a segment's offsets."""
         delay, waited = _FIRST_DELAY_S, 0.0
         while True:
-            self._dir_mtime_ns = os.stat(self.directory).st_mtime_ns
+            mtime_ns = os.stat(self.directory).st_mtime_ns
+            # an mtime still in its tick is not trusted: the next call lists again (mtime_settled)
+            self._dir_mtime_ns = mtime_ns if mtime_settled(mtime_ns, time.time_ns()) else -1
             names = os.listdir(self.directory)
             swapping = [n for n in names if n.endswith((DELETED_SUFFIX, SWAP_SUFFIX))]
             if not swapping and self._open_segments(segment_base_offsets(names)):

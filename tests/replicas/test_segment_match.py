@@ -3,6 +3,8 @@ each side's files are described as."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import crc32c
@@ -80,3 +82,16 @@ def test_closed_segments_describe_the_files_with_their_crc(tmp_path: Path) -> No
     assert checksum_file(path) == (300, crc32c.crc32c(b"c" * 300))
     Path(path + ".deleted").write_bytes(b"")
     assert closed_segments(str(tmp_path), checksums=False).swapping
+
+
+def test_a_checksum_is_not_cached_while_the_files_mtime_is_within_its_tick(tmp_path: Path) -> None:
+    """Rewritten in place in the same tick of the kernel's clock, a file keeps its inode, size and mtime:
+    its checksum is cached only once the mtime is over (here one in the future, never over)."""
+    path = segment_path(str(tmp_path), 0, LOG_SUFFIX)
+    Path(path).write_bytes(b"a" * 300)
+    tick = time.time_ns() + 60 * 10**9
+    os.utime(path, ns=(tick, tick))
+    assert checksum_file(path) == (300, crc32c.crc32c(b"a" * 300))
+    Path(path).write_bytes(b"b" * 300)
+    os.utime(path, ns=(tick, tick))
+    assert checksum_file(path) == (300, crc32c.crc32c(b"b" * 300))

@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,26 @@ def test_reader_needs_no_lock_and_follows_appends_and_rolls(tmp_path: Path) -> N
     assert reader.end_offset_for_epoch(2) == log.end_offset_for_epoch(2)
     with pytest.raises(OffsetOutOfRangeError, match=f"offset 1000 is out of range.*{log.log_end_offset}"):
         reader.read(1000, 10)
+    reader.close()
+    log.close()
+
+
+def test_reader_lists_again_while_the_directory_mtime_is_within_its_tick(tmp_path: Path) -> None:
+    """A second change in one tick of the kernel's clock leaves the directory's mtime as the first set it:
+    a reader that listed at an mtime not yet over (here one in the future) lists again at every call, so a
+    segment rolled meanwhile is seen though the mtime is set back to what the reader listed at."""
+    directory = tmp_path / "t-0"
+    log = Log.open(directory, CONFIG)
+    log.append(build_batch([b"first"]), leader_epoch=0)
+    tick = time.time_ns() + 60 * 10**9
+    os.utime(directory, ns=(tick, tick))
+    reader = open_read_only(directory, CONFIG)
+    assert reader.log_end_offset == 1
+    while len(log.segments) < 2:
+        log.append(build_batch([b"x" * 200]), leader_epoch=0)
+    os.utime(directory, ns=(tick, tick))  # as a change in the same tick leaves it
+    assert reader.segment_base_offsets == [s.base_offset for s in log.segments]
+    assert reader.log_end_offset == log.log_end_offset
     reader.close()
     log.close()
 
