@@ -219,16 +219,16 @@ class Cleaner:
                 from None
 
     def _sleep(self, seconds: float) -> None:
-        """Sleep ``seconds``, or until the metadata directory changes (inotify; else its file's mtime is
-        looked at every :data:`_WAKE_CHECK_S`)."""
+        """Sleep ``seconds``, or until the metadata directory changes (inotify; else its file's inode and
+        mtime, replaced by a rename, are looked at every :data:`_WAKE_CHECK_S`)."""
         if self._watch is not None:
             wait_any([self._watch], seconds)
             return
         deadline = time.monotonic() + seconds
-        before = _mtime_ns(self._metadata_path)
+        before = _identity(self._metadata_path)
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, _WAKE_CHECK_S))
-            if _mtime_ns(self._metadata_path) != before:
+            if _identity(self._metadata_path) != before:
                 return
 
 
@@ -262,11 +262,13 @@ def clean_pass(who: str, name: str, view: LogView, dirt: Dirt, *, now_ms: int, c
     return result
 
 
-def _mtime_ns(path: str) -> int:
+def _identity(path: str) -> tuple[int, int]:
+    """A file's inode and mtime: a replacement in the same clock tick as the last keeps the mtime only."""
     try:
-        return os.stat(path).st_mtime_ns
+        st = os.stat(path)
     except OSError:
-        return 0
+        return 0, 0
+    return st.st_ino, st.st_mtime_ns
 
 
 def unlink_cleaned(directory: str) -> None:
