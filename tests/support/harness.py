@@ -295,6 +295,8 @@ def helper_child(config: Config) -> ChildSpec:
     """An extra child for the tests: produces one batch as a producer would, says it is ready, then waits."""
 
     def run(context: ChildContext) -> int:
+        # first (threads made later inherit it): a stop that comes before the sigwait waits for it, not kills
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
         with context.connect() as client:
             topic = "from-helper"
             if topic not in client.metadata().topics:
@@ -303,7 +305,6 @@ def helper_child(config: Config) -> ChildSpec:
             producer.send([b"hello from pid %d" % os.getpid()])
             assert producer.ring.wait_acks(producer.ring.next_seq - 1, 5000)
             producer.close()
-            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
             context.ready()
             signal.sigwait([signal.SIGTERM])  # the supervisor stops us
         return 0
