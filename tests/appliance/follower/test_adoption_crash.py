@@ -64,8 +64,11 @@ def _start_faulty(node: Node, leader: Node, point: str) -> None:
 
 
 def _produce(leader: Node, rounds: int, tag: bytes, produced: dict[int, tuple[bytes, bytes]]) -> None:
+    # idempotent: a request that outlives its timeout (a follower killed mid-produce holds acks=all until
+    # the ISR shrinks, replica.lag.time.max.ms 30 s, librdkafka's request.timeout.ms too) is retried, and
+    # without it the retry appends the records again at offsets the oracle never hears of
     producer = confluent_kafka.Producer({"bootstrap.servers": leader.address, "linger.ms": 0,
-                                         "batch.size": 600, "acks": "all"})
+                                         "batch.size": 600, "acks": "all", "enable.idempotence": True})
 
     def delivered(err: Any, msg: Any) -> None:
         assert err is None, err

@@ -63,7 +63,7 @@ class Pair:
     def produce(self, rounds: int, tag: bytes, keys: range = range(KEYS)) -> None:
         """``rounds`` values of each of ``keys`` (acks=all: the follower has them when this returns)."""
         producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0,
-                                             "batch.size": 1500, "acks": "all"})
+                                             "batch.size": 1500, "acks": "all", "enable.idempotence": True})
 
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
@@ -78,7 +78,7 @@ class Pair:
 
     def produce_tombstones(self, keys: range) -> None:
         producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0,
-                                             "acks": "all"})
+                                             "acks": "all", "enable.idempotence": True})
 
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
