@@ -502,7 +502,8 @@ _values = st.fixed_dictionaries(
     },
 )
 _topics = st.dictionaries(
-    st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True).filter(lambda n: n not in (".", "..")),
+    st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True).filter(  # a name a configuration may hold
+        lambda n: n not in (".", "..") and not n.startswith("__")),
     st.fixed_dictionaries({}, optional={"partitions": st.integers(1, 64),
                                         "retention.ms": st.integers(-1, 10**12),
                                         "segment.bytes": st.integers(14, 2**31 - 1)}),
