@@ -124,12 +124,13 @@ def checksum_file(path: str) -> tuple[int, int]:
                 break
             crc = crc32c.crc32c(chunk, crc)
             remaining -= len(chunk)
+    if not mtime_settled(st.st_mtime_ns, seen_ns):  # a change in the same tick would keep the key
+        return st.st_size, crc
     with _cache_lock:
         if len(_checksums) >= _CACHE_ENTRIES:  # forget the files that are gone (replaced, deleted)
             for gone in [p for p in _checksums if not os.path.exists(p)]:
                 del _checksums[gone]
-        if mtime_settled(st.st_mtime_ns, seen_ns):  # else a change in the same tick would keep the key
-            _checksums[path] = (*key, crc)
+        _checksums[path] = (*key, crc)
     return st.st_size, crc
 
 

@@ -472,12 +472,10 @@ class Group:
         member = self.members[member_id]
         if self.state == GroupState.STABLE:
             return [_sync_answer(token, ErrorCode.NONE, member.assignment)]
-        out = []
-        if member.sync_token is not None:  # held already (a client that sent again on a new connection)
-            out.append(_sync_answer(member.sync_token, ErrorCode.REBALANCE_IN_PROGRESS))
-        stored = member.sync_token is not None and member_id == self.leader_id
-        member.sync_token = token
-        if member_id != self.leader_id or stored:
+        held, member.sync_token = member.sync_token, token
+        # held already (a client that sent again on a new connection): that one is answered
+        out = [] if held is None else [_sync_answer(held, ErrorCode.REBALANCE_IN_PROGRESS)]
+        if member_id != self.leader_id or held is not None:
             return out  # a leader's second SyncGroup: its first assignment is the one being written
         given = dict(assignments)
         for m in self.members.values():
